@@ -1,0 +1,135 @@
+"""Topic provisioning: create what is missing, accept what already matches, refuse what differs."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from types import MappingProxyType
+
+from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from retrytopics.connectors.kafka import map_kafka_errors
+from retrytopics.errors import ConfigError, KafkaClientError, TopicMismatchError
+
+__all__ = ["ProvisionOutcome", "TopicSpec", "ensure_topics", "end_offsets", "partition_count"]
+
+
+class ProvisionOutcome(StrEnum):
+    """What `ensure_topics` did for one topic."""
+
+    CREATED = "created"
+    """The topic did not exist and was created."""
+    EXISTS = "exists"
+    """The topic existed with the partition count asked for; nothing was changed."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TopicSpec:
+    """A topic as provisioning should leave it. `replication_factor=-1` means the broker's default."""
+
+    name: str
+    partitions: int = 1
+    replication_factor: int = -1
+    config: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ConfigError("name", self.name, "a topic name is required")
+        if self.partitions < 1:
+            raise ConfigError(f"{self.name}.partitions", self.partitions, "must be at least 1")
+        if self.replication_factor == 0 or self.replication_factor < -1:
+            raise ConfigError(f"{self.name}.replication_factor", self.replication_factor, "must be -1 or >= 1")
+        object.__setattr__(self, "config", MappingProxyType({k: str(v) for k, v in self.config.items()}))
+
+
+def _existing_partitions(admin: AdminClient, names: Sequence[str], timeout_s: float) -> dict[str, int]:
+    with map_kafka_errors():
+        metadata = admin.list_topics(timeout=timeout_s)
+    return {
+        name: len(meta.partitions)
+        for name, meta in metadata.topics.items()
+        if name in names and meta.error is None and meta.partitions
+    }
+
+
+def partition_count(admin: AdminClient, topic: str, *, timeout_s: float = 10.0) -> int | None:
+    """Partitions of `topic`, or None when it does not exist."""
+    return _existing_partitions(admin, [topic], timeout_s).get(topic)
+
+
+def _check(spec: TopicSpec, actual: int) -> None:
+    if actual != spec.partitions:
+        raise TopicMismatchError(spec.name, spec.partitions, actual)
+
+
+def _create(admin: AdminClient, missing: Sequence[TopicSpec], timeout_s: float) -> set[str]:
+    """Create topics; returns the names another client created first (a race, not an error)."""
+    new = [NewTopic(s.name, s.partitions, s.replication_factor, config=dict(s.config)) for s in missing]
+    raced: set[str] = set()
+    for name, future in admin.create_topics(new, operation_timeout=timeout_s).items():
+        try:
+            future.result(timeout=timeout_s)
+        except KafkaException as exc:
+            if exc.args and exc.args[0].name() == "TOPIC_ALREADY_EXISTS":
+                raced.add(name)
+                continue
+            with map_kafka_errors():
+                raise
+    return raced
+
+
+def ensure_topics(
+    admin: AdminClient, specs: Sequence[TopicSpec], *, timeout_s: float = 30.0
+) -> dict[str, ProvisionOutcome]:
+    """Create missing topics and verify existing ones. Idempotent.
+
+    Raises `TopicMismatchError` (naming the topic and both counts) when an existing topic's partition count
+    differs from its spec: changing it would move keys between partitions, so that is an operator's decision.
+    """
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise ConfigError("topics", names, "a topic is listed twice")
+    existing = _existing_partitions(admin, names, timeout_s)
+    for spec in specs:
+        if spec.name in existing:
+            _check(spec, existing[spec.name])
+    missing = [s for s in specs if s.name not in existing]
+    raced = _create(admin, missing, timeout_s) if missing else set()
+    _wait_visible(admin, [s for s in missing], timeout_s)
+    outcome = {s.name: ProvisionOutcome.EXISTS for s in specs if s.name in existing or s.name in raced}
+    outcome.update({s.name: ProvisionOutcome.CREATED for s in missing if s.name not in raced})
+    return outcome
+
+
+def _wait_visible(admin: AdminClient, specs: Sequence[TopicSpec], timeout_s: float) -> None:
+    # Topic creation propagates asynchronously on a real cluster; clients that start right away must
+    # see every partition, or they would start with a partial assignment.
+    deadline = time.monotonic() + timeout_s
+    names = [s.name for s in specs]
+    while names:
+        seen = _existing_partitions(admin, names, timeout_s)
+        for spec in specs:
+            if spec.name in seen:
+                _check(spec, seen[spec.name])
+        names = [n for n in names if n not in seen]
+        if not names:
+            return
+        if time.monotonic() > deadline:
+            raise KafkaClientError(f"topics not visible after {timeout_s}s: {names}", code="TIMED_OUT")
+        time.sleep(0.05)
+
+
+def end_offsets(admin_or_consumer: object, topic: str, partitions: int, *, timeout_s: float = 10.0) -> dict[int, int]:
+    """High watermarks per partition, read from the broker (never from a cache)."""
+    consumer = admin_or_consumer
+    result: dict[int, int] = {}
+    with map_kafka_errors():
+        for p in range(partitions):
+            _, high = consumer.get_watermark_offsets(  # type: ignore[attr-defined]
+                TopicPartition(topic, p), timeout=timeout_s, cached=False
+            )
+            result[p] = high
+    return result

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Set up a fresh machine for retrytopics: a virtual environment in .venv with the project and its
+# extras installed (the wheel, not the source tree, so the tests see what users get), and Java 17+
+# for Spark. Idempotent; safe to run again after pulling.
+#   EXTRAS=test (default) | spark,embedded,metrics ...
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python=${PYTHON:-python3}
+if ! "$python" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' 2>/dev/null; then
+    for candidate in python3.13 python3.12 python3.11; do
+        if command -v "$candidate" >/dev/null; then python=$candidate; break; fi
+    done
+fi
+"$python" -c 'import sys; assert sys.version_info >= (3, 11), f"Python >= 3.11 is required (pyspark 4 needs it), found {sys.version}"'
+
+if [ ! -x .venv/bin/python ]; then
+    echo "setup: creating .venv with $("$python" --version)"
+    "$python" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --upgrade pip 2>&1 | grep -v "is ignored" || true
+echo "setup: installing retrytopics[${EXTRAS:-test}]"
+.venv/bin/python -m pip install --quiet ".[${EXTRAS:-test}]" 2>&1 | grep -v -e "is ignored" -e "^\s*$" || true
+.venv/bin/python -c 'import retrytopics.connectors.kafka, retrytopics.schemas' # fail here, not in the tests
+
+java_major() {
+    command -v java >/dev/null || { echo 0; return; }
+    java -version 2>&1 | awk -F'"' '/version/ {split($2, v, "."); print (v[1] == "1" ? v[2] : v[1]); exit}'
+}
+if [ "$(java_major)" -lt 17 ]; then
+    echo "setup: Java 17+ not found (Spark needs it); installing openjdk-17-jre-headless"
+    if [ "$(id -u)" -eq 0 ]; then sudo=""; else sudo="sudo"; fi
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq openjdk-17-jre-headless >/dev/null
+fi
+echo "setup: java $(java_major), $(.venv/bin/python --version), ready"

@@ -1,0 +1,99 @@
+"""KafkaConfig validates at construction and names the offending field; secrets never leak."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from retrytopics.connectors.config import KafkaConfig, redact
+from retrytopics.errors import ConfigError
+
+
+def _field_error(**kwargs: object) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        KafkaConfig(**kwargs)  # type: ignore[arg-type]
+    return info.value
+
+
+@pytest.mark.parametrize("bootstrap", ["", "  ", ",", "localhost", "host:notaport", "host:0", "host:70000"])
+def test_bad_bootstrap_names_the_field(bootstrap: str) -> None:
+    assert _field_error(bootstrap=bootstrap).field == "bootstrap"
+
+
+def test_unknown_security_protocol_names_the_field() -> None:
+    error = _field_error(bootstrap="h:1", security_protocol="TLS_PLEASE")
+    assert error.field == "security_protocol"
+    assert "SASL_SSL" in error.reason
+
+
+def test_missing_sasl_password_names_the_field() -> None:
+    error = _field_error(bootstrap="h:1", security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512", sasl_username="u")
+    assert error.field == "sasl_password"
+
+
+def test_sasl_without_sasl_protocol_is_rejected() -> None:
+    assert _field_error(bootstrap="h:1", sasl_username="u").field == "security_protocol"
+
+
+def test_missing_tls_file_names_the_field(tmp_path) -> None:
+    error = _field_error(bootstrap="h:1", security_protocol="SSL", ssl_ca_location=str(tmp_path / "nope.pem"))
+    assert error.field == "ssl_ca_location"
+
+
+@pytest.mark.parametrize("key", ["plugin.library.paths", "sasl.kerberos.kinit.cmd", "ssl.engine.location"])
+def test_code_loading_overrides_are_refused(key: str) -> None:
+    assert _field_error(bootstrap="h:1", overrides={key: "/tmp/evil.so"}).field == f"overrides[{key}]"
+
+
+def test_disabling_tls_verification_needs_explicit_consent() -> None:
+    key = "enable.ssl.certificate.verification"
+    assert _field_error(bootstrap="h:1", overrides={key: "false"}).field == f"overrides[{key}]"
+    config = KafkaConfig(bootstrap="h:1", overrides={key: "false"}, allow_insecure=True)
+    assert config.client_config()[key] == "false"
+
+
+def test_owned_properties_cannot_be_overridden() -> None:
+    assert _field_error(bootstrap="h:1", producer_overrides={"bootstrap.servers": "x:1"}).field == (
+        "producer_overrides[bootstrap.servers]"
+    )
+
+
+def test_java_property_names_are_explained() -> None:
+    error = _field_error(bootstrap="h:1", overrides={"sasl.jaas.config": "x"})
+    assert "librdkafka" in error.reason
+
+
+def test_client_configs_layer_overrides() -> None:
+    config = KafkaConfig(
+        bootstrap="a:1,b:2", overrides={"socket.timeout.ms": 1000},
+        producer_overrides={"linger.ms": 7}, consumer_overrides={"fetch.min.bytes": 2},
+    )  # fmt: skip
+    assert config.producer_config()["linger.ms"] == 7 and "fetch.min.bytes" not in config.producer_config()
+    assert config.consumer_config()["fetch.min.bytes"] == 2 and "linger.ms" not in config.consumer_config()
+    assert config.client_config()["socket.timeout.ms"] == 1000
+    more = config.with_overrides(producer={"acks": "all"})
+    assert more.producer_config()["acks"] == "all" and more.producer_config()["linger.ms"] == 7
+
+
+def test_secrets_never_appear_in_repr_or_logs(caplog: pytest.LogCaptureFixture) -> None:
+    sentinel = "s3ntinel-Pa55word"
+    config = KafkaConfig(
+        bootstrap="h:1", security_protocol="SASL_SSL", sasl_mechanism="PLAIN", sasl_username="u",
+        sasl_password=sentinel, ssl_key_password=sentinel,
+    )  # fmt: skip
+    assert sentinel not in repr(config)
+    assert sentinel not in str(redact(config.client_config()))
+    with caplog.at_level(logging.DEBUG):
+        from retrytopics.connectors.kafka import make_producer
+
+        make_producer(config).flush(0)
+    assert sentinel not in caplog.text
+
+
+def test_from_env_reads_kafka_variables() -> None:
+    config = KafkaConfig.from_env({"KAFKA_BOOTSTRAP_SERVERS": "x:9", "KAFKA_CLIENT_ID": "cid"})
+    assert (config.bootstrap, config.client_id) == ("x:9", "cid")
+    with pytest.raises(ConfigError) as info:
+        KafkaConfig.from_env({})
+    assert info.value.field == "bootstrap"
