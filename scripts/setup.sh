@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Set up a fresh machine for retrytopics: a virtual environment in .venv with the project and its
-# extras installed (the wheel, not the source tree, so the tests see what users get), and Java 17+
-# for Spark. Idempotent; safe to run again after pulling.
+# Set up a fresh machine for retrytopics: a virtual environment in .venv with the project installed in
+# editable mode with its extras (edits take effect without reinstalling; tests/unit/test_packaging.py
+# builds the real wheel and checks its contents), and Java 17+ for Spark. Idempotent.
 #   EXTRAS=test (default) | spark,embedded,metrics ...
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,8 +20,8 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip 2>&1 | grep -v "is ignored" || true
 echo "setup: installing retrytopics[${EXTRAS:-test}]"
-.venv/bin/python -m pip install --quiet ".[${EXTRAS:-test}]" 2>&1 | grep -v -e "is ignored" -e "^\s*$" || true
-# checked from outside the checkout, where the source tree cannot shadow the installed wheel
+.venv/bin/python -m pip install --quiet --editable ".[${EXTRAS:-test}]" 2>&1 | grep -v -e "is ignored" -e "^\s*$" || true
+# checked from outside the checkout too: the folder mapping must work from any directory
 (cd / && "$OLDPWD/.venv/bin/python" -c 'import retrytopics.connectors.kafka, retrytopics.schemas')
 
 java_major() {

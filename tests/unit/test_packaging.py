@@ -1,0 +1,42 @@
+"""The wheel users install contains every package of the design card and the Avro schemas."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(out), str(ROOT)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    (built,) = out.glob("retrytopics-*.whl")
+    return zipfile.ZipFile(built)
+
+
+def test_wheel_maps_the_repository_folders_into_the_namespace(wheel: zipfile.ZipFile) -> None:
+    names = set(wheel.namelist())
+    for module in ("retrytopics/__init__.py", "retrytopics/connectors/kafka.py",
+                   "retrytopics/connectors/embedded.py", "retrytopics/spark/__init__.py"):  # fmt: skip
+        assert module in names, module
+    assert not any(n.startswith(("connectors/", "spark/", "schemas/", "tests/")) for n in names)
+
+
+def test_wheel_ships_every_avro_schema(wheel: zipfile.ZipFile) -> None:
+    in_repo = {p.name for p in (ROOT / "schemas").glob("*.avsc")}
+    in_wheel = {Path(n).name for n in wheel.namelist() if n.startswith("retrytopics/schemas/") and n.endswith(".avsc")}
+    assert in_wheel == in_repo
+
+
+def test_console_script_is_declared(wheel: zipfile.ZipFile) -> None:
+    entry_points = next(n for n in wheel.namelist() if n.endswith("entry_points.txt"))
+    assert "retrytopics = retrytopics.cli:main" in wheel.read(entry_points).decode()
