@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from retrytopics.connectors.config import KafkaConfig, redact
@@ -31,6 +31,7 @@ __all__ = [
     "make_consumer",
     "make_producer",
     "map_kafka_errors",
+    "open_tail",
 ]
 
 log = logging.getLogger("retrytopics.kafka")
@@ -119,3 +120,16 @@ def map_kafka_errors() -> Iterator[None]:
 def delivery_error(err: KafkaError, topic: str) -> PublishError:
     """A delivery-report error as a `PublishError` naming the destination topic."""
     return PublishError(topic, err.str(), code=err.name(), retriable=err.retriable(), fatal=err.fatal())
+
+
+def open_tail(kafka: KafkaConfig, topic: str, partitions: int, *, last: int) -> Consumer:
+    """An assign()-only consumer (no group, no commits) positioned `last` records before the end of each
+    partition of `topic`."""
+    consumer = make_consumer(kafka, group_id=None)
+    assignment = []
+    with map_kafka_errors():
+        for partition in range(partitions):
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10, cached=False)
+            assignment.append(TopicPartition(topic, partition, max(low, high - last)))
+        consumer.assign(assignment)
+    return consumer

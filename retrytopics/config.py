@@ -1,0 +1,236 @@
+"""Operator settings for the CLI: one frozen model merged from a TOML file, the environment and flags.
+
+Precedence, lowest first: defaults < TOML file < environment < command-line flags. Every error is a
+`ConfigError` whose field is the dotted setting name (`kafka.bootstrap`, `app.delays[1]`) and says where
+the value came from. Secrets are read from the environment or a file, never from argv (argv is visible to
+every user of the machine through /proc).
+
+    # retrytopics.toml
+    [kafka]
+    bootstrap = "broker-1:9092,broker-2:9092"
+    security_protocol = "SASL_SSL"
+    sasl_mechanism = "SCRAM-SHA-512"
+    sasl_username = "billing"
+    sasl_password_file = "/run/secrets/kafka-password"   # or RETRYTOPICS_KAFKA_SASL_PASSWORD
+    [kafka.overrides]
+    "socket.timeout.ms" = 30000
+    [app]
+    topic = "orders"
+    group = "billing"
+    delays = ["5s", "30s", "5m"]
+    [metrics]
+    port = 9102
+    [logging]
+    level = "INFO"
+    json = true
+
+Environment variables: `RETRYTOPICS_<SECTION>_<KEY>` (e.g. `RETRYTOPICS_KAFKA_BOOTSTRAP`,
+`RETRYTOPICS_APP_GROUP`, `RETRYTOPICS_METRICS_PORT`); `KAFKA_BOOTSTRAP_SERVERS` is honoured as a fallback.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from retrytopics.connectors.config import KafkaConfig
+from retrytopics.durations import parse_duration
+from retrytopics.errors import ConfigError
+from retrytopics.naming import NamingStrategy, validate_topic_name
+
+__all__ = ["AppSettings", "LoggingSettings", "Settings", "load_settings"]
+
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+#: Accepted keys per section, with the type each one is coerced to from text (environment, flags).
+_SCHEMA: dict[str, dict[str, type]] = {
+    "kafka": {
+        "bootstrap": str, "client_id": str, "security_protocol": str, "sasl_mechanism": str,
+        "sasl_username": str, "sasl_password": str, "sasl_password_file": str, "ssl_ca_location": str,
+        "ssl_certificate_location": str, "ssl_key_location": str, "ssl_key_password": str,
+        "overrides": dict, "producer_overrides": dict, "consumer_overrides": dict,
+    },
+    "app": {
+        "topic": str, "group": str, "delays": list, "partitions": int, "replication_factor": int,
+        "naming": str, "dlq": str,
+    },
+    "metrics": {"port": int},
+    "logging": {"level": str, "json": bool},
+}  # fmt: skip
+_SECRETS = {"kafka.sasl_password", "kafka.ssl_key_password"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AppSettings:
+    """Which retry pipeline the CLI acts on (for commands that take no APP:OBJECT)."""
+
+    topic: str | None = None
+    group: str | None = None
+    delays: tuple[str, ...] = ("5s", "30s", "5m")
+    partitions: int | None = None  # None: as many as the source topic
+    replication_factor: int = -1
+    naming: NamingStrategy = NamingStrategy.BY_DELAY
+    dlq: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("topic", "group", "dlq"):
+            value = getattr(self, name)
+            if value is not None:
+                validate_topic_name(value, field=f"app.{name}")
+        for i, delay in enumerate(self.delays):
+            parse_duration(delay, field=f"app.delays[{i}]")
+        if self.partitions is not None and self.partitions < 1:
+            raise ConfigError("app.partitions", self.partitions, "must be at least 1")
+
+    def require(self, *names: str) -> None:
+        """Fail with the field named when a command needs a setting that is not set."""
+        for name in names:
+            if getattr(self, name) is None:
+                raise ConfigError(f"app.{name}", None, f"required: pass --{name} or set it in [app]")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoggingSettings:
+    level: str = "INFO"
+    json: bool = False
+
+    def __post_init__(self) -> None:
+        if self.level.upper() not in _LOG_LEVELS:
+            raise ConfigError("logging.level", self.level, f"must be one of {', '.join(_LOG_LEVELS)}")
+        object.__setattr__(self, "level", self.level.upper())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    """Everything a CLI command needs. `kafka` is None when no bootstrap was given anywhere (commands that
+    start the embedded broker fill it in themselves)."""
+
+    kafka: KafkaConfig | None
+    app: AppSettings = field(default_factory=AppSettings)
+    metrics_port: int | None = None
+    logging: LoggingSettings = field(default_factory=LoggingSettings)
+
+    def require_kafka(self) -> KafkaConfig:
+        if self.kafka is None:
+            raise ConfigError(
+                "kafka.bootstrap", None,
+                "required: pass --bootstrap, set RETRYTOPICS_KAFKA_BOOTSTRAP or KAFKA_BOOTSTRAP_SERVERS, or [kafka] bootstrap",
+            )  # fmt: skip
+        return self.kafka
+
+
+def _coerce(dotted: str, value: Any, kind: type, origin: str) -> Any:
+    shown = "[hidden]" if dotted in _SECRETS else value
+    if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
+        return value
+    if not isinstance(value, str):
+        raise ConfigError(dotted, shown, f"expected {kind.__name__} (from {origin})")
+    text = value.strip()
+    if kind is int:
+        if not text.lstrip("-").isdigit():
+            raise ConfigError(dotted, shown, f"expected an integer (from {origin})")
+        return int(text)
+    if kind is bool:
+        if text.lower() not in {"true", "false", "1", "0", "yes", "no"}:
+            raise ConfigError(dotted, shown, f"expected true or false (from {origin})")
+        return text.lower() in {"true", "1", "yes"}
+    if kind is list:
+        return [part.strip() for part in text.split(",") if part.strip()]
+    if kind is dict:
+        raise ConfigError(dotted, shown, f"set tables in the TOML file, not from {origin}")
+    return text
+
+
+def _merge_layer(merged: dict[str, dict[str, Any]], layer: Mapping[str, Any], origin: str) -> None:
+    for section, values in layer.items():
+        if section not in _SCHEMA:
+            raise ConfigError(section, None, f"unknown section (from {origin}); known: {', '.join(_SCHEMA)}")
+        if not isinstance(values, Mapping):
+            raise ConfigError(section, values, f"expected a table (from {origin})")
+        for key, value in values.items():
+            dotted = f"{section}.{key}"
+            if key not in _SCHEMA[section]:
+                known = ", ".join(sorted(_SCHEMA[section]))
+                raise ConfigError(dotted, None, f"unknown setting (from {origin}); known in [{section}]: {known}")
+            if value is not None:
+                merged[section][key] = _coerce(dotted, value, _SCHEMA[section][key], origin)
+
+
+def _from_environment(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    layer: dict[str, dict[str, str]] = {}
+    if environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+        layer.setdefault("kafka", {})["bootstrap"] = environ["KAFKA_BOOTSTRAP_SERVERS"]
+    for section, keys in _SCHEMA.items():
+        for key, kind in keys.items():
+            value = environ.get(f"RETRYTOPICS_{section}_{key}".upper())
+            if value is not None and kind is not dict:
+                layer.setdefault(section, {})[key] = value
+    return layer
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError("config", str(path), "file not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("config", str(path), f"not valid TOML: {exc}") from None
+
+
+def _kafka_config(values: dict[str, Any]) -> KafkaConfig | None:
+    if not values.get("bootstrap"):
+        if values:
+            raise ConfigError("kafka.bootstrap", None, "required when any [kafka] setting is given")
+        return None
+    values = dict(values)
+    password_file = values.pop("sasl_password_file", None)
+    if password_file and not values.get("sasl_password"):
+        try:
+            values["sasl_password"] = Path(password_file).read_text().strip()
+        except OSError as exc:
+            raise ConfigError("kafka.sasl_password_file", password_file, f"cannot read: {exc.strerror}") from None
+    try:
+        return KafkaConfig(**values)
+    except ConfigError as exc:
+        raise ConfigError(f"kafka.{exc.field}", exc.value, exc.reason) from None
+
+
+def load_settings(
+    *,
+    path: str | os.PathLike[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    flags: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Settings:
+    """Merge defaults < TOML file < environment < flags into one validated `Settings`.
+
+    `flags` uses the file's shape, e.g. `{"kafka": {"bootstrap": "h:9092"}, "app": {"group": "billing"}}`;
+    None values mean "flag not given".
+    """
+    merged: dict[str, dict[str, Any]] = {section: {} for section in _SCHEMA}
+    if path is not None:
+        _merge_layer(merged, _read_toml(Path(path)), f"file {path}")
+    _merge_layer(merged, _from_environment(os.environ if environ is None else environ), "environment")
+    if flags:
+        _merge_layer(merged, flags, "command line")
+    if "sasl_password" in (flags or {}).get("kafka", {}):
+        raise ConfigError("kafka.sasl_password", "[hidden]", "secrets are never taken from the command line")
+    app = dict(merged["app"])
+    if "delays" in app:
+        app["delays"] = tuple(app["delays"])
+    if "naming" in app:
+        try:
+            app["naming"] = NamingStrategy(app["naming"])
+        except ValueError:
+            known = ", ".join(s.value for s in NamingStrategy)
+            raise ConfigError("app.naming", app["naming"], f"must be one of {known}") from None
+    return Settings(
+        kafka=_kafka_config(merged["kafka"]),
+        app=AppSettings(**app),
+        metrics_port=merged["metrics"].get("port"),
+        logging=LoggingSettings(**merged["logging"]),
+    )

@@ -1,0 +1,124 @@
+"""Operator actions behind the CLI: provision and describe a retry pipeline's topics, peek at a DLQ.
+
+Each function takes validated settings and returns plain data; `cli.py` only parses arguments and prints.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from retrytopics.config import AppSettings
+from retrytopics.connectors.admin import ProvisionOutcome, TopicSpec, ensure_topics, partition_count
+from retrytopics.connectors.config import KafkaConfig
+from retrytopics.connectors.kafka import make_admin, open_tail
+from retrytopics.errors import ConfigError, HeaderDecodeError
+from retrytopics.headers import decode, user_headers
+from retrytopics.naming import TopicSet, topics_for
+from retrytopics.policy import RetryPolicy
+
+__all__ = ["PeekedRecord", "provision_pipeline", "peek_dlq", "pipeline_topics", "printable"]
+
+
+def pipeline_topics(app: AppSettings) -> TopicSet:
+    """The tier and DLQ topics of the pipeline that `app` describes."""
+    app.require("topic", "group")
+    assert app.topic is not None and app.group is not None
+    policy = RetryPolicy(delays=app.delays)
+    return topics_for(app.topic, app.group, policy.tier_delays_ms, strategy=app.naming, dlq=app.dlq)
+
+
+def provision_pipeline(kafka: KafkaConfig, app: AppSettings) -> dict[str, ProvisionOutcome]:
+    """Create the tier topics and the DLQ (idempotent). Tiers get as many partitions as the source topic
+    unless `app.partitions` says otherwise, so that keyless records keep their partition number."""
+    topics = pipeline_topics(app)
+    admin = make_admin(kafka)
+    partitions = app.partitions or partition_count(admin, topics.source)
+    if partitions is None:
+        raise ConfigError("app.partitions", None, f"source topic {topics.source!r} does not exist; pass --partitions")
+    specs = [TopicSpec(name=name, partitions=partitions, replication_factor=app.replication_factor)
+             for name in topics.all_topics]  # fmt: skip
+    return ensure_topics(admin, specs)
+
+
+def printable(data: bytes | None, limit: int = 200) -> str | None:
+    """Bytes as text when they are UTF-8, else `base64:`-prefixed; bounded, for terminals and JSON."""
+    if data is None:
+        return None
+    try:
+        text = data.decode("utf-8")
+        if text.isprintable():
+            return text if len(text) <= limit else text[:limit] + "…"
+    except UnicodeDecodeError:
+        pass
+    encoded = base64.b64encode(data[: limit * 3 // 4]).decode()
+    return "base64:" + encoded + ("…" if len(data) > limit * 3 // 4 else "")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PeekedRecord:
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+    key: str | None
+    value: str | None
+    user_headers: dict[str, str | None]
+    retry: dict[str, object] | None
+    header_error: str | None
+
+    def as_dict(self) -> dict[str, object]:
+        return {name: getattr(self, name) for name in self.__slots__}  # type: ignore[attr-defined]
+
+
+def _peeked(message: object) -> PeekedRecord:
+    headers = list(message.headers() or [])  # type: ignore[attr-defined]
+    retry: dict[str, object] | None = None
+    error: str | None = None
+    try:
+        decoded = decode(headers)
+        retry = {
+            "reason": decoded.dlq_reason.value if decoded.dlq_reason else None,
+            "reconsume_times": decoded.reconsume_times, "origin_message_id": decoded.origin_message_id,
+            "original": f"{decoded.original_topic}[{decoded.original_partition}]@{decoded.original_offset}",
+            "exception_type": decoded.exception_type, "exception_message": decoded.exception_message,
+            "first_failed_at": decoded.first_failed_at, "last_failed_at": decoded.last_failed_at,
+            "replay_count": decoded.lineage.replay_count,
+        }  # fmt: skip
+    except HeaderDecodeError as exc:
+        error = str(exc)
+    return PeekedRecord(
+        topic=message.topic(), partition=message.partition(), offset=message.offset(),  # type: ignore[attr-defined]
+        timestamp_ms=message.timestamp()[1],  # type: ignore[attr-defined]
+        key=printable(message.key()), value=printable(message.value()),  # type: ignore[attr-defined]
+        user_headers={k: printable(v, 80) for k, v in user_headers(headers)},
+        retry=retry, header_error=error,
+    )  # fmt: skip
+
+
+def peek_dlq(
+    kafka: KafkaConfig, topic: str, *, last: int = 20, follow: bool = False, idle_timeout_s: float = 2.0
+) -> Iterator[PeekedRecord]:
+    """The last `last` records of each DLQ partition (oldest first), then new ones while `follow`.
+    Reads with assign(): it never joins a consumer group and never commits."""
+    admin = make_admin(kafka)
+    partitions = partition_count(admin, topic)
+    if partitions is None:
+        raise ConfigError("dlq", topic, "topic does not exist")
+    consumer = open_tail(kafka, topic, partitions, last=last)
+    try:
+        yield from _drain(consumer, follow, idle_timeout_s)
+    finally:
+        consumer.close()
+
+
+def _drain(consumer: object, follow: bool, idle_timeout_s: float) -> Iterator[PeekedRecord]:
+    idle_since = time.monotonic()
+    while follow or time.monotonic() - idle_since < idle_timeout_s:
+        messages = consumer.consume(500, 0.2)  # type: ignore[attr-defined]
+        for message in messages:
+            if message.error() is None:
+                idle_since = time.monotonic()
+                yield _peeked(message)

@@ -1,0 +1,107 @@
+"""Operator settings: layers merge in order, and every error names the dotted field and its origin."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from retrytopics.config import load_settings
+from retrytopics.errors import ConfigError
+from retrytopics.naming import NamingStrategy
+
+TOML = """
+[kafka]
+bootstrap = "file-host:9092"
+client_id = "from-file"
+[kafka.overrides]
+"socket.timeout.ms" = 30000
+[app]
+topic = "orders"
+group = "billing"
+delays = ["1s", "10s"]
+[metrics]
+port = 9102
+"""
+
+
+def _error(**kwargs: object) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        load_settings(**kwargs)  # type: ignore[arg-type]
+    return info.value
+
+
+def test_layers_merge_file_then_environment_then_flags(tmp_path: Path) -> None:
+    path = tmp_path / "rt.toml"
+    path.write_text(TOML)
+    settings = load_settings(
+        path=path,
+        environ={"RETRYTOPICS_KAFKA_CLIENT_ID": "from-env", "RETRYTOPICS_APP_GROUP": "env-group"},
+        flags={"app": {"group": "flag-group", "topic": None}},
+    )
+    assert settings.kafka is not None
+    assert (settings.kafka.bootstrap, settings.kafka.client_id) == ("file-host:9092", "from-env")
+    assert settings.kafka.client_config()["socket.timeout.ms"] == 30000
+    assert (settings.app.topic, settings.app.group, settings.app.delays) == ("orders", "flag-group", ("1s", "10s"))
+    assert settings.metrics_port == 9102
+    assert settings.app.naming is NamingStrategy.BY_DELAY
+
+
+def test_kafka_bootstrap_servers_is_a_fallback() -> None:
+    settings = load_settings(environ={"KAFKA_BOOTSTRAP_SERVERS": "env-host:1"})
+    assert settings.kafka is not None and settings.kafka.bootstrap == "env-host:1"
+    assert load_settings(environ={}).kafka is None
+
+
+def test_unknown_key_names_the_field(tmp_path: Path) -> None:
+    path = tmp_path / "rt.toml"
+    path.write_text('[app]\ndelay = ["5s"]\n')
+    error = _error(path=path, environ={})
+    assert error.field == "app.delay"
+    assert "delays" in error.reason and str(path) in error.reason
+
+
+def test_bad_values_name_the_field() -> None:
+    assert _error(environ={"RETRYTOPICS_METRICS_PORT": "ninety"}).field == "metrics.port"
+    assert _error(environ={}, flags={"app": {"delays": ["5s", "7"]}}).field == "app.delays[1]"
+    assert _error(environ={}, flags={"app": {"naming": "fancy"}}).field == "app.naming"
+    assert _error(environ={}, flags={"logging": {"level": "LOUD"}}).field == "logging.level"
+    assert _error(environ={"RETRYTOPICS_KAFKA_BOOTSTRAP": "nohost"}).field == "kafka.bootstrap"
+    assert _error(environ={}, flags={"app": {"topic": "bad topic!"}}).field == "app.topic"
+
+
+def test_kafka_errors_are_prefixed_with_their_section() -> None:
+    error = _error(environ={"RETRYTOPICS_KAFKA_BOOTSTRAP": "h:1", "RETRYTOPICS_KAFKA_SECURITY_PROTOCOL": "NOPE"})
+    assert error.field == "kafka.security_protocol"
+
+
+def test_secrets_come_from_env_or_file_never_argv(tmp_path: Path) -> None:
+    secret = tmp_path / "pw"
+    secret.write_text("s3cret\n")
+    env = {
+        "RETRYTOPICS_KAFKA_BOOTSTRAP": "h:1", "RETRYTOPICS_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+        "RETRYTOPICS_KAFKA_SASL_MECHANISM": "PLAIN", "RETRYTOPICS_KAFKA_SASL_USERNAME": "u",
+        "RETRYTOPICS_KAFKA_SASL_PASSWORD_FILE": str(secret),
+    }  # fmt: skip
+    settings = load_settings(environ=env)
+    assert settings.kafka is not None and settings.kafka.sasl_password == "s3cret"
+    assert "s3cret" not in repr(settings)
+    error = _error(environ=env, flags={"kafka": {"sasl_password": "leaky"}})
+    assert error.field == "kafka.sasl_password" and "leaky" not in str(error)
+
+
+def test_missing_required_settings_name_the_field() -> None:
+    settings = load_settings(environ={})
+    with pytest.raises(ConfigError) as info:
+        settings.require_kafka()
+    assert info.value.field == "kafka.bootstrap"
+    with pytest.raises(ConfigError) as info:
+        settings.app.require("group")
+    assert info.value.field == "app.group"
+
+
+def test_invalid_toml_is_reported_with_the_path(tmp_path: Path) -> None:
+    path = tmp_path / "broken.toml"
+    path.write_text("[kafka\n")
+    error = _error(path=path, environ={})
+    assert error.field == "config" and "TOML" in error.reason
