@@ -1,0 +1,289 @@
+"""The router: given a failed record, say where it goes next, when it is due, and with which headers.
+
+Pure: a function of the policy, the topics, the record, the failure, ``now_ms`` and an ``rng``. It never
+publishes, commits or pauses; the runtime carries out the :class:`Route` it returns::
+
+    ctx = RouteContext(policy=policy, topics=topics_for("orders", "billing", policy.tier_delays_ms),
+                       group="billing")
+    r = route(ctx, record, exc, now_ms=clock_ms(), rng=random.Random())
+    producer.produce(r.topic, key=record.key, value=value, headers=list(r.headers), partition=...)
+
+Counting: ``retry.reconsume_times`` is the number of failures so far. The first republish carries 1; a
+record allowed N retries fails N + 1 times and lands in the DLQ with ``reconsume_times == N + 1``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import traceback
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Final, NamedTuple
+
+from retrytopics.backoff import jittered_delay_ms, schedule_delay_ms, tier_for_hint
+from retrytopics.classify import Classification, Verdict, classify
+from retrytopics.errors import ConfigError, HeaderDecodeError, NonRetryable
+from retrytopics.headers import (
+    MESSAGE_LIMIT_BYTES, TRACE_LIMIT_BYTES, TYPE_LIMIT_BYTES, DlqReason, Header, RetryHeaders,
+    decode, decode_lineage, encode, redact, truncate_utf8, user_headers,
+)  # fmt: skip
+from retrytopics.naming import NamingStrategy, TierTopic, TopicSet
+from retrytopics.policy import RetryPolicy
+
+__all__ = ["InboundRecord", "Route", "RouteContext", "RouteKind", "read_retry_state", "route"]
+
+_ID_LIMIT_BYTES: Final = 512
+_VERDICT_REASON: Final = {Verdict.POISON: DlqReason.POISON, Verdict.NON_RETRYABLE: DlqReason.NON_RETRYABLE}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InboundRecord:
+    """What the runtime tells the router about a consumed record (the value stays with the runtime)."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+    key: bytes | None
+    headers: tuple[Header, ...]
+
+
+class RouteKind(StrEnum):
+    """Where a route leads."""
+
+    TIER = "tier"
+    """A retry tier topic; the record is due at ``Route.due_at_ms``."""
+    DLQ = "dlq"
+    """The dead-letter topic; ``Route.reason`` says why."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Route:
+    """The decision for one failed record.
+
+    ``headers`` are the record's user headers byte for byte, then ``encode(retry)``: earlier retry headers
+    are replaced, never appended. ``partition_hint`` is None when the record has a key (key hashing picks
+    the partition, as on the source); otherwise it is the original partition, which the runtime takes
+    modulo the destination's partition count.
+    """
+
+    kind: RouteKind
+    topic: str
+    due_at_ms: int | None
+    reason: DlqReason | None
+    retry: RetryHeaders
+    headers: tuple[Header, ...]
+    partition_hint: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RouteContext:
+    """Everything the router needs besides the record: policy, topics, group.
+
+    ``id_header``: a user header whose value is the message id (else ``<topic>-<partition>-<offset>``).
+    ``clock_skew_ms``: how far ahead of this consumer's clock another instance's clock may run before its
+    due times and failure times are treated as forged.
+    """
+
+    policy: RetryPolicy
+    topics: TopicSet
+    group: str
+    id_header: str | None = None
+    clock_skew_ms: int = 60_000
+
+    def __post_init__(self) -> None:
+        delays = tuple(t.delay_ms for t in self.topics.tiers)
+        if delays != self.policy.tier_delays_ms:
+            raise ConfigError(
+                "topics", delays, f"tier delays differ from policy.tier_delays_ms {self.policy.tier_delays_ms}; "
+                "build the TopicSet from the policy",
+            )
+        if self.group != self.topics.group:
+            raise ConfigError("group", self.group, f"the TopicSet was built for group {self.topics.group!r}")
+        if isinstance(self.clock_skew_ms, bool) or not isinstance(self.clock_skew_ms, int) or self.clock_skew_ms < 0:
+            raise ConfigError("clock_skew_ms", self.clock_skew_ms, "expected an int >= 0")
+
+
+def read_retry_state(ctx: RouteContext, record: InboundRecord, *, now_ms: int) -> RetryHeaders | None:
+    """The retry state a record carries: None on the source topic (incoming ``retry.*`` headers never steer
+    there); on a tier topic, the decoded headers, checked against this topic and clock.
+
+    Raises :class:`HeaderDecodeError` when a tier record's headers are missing, malformed or out of bounds
+    (wrong tier, wrong group or source, more failures than the policy allows, due or failure times too far
+    ahead). Raises :class:`ConfigError` for a topic that is neither this context's source nor one of its tiers.
+    """
+    if record.topic == ctx.topics.source:
+        return None
+    tier = ctx.topics.tier_by_topic(record.topic)
+    if tier is None:
+        raise ConfigError("record.topic", record.topic, "neither the source nor a tier topic of this RouteContext")
+    state = decode(record.headers)
+    _check_bounds(ctx, tier, state, now_ms)
+    return state
+
+
+def _check_bounds(ctx: RouteContext, tier: TierTopic, h: RetryHeaders, now_ms: int) -> None:
+    policy, skew = ctx.policy, ctx.clock_skew_ms
+    longest = math.ceil(tier.delay_ms * (1 + policy.jitter))
+    bound = policy.max_reconsume_times
+    checks: tuple[tuple[bool, str, object, str], ...] = (
+        (h.tier != tier.index, "retry.tier", h.tier, f"this record is on tier {tier.index} ({tier.topic})"),
+        (h.dlq_reason is not None, "retry.dlq_reason", h.dlq_reason, "a tier record carries no DLQ reason"),
+        (h.consumer_group != ctx.group, "retry.consumer_group", h.consumer_group, f"this is group {ctx.group!r}"),
+        (ctx.topics.strategy is not NamingStrategy.SHARED and h.original_topic != ctx.topics.source,
+         "retry.original_topic", h.original_topic, f"these tiers carry {ctx.topics.source!r} only"),
+        (bound is not None and h.reconsume_times > bound,
+         "retry.reconsume_times", h.reconsume_times, f"the policy allows at most {bound} retries"),
+        (h.last_failed_at > now_ms + skew, "retry.last_failed_at", h.last_failed_at, "in the future"),
+        (h.due_at is not None and h.due_at > now_ms + longest + skew,
+         "retry.due_at", h.due_at, f"later than now + this tier's delay ({longest} ms with jitter)"),
+        (h.due_at is not None and h.due_at > h.last_failed_at + longest,
+         "retry.due_at", h.due_at, f"more than this tier's delay ({longest} ms) after retry.last_failed_at"),
+    )
+    for failed, field, value, reason in checks:
+        if failed:
+            raise HeaderDecodeError(field, value, reason)
+
+
+def route(
+    ctx: RouteContext, record: InboundRecord, failure: BaseException, *, now_ms: int, rng: random.Random
+) -> Route:
+    """Decide the next destination of ``record`` after ``failure`` at ``now_ms`` (see the module docstring).
+
+    Never raises for bad wire data: unreadable retry headers route to the DLQ with reason
+    ``invalid_retry_headers``. The only exception is :class:`ConfigError` for a topic this context does not own.
+    """
+    try:
+        previous = read_retry_state(ctx, record, now_ms=now_ms)
+    except HeaderDecodeError as bad:
+        return _invalid(ctx, record, now_ms, bad)
+    verdict = classify(ctx.policy, failure)
+    if isinstance(verdict.deciding, HeaderDecodeError):
+        return _invalid(ctx, record, now_ms, verdict.deciding)
+    state = _fresh(ctx, record, now_ms, failure) if previous is None else _next(previous, now_ms, failure)
+    if verdict.verdict is not Verdict.RETRYABLE:
+        return _dead_letter(ctx, record, state, _VERDICT_REASON[verdict.verdict])
+    allowed = ctx.policy.max_retries_for(verdict.schedule_ms)
+    if allowed is not None and state.reconsume_times > allowed:
+        return _dead_letter(ctx, record, state, DlqReason.EXHAUSTED)
+    tier, due_at = _next_due(ctx, verdict, state, rng)
+    timeout = ctx.policy.timeout_ms
+    if timeout is not None and due_at > state.first_failed_at + timeout:
+        return _dead_letter(ctx, record, state, DlqReason.TIMEOUT)
+    retry = dataclasses.replace(state, tier=tier.index, due_at=due_at)
+    return _make_route(RouteKind.TIER, tier.topic, retry, record)
+
+
+def _invalid(ctx: RouteContext, record: InboundRecord, now_ms: int, bad: HeaderDecodeError) -> Route:
+    """Dead-letter a record whose retry headers cannot be trusted: its state restarts from its own
+    coordinates on this topic, and the exception headers say which header was wrong and why."""
+    return _dead_letter(ctx, record, _fresh(ctx, record, now_ms, bad), DlqReason.INVALID_RETRY_HEADERS)
+
+
+def _next_due(
+    ctx: RouteContext, verdict: Classification, state: RetryHeaders, rng: random.Random
+) -> tuple[TierTopic, int]:
+    """The tier and due time of the next retry; a retry-after hint picks the tier and floors the jitter."""
+    policy, hint = ctx.policy, verdict.retry_after_ms
+    if hint is None:
+        delay = schedule_delay_ms(verdict.schedule_ms, state.reconsume_times)
+        floor = 0
+    else:
+        delay = policy.tier_delays_ms[tier_for_hint(policy.tier_delays_ms, hint)]
+        floor = min(hint, delay)  # jitter may add to a hint, never take away from it
+    tier = ctx.topics.tier_by_delay(delay)
+    jittered = jittered_delay_ms(delay, jitter=policy.jitter, max_delay_ms=policy.max_delay_ms, rng=rng)
+    return tier, state.last_failed_at + max(floor, jittered)
+
+
+def _fresh(ctx: RouteContext, record: InboundRecord, now_ms: int, failure: BaseException) -> RetryHeaders:
+    """A new retry state from the record's own coordinates; incoming ``retry.*`` headers are ignored."""
+    described = _describe(failure)
+    return RetryHeaders(
+        reconsume_times=1,
+        origin_message_id=_origin_id(ctx, record),
+        original_topic=record.topic,
+        original_partition=record.partition,
+        original_offset=record.offset,
+        original_timestamp=max(-1, record.timestamp_ms),
+        consumer_group=ctx.group,
+        tier=None,
+        due_at=None,
+        first_failed_at=now_ms,
+        last_failed_at=now_ms,
+        lineage=decode_lineage(record.headers),
+        exception_type=described.exception_type,
+        exception_message=described.exception_message,
+        exception_trace=described.exception_trace,
+    )
+
+
+def _next(previous: RetryHeaders, now_ms: int, failure: BaseException) -> RetryHeaders:
+    """The state after one more failure; origin and original coordinates are copied, never recomputed."""
+    described = _describe(failure)
+    return dataclasses.replace(
+        previous,
+        reconsume_times=previous.reconsume_times + 1,
+        last_failed_at=max(now_ms, previous.last_failed_at),  # a clock step back never moves time backwards
+        tier=None,
+        due_at=None,
+        dlq_reason=None,
+        exception_type=described.exception_type,
+        exception_message=described.exception_message,
+        exception_trace=described.exception_trace,
+    )
+
+
+def _origin_id(ctx: RouteContext, record: InboundRecord) -> str:
+    if ctx.id_header is not None:
+        values = [v for k, v in record.headers if k == ctx.id_header]
+        if len(values) == 1 and isinstance(values[0], bytes) and 0 < len(values[0]) <= _ID_LIMIT_BYTES:
+            try:
+                return values[0].decode("utf-8")
+            except UnicodeDecodeError:
+                pass  # an undecodable id falls back to the coordinates, which are always unique
+    return f"{record.topic}-{record.partition}-{record.offset}"
+
+
+class _Described(NamedTuple):
+    exception_type: str
+    exception_message: str
+    exception_trace: str
+
+
+def _describe(failure: BaseException) -> _Described:
+    """Write-only diagnostics: type, redacted message and trace, truncated to their header budgets."""
+    if isinstance(failure, NonRetryable) and isinstance(failure.cause, BaseException):
+        failure = failure.cause  # the wrapper is a signal; the DLQ should describe what went wrong
+    cls = type(failure)
+    try:
+        message = str(failure)
+        trace = "".join(traceback.format_exception(failure))
+    except Exception:  # noqa: BLE001 - a broken __str__ must not stop the record from moving on
+        message, trace = f"<unprintable {cls.__name__}>", ""
+    return _Described(
+        exception_type=truncate_utf8(f"{cls.__module__}.{cls.__qualname__}", TYPE_LIMIT_BYTES),
+        exception_message=truncate_utf8(redact(message), MESSAGE_LIMIT_BYTES),
+        exception_trace=truncate_utf8(redact(trace), TRACE_LIMIT_BYTES, keep="tail"),
+    )
+
+
+def _dead_letter(ctx: RouteContext, record: InboundRecord, state: RetryHeaders, reason: DlqReason) -> Route:
+    retry = dataclasses.replace(state, tier=None, due_at=None, dlq_reason=reason)
+    return _make_route(RouteKind.DLQ, ctx.topics.dlq, retry, record)
+
+
+def _make_route(kind: RouteKind, topic: str, retry: RetryHeaders, record: InboundRecord) -> Route:
+    dlq = kind is RouteKind.DLQ
+    return Route(
+        kind=kind,
+        topic=topic,
+        due_at_ms=None if dlq else retry.due_at,
+        reason=retry.dlq_reason,
+        retry=retry,
+        headers=(*user_headers(record.headers), *encode(retry)),
+        partition_hint=None if record.key is not None else retry.original_partition,
+    )
+
