@@ -5,7 +5,7 @@ Pure: standard library only. A policy is an immutable value; nothing here reads 
     policy = RetryPolicy(delays=["5s", "30s", "5m"], max_retries=5, timeout="6h", jitter=0.1,
                          non_retryable=(ValueError,),
                          per_exception={RateLimited: Exponential(initial="1m", max_delay="30m", tiers=4)})
-    policy.tier_delays_ms   # (5000, 30000, 60000, 120000, 240000, 300000, 480000, 1800000): one topic each
+    policy.tier_delays_ms   # (5000, 30000, 60000, 120000, 240000, 300000, 480000): one topic each
 
 Every invalid value raises :class:`~retrytopics.errors.ConfigError` naming the field (``delays[2]``, ``jitter``,
 ``per_exception[TimeoutError]``...). docs/policy.md compares each knob with ActiveMQ, Artemis, RocketMQ and Spring.

@@ -35,6 +35,7 @@ from retrytopics.policy import RetryPolicy
 __all__ = ["InboundRecord", "Route", "RouteContext", "RouteKind", "read_retry_state", "route"]
 
 _ID_LIMIT_BYTES: Final = 512
+_MAX_RECONSUME_TIMES: Final = 2**31 - 2
 _VERDICT_REASON: Final = {Verdict.POISON: DlqReason.POISON, Verdict.NON_RETRYABLE: DlqReason.NON_RETRYABLE}
 
 
@@ -127,14 +128,15 @@ def read_retry_state(ctx: RouteContext, record: InboundRecord, *, now_ms: int) -
 def _check_bounds(ctx: RouteContext, tier: TierTopic, h: RetryHeaders, now_ms: int) -> None:
     policy, skew = ctx.policy, ctx.clock_skew_ms
     longest = math.ceil(tier.delay_ms * (1 + policy.jitter))
-    bound = policy.max_reconsume_times
+    # Unlimited retries still stop one short of the header's int32 range, so that "+1" always encodes.
+    bound = _MAX_RECONSUME_TIMES if policy.max_reconsume_times is None else policy.max_reconsume_times
     checks: tuple[tuple[bool, str, object, str], ...] = (
         (h.tier != tier.index, "retry.tier", h.tier, f"this record is on tier {tier.index} ({tier.topic})"),
         (h.dlq_reason is not None, "retry.dlq_reason", h.dlq_reason, "a tier record carries no DLQ reason"),
         (h.consumer_group != ctx.group, "retry.consumer_group", h.consumer_group, f"this is group {ctx.group!r}"),
         (ctx.topics.strategy is not NamingStrategy.SHARED and h.original_topic != ctx.topics.source,
          "retry.original_topic", h.original_topic, f"these tiers carry {ctx.topics.source!r} only"),
-        (bound is not None and h.reconsume_times > bound,
+        (h.reconsume_times > bound,
          "retry.reconsume_times", h.reconsume_times, f"the policy allows at most {bound} retries"),
         (h.last_failed_at > now_ms + skew, "retry.last_failed_at", h.last_failed_at, "in the future"),
         (h.due_at is not None and h.due_at > now_ms + longest + skew,

@@ -255,6 +255,22 @@ def test_forged_or_corrupt_tier_headers_go_to_the_dlq(changes: dict[str, object]
     assert field in r.retry.exception_message and r.headers[: len(USER)] == USER
 
 
+def test_an_unlimited_policy_still_bounds_the_failure_count() -> None:
+    ctx = context(RetryPolicy(max_retries=UNLIMITED))
+    first = route(ctx, source(), OSError(), now_ms=T0, rng=random.Random(0))
+    h = dataclasses.replace(first.retry, reconsume_times=2**31 - 1)
+    record = dataclasses.replace(arrive(first), headers=tuple(H.encode(h)))
+    r = route(ctx, record, OSError(), now_ms=T0 + 5_000, rng=random.Random(0))
+    assert r.reason is DlqReason.INVALID_RETRY_HEADERS and H.RECONSUME_TIMES in r.retry.exception_message
+
+
+def test_with_max_retries_zero_no_tier_record_is_legitimate() -> None:
+    zero = context(RetryPolicy(max_retries=0))
+    with pytest.raises(HeaderDecodeError) as info:
+        read_retry_state(zero, tier_record(), now_ms=T0 + 5_000)
+    assert info.value.field == H.RECONSUME_TIMES
+
+
 def test_garbage_on_a_tier_goes_to_the_dlq() -> None:
     record = InboundRecord(topic="orders.billing.retry.30s", partition=1, offset=9, timestamp_ms=T0, key=None,
                            headers=((H.TIER, b"\xff"), ("u", b"1")))  # fmt: skip
