@@ -1,0 +1,60 @@
+"""A bounded duplicate audit for tier records (ActiveMQ's ConnectionAudit, Kafka edition).
+
+Pure: standard library only. A crash between an acknowledged republish and the commit of its source offset
+republishes the record again, so a tier topic can hold two copies of the same hop. Both carry the same
+``(origin_message_id, lineage.replay_count, reconsume_times)``; the second is suppressed (counted and logged,
+never dead-lettered) when the audit still remembers the first::
+
+    audit = DuplicateAudit(capacity=2)
+    audit.check_and_remember(("orders-0-42", 0, 1))   # False: first sighting
+    audit.check_and_remember(("orders-0-42", 0, 1))   # True: a duplicate
+
+The audit is an LRU of `capacity` keys: memory stays bounded whatever the headers say, and a duplicate
+further back than `capacity` handled records is handled again (at-least-once, never lost).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import TypeAlias
+
+__all__ = ["DEFAULT_CAPACITY", "AuditKey", "DuplicateAudit"]
+
+#: (origin_message_id, lineage.replay_count, reconsume_times)
+AuditKey: TypeAlias = tuple[str, int, int]
+
+#: Keys remembered by default: about 10 MB at ~100 bytes a key.
+DEFAULT_CAPACITY = 100_000
+
+
+class DuplicateAudit:
+    """Remembers the last `capacity` audit keys it was shown."""
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+            raise ValueError(f"capacity={capacity!r}: expected an int >= 1")
+        self.capacity = capacity
+        self._keys: OrderedDict[AuditKey, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __contains__(self, key: AuditKey) -> bool:
+        return key in self._keys
+
+    def remember(self, key: AuditKey) -> None:
+        """Add `key` (or refresh it), evicting the least recently seen key beyond capacity."""
+        self._keys[key] = None
+        self._keys.move_to_end(key)
+        while len(self._keys) > self.capacity:
+            self._keys.popitem(last=False)
+
+    def forget(self, key: AuditKey) -> None:
+        """Drop `key` (its handling was rolled back, e.g. by an aborted transaction)."""
+        self._keys.pop(key, None)
+
+    def check_and_remember(self, key: AuditKey) -> bool:
+        """True if `key` was already remembered (a duplicate); remembers it either way."""
+        seen = key in self._keys
+        self.remember(key)
+        return seen

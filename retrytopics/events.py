@@ -1,0 +1,173 @@
+"""Named runtime events and the one hook protocol that observes them.
+
+Pure: standard library only; the core never imports a metrics library. Logging and metrics subscribe::
+
+    class Metrics:
+        def on_event(self, event: Event, data: Mapping[str, object]) -> None:
+            if event is Event.DLQ_DISPATCHED:
+                dlq_counter.labels(reason=data["reason"]).inc()
+
+    app = RetryApp(kafka=..., group="billing", hooks=[Metrics()])
+
+Hooks run in the consumer thread that emitted the event, so they must be quick. A hook that raises is
+logged and ignored: observability must never change what happens to a record.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Protocol, runtime_checkable
+
+__all__ = ["Emitter", "Event", "Hook", "LoggingHook", "NullHook", "Stats", "StatsCollector"]
+
+log = logging.getLogger("retrytopics.events")
+
+
+class Event(StrEnum):
+    """What happened, in the past tense (`data` keys in brackets)."""
+
+    CONSUMER_STARTED = "consumer.started"
+    """A consumer loop started [consumer, group, topics]."""
+    CONSUMER_STOPPED = "consumer.stopped"
+    """A consumer loop closed after draining and committing [consumer, group]."""
+    PARTITIONS_ASSIGNED = "partitions.assigned"
+    """The group gave this consumer partitions [consumer, partitions]."""
+    PARTITIONS_REVOKED = "partitions.revoked"
+    """Partitions were taken away after their finished offsets were committed [consumer, partitions]."""
+    PARTITIONS_LOST = "partitions.lost"
+    """Partitions were lost without a chance to commit (session or poll timeout) [consumer, partitions]."""
+    RECORD_HANDLED = "record.handled"
+    """A handler call returned [topic, partition, offset, attempt, due_at (None on a source topic), handled_at]."""
+    RECORD_FAILED = "record.failed"
+    """A handler call raised (or the record could not be decoded); a route follows [topic, partition, offset,
+    attempt, error, due_at, handled_at]."""
+    RECORD_ABANDONED = "record.abandoned"
+    """This consumer lost ownership before it could act on a record; the new owner will [topic, partition, offset]."""
+    RETRY_SCHEDULED = "retry.scheduled"
+    """A failed record's republish to a tier was acknowledged [topic, partition, offset, destination, due_at]."""
+    DLQ_DISPATCHED = "dlq.dispatched"
+    """A record's DLQ publish was acknowledged [topic, partition, offset, destination, reason]."""
+    PUBLISH_FAILED = "publish.failed"
+    """A republish or DLQ publish failed and will be retried [destination, error, attempt]."""
+    PRODUCER_RECREATED = "producer.recreated"
+    """A producer hit a fatal error and was replaced [consumer, error]."""
+    PARTITION_PAUSED = "partition.paused"
+    """A partition was paused: its head record is not due yet, or a publish is failing [topic, partition, until]."""
+    PARTITION_RESUMED = "partition.resumed"
+    """A paused partition was resumed [topic, partition]."""
+    DUPLICATE_SUPPRESSED = "duplicate.suppressed"
+    """A tier record already handled once (same origin, replay count and attempt) was skipped [topic, partition,
+    offset, origin_message_id, reconsume_times]."""
+    OFFSETS_COMMITTED = "offsets.committed"
+    """A commit was sent [consumer, offsets, synchronous]."""
+    TRANSACTION_ABORTED = "transaction.aborted"
+    """Exactly-once mode: a transaction was aborted and its partitions rewound [consumer, error]."""
+
+
+@runtime_checkable
+class Hook(Protocol):
+    """Receives every event. `data` is read-only and its keys are listed on each `Event` member."""
+
+    def on_event(self, event: Event, data: Mapping[str, object]) -> None: ...
+
+
+class NullHook:
+    """Ignores everything (the default)."""
+
+    def on_event(self, event: Event, data: Mapping[str, object]) -> None:
+        return None
+
+
+#: Events that are normal operation and frequent: logged at DEBUG by `LoggingHook`.
+_QUIET = frozenset(
+    {Event.RECORD_HANDLED, Event.PARTITION_PAUSED, Event.PARTITION_RESUMED, Event.OFFSETS_COMMITTED,
+     Event.RETRY_SCHEDULED, Event.RECORD_FAILED}
+)  # fmt: skip
+_LOUD = frozenset({Event.PUBLISH_FAILED, Event.PRODUCER_RECREATED, Event.TRANSACTION_ABORTED})
+
+
+class LoggingHook:
+    """Logs events: pausing and handling at DEBUG, trouble at WARNING, the rest at INFO."""
+
+    def __init__(self, logger: logging.Logger | None = None) -> None:
+        self.logger = logger or logging.getLogger("retrytopics")
+
+    def on_event(self, event: Event, data: Mapping[str, object]) -> None:
+        level = logging.DEBUG if event in _QUIET else logging.WARNING if event in _LOUD else logging.INFO
+        if self.logger.isEnabledFor(level):
+            self.logger.log(level, "%s %s", event.value, " ".join(f"{k}={v}" for k, v in data.items()))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Stats:
+    """Counters since the app started (`RetryApp.stats`)."""
+
+    handled: int = 0
+    failed: int = 0
+    retried: int = 0
+    dead_lettered: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    duplicates_suppressed: int = 0
+    publish_failures: int = 0
+    abandoned: int = 0
+    transactions_aborted: int = 0
+    paused_partitions: int = 0
+
+
+class StatsCollector:
+    """A hook that counts events; thread-safe, since every consumer thread emits."""
+
+    _COUNTED = {
+        Event.RECORD_HANDLED: "handled",
+        Event.RECORD_FAILED: "failed",
+        Event.RETRY_SCHEDULED: "retried",
+        Event.DUPLICATE_SUPPRESSED: "duplicates_suppressed",
+        Event.PUBLISH_FAILED: "publish_failures",
+        Event.RECORD_ABANDONED: "abandoned",
+        Event.TRANSACTION_ABORTED: "transactions_aborted",
+    }
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: Counter[str] = Counter()
+        self._dead: Counter[str] = Counter()
+
+    def on_event(self, event: Event, data: Mapping[str, object]) -> None:
+        name = self._COUNTED.get(event)
+        if name is None and event is not Event.DLQ_DISPATCHED:
+            return
+        with self._lock:
+            if name is not None:
+                self._counts[name] += 1
+            else:
+                self._dead[str(data.get("reason"))] += 1
+
+    def snapshot(self, *, paused_partitions: int = 0) -> Stats:
+        with self._lock:
+            return Stats(
+                dead_lettered=MappingProxyType(dict(self._dead)),
+                paused_partitions=paused_partitions,
+                **{name: self._counts[name] for name in self._COUNTED.values()},
+            )
+
+
+class Emitter:
+    """Fans an event out to hooks; a failing hook is logged, never propagated."""
+
+    def __init__(self, hooks: Iterable[Hook] = ()) -> None:
+        self.hooks: list[Hook] = list(hooks)
+
+    def emit(self, event: Event, **data: object) -> None:
+        if not self.hooks:
+            return
+        view = MappingProxyType(data)
+        for hook in self.hooks:
+            try:
+                hook.on_event(event, view)
+            except Exception:  # noqa: BLE001 - observability must not change record handling
+                log.exception("hook %r failed on %s", hook, event.value)

@@ -1,0 +1,140 @@
+"""Which offsets may be committed: the contiguous prefix of finished records, per partition.
+
+Pure: standard library only. A record is *finished* when its handler succeeded, or when the republish that
+carries its failure was acknowledged by the broker. Records finish out of order (a republish ack arrives
+after later records succeeded), so a partition's commit position only moves over a gap-free prefix::
+
+    tracker = OffsetTracker()
+    epoch = tracker.assign(("orders", 0))
+    for offset in (10, 11, 12):
+        tracker.track(("orders", 0), offset)
+    tracker.finish(("orders", 0), 11, epoch)
+    tracker.commit_positions()            # {}: offset 10 is still in flight
+    tracker.finish(("orders", 0), 10, epoch)
+    tracker.commit_positions()            # {("orders", 0): 12}: Kafka commits the *next* offset to read
+
+Every assignment of a partition gets a new *epoch*. An acknowledgement that arrives after the partition was
+revoked (and maybe assigned again) carries the old epoch and is ignored: finishing a record is the owner's
+decision, and a revoked partition has a new owner.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TypeAlias
+
+__all__ = ["OffsetTracker", "TopicPartition"]
+
+#: A partition, as (topic, partition number).
+TopicPartition: TypeAlias = tuple[str, int]
+
+
+@dataclass(slots=True)
+class _Partition:
+    epoch: int
+    in_flight: deque[int] = field(default_factory=deque)
+    members: set[int] = field(default_factory=set)  # the offsets in `in_flight`, for O(1) lookups
+    finished: set[int] = field(default_factory=set)
+    position: int | None = None  # next offset to read, once a prefix finished
+    committed: int | None = None  # the position last handed to a commit
+    first: int | None = None  # first offset tracked in this epoch: the rewind target before any commit
+
+    def advance(self) -> None:
+        while self.in_flight and self.in_flight[0] in self.finished:
+            offset = self.in_flight.popleft()
+            self.members.discard(offset)
+            self.finished.discard(offset)
+            self.position = offset + 1
+
+
+class OffsetTracker:
+    """Per-partition commit positions over a gap-free prefix of finished records (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._partitions: dict[TopicPartition, _Partition] = {}
+        self._epochs = 0
+
+    def assign(self, tp: TopicPartition) -> int:
+        """Start tracking `tp` from scratch; returns the new epoch."""
+        self._epochs += 1
+        self._partitions[tp] = _Partition(epoch=self._epochs)
+        return self._epochs
+
+    def revoke(self, tp: TopicPartition) -> None:
+        """Forget `tp`; acknowledgements for it are ignored from now on."""
+        self._partitions.pop(tp, None)
+
+    def epoch(self, tp: TopicPartition) -> int | None:
+        """The current epoch of `tp`, or None when it is not assigned."""
+        part = self._partitions.get(tp)
+        return part.epoch if part else None
+
+    def track(self, tp: TopicPartition, offset: int) -> int:
+        """Record that `offset` is being handled; returns the epoch to pass to `finish`.
+
+        Offsets of one partition must be tracked in increasing order (the order Kafka delivers them);
+        a partition that is not assigned is assigned implicitly.
+        """
+        part = self._partitions.get(tp)
+        if part is None:
+            self.assign(tp)
+            part = self._partitions[tp]
+        if part.in_flight and offset <= part.in_flight[-1]:
+            raise ValueError(f"{tp}: offset {offset} tracked after {part.in_flight[-1]}; offsets must increase")
+        if part.position is not None and offset < part.position:
+            raise ValueError(f"{tp}: offset {offset} is before the finished position {part.position}")
+        part.in_flight.append(offset)
+        part.members.add(offset)
+        if part.first is None:
+            part.first = offset
+        return part.epoch
+
+    def finish(self, tp: TopicPartition, offset: int, epoch: int) -> bool:
+        """Mark `offset` finished. False (and nothing changes) when `epoch` is stale or the offset unknown."""
+        part = self._partitions.get(tp)
+        if part is None or part.epoch != epoch or offset in part.finished or offset not in part.members:
+            return False
+        part.finished.add(offset)
+        part.advance()
+        return True
+
+    def in_flight(self, tp: TopicPartition) -> int:
+        """Records of `tp` tracked but not yet finished (or finished behind an unfinished one)."""
+        part = self._partitions.get(tp)
+        return len(part.in_flight) if part else 0
+
+    def commit_positions(self, tps: list[TopicPartition] | None = None) -> dict[TopicPartition, int]:
+        """Positions (of `tps`, default all) that moved since they were last handed to `mark_committed`."""
+        return {
+            tp: position
+            for tp, position in self.positions(tps).items()
+            if position != self._partitions[tp].committed
+        }
+
+    def positions(self, tps: list[TopicPartition] | None = None) -> dict[TopicPartition, int]:
+        """Every known commit position (for the synchronous commit on revoke and shutdown)."""
+        chosen = self._partitions if tps is None else {tp: self._partitions[tp] for tp in tps if tp in self._partitions}
+        return {tp: part.position for tp, part in chosen.items() if part.position is not None}
+
+    def mark_committed(self, positions: dict[TopicPartition, int]) -> None:
+        """Remember that these positions were handed to a commit."""
+        for tp, position in positions.items():
+            part = self._partitions.get(tp)
+            if part is not None:
+                part.committed = position
+
+    def rewind(self, tp: TopicPartition) -> int | None:
+        """Drop everything in flight for `tp` (an aborted transaction) and return where to seek: the last
+        committed position, else the first offset tracked in this epoch; None if nothing was tracked."""
+        part = self._partitions.get(tp)
+        if part is None:
+            return None
+        target = part.committed if part.committed is not None else part.first
+        part.in_flight.clear()
+        part.members.clear()
+        part.finished.clear()
+        part.position = part.committed
+        if part.committed is None:
+            part.first = None
+        return target

@@ -1,0 +1,117 @@
+"""Commit positions move only over a gap-free prefix of finished records, and stale acknowledgements
+(from before a revocation) never move them."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from retrytopics.offsets import OffsetTracker
+
+TP = ("orders", 0)
+
+
+def test_position_waits_for_the_oldest_unfinished_record() -> None:
+    # setup
+    tracker = OffsetTracker()
+    epoch = tracker.assign(TP)
+    for offset in (10, 11, 12):
+        tracker.track(TP, offset)
+    # when: a later record finishes first
+    tracker.finish(TP, 11, epoch)
+    tracker.finish(TP, 12, epoch)
+    # then: nothing is committable until 10 finishes, then everything is
+    assert tracker.commit_positions() == {}
+    tracker.finish(TP, 10, epoch)
+    assert tracker.commit_positions() == {TP: 13}
+
+
+def test_committed_positions_are_not_offered_again() -> None:
+    tracker = OffsetTracker()
+    epoch = tracker.assign(TP)
+    tracker.track(TP, 0)
+    tracker.finish(TP, 0, epoch)
+    tracker.mark_committed(tracker.commit_positions())
+    assert tracker.commit_positions() == {}
+    assert tracker.positions() == {TP: 1}
+
+
+def test_gaps_in_offsets_are_fine() -> None:
+    # transaction markers and compaction leave holes in a partition's offsets
+    tracker = OffsetTracker()
+    epoch = tracker.assign(TP)
+    tracker.track(TP, 3)
+    tracker.track(TP, 7)
+    tracker.finish(TP, 3, epoch)
+    tracker.finish(TP, 7, epoch)
+    assert tracker.commit_positions() == {TP: 8}
+
+
+def test_an_ack_from_a_previous_assignment_is_ignored() -> None:
+    # setup: offset 5 is republished, then the partition is revoked and assigned again
+    tracker = OffsetTracker()
+    old = tracker.assign(TP)
+    tracker.track(TP, 5)
+    tracker.revoke(TP)
+    new = tracker.assign(TP)
+    tracker.track(TP, 5)
+    # when: the old republish is acknowledged
+    assert tracker.finish(TP, 5, old) is False
+    # then: only the new owner's decision counts
+    assert tracker.commit_positions() == {}
+    assert tracker.finish(TP, 5, new) is True
+    assert tracker.commit_positions() == {TP: 6}
+
+
+def test_revoked_partition_has_no_position() -> None:
+    tracker = OffsetTracker()
+    epoch = tracker.assign(TP)
+    tracker.track(TP, 0)
+    tracker.finish(TP, 0, epoch)
+    tracker.revoke(TP)
+    assert tracker.positions() == {}
+    assert tracker.finish(TP, 0, epoch) is False
+
+
+def test_rewind_returns_the_last_commit_or_the_first_tracked_offset() -> None:
+    tracker = OffsetTracker()
+    epoch = tracker.assign(TP)
+    tracker.track(TP, 4)
+    tracker.finish(TP, 4, epoch)
+    tracker.track(TP, 5)
+    assert tracker.rewind(TP) == 4  # never committed: back to the first tracked offset
+    tracker.track(TP, 4)
+    tracker.finish(TP, 4, epoch)
+    tracker.mark_committed(tracker.commit_positions())
+    tracker.track(TP, 5)
+    tracker.finish(TP, 5, epoch)
+    assert tracker.rewind(TP) == 5  # the committed position
+    assert tracker.commit_positions() == {}
+
+
+def test_offsets_must_increase() -> None:
+    tracker = OffsetTracker()
+    tracker.track(TP, 3)
+    try:
+        tracker.track(TP, 3)
+    except ValueError as exc:
+        assert "must increase" in str(exc)
+    else:
+        raise AssertionError("a repeated offset was accepted")
+
+
+@given(order=st.permutations(list(range(30))), finished=st.sets(st.integers(0, 29)))
+def test_position_is_one_past_the_longest_finished_prefix(order: list[int], finished: set[int]) -> None:
+    tracker = OffsetTracker()
+    epoch = tracker.assign(TP)
+    for offset in range(30):
+        tracker.track(TP, offset)
+    for offset in order:
+        if offset in finished:
+            tracker.finish(TP, offset, epoch)
+    prefix = 0
+    while prefix in finished:
+        prefix += 1
+    expected = {TP: prefix} if prefix else {}
+    assert tracker.commit_positions() == expected
+    assert tracker.in_flight(TP) == 30 - prefix
