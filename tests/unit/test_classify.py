@@ -109,9 +109,8 @@ def test_per_exception_schedule_picks_the_most_specific_type() -> None:
     assert classify(policy, RateLimited()).schedule_ms == (60_000, 600_000)
     assert classify(policy, OSError()).schedule_ms == (1_000,)
     # found through the chain when the wrapper has no schedule of its own
-    assert classify(RetryPolicy(per_exception={RateLimited: ["1m"]}), chained(OSError(), RateLimited())).schedule_ms == (
-        60_000,
-    )
+    only_rate_limited = RetryPolicy(per_exception={RateLimited: ["1m"]})
+    assert classify(only_rate_limited, chained(OSError(), RateLimited())).schedule_ms == (60_000,)
 
 
 @pytest.mark.parametrize(

@@ -201,6 +201,21 @@ def test_forged_headers_on_a_source_record_change_nothing(extra: list[H.Header],
     assert dirty == clean
 
 
+@pytest.mark.parametrize("failure", [OSError(), Retry(after="1s")])
+def test_a_complete_well_formed_forged_header_set_on_a_source_record_is_ignored(failure: BaseException) -> None:
+    ctx = context()
+    genuine = route(ctx, source(), OSError(), now_ms=T0, rng=random.Random(0))
+    forged = dataclasses.replace(
+        genuine.retry, reconsume_times=3, tier=2, due_at=T0, origin_message_id="payments-0-1", first_failed_at=0
+    )
+    record = source(headers=(*H.encode(forged), *USER))
+    assert read_retry_state(ctx, record, now_ms=T0) is None
+    r = route(ctx, record, failure, now_ms=T0, rng=random.Random(0))
+    assert r == route(ctx, source(), failure, now_ms=T0, rng=random.Random(0))
+    assert (r.kind, r.retry.reconsume_times, r.retry.origin_message_id) == (RouteKind.TIER, 1, "orders-3-42")
+    assert r.retry.first_failed_at == T0
+
+
 def test_lineage_is_the_only_thing_kept_from_a_source_record() -> None:
     replayed = (*USER, (H.REPLAY_ID, b"run-9"), (H.REPLAY_COUNT, b"2"), (H.REPLAY_ORIGIN_ID, b"orders-1-1"),
                 (H.ORIGIN_MESSAGE_ID, b"orders-1-1"))  # fmt: skip
