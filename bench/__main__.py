@@ -1,0 +1,82 @@
+"""``python -m bench [--quick] [--only SCENARIO ...] [--no-docs]``: run the benchmarks on an embedded broker.
+
+Prints one line per figure, writes bench/results.json and regenerates docs/benchmarks.md (unless --only or
+--no-docs: a partial run never overwrites the full report).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from bench.context import Bench
+from bench.report import Result, format_line, machine, render_markdown, write_json
+from bench.scenarios import ALL
+from retrytopics.connectors.embedded import EmbeddedBroker
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results.json"
+DOCS = ROOT / "docs" / "benchmarks.md"
+FINDINGS = ROOT / "bench" / "findings.md"
+BROKER = "tansu 0.6.0 (embedded, in-memory storage, one process on the same machine)"
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller N; under 3 minutes on 2 cores")
+    parser.add_argument("--only", action="append", default=[], metavar="SCENARIO",
+                        help="run scenarios whose name starts with this (e.g. 3 or 3.lateness); repeatable")
+    parser.add_argument("--no-docs", action="store_true", help="do not rewrite docs/benchmarks.md")
+    return parser.parse_args(argv)
+
+
+def _selected(only: list[str]) -> list[object]:
+    chosen = [m for m in ALL if not only or any(m.NAME.startswith(o) for o in only)]
+    if not chosen:
+        raise SystemExit(f"no scenario matches {only}; scenarios: {[m.NAME for m in ALL]}")
+    return chosen
+
+
+def _run_one(module: object, bench: Bench) -> list[Result]:
+    name = module.NAME  # type: ignore[attr-defined]
+    start = time.monotonic()
+    try:
+        results = module.run(bench)  # type: ignore[attr-defined]
+    except Exception as exc:  # noqa: BLE001 - one broken scenario must not hide the others' figures
+        traceback.print_exc()
+        results = [Result(scenario=name, n=None, value=None, unit="-", note=f"failed: {exc!r}"[:300])]
+    print(f"  ({name}: {time.monotonic() - start:.0f} s)", flush=True)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    started = time.monotonic()
+    results: list[Result] = []
+    with EmbeddedBroker() as broker:
+        bench = Bench(bootstrap=broker.bootstrap, quick=args.quick)
+        print(f"broker {broker.bootstrap}; {'quick' if args.quick else 'full'} mode", flush=True)
+        for module in _selected(args.only):
+            for result in _run_one(module, bench):
+                results.append(result)
+                print(format_line(result), flush=True)
+    wall_s = time.monotonic() - started
+    print(f"total wall time {wall_s:.0f} s", flush=True)
+    write_json(results, RESULTS)
+    if not args.only and not args.no_docs:
+        findings = FINDINGS.read_text() if FINDINGS.exists() else ""
+        DOCS.write_text(render_markdown(results, info=machine(), mode="quick" if args.quick else "full",
+                                        broker=BROKER, wall_s=wall_s, findings=findings))  # fmt: skip
+        print(f"wrote {RESULTS.relative_to(ROOT)} and {DOCS.relative_to(ROOT)}")
+    return 0 if all(r.value is not None or r.note.startswith("not yet") for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

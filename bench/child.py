@@ -1,0 +1,38 @@
+"""Entry point of a measured child process: ``python -m bench.child <role> '<json args>'``.
+
+Roles that drive the raw client live in `bench.raw`, roles that drive the runtime in `bench.runtime`; the
+latter is imported only when asked for, so raw baselines run even where the runtime does not import.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import signal
+import sys
+import traceback
+from typing import Any
+
+from bench.measure import emit
+
+_MODULES = {"raw": "bench.raw", "app": "bench.runtime"}
+
+
+def main(argv: list[str]) -> int:
+    role, args = argv[0], json.loads(argv[1])
+    module = importlib.import_module(_MODULES[role.split("_", 1)[0]])
+    # SIGTERM from the harness becomes KeyboardInterrupt, so that roles can stop their loops cleanly.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        run: Any = getattr(module, role)
+        run(args)
+    except KeyboardInterrupt:
+        return 0
+    except BaseException as exc:  # noqa: BLE001 - reported to the harness, which raises ChildFailed
+        emit("error", error=repr(exc), trace=traceback.format_exc()[-2000:])
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

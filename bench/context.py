@@ -1,0 +1,52 @@
+"""What every scenario gets: the broker, the client config, the sizes of this mode, and child launching."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from bench.measure import Child
+from retrytopics.connectors.config import KafkaConfig
+
+__all__ = ["Bench", "CONSUMER_OVERRIDES"]
+
+T = TypeVar("T")
+
+#: Group membership on the embedded broker: a join takes about session.timeout.ms / 2.
+CONSUMER_OVERRIDES: dict[str, str | int | float | bool] = {"session.timeout.ms": 6000}
+
+
+@dataclass
+class Bench:
+    """One benchmark run. Topic and group names are unique per call, so scenarios never share state."""
+
+    bootstrap: str
+    quick: bool
+    partitions: int = 3
+    _ids: itertools.count[int] = field(default_factory=itertools.count)
+
+    @property
+    def kafka(self) -> KafkaConfig:
+        """The product's client config for this broker (no embedded-broker producer override: batches on)."""
+        return KafkaConfig(bootstrap=self.bootstrap, consumer_overrides=CONSUMER_OVERRIDES)
+
+    def size(self, quick: T, full: T) -> T:
+        return quick if self.quick else full
+
+    def name(self, stem: str) -> str:
+        return f"bench.{stem}.{next(self._ids)}"
+
+    def child(self, role: str, args: Mapping[str, Any]) -> Child:
+        return Child("bench.child", role, {"bootstrap": self.bootstrap, "consumer_overrides": CONSUMER_OVERRIDES,
+                                           "partitions": self.partitions, **args})  # fmt: skip
+
+    def run_to_done(self, role: str, args: Mapping[str, Any], *, timeout_s: float = 600) -> dict[str, Any]:
+        """Run a child role until it reports "done"; its report plus `peak_rss_mb` and `cpu_s` (whole life)."""
+        with self.child(role, {"timeout_s": timeout_s, **args}) as child:
+            done = child.wait_for("done", timeout_s=timeout_s + 30)
+            child.join(timeout_s=60)
+            samples = child.samples_since()
+        return {**done, "peak_rss_mb": max((s.rss for s in samples), default=0) / 2**20,
+                "cpu_s": samples[-1].cpu_s if samples else None}  # fmt: skip

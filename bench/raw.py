@@ -1,0 +1,116 @@
+"""The raw baselines: what a careful user writes by hand with confluent-kafka, run as child roles.
+
+Both use the product's client defaults (`connectors.kafka.CONSUMER_DEFAULTS` / `PRODUCER_DEFAULTS`) and the
+same overrides as the runtime under test, so that a ratio measures the runtime, not a configuration.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from confluent_kafka import Consumer, Message, Producer, TopicPartition
+
+from bench.measure import emit
+from retrytopics.connectors.kafka import CONSUMER_DEFAULTS, PRODUCER_DEFAULTS
+
+__all__ = ["raw_consume", "raw_paused", "raw_produce"]
+
+
+def _noop(msg: Message) -> None:
+    return None
+
+
+def raw_consume(args: dict[str, Any]) -> None:
+    """Consume `n` records of `topic` in batches, call a no-op per record, and commit the handled positions
+    asynchronously every `commit_every` records or `commit_interval_s` seconds (the runtime's policy).
+
+    Args: bootstrap, topic, group, n, batch, commit_every, commit_interval_s, consumer_overrides.
+    """
+    consumer = Consumer({**CONSUMER_DEFAULTS, "bootstrap.servers": args["bootstrap"], "group.id": args["group"],
+                         **args.get("consumer_overrides", {})})  # fmt: skip
+    consumer.subscribe([args["topic"]])
+    n, batch, handler = args["n"], args["batch"], _noop
+    every, interval = args["commit_every"], args["commit_interval_s"]
+    seen, first, since_commit, last_commit = 0, 0.0, 0, time.monotonic()
+    positions: dict[tuple[str, int], int] = {}
+    emit("ready")
+    while seen < n:
+        messages = consumer.consume(batch, 1.0)
+        if messages and not first:
+            first = time.monotonic()
+            emit("first")
+        for msg in messages:
+            if msg.error() is not None:
+                continue
+            handler(msg)
+            positions[(msg.topic(), msg.partition())] = msg.offset() + 1
+            seen += 1
+            since_commit += 1
+        if since_commit >= every or (since_commit and time.monotonic() - last_commit >= interval):
+            consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in positions.items()], asynchronous=True)
+            since_commit, last_commit = 0, time.monotonic()
+    elapsed = time.monotonic() - first
+    emit("done", count=seen, seconds=elapsed, rate=seen / elapsed)
+    consumer.close()
+
+
+def raw_produce(args: dict[str, Any]) -> None:
+    """Produce `n` copies of one record (value and headers of the given sizes) with an idempotent, acks=all
+    producer; time from the first produce call to the n-th acknowledgement.
+
+    Args: bootstrap, topic, n, partitions, value_size, headers (list of [key, value-text]), producer_overrides.
+    """
+    producer = Producer({**PRODUCER_DEFAULTS, "bootstrap.servers": args["bootstrap"], **args.get("producer_overrides", {})})
+    topic, n = args["topic"], args["n"]
+    value = b"v" * args["value_size"]
+    headers = [(k, v.encode()) for k, v in args["headers"]]
+    acked = [0]
+
+    def report(err: object, _msg: object) -> None:
+        if err is None:
+            acked[0] += 1
+
+    producer.list_topics(topic, timeout=10)  # metadata up front, as a long-running runtime has it
+    emit("ready")
+    start = time.monotonic()
+    for i in range(n):
+        while True:
+            try:
+                producer.produce(topic, value=value, headers=headers, partition=i % args["partitions"], on_delivery=report)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        producer.poll(0)
+    producer.flush(120)
+    elapsed = time.monotonic() - start
+    if acked[0] != n:
+        raise RuntimeError(f"only {acked[0]} of {n} records acknowledged")
+    emit("done", count=acked[0], seconds=elapsed, rate=n / elapsed)
+
+
+def raw_paused(args: dict[str, Any]) -> None:
+    """A hand-written delay consumer: on the first record of each partition (none is due), pause the
+    partition and seek back to that record; report "paused" when all `partitions` are; then keep polling
+    (1 s timeout, like the runtime's longest wait) until terminated.
+
+    Args: bootstrap, topic, group, partitions, consumer_overrides.
+    """
+    consumer = Consumer({**CONSUMER_DEFAULTS, "bootstrap.servers": args["bootstrap"], "group.id": args["group"],
+                         **args.get("consumer_overrides", {})})  # fmt: skip
+    consumer.subscribe([args["topic"]])
+    paused: set[int] = set()
+    emit("ready")
+    try:
+        while True:
+            for msg in consumer.consume(500, 1.0):
+                if msg.error() is not None or msg.partition() in paused:
+                    continue
+                tp = TopicPartition(msg.topic(), msg.partition(), msg.offset())
+                consumer.pause([tp])
+                consumer.seek(tp)
+                paused.add(msg.partition())
+                if len(paused) == args["partitions"]:
+                    emit("paused", paused=len(paused))
+    finally:
+        consumer.close()

@@ -1,0 +1,139 @@
+"""The runtime under test, as child roles: a `RetryApp` with a benchmark handler, started in this process.
+
+Every role builds the app exactly as a user would (`RetryApp(...)`, `@app.handler`, `app.start`), with the
+product's defaults; only the consumer's session timeout is shortened, for the embedded broker's slow join.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from bench.measure import emit
+from retrytopics.app import RetryApp
+from retrytopics.connectors.config import KafkaConfig
+from retrytopics.events import Event
+from retrytopics.policy import RetryPolicy
+from retrytopics.record import Record
+
+__all__ = ["app_failure", "app_success", "app_tiers"]
+
+
+class _Finish:
+    """Counts up to `n`, remembering when the first and the n-th count happened."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.count = n, 0
+        self.first = self.last = 0.0
+        self.done = threading.Event()
+
+    def tick(self) -> None:
+        self.count += 1
+        if not self.first:
+            self.first = time.monotonic()
+        if self.count == self.n:
+            self.last = time.monotonic()
+            self.done.set()
+
+    def report(self, **extra: Any) -> None:
+        elapsed = self.last - self.first
+        emit("done", count=self.count, seconds=elapsed, rate=self.n / elapsed if elapsed else None, **extra)
+
+
+class _Retried:
+    """A hook that ticks once per acknowledged republish to a tier."""
+
+    def __init__(self, finish: _Finish, started: _Finish) -> None:
+        self._finish, self._started = finish, started
+
+    def on_event(self, event: Event, data: Mapping[str, object]) -> None:
+        if event is Event.RETRY_SCHEDULED:
+            if not self._finish.first:
+                self._finish.first = self._started.first  # time runs from the first handler call
+            self._finish.tick()
+
+
+def _app(args: dict[str, Any], **options: Any) -> RetryApp:
+    kafka = KafkaConfig(bootstrap=args["bootstrap"])
+    return RetryApp(kafka=kafka, group=args["group"], consumer_overrides=args.get("consumer_overrides", {}), **options)
+
+
+def _serve(app: RetryApp, finish: _Finish, *, main: bool, tiers: str | None, timeout_s: float) -> None:
+    app.start(main=main, tiers=tiers)
+    emit("ready")
+    try:
+        if not finish.done.wait(timeout_s):
+            raise TimeoutError(f"{finish.count} of {finish.n} records after {timeout_s}s")
+    finally:
+        app.stop()
+
+
+def app_success(args: dict[str, Any]) -> None:
+    """A no-op handler on `topic`; done after `n` handler calls. Args: bootstrap, topic, group, n."""
+    app, finish = _app(args), _Finish(args["n"])
+
+    @app.handler(args["topic"], policy=RetryPolicy(delays=["1h"]))
+    def handle(record: Record[bytes]) -> None:
+        finish.tick()
+
+    _serve(app, finish, main=True, tiers=None, timeout_s=args.get("timeout_s", 600))
+    finish.report()
+
+
+def app_failure(args: dict[str, Any]) -> None:
+    """Every handler call fails once → republish to the "1h" tier; done after `n` acknowledged republishes."""
+    started, finish = _Finish(args["n"]), _Finish(args["n"])
+    app = _app(args, hooks=[_Retried(finish, started)])
+
+    @app.handler(args["topic"], policy=RetryPolicy(delays=["1h"]))
+    def handle(record: Record[bytes]) -> None:
+        started.tick()
+        raise RuntimeError("fails once")
+
+    app.provision(partitions=args["partitions"])
+    _serve(app, finish, main=True, tiers=None, timeout_s=args.get("timeout_s", 600))
+    finish.report()
+
+
+def app_tiers(args: dict[str, Any]) -> None:
+    """Tier consumers only, for `topic`'s `delay` tier. Reports "paused" once every partition is paused.
+
+    With `n`, done after n handler calls, reporting each record's lateness (handled_at - retry.due_at, ms);
+    without, runs until terminated (backlog and idle scenarios).
+    """
+    n = args.get("n") or 0
+    app, finish = _app(args), _Finish(max(n, 1))
+    lateness: list[float] = []
+
+    @app.handler(args["topic"], policy=RetryPolicy(delays=[args["delay"]]))
+    def handle(record: Record[bytes]) -> None:
+        handled_at = time.time() * 1000
+        assert record.retry is not None and record.retry.due_at is not None
+        lateness.append(handled_at - record.retry.due_at)
+        finish.tick()
+
+    app.start(main=False, tiers="all")
+    emit("ready")
+    try:
+        _report_paused(app, args["partitions"], finish, args.get("timeout_s", 600))
+        if n and not finish.done.wait(args.get("timeout_s", 600)):
+            raise TimeoutError(f"{finish.count} of {n} records after the timeout")
+        if n:
+            finish.report(lateness_ms=[round(x, 3) for x in lateness])
+        else:
+            threading.Event().wait()  # until SIGTERM (KeyboardInterrupt)
+    finally:
+        app.stop()
+
+
+def _report_paused(app: RetryApp, partitions: int, finish: _Finish, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while app.stats.paused_partitions < partitions:
+        if finish.done.is_set():
+            return  # records came due before every partition paused
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {app.stats.paused_partitions} of {partitions} partitions paused")
+        time.sleep(0.05)
+    emit("paused", paused=app.stats.paused_partitions)
