@@ -1,0 +1,126 @@
+"""Prometheus metrics, as a hook on the runtime's events (install the `metrics` extra).
+
+    from retrytopics.metrics import PrometheusHook
+    metrics = PrometheusHook()
+    metrics.serve(9102)                       # GET http://host:9102/metrics
+    app = RetryApp(kafka=..., group="billing", hooks=[metrics])
+
+Each hook owns its registry, so several apps in one process (or tests) never collide. Labels are bounded
+by configuration (topics, tiers, reasons), never by record content.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from retrytopics.events import Event
+
+__all__ = ["LATENESS_BUCKETS_S", "PrometheusHook"]
+
+#: Lateness (handled_at - due_at) buckets, in seconds: the SLO is p99 <= 100 ms.
+LATENESS_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+
+class PrometheusHook:
+    """Counts records handled, failed, retried and dead-lettered per topic (and tier, reason), observes
+    lateness, and tracks paused partitions and publish failures."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.handled = Counter("retrytopics_records_handled", "Handler calls that returned", ["topic"], registry=r)
+        self.failed = Counter("retrytopics_records_failed", "Handler calls that raised", ["topic"], registry=r)
+        self.retried = Counter(
+            "retrytopics_records_retried", "Republishes to a tier, acknowledged", ["topic", "tier_topic"], registry=r
+        )
+        self.dead_lettered = Counter(
+            "retrytopics_records_dead_lettered", "DLQ publishes, acknowledged", ["topic", "reason"], registry=r
+        )
+        self.duplicates = Counter(
+            "retrytopics_duplicates_suppressed", "Tier records skipped as already handled", ["topic"], registry=r
+        )
+        self.publish_failures = Counter(
+            "retrytopics_publish_failures", "Republish or DLQ publish attempts that failed", ["topic"], registry=r
+        )
+        self.abandoned = Counter(
+            "retrytopics_records_abandoned", "Records left to a new owner after losing a partition", ["topic"], registry=r
+        )
+        self.lateness = Histogram(
+            "retrytopics_lateness_seconds", "handled_at - due_at of retried records", ["topic"],
+            buckets=LATENESS_BUCKETS_S, registry=r,
+        )  # fmt: skip
+        self.paused = Gauge("retrytopics_paused_partitions", "Partitions paused right now", ["topic"], registry=r)
+        self.commits = Counter("retrytopics_commits", "Offset commits sent", ["consumer"], registry=r)
+        self._paused: set[tuple[str, int]] = set()
+        self._lock = threading.Lock()
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> None:  # noqa: S104 - a metrics port is meant to be scraped
+        """Expose `/metrics` over HTTP on `port` (a daemon thread)."""
+        start_http_server(port, addr=addr, registry=self.registry)
+
+    def on_event(self, event: Event, data: Mapping[str, object]) -> None:
+        topic = str(data.get("topic", ""))
+        if event is Event.RECORD_HANDLED:
+            self.handled.labels(topic).inc()
+            self._observe_lateness(topic, data)
+        elif event is Event.RECORD_FAILED:
+            self.failed.labels(topic).inc()
+            self._observe_lateness(topic, data)
+        elif event is Event.RETRY_SCHEDULED:
+            self.retried.labels(topic, str(data.get("destination", ""))).inc()
+        elif event is Event.DLQ_DISPATCHED:
+            self.dead_lettered.labels(topic, str(data.get("reason", ""))).inc()
+        elif event is Event.DUPLICATE_SUPPRESSED:
+            self.duplicates.labels(topic).inc()
+        elif event is Event.PUBLISH_FAILED:
+            self.publish_failures.labels(str(data.get("destination", ""))).inc()
+        elif event is Event.RECORD_ABANDONED:
+            self.abandoned.labels(topic).inc()
+        elif event is Event.OFFSETS_COMMITTED:
+            self.commits.labels(str(data.get("consumer", ""))).inc()
+        elif event in (Event.PARTITION_PAUSED, Event.PARTITION_RESUMED):
+            self._track_pause(event, topic, data.get("partition"))
+        elif event in (Event.PARTITIONS_REVOKED, Event.PARTITIONS_LOST):
+            self._forget(data.get("partitions"))
+
+    def _observe_lateness(self, topic: str, data: Mapping[str, object]) -> None:
+        due_at = data.get("due_at")
+        if isinstance(due_at, int):
+            handled_at = data.get("handled_at")
+            now_ms = handled_at if isinstance(handled_at, int) else int(time.time() * 1000)
+            self.lateness.labels(topic).observe(max(0, now_ms - due_at) / 1000)
+
+    def _track_pause(self, event: Event, topic: str, partition: object) -> None:
+        if not isinstance(partition, int):
+            return
+        with self._lock:
+            if event is Event.PARTITION_PAUSED:
+                self._paused.add((topic, partition))
+            else:
+                self._paused.discard((topic, partition))
+            self._publish_paused()
+
+    def _forget(self, partitions: object) -> None:
+        if not isinstance(partitions, list | tuple | set | frozenset):
+            return
+        with self._lock:
+            for item in partitions:
+                coordinates = (getattr(item, "topic", None), getattr(item, "partition", None))
+                if isinstance(item, tuple) and len(item) == 2:
+                    coordinates = item
+                self._paused.discard(coordinates)  # type: ignore[arg-type]
+            self._publish_paused()
+
+    def _publish_paused(self) -> None:
+        per_topic: dict[str, int] = {}
+        for topic, _ in self._paused:
+            per_topic[topic] = per_topic.get(topic, 0) + 1
+        for labels in list(self.paused._metrics):  # noqa: SLF001 - reset topics that have no paused partition left
+            if labels[0] not in per_topic:
+                self.paused.labels(*labels).set(0)
+        for topic, count in per_topic.items():
+            self.paused.labels(topic).set(count)

@@ -1,0 +1,44 @@
+"""The Prometheus hook turns runtime events into counters, a lateness histogram and a paused gauge."""
+
+from __future__ import annotations
+
+import urllib.request
+
+from retrytopics.connectors.embedded import free_port
+from retrytopics.events import Emitter, Event
+from retrytopics.metrics import PrometheusHook
+
+
+def _value(hook: PrometheusHook, name: str, **labels: str) -> float | None:
+    return hook.registry.get_sample_value(name, labels)
+
+
+def test_events_become_metrics() -> None:
+    hook = PrometheusHook()
+    emit = Emitter([hook]).emit
+    emit(Event.RECORD_HANDLED, topic="orders", partition=0, offset=1, attempt=1)
+    emit(Event.RECORD_HANDLED, topic="orders.b.retry.1s", partition=0, offset=1, attempt=2, due_at=1_000, handled_at=1_040)
+    emit(Event.RECORD_FAILED, topic="orders", partition=0, offset=2, attempt=1, error="boom")
+    emit(Event.RETRY_SCHEDULED, topic="orders", partition=0, offset=2, destination="orders.b.retry.1s", due_at=5)
+    emit(Event.DLQ_DISPATCHED, topic="orders", partition=0, offset=3, destination="orders.b.dlq", reason="poison")
+    emit(Event.PARTITION_PAUSED, topic="orders.b.retry.1s", partition=0, until=10)
+    emit(Event.PARTITION_PAUSED, topic="orders.b.retry.1s", partition=1, until=10)
+    emit(Event.PARTITION_RESUMED, topic="orders.b.retry.1s", partition=0)
+
+    assert _value(hook, "retrytopics_records_handled_total", topic="orders") == 1
+    assert _value(hook, "retrytopics_records_failed_total", topic="orders") == 1
+    assert _value(hook, "retrytopics_records_retried_total", topic="orders", tier_topic="orders.b.retry.1s") == 1
+    assert _value(hook, "retrytopics_records_dead_lettered_total", topic="orders", reason="poison") == 1
+    assert _value(hook, "retrytopics_lateness_seconds_count", topic="orders.b.retry.1s") == 1
+    assert _value(hook, "retrytopics_lateness_seconds_bucket", topic="orders.b.retry.1s", le="0.05") == 1
+    assert _value(hook, "retrytopics_lateness_seconds_bucket", topic="orders.b.retry.1s", le="0.025") == 0
+    assert _value(hook, "retrytopics_paused_partitions", topic="orders.b.retry.1s") == 1
+
+
+def test_metrics_endpoint_serves_the_counters() -> None:
+    hook = PrometheusHook()
+    port = free_port()
+    hook.serve(port, addr="127.0.0.1")
+    hook.on_event(Event.DLQ_DISPATCHED, {"topic": "orders", "reason": "exhausted"})
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    assert 'retrytopics_records_dead_lettered_total{reason="exhausted",topic="orders"} 1.0' in body
