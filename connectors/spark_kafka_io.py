@@ -56,6 +56,7 @@ class OffsetResolver:
     manager, and never keep it in a reader (readers are pickled)."""
 
     def __init__(self, props: Mapping[str, str], *, timeout_s: float = 30.0) -> None:
+        self._props = dict(props)
         self._consumer = _consumer(props)
         self._timeout_s = timeout_s
 
@@ -87,6 +88,18 @@ class OffsetResolver:
                 )
                 out[(topic, partition)] = (int(low), int(high))
         return out
+
+    def committed(self, group: str, tps: Sequence[TopicPartitionKey]) -> dict[TopicPartitionKey, int]:
+        """Offsets `group` has committed (-1001 when none), read without joining the group."""
+        if not tps:
+            return {}
+        probe = _consumer(self._props, **{"group.id": group})
+        try:
+            with map_kafka_errors():
+                found = probe.committed([TopicPartition(t, p) for t, p in tps], timeout=self._timeout_s)
+        finally:
+            probe.close()
+        return {(c.topic, c.partition): int(c.offset) for c in found}
 
     def offsets_for_times(self, times: Mapping[TopicPartitionKey, int]) -> dict[TopicPartitionKey, int]:
         """First offset whose timestamp is >= the given epoch ms, per topic-partition; -1 when none."""

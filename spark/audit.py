@@ -1,0 +1,290 @@
+"""Audit of one retry pipeline (source topic, tiers, DLQ) from what is in Kafka.
+
+    summary = audit(spark, kafka, topics_for("orders", "billing", (5_000, 60_000)))
+    summary["stages"]   # [{"topic", "kind", "records", "overdue", ...}, ...]
+
+What Kafka tells, and so what the numbers mean (docs/spark.md, "Audit definitions"):
+
+- A record is *handled* when its offset is below the offset committed by the consumer group that reads
+  its topic (the main group for the source topic; a tier consumer's group is its tier topic's name). The
+  runtime commits only what it handled or durably republished, so every later hop is already in Kafka.
+- *Overdue*: a tier record not handled although `due_at < now - grace`: a stuck or missing tier consumer.
+- An *episode* is one failure story: the tier and DLQ records sharing `(origin_message_id, replay_count)`.
+  It *dead-lettered* when a DLQ record exists; it *recovered* when its last tier record (highest
+  reconsume_times) is handled and nothing came after it (a success is not written to Kafka: the absence of
+  a later hop after a commit is the success); otherwise it is *in flight*.
+- *Attempts* of a recovered episode = its failures + 1 (the try that succeeded). *Time to recover* =
+  last hop's `due_at` − `first_failed_at`: the earliest start of the successful try, a lower bound that is
+  tight when tier consumers keep up.
+- A DLQ record is *replayed* when a record on the source or a tier carries `retry.replay_origin_id` equal
+  to its origin id (the replay job writes it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from retrytopics.connectors.config import KafkaConfig
+from retrytopics.connectors.spark_kafka import kafka_options, read_kafka
+from retrytopics.connectors.spark_kafka_io import OffsetResolver
+from retrytopics.connectors.spark_kafka_plan import Subscription, client_properties
+from retrytopics.durations import parse_duration
+from retrytopics.naming import TopicSet
+from retrytopics.spark.columns import with_retry_columns
+
+__all__ = ["add_audit_arguments", "audit", "format_table", "pipeline_records", "run_audit_cli"]
+
+
+def _committed(kafka: KafkaConfig, topics: TopicSet) -> list[tuple[str, int, int]]:
+    """(topic, partition, committed offset) for the source's group and every tier's group."""
+    props = client_properties(kafka_options(kafka))
+    groups = {topics.source: topics.group, **{t.topic: t.topic for t in topics.tiers}}
+    out = []
+    with OffsetResolver(props) as resolver:
+        counts = resolver.partition_counts()
+        for topic, group in groups.items():
+            tps = Subscription("subscribe", topics=(topic,)).select(counts)
+            out.extend((t, p, offset) for (t, p), offset in resolver.committed(group, tps).items())
+    return out
+
+
+def pipeline_records(
+    spark: SparkSession, kafka: KafkaConfig, topics: TopicSet, *, now_ms: int, grace_ms: int, kafka_format: str = "python"
+) -> DataFrame:
+    """Every record of the pipeline with typed retry columns plus `kind` (source|tier|dlq), `tier_index`,
+    `handled`, `overdue` and `age_ms`. Committed offsets are read first, so no hop is missed."""
+    committed = spark.createDataFrame(_committed(kafka, topics), "topic string, partition int, committed long")
+    all_topics = [topics.source, *(t.topic for t in topics.tiers), topics.dlq]
+    options = kafka_options(kafka, subscribe=",".join(all_topics), includeHeaders="true")
+    df = with_retry_columns(read_kafka(spark, options, kafka_format=kafka_format))
+    tier_of = F.create_map(*[x for t in topics.tiers for x in (F.lit(t.topic), F.lit(t.index))])
+    kind = (
+        F.when(F.col("topic") == topics.source, "source").when(F.col("topic") == topics.dlq, "dlq").otherwise("tier")
+    )
+    now = F.lit(now_ms)
+    df = (
+        df.join(F.broadcast(committed), ["topic", "partition"], "left")
+        .withColumn("kind", kind)
+        .withColumn("tier_index", tier_of[F.col("topic")] if topics.tiers else F.lit(None).cast("int"))
+        .withColumn("handled", F.coalesce(F.col("offset") < F.col("committed"), F.lit(False)))
+        .withColumn("age_ms", now - F.unix_millis("timestamp"))
+    )
+    overdue = (F.col("kind") == "tier") & ~F.col("handled") & (F.unix_millis("due_at") < now - grace_ms)
+    return df.withColumn("overdue", F.coalesce(overdue, F.lit(False)))
+
+
+def _stages(records: DataFrame, topics: TopicSet) -> list[dict[str, Any]]:
+    found = {
+        r.topic: r
+        for r in records.groupBy("topic").agg(
+            F.count("*").alias("records"),
+            F.sum(F.col("overdue").cast("long")).alias("overdue"),
+            F.sum((~F.col("handled")).cast("long")).alias("unhandled"),
+            F.percentile_approx("age_ms", [0.5, 1.0], 10_000).alias("age"),
+        ).collect()
+    }
+    order = [(topics.source, "source"), *((t.topic, "tier") for t in topics.tiers), (topics.dlq, "dlq")]
+    stages = []
+    for topic, kind in order:
+        row = found.get(topic)
+        age = (row.age if row is not None and row.age else None) or [None, None]
+        stages.append({
+            "topic": topic, "kind": kind, "records": row.records if row else 0,
+            "overdue": int(row.overdue or 0) if row else 0,
+            "unhandled": None if kind == "dlq" else (int(row.unhandled or 0) if row else 0),
+            "age_ms_p50": age[0], "age_ms_max": age[1],
+        })  # fmt: skip
+    return stages
+
+
+def _counts(df: DataFrame, column: str) -> dict[str, int]:
+    rows = df.groupBy(column).count().collect()
+    return {str(r[column]): r["count"] for r in sorted(rows, key=lambda r: (-r["count"], str(r[column])))}
+
+
+def _dlq(records: DataFrame) -> dict[str, Any]:
+    dlq = records.where(F.col("kind") == "dlq")
+    replay_marks = records.where((F.col("kind") != "dlq") & F.col("replay_origin_id").isNotNull()).select(
+        F.col("replay_origin_id").alias("origin_message_id")
+    )
+    replayed = dlq.join(replay_marks.distinct(), "origin_message_id", "left_semi").count()
+    total = dlq.count()
+    return {
+        "records": total, "by_reason": _counts(dlq, "dlq_reason"), "by_exception_type": _counts(dlq, "exception_type"),
+        "replayed": replayed, "pending": total - replayed,
+    }  # fmt: skip
+
+
+def episodes(records: DataFrame) -> DataFrame:
+    """One row per failure episode (see the module docstring) with its outcome, attempts and time to recover."""
+    hops = records.where(F.col("kind") != "source").withColumn("replays", F.coalesce("replay_count", F.lit(0)))
+    tier = F.col("kind") == "tier"
+    last = F.struct("handled", "tier_index", "due_at", "topic")
+    grouped = hops.groupBy("origin_message_id", "replays").agg(
+        F.max("reconsume_times").alias("failures"),
+        F.max((F.col("kind") == "dlq").cast("int")).alias("in_dlq"),
+        F.min("first_failed_at").alias("first_failed_at"),
+        F.max_by(last, F.when(tier, F.col("reconsume_times"))).alias("last_tier"),
+        F.max(F.when(tier, F.col("overdue"))).alias("overdue"),
+    )
+    outcome = (
+        F.when(F.col("in_dlq") == 1, "dead_lettered").when(F.col("last_tier.handled"), "recovered").otherwise("in_flight")
+    )
+    return grouped.withColumn("outcome", outcome).select(
+        "origin_message_id", "replays", "failures", "outcome", "first_failed_at",
+        F.col("last_tier.tier_index").alias("last_tier_index"), F.col("last_tier.topic").alias("last_tier_topic"),
+        F.coalesce("overdue", F.lit(False)).alias("overdue"),
+        F.when(F.col("outcome") == "recovered", F.col("failures") + 1).alias("attempts"),
+        F.when(F.col("outcome") == "recovered",
+               F.unix_millis("last_tier.due_at") - F.unix_millis("first_failed_at")).alias("time_to_recover_ms"),
+    )  # fmt: skip
+
+
+def _lineage(records: DataFrame, eps: DataFrame, topics: TopicSet) -> dict[str, Any]:
+    recovered = eps.where(F.col("outcome") == "recovered")
+    stats = recovered.agg(
+        F.count("*").alias("n"),
+        F.percentile_approx("attempts", [0.5, 0.99], 10_000).alias("attempts"),
+        F.percentile_approx("time_to_recover_ms", [0.5, 0.99], 10_000).alias("ttr"),
+    ).first()
+    attempts, ttr = (stats.attempts or [None, None]), (stats.ttr or [None, None])
+    handled = dict(records.where((F.col("kind") == "tier") & F.col("handled")).groupBy("topic").count().collect())
+    wins = dict(recovered.groupBy("last_tier_topic").count().collect())
+    per_tier = [
+        {"topic": t.topic, "handled": handled.get(t.topic, 0), "recovered": wins.get(t.topic, 0),
+         "success_rate": round(wins.get(t.topic, 0) / handled[t.topic], 4) if handled.get(t.topic) else None}
+        for t in topics.tiers
+    ]  # fmt: skip
+    return {
+        "episodes": eps.count(), "by_outcome": _counts(eps, "outcome"), "recovered": stats.n,
+        "attempts_p50": attempts[0], "attempts_p99": attempts[1],
+        "time_to_recover_ms_p50": ttr[0], "time_to_recover_ms_p99": ttr[1], "tiers": per_tier,
+    }  # fmt: skip
+
+
+def audit(
+    spark: SparkSession,
+    kafka: KafkaConfig,
+    topics: TopicSet,
+    *,
+    grace_ms: int = 60_000,
+    now_ms: int | None = None,
+    out: str | None = None,
+    chart: str | None = None,
+    kafka_format: str = "python",
+) -> dict[str, Any]:
+    """Audit the pipeline of `topics`; returns the summary (the `--json` object). `out` writes Parquet
+    (`records/`, `episodes/`, `summary.json`), `chart` a PNG of records per stage and exception type."""
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    records = pipeline_records(spark, kafka, topics, now_ms=now_ms, grace_ms=grace_ms, kafka_format=kafka_format)
+    records = records.drop("key", "value", "headers").cache()
+    try:
+        eps = episodes(records).cache()
+        hops = records.where(F.col("kind") != "source")
+        summary = {
+            "source": topics.source, "group": topics.group, "now_ms": now_ms, "grace_ms": grace_ms,
+            "stages": _stages(records, topics), "dlq": _dlq(records),
+            "by_exception_type": _counts(hops, "exception_type"),
+            "reconsume_times": _counts(hops.where(F.col("reconsume_times").isNotNull()), "reconsume_times"),
+            "lineage": _lineage(records, eps, topics),
+        }  # fmt: skip
+        if out:
+            _write_parquet(records, eps, summary, out)
+        if chart:
+            _chart(records, topics, chart)
+        eps.unpersist()
+        return summary
+    finally:
+        records.unpersist()
+
+
+def _write_parquet(records: DataFrame, eps: DataFrame, summary: Mapping[str, Any], out: str) -> None:
+    records.write.mode("overwrite").partitionBy("kind").parquet(f"{out}/records")
+    eps.write.mode("overwrite").parquet(f"{out}/episodes")
+    spark = records.sparkSession
+    spark.createDataFrame([(json.dumps(summary),)], "summary string").coalesce(1).write.mode("overwrite").text(
+        f"{out}/summary.json"
+    )
+
+
+def _chart(records: DataFrame, topics: TopicSet, path: str) -> None:
+    """Stacked bars: records per stage, split by exception type (top 8, the rest as "other")."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = records.groupBy("topic", "exception_type").count().collect()
+    stages = [topics.source, *(t.topic for t in topics.tiers), topics.dlq]
+    totals: dict[str, int] = {}
+    for r in rows:
+        totals[str(r.exception_type)] = totals.get(str(r.exception_type), 0) + r["count"]
+    top = [k for k, _ in sorted(totals.items(), key=lambda kv: -kv[1])][:8]
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(stages)), 4.5))
+    bottoms = [0] * len(stages)
+    for label in [*top, "other"]:
+        heights = [
+            sum(r["count"] for r in rows if r.topic == s and (str(r.exception_type) == label or
+                (label == "other" and str(r.exception_type) not in top)))
+            for s in stages
+        ]  # fmt: skip
+        if any(heights):
+            ax.bar(range(len(stages)), heights, bottom=bottoms, label="(none)" if label == "None" else label)
+            bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
+    ax.set_xticks(range(len(stages)), [s.removeprefix(f"{topics.source}.") for s in stages], rotation=20, ha="right")
+    ax.set_ylabel("records")
+    ax.set_title(f"{topics.source} / {topics.group}: records per stage and exception type")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def format_table(summary: Mapping[str, Any]) -> str:
+    """The console view of a summary."""
+    lines = [f"{'stage':<44} {'kind':<7} {'records':>9} {'overdue':>8} {'unhandled':>9}"]
+    for s in summary["stages"]:
+        unhandled = "" if s["unhandled"] is None else s["unhandled"]
+        lines.append(f"{s['topic']:<44} {s['kind']:<7} {s['records']:>9} {s['overdue']:>8} {unhandled:>9}")
+    dlq, lineage = summary["dlq"], summary["lineage"]
+    lines += ["", f"DLQ: {dlq['records']} records, {dlq['replayed']} replayed, {dlq['pending']} pending",
+              f"  by reason: {dlq['by_reason']}", f"  by exception type: {dlq['by_exception_type']}",
+              f"reconsume_times: {summary['reconsume_times']}",
+              f"lineage: {lineage['episodes']} episodes {lineage['by_outcome']}; recovered {lineage['recovered']}, "
+              f"attempts p50/p99 {lineage['attempts_p50']}/{lineage['attempts_p99']}, time to recover p50/p99 "
+              f"{lineage['time_to_recover_ms_p50']}/{lineage['time_to_recover_ms_p99']} ms"]  # fmt: skip
+    for t in lineage["tiers"]:
+        lines.append(f"  {t['topic']}: handled {t['handled']}, recovered {t['recovered']}, success rate {t['success_rate']}")
+    return "\n".join(lines)
+
+
+def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of `retrytopics audit` (the pipeline itself comes from --topic/--group/--delays or --config)."""
+    parser.add_argument("--grace", default="1m", help="a tier record due longer ago than this and not handled "
+                        "is overdue (default 1m)")  # fmt: skip
+    parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    parser.add_argument("--out", metavar="DIR", help="write records/, episodes/ and summary.json as Parquet/text")
+    parser.add_argument("--chart", metavar="PNG", help="write a chart of records per stage and exception type")
+    parser.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
+    parser.add_argument("--kafka-format", choices=["python", "builtin"], default="python",
+                        help="read with this package's data source (default) or Spark's kafka jar")  # fmt: skip
+
+
+def run_audit_cli(args: argparse.Namespace, *, kafka: KafkaConfig, topics: TopicSet) -> int:
+    """Run the audit for parsed `args`; prints JSON or the table. Exit status 0."""
+    from retrytopics.spark.session import get_session
+
+    spark = get_session(args.master, "retrytopics-audit")
+    summary = audit(
+        spark, kafka, topics, grace_ms=parse_duration(args.grace, field="--grace"), out=args.out, chart=args.chart,
+        kafka_format=args.kafka_format,
+    )  # fmt: skip
+    print(json.dumps(summary, sort_keys=True) if args.json else format_table(summary))
+    return 0
