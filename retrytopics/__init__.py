@@ -1,1 +1,76 @@
-"""retrytopics"""
+"""retrytopics: non-blocking retries for Apache Kafka (delay tiers, pausing tier consumers, a DLQ).
+
+::
+
+    from retrytopics import KafkaConfig, RetryApp, RetryPolicy, json_value
+
+    app = RetryApp(kafka=KafkaConfig(bootstrap="127.0.0.1:9092"), group="billing")
+
+    @app.handler("orders", policy=RetryPolicy(delays=["5s", "30s", "5m"]), value_deserializer=json_value)
+    def charge(record): ...
+
+    app.provision()
+    app.run()
+"""
+
+from __future__ import annotations
+
+from retrytopics import errors
+from retrytopics.app import RetryApp
+from retrytopics.connectors.config import KafkaConfig
+from retrytopics.connectors.serde import avro, avro_serializer, bytes_value, json_serializer, json_value, utf8
+from retrytopics.errors import (
+    ConfigError,
+    HeaderDecodeError,
+    KafkaClientError,
+    NonRetryable,
+    PoisonRecordError,
+    PublishError,
+    Retry,
+    RetryTopicsError,
+)
+from retrytopics.events import Event, Hook, LoggingHook, Stats
+from retrytopics.headers import DlqReason, RetryHeaders
+from retrytopics.naming import NamingStrategy
+from retrytopics.policy import ROCKETMQ_LEVELS, UNLIMITED, Exponential, InProcessRetry, RetryPolicy
+from retrytopics.record import Record
+
+__all__ = [
+    # Application
+    "KafkaConfig",
+    "Record",
+    "RetryApp",
+    # Policy
+    "ROCKETMQ_LEVELS",
+    "UNLIMITED",
+    "Exponential",
+    "InProcessRetry",
+    "NamingStrategy",
+    "RetryPolicy",
+    # Control signals (raised by handlers)
+    "NonRetryable",
+    "Retry",
+    # Serialization
+    "avro",
+    "avro_serializer",
+    "bytes_value",
+    "json_serializer",
+    "json_value",
+    "utf8",
+    # Headers
+    "DlqReason",
+    "RetryHeaders",
+    # Observability
+    "Event",
+    "Hook",
+    "LoggingHook",
+    "Stats",
+    # Errors
+    "ConfigError",
+    "HeaderDecodeError",
+    "KafkaClientError",
+    "PoisonRecordError",
+    "PublishError",
+    "RetryTopicsError",
+    "errors",
+]

@@ -1,0 +1,204 @@
+"""confluent-kafka behind the runtime's ports (`retrytopics.ports`): plain tuples in, our errors out.
+
+The clients come from `connectors.kafka.make_consumer`/`make_producer`, so every product default (manual
+commits, idempotence, acks=all, read_committed) applies; every call translates client exceptions through
+`map_kafka_errors`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, Message as CKMessage, Producer
+from confluent_kafka import TopicPartition as CKTopicPartition
+
+from retrytopics.connectors.config import KafkaConfig
+from retrytopics.connectors.kafka import delivery_error, make_consumer, make_producer, map_kafka_errors
+from retrytopics.errors import KafkaClientError
+from retrytopics.headers import Header
+from retrytopics.ports import DeliveryCallback, Message, PartitionsCallback, TopicPartition
+
+__all__ = ["KafkaConsumer", "KafkaProducer"]
+
+log = logging.getLogger("retrytopics.kafka")
+
+_DEFAULT_MAX_POLL_INTERVAL_MS = 300_000
+
+
+def _tps(partitions: Sequence[CKTopicPartition]) -> list[TopicPartition]:
+    return [(p.topic, p.partition) for p in partitions]
+
+
+def _ck(offsets: Mapping[TopicPartition, int]) -> list[CKTopicPartition]:
+    return [CKTopicPartition(topic, partition, offset) for (topic, partition), offset in offsets.items()]
+
+
+def _message(msg: CKMessage) -> Message:
+    kind, timestamp = msg.timestamp()
+    return Message(
+        topic=msg.topic(),
+        partition=msg.partition(),
+        offset=msg.offset(),
+        timestamp_ms=-1 if kind == TIMESTAMP_NOT_AVAILABLE else timestamp,
+        key=msg.key(),
+        value=msg.value(),
+        headers=tuple(msg.headers() or ()),
+    )
+
+
+class KafkaConsumer:
+    """`ConsumerPort` over a confluent-kafka `Consumer`."""
+
+    def __init__(self, kafka: KafkaConfig, *, group_id: str, overrides: Mapping[str, Any] | None = None) -> None:
+        self._consumer: Consumer = make_consumer(kafka, group_id=group_id, overrides=overrides)
+        merged = {**kafka.consumer_config(), **(overrides or {})}
+        self.max_poll_interval_ms = int(merged.get("max.poll.interval.ms", _DEFAULT_MAX_POLL_INTERVAL_MS))
+
+    def subscribe(
+        self,
+        topics: Sequence[str],
+        *,
+        on_assign: PartitionsCallback,
+        on_revoke: PartitionsCallback,
+        on_lost: PartitionsCallback,
+    ) -> None:
+        with map_kafka_errors():
+            self._consumer.subscribe(
+                list(topics),
+                on_assign=lambda _c, parts: on_assign(_tps(parts)),
+                on_revoke=lambda _c, parts: on_revoke(_tps(parts)),
+                on_lost=lambda _c, parts: on_lost(_tps(parts)),
+            )
+
+    def consume(self, max_records: int, timeout_s: float) -> list[Message]:
+        """Up to `max_records` messages; returns as soon as one is there, or after `timeout_s` with none.
+
+        (confluent-kafka's `consume(n, timeout)` waits for all n messages or the whole timeout, which would
+        make every due record up to `timeout_s` late; so wait for the first, then take what is queued.)
+        """
+        with map_kafka_errors():
+            first = self._consumer.poll(timeout_s)
+            if first is None:
+                return []
+            batch = [first, *self._consumer.consume(max_records - 1, 0)] if max_records > 1 else [first]
+        out: list[Message] = []
+        for msg in batch:
+            err = msg.error()
+            if err is None:
+                out.append(_message(msg))
+            elif err.fatal():
+                raise KafkaClientError(f"{err.name()}: {err.str()}", code=err.name(), fatal=True)
+            elif err.code() != KafkaError._PARTITION_EOF:
+                log.warning("consumer error: %s", err)
+        return out
+
+    def pause(self, tps: Sequence[TopicPartition]) -> None:
+        with map_kafka_errors():
+            self._consumer.pause([CKTopicPartition(t, p) for t, p in tps])
+
+    def resume(self, tps: Sequence[TopicPartition]) -> None:
+        with map_kafka_errors():
+            self._consumer.resume([CKTopicPartition(t, p) for t, p in tps])
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        with map_kafka_errors():
+            self._consumer.seek(CKTopicPartition(tp[0], tp[1], offset))
+
+    def commit(self, offsets: Mapping[TopicPartition, int], *, asynchronous: bool) -> None:
+        if not offsets:
+            return
+        with map_kafka_errors():
+            self._consumer.commit(offsets=_ck(offsets), asynchronous=asynchronous)
+
+    def group_metadata(self) -> object:
+        with map_kafka_errors():
+            return self._consumer.consumer_group_metadata()
+
+    def close(self) -> None:
+        with map_kafka_errors():
+            self._consumer.close()
+
+
+class KafkaProducer:
+    """`ProducerPort` over a confluent-kafka `Producer` (idempotent, acks=all; transactional on request)."""
+
+    def __init__(
+        self,
+        kafka: KafkaConfig,
+        *,
+        transactional_id: str | None = None,
+        overrides: Mapping[str, Any] | None = None,
+        metadata_timeout_s: float = 10.0,
+    ) -> None:
+        self._producer: Producer = make_producer(kafka, transactional_id=transactional_id, overrides=overrides)
+        self._partitions: dict[str, int] = {}
+        self._metadata_timeout_s = metadata_timeout_s
+
+    def produce(
+        self,
+        topic: str,
+        *,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Sequence[Header],
+        partition: int | None,
+        on_delivery: DeliveryCallback,
+    ) -> None:
+        def report(err: KafkaError | None, _msg: CKMessage) -> None:
+            on_delivery(None if err is None else delivery_error(err, topic))
+
+        kwargs: dict[str, Any] = {"key": key, "value": value, "headers": list(headers), "on_delivery": report}
+        if partition is not None:
+            kwargs["partition"] = partition
+        while True:
+            try:
+                with map_kafka_errors():
+                    self._producer.produce(topic, **kwargs)
+                return
+            except BufferError:
+                # The local queue is full: serve delivery reports (which frees room) and try again.
+                self._producer.poll(0.1)
+
+    def poll(self, timeout_s: float) -> None:
+        self._producer.poll(timeout_s)
+
+    def flush(self, timeout_s: float) -> int:
+        return int(self._producer.flush(timeout_s))
+
+    def partition_count(self, topic: str) -> int:
+        count = self._partitions.get(topic)
+        if count is None:
+            with map_kafka_errors():
+                meta = self._producer.list_topics(topic, timeout=self._metadata_timeout_s).topics.get(topic)
+            if meta is None or meta.error is not None or not meta.partitions:
+                raise KafkaClientError(f"topic {topic!r} does not exist; run provisioning first", code="UNKNOWN_TOPIC")
+            count = self._partitions[topic] = len(meta.partitions)
+        return count
+
+    def purge(self) -> None:
+        with map_kafka_errors():
+            self._producer.purge(in_queue=True, in_flight=True, blocking=False)
+
+    def init_transactions(self, timeout_s: float) -> None:
+        with map_kafka_errors():
+            self._producer.init_transactions(timeout_s)
+
+    def begin_transaction(self) -> None:
+        with map_kafka_errors():
+            self._producer.begin_transaction()
+
+    def send_offsets_to_transaction(
+        self, offsets: Mapping[TopicPartition, int], group_metadata: object, timeout_s: float
+    ) -> None:
+        with map_kafka_errors():
+            self._producer.send_offsets_to_transaction(_ck(offsets), group_metadata, timeout_s)
+
+    def commit_transaction(self, timeout_s: float) -> None:
+        with map_kafka_errors():
+            self._producer.commit_transaction(timeout_s)
+
+    def abort_transaction(self, timeout_s: float) -> None:
+        with map_kafka_errors():
+            self._producer.abort_transaction(timeout_s)

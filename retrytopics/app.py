@@ -1,0 +1,243 @@
+"""`RetryApp`: decorate handlers, provision their topics, run main and tier consumers.
+
+::
+
+    app = RetryApp(kafka=KafkaConfig(bootstrap="127.0.0.1:9092"), group="billing")
+
+    @app.handler("orders", policy=RetryPolicy(delays=["5s", "30s", "5m"], non_retryable=[ValueError]),
+                 value_deserializer=json_value)
+    def charge(record: Record[dict]) -> None:
+        ...                              # raise to retry; `raise NonRetryable(exc)` to dead-letter at once
+
+    app.provision()                      # tier topics and the DLQ, as many partitions as "orders" has
+    app.run()                            # main consumer; blocks until SIGTERM/SIGINT or app.stop()
+    # elsewhere, or in the same process:   app.run_tiers()   /   app.run_tiers(tiers=["30s"])
+
+The decorated function is returned unchanged: call it directly in unit tests (`retrytopics.testing` builds
+Records). Handlers run one record at a time in their consumer's thread; `async def` handlers run on an event
+loop owned by that consumer. The guarantees are at-least-once: a handler may see a record again after a
+crash, so side effects should be idempotent on `record.origin_message_id` (or use `exactly_once=True`
+for the hand-off between topics).
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any, TypeVar
+
+from retrytopics.connectors.admin import ProvisionOutcome, TopicSpec, ensure_topics, partition_count
+from retrytopics.connectors.clients import KafkaConsumer, KafkaProducer
+from retrytopics.connectors.config import KafkaConfig
+from retrytopics.connectors.kafka import make_admin
+from retrytopics.connectors.serde import Deserializer, bytes_value
+from retrytopics.dedupe import DEFAULT_CAPACITY, DuplicateAudit
+from retrytopics.durations import DurationLike, parse_duration
+from retrytopics.errors import ConfigError
+from retrytopics.events import Emitter, Hook, LoggingHook, Stats, StatsCollector
+from retrytopics.naming import NamingStrategy, TopicSet, topics_for, validate_topic_name
+from retrytopics.policy import RetryPolicy
+from retrytopics.router import RouteContext
+from retrytopics.runtime.dispatch import Binding
+from retrytopics.runtime.lifecycle import Runner
+from retrytopics.runtime.loop import ConsumerLoop, DeadLetterCallback, LoopSettings
+from retrytopics.runtime.main import main_settings
+from retrytopics.runtime.tiers import tier_settings
+
+__all__ = ["RetryApp"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+TierSelection = str | Sequence[str]
+
+
+class RetryApp:
+    """Handlers, their retry policies and topics, and the consumers that run them (see the module docstring).
+
+    `consumer_overrides`/`producer_overrides` are librdkafka properties for this app's clients (e.g.
+    `{"session.timeout.ms": 10000}`). `exactly_once=True` republishes and commits each batch in one Kafka
+    transaction (consumers read_committed). `on_dead_letter(record, route)` runs after each acknowledged
+    DLQ publish. `id_header` names a user header holding a message id (else `<topic>-<partition>-<offset>`).
+    """
+
+    def __init__(
+        self,
+        *,
+        kafka: KafkaConfig,
+        group: str,
+        consumer_overrides: Mapping[str, str | int | float | bool] | None = None,
+        producer_overrides: Mapping[str, str | int | float | bool] | None = None,
+        exactly_once: bool = False,
+        naming: NamingStrategy = NamingStrategy.BY_DELAY,
+        id_header: str | None = None,
+        hooks: Sequence[Hook] = (),
+        on_dead_letter: DeadLetterCallback | None = None,
+        batch_size: int = 500,
+        commit_every: int = 500,
+        commit_interval: DurationLike = "1s",
+        dedupe_capacity: int = DEFAULT_CAPACITY,
+    ) -> None:
+        if not isinstance(kafka, KafkaConfig):
+            raise ConfigError("kafka", kafka, "expected a KafkaConfig")
+        self.kafka = kafka
+        self.group = validate_topic_name(group, field="group")
+        self.consumer_overrides = dict(consumer_overrides or {})
+        self.producer_overrides = dict(producer_overrides or {})
+        self.exactly_once = bool(exactly_once)
+        self.naming = NamingStrategy(naming)
+        self.id_header = id_header
+        self.on_dead_letter = on_dead_letter
+        for name, value in (("batch_size", batch_size), ("commit_every", commit_every), ("dedupe_capacity", dedupe_capacity)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(name, value, "expected an int >= 1")
+        self._loop_defaults = {
+            "batch_size": batch_size,
+            "commit_every": commit_every,
+            "commit_interval_ms": max(1, parse_duration(commit_interval, field="commit_interval")),
+        }
+        self._dedupe_capacity = dedupe_capacity
+        self._stats = StatsCollector()
+        self._emitter = Emitter([self._stats, LoggingHook(), *hooks])
+        self._bindings: dict[str, Binding] = {}
+        self._runner = Runner(threading.Event())
+
+    # -- registration ----------------------------------------------------------------------------------------
+
+    def handler(
+        self,
+        topic: str,
+        *,
+        policy: RetryPolicy | None = None,
+        value_deserializer: Deserializer = bytes_value,
+        dlq: str | None = None,
+    ) -> Callable[[F], F]:
+        """Register a handler for `topic`; returns the function unchanged (still a plain callable)."""
+        validate_topic_name(topic, field="topic")
+        policy = RetryPolicy() if policy is None else policy
+        if not isinstance(policy, RetryPolicy):
+            raise ConfigError("policy", policy, "expected a RetryPolicy")
+        if topic in self._bindings:
+            raise ConfigError("topic", topic, f"already handled by {self._bindings[topic].name}")
+        topics = topics_for(topic, self.group, policy.tier_delays_ms, strategy=self.naming, dlq=dlq)
+        self._check_collisions(topics)
+        ctx = RouteContext(policy=policy, topics=topics, group=self.group, id_header=self.id_header)
+
+        def register(fn: F) -> F:
+            if not callable(fn):
+                raise ConfigError("handler", fn, "expected a callable taking a Record")
+            self._bindings[topic] = Binding(
+                topic=topic, handler=fn, policy=policy, ctx=ctx, value_deserializer=value_deserializer
+            )
+            return fn
+
+        return register
+
+    def _check_collisions(self, topics: TopicSet) -> None:
+        mine = {t.topic for t in topics.tiers}
+        for other in self._bindings.values():
+            theirs = {t.topic for t in other.ctx.topics.tiers} | {other.topic}
+            if mine & theirs or topics.source in {t.topic for t in other.ctx.topics.tiers}:
+                raise ConfigError("naming", self.naming.value, f"{topics.source!r} and {other.topic!r} would share "
+                                  f"tier topics {sorted(mine & theirs)}; use NamingStrategy.BY_DELAY")  # fmt: skip
+
+    @property
+    def handlers(self) -> Mapping[str, Binding]:
+        """Source topic → its handler binding (handler, policy, topics)."""
+        return MappingProxyType(self._bindings)
+
+    def topics(self, topic: str) -> TopicSet:
+        """The tier topics and DLQ of a handled source topic."""
+        return self._binding(topic).ctx.topics
+
+    def _binding(self, topic: str) -> Binding:
+        if topic not in self._bindings:
+            raise ConfigError("topic", topic, f"no handler for it; handled: {sorted(self._bindings)}")
+        return self._bindings[topic]
+
+    # -- provisioning ----------------------------------------------------------------------------------------
+
+    def provision(
+        self, *, partitions: int | None = None, replication_factor: int = -1, timeout: DurationLike = "30s"
+    ) -> dict[str, ProvisionOutcome]:
+        """Create the tier topics and DLQs that are missing (never the source topics).
+
+        Tier topics get the source's partition count unless `partitions` is given, so keyless records keep
+        their partition. An existing topic with another count is a `TopicMismatchError`.
+        """
+        admin = make_admin(self.kafka)
+        timeout_s = parse_duration(timeout, field="timeout") / 1000
+        specs: list[TopicSpec] = []
+        for topic, binding in self._bindings.items():
+            count = partitions or partition_count(admin, topic, timeout_s=timeout_s)
+            if count is None:
+                raise ConfigError("topic", topic, "the source topic does not exist; create it, or pass partitions=")
+            specs += [TopicSpec(name=name, partitions=count, replication_factor=replication_factor)
+                      for name in binding.ctx.topics.all_topics]  # fmt: skip
+        return ensure_topics(admin, specs, timeout_s=timeout_s)
+
+    # -- running ---------------------------------------------------------------------------------------------
+
+    def start(self, *, main: bool = True, tiers: TierSelection | None = None) -> None:
+        """Start consumers in background threads and return (see `run` / `run_tiers` for blocking forms)."""
+        if not self._bindings:
+            raise ConfigError("handlers", [], "no handler registered; decorate one with @app.handler(topic)")
+        if self._runner.stop_event.is_set():
+            raise ConfigError("app", "stopped", "a stopped RetryApp cannot be restarted; build a new one")
+        settings: list[LoopSettings] = []
+        if main:
+            settings.append(main_settings(self.group, list(self._bindings), **self._loop_defaults,
+                                          exactly_once=self.exactly_once))  # fmt: skip
+        if tiers is not None:
+            settings += tier_settings(self._bindings, tiers, **self._loop_defaults, exactly_once=self.exactly_once)
+        self._runner.start([self._loop(s) for s in settings])
+
+    def _loop(self, settings: LoopSettings) -> ConsumerLoop:
+        bindings = {t: b for t, b in self._bindings.items() if t in settings.topics}
+        for binding in self._bindings.values():
+            for tier in binding.ctx.topics.tiers:
+                if tier.topic in settings.topics:
+                    bindings[tier.topic] = binding
+        transactional_id = f"{settings.group_id}-{uuid.uuid4().hex[:12]}" if self.exactly_once else None
+        return ConsumerLoop(
+            settings, bindings,
+            consumer_factory=lambda: KafkaConsumer(self.kafka, group_id=settings.group_id, overrides=self.consumer_overrides),
+            producer_factory=lambda: KafkaProducer(self.kafka, transactional_id=transactional_id,
+                                                   overrides=self.producer_overrides),
+            emitter=self._emitter, stop=self._runner.stop_event,
+            audit=DuplicateAudit(self._dedupe_capacity), on_dead_letter=self.on_dead_letter,
+        )  # fmt: skip
+
+    def run(self) -> None:
+        """Run the main consumer (all handled topics) until SIGTERM/SIGINT or `stop()`; blocks."""
+        self.start(main=True)
+        self._runner.run_until_stopped()
+
+    def run_tiers(self, tiers: TierSelection = "all") -> None:
+        """Run tier consumers until SIGTERM/SIGINT or `stop()`; blocks. Each tier topic gets its own consumer
+        group and thread. `tiers` is "all", or delays (`["30s"]`) or tier topic names."""
+        self.start(main=False, tiers=tiers)
+        self._runner.run_until_stopped()
+
+    def stop(self, timeout: float | None = 30.0) -> bool:
+        """Stop every consumer cleanly (finish the current record, drain, commit, leave the group)."""
+        return self._runner.stop(timeout)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until every consumer has stopped; True if they have."""
+        return self._runner.join(timeout)
+
+    @property
+    def running(self) -> bool:
+        return any(loop.running for loop in self._runner.loops)
+
+    @property
+    def healthy(self) -> bool:
+        """False while a publish is failing (e.g. the DLQ is unreachable) or after a consumer crashed."""
+        return all(loop.healthy for loop in self._runner.loops)
+
+    @property
+    def stats(self) -> Stats:
+        """Counters since start: handled, retried, dead-lettered by reason, duplicates suppressed, paused partitions."""
+        return self._stats.snapshot(paused_partitions=sum(loop.paused_partitions for loop in self._runner.loops))

@@ -1,0 +1,122 @@
+"""Calling a handler: the binding of a topic to its handler, decoding, the Record, in-process retries and
+the runtime-owned event loop for `async def` handlers."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import tenacity
+
+from retrytopics.classify import Verdict, classify
+from retrytopics.connectors.serde import Deserializer, deserialize
+from retrytopics.errors import PoisonRecordError
+from retrytopics.headers import RetryHeaders, user_headers
+from retrytopics.policy import RetryPolicy
+from retrytopics.ports import Message
+from retrytopics.record import Record
+from retrytopics.router import InboundRecord, RouteContext
+
+__all__ = ["Binding", "Invoker", "inbound", "origin_message_id"]
+
+_ID_LIMIT_BYTES = 512
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Binding:
+    """A handler bound to a source topic, with everything needed to route its failures."""
+
+    topic: str
+    handler: Callable[[Record[Any]], Any]
+    policy: RetryPolicy
+    ctx: RouteContext
+    value_deserializer: Deserializer
+
+    @property
+    def name(self) -> str:
+        return getattr(self.handler, "__qualname__", repr(self.handler))
+
+
+def inbound(msg: Message) -> InboundRecord:
+    return InboundRecord(
+        topic=msg.topic, partition=msg.partition, offset=msg.offset,
+        timestamp_ms=msg.timestamp_ms, key=msg.key, headers=msg.headers,
+    )  # fmt: skip
+
+
+def origin_message_id(ctx: RouteContext, record: InboundRecord) -> str:
+    """The id the router gives a source record: the `id_header` value when usable, else its coordinates."""
+    if ctx.id_header is not None:
+        values = [v for k, v in record.headers if k == ctx.id_header]
+        if len(values) == 1 and isinstance(values[0], bytes) and 0 < len(values[0]) <= _ID_LIMIT_BYTES:
+            try:
+                return values[0].decode("utf-8")
+            except UnicodeDecodeError:
+                pass
+    return f"{record.topic}-{record.partition}-{record.offset}"
+
+
+def build_record(binding: Binding, msg: Message, state: RetryHeaders | None) -> tuple[Record[Any], PoisonRecordError | None]:
+    """The handler's Record; on a decode failure, a Record with `value=None` and the poison error."""
+    value: Any = None
+    poison: PoisonRecordError | None = None
+    try:
+        value = deserialize(
+            binding.value_deserializer, msg.value, topic=msg.topic, partition=msg.partition,
+            offset=msg.offset, headers=msg.headers,
+        )  # fmt: skip
+    except PoisonRecordError as exc:
+        poison = exc
+    origin = state.origin_message_id if state is not None else origin_message_id(binding.ctx, inbound(msg))
+    record = Record(
+        topic=msg.topic, partition=msg.partition, offset=msg.offset, timestamp_ms=msg.timestamp_ms,
+        key=msg.key, value=value, raw_value=msg.value, headers=tuple(user_headers(msg.headers)),
+        retry=state, origin_message_id=origin,
+    )  # fmt: skip
+    return record, poison
+
+
+class Invoker:
+    """Runs handlers in the calling (poll) thread; coroutines run on one event loop owned by this invoker.
+
+    `policy.in_process` retries run here, driven by tenacity, for failures the policy calls retryable; the
+    waits are interruptible by `stop` so that shutdown is never delayed by a back-off.
+    """
+
+    def __init__(self, stop: threading.Event) -> None:
+        self._stop = stop
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def call(self, binding: Binding, record: Record[Any]) -> Any:
+        in_process = binding.policy.in_process
+        if in_process is None or in_process.attempts == 1:
+            return self._once(binding.handler, record)
+        policy = binding.policy
+        retrying = tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(in_process.attempts),
+            wait=tenacity.wait_fixed(in_process.wait_ms / 1000),
+            retry=tenacity.retry_if_exception(
+                lambda exc: isinstance(exc, Exception) and classify(policy, exc).verdict is Verdict.RETRYABLE
+            ),
+            sleep=self._stop.wait,
+            reraise=True,
+        )
+        return retrying(self._once, binding.handler, record)
+
+    def _once(self, handler: Callable[[Record[Any]], Any], record: Record[Any]) -> Any:
+        result = handler(record)
+        if inspect.isawaitable(result):
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+            return self._loop.run_until_complete(result)
+        return result
+
+    def close(self) -> None:
+        if self._loop is not None:
+            self._loop.run_until_complete(self._loop.shutdown_asyncgens())
+            self._loop.close()
+            self._loop = None

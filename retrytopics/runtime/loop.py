@@ -1,0 +1,395 @@
+"""The consumer loop shared by main and tier consumers: poll, act on each record, hand failures off, commit.
+
+One loop = one consumer + one producer + one thread. Per iteration:
+
+1. serve producer delivery reports; hold partitions whose publish is failing, release them when it succeeds;
+2. resume partitions whose head record is due; `consume()` for at most min(next due time, max_wait);
+3. for each record: read its retry state (malformed → DLQ `invalid_retry_headers`), suppress a duplicate
+   hop, pause the partition if the record is not due, else decode and call the handler;
+   success → finished; failure → `route()` → produce, finished only when the broker acknowledges;
+4. commit the finished prefix asynchronously, by count or by time (exactly-once: commit the transaction).
+
+Records of a main topic carry no retry state (incoming `retry.*` headers are ignored there), so the same
+loop serves both kinds of consumer; only tier records are ever paused.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from retrytopics.dedupe import AuditKey, DuplicateAudit
+from retrytopics.errors import HeaderDecodeError, KafkaClientError
+from retrytopics.events import Emitter, Event
+from retrytopics.headers import RetryHeaders
+from retrytopics.offsets import OffsetTracker, TopicPartition
+from retrytopics.ports import ConsumerPort, Message, ProducerPort
+from retrytopics.router import RouteKind, read_retry_state, route
+from retrytopics.runtime.dispatch import Binding, Invoker, build_record, inbound
+from retrytopics.runtime.publish import Publisher, PublishJob, TransactionalPublisher
+from retrytopics.runtime.pausing import PauseController
+
+__all__ = ["ConsumerLoop", "DeadLetterCallback", "LoopSettings"]
+
+log = logging.getLogger("retrytopics.runtime")
+
+#: `on_dead_letter(record, route)`, called once the DLQ publish is acknowledged.
+DeadLetterCallback = Callable[[Any, Any], None]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoopSettings:
+    """How one consumer loop runs."""
+
+    name: str
+    group_id: str
+    topics: tuple[str, ...]
+    batch_size: int = 500
+    commit_every: int = 500
+    commit_interval_ms: int = 1000
+    max_wait_ms: int = 1000
+    drain_timeout_s: float = 10.0
+    revoke_drain_timeout_s: float = 5.0
+    exactly_once: bool = False
+
+
+class ConsumerLoop:
+    """Runs one consumer until `stop` is set (see the module docstring)."""
+
+    def __init__(
+        self,
+        settings: LoopSettings,
+        bindings: Mapping[str, Binding],
+        *,
+        consumer_factory: Callable[[], ConsumerPort],
+        producer_factory: Callable[[], ProducerPort],
+        emitter: Emitter,
+        stop: threading.Event,
+        audit: DuplicateAudit,
+        on_dead_letter: DeadLetterCallback | None = None,
+    ) -> None:
+        self.settings = settings
+        self._bindings = dict(bindings)
+        self._consumer_factory = consumer_factory
+        self._producer_factory = producer_factory
+        self._emitter = emitter
+        self._stop = stop
+        self._audit = audit
+        self._on_dead_letter = on_dead_letter
+        self._tracker = OffsetTracker()
+        self._invoker = Invoker(stop)
+        self._rng = random.Random()
+        self._assigned: set[TopicPartition] = set()
+        self._finished_since_commit = 0
+        self._last_commit = time.monotonic()
+        self._polled_at = time.monotonic()
+        self._abandoned = False
+        self._txn_keys: list[AuditKey] = []
+        self._txn_acks: list[PublishJob] = []
+        self._txn_tps: set[TopicPartition] = set()
+        self.crash: BaseException | None = None
+        self.running = False
+        self._consumer: ConsumerPort
+        self._publisher: Publisher | TransactionalPublisher | None = None
+        self._pauses: PauseController | None = None
+
+    # -- state for the app -------------------------------------------------------------------------------
+
+    @property
+    def healthy(self) -> bool:
+        return self.crash is None and (self._publisher is None or self._publisher.healthy)
+
+    @property
+    def paused_partitions(self) -> int:
+        return len(self._pauses.paused) if self._pauses is not None else 0
+
+    # -- the loop ------------------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Consume until `stop` is set or a handler raises a BaseException; then drain, commit and close."""
+        consumer = self._consumer = self._consumer_factory()
+        self._pauses = PauseController(consumer, self._emitter, consumer_name=self.settings.name)
+        if self.settings.exactly_once:
+            self._publisher = TransactionalPublisher(self._producer_factory, self._emitter)
+        else:
+            self._publisher = Publisher(self._producer_factory, self._emitter)
+        consumer.subscribe(self.settings.topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost)
+        self.running = True
+        self._emit(Event.CONSUMER_STARTED, group=self.settings.group_id, topics=list(self.settings.topics))
+        try:
+            while not self._stop.is_set():
+                self._iterate()
+        except BaseException as exc:  # noqa: BLE001 - recorded, re-raised by the app after a clean shutdown
+            self.crash = exc
+            self._stop.set()
+            if self.settings.exactly_once:
+                self._abort(exc)
+        finally:
+            self._shutdown()
+
+    def _iterate(self) -> None:
+        assert self._publisher is not None and self._pauses is not None
+        self._publisher.poll(0)
+        self._update_holds()
+        now = _now_ms()
+        self._pauses.resume_due(now)
+        wait_ms = self._pauses.wait_ms(now, self.settings.max_wait_ms)
+        batch = self._consumer.consume(self.settings.batch_size, wait_ms / 1000)
+        self._polled_at = time.monotonic()
+        self._abandoned = False
+        for msg in batch:
+            if self._stop.is_set() or self._abandoned:
+                break
+            if self._pauses.accept(msg):
+                self._process(msg)
+            self._publisher.poll(0)
+        self._end_batch()
+
+    def _process(self, msg: Message) -> None:
+        binding = self._bindings[msg.topic]
+        now = _now_ms()
+        state: RetryHeaders | None = None
+        bad: HeaderDecodeError | None = None
+        try:
+            state = read_retry_state(binding.ctx, inbound(msg), now_ms=now)
+        except HeaderDecodeError as exc:
+            bad = exc
+        key: AuditKey | None = None
+        if state is not None:
+            key = (state.origin_message_id, state.lineage.replay_count, state.reconsume_times)
+            if key in self._audit:
+                self._suppress(msg, state)
+                return
+            if state.due_at is not None and state.due_at > now:
+                assert self._pauses is not None
+                self._pauses.pause_until(msg.tp, msg.offset, state.due_at)
+                return
+        epoch = self._track(msg)
+        record, failure = build_record(binding, msg, state)
+        failure = bad or failure
+        timing = {"due_at": state.due_at if state else None, "handled_at": _now_ms()}
+        if failure is None:
+            try:
+                self._invoker.call(binding, record)
+            except Exception as exc:  # noqa: BLE001 - every handler failure is routed; BaseException stops the app
+                failure = exc
+        if self._lost_ownership(msg):
+            return
+        if key is not None:
+            self._remember(key)
+        if failure is None:
+            self._finish(msg.tp, msg.offset, epoch)
+            self._emit(Event.RECORD_HANDLED, topic=msg.topic, partition=msg.partition, offset=msg.offset,
+                       attempt=record.attempt, **timing)  # fmt: skip
+            return
+        self._emit(Event.RECORD_FAILED, topic=msg.topic, partition=msg.partition, offset=msg.offset,
+                   attempt=record.attempt, error=type(failure).__name__, **timing)  # fmt: skip
+        self._hand_off(binding, msg, epoch, record, failure)
+
+    def _hand_off(self, binding: Binding, msg: Message, epoch: int, record: Any, failure: BaseException) -> None:
+        decision = route(binding.ctx, inbound(msg), failure, now_ms=_now_ms(), rng=self._rng)
+        job = PublishJob(
+            route=decision, key=msg.key, value=msg.value, source=msg.tp, offset=msg.offset,
+            on_acked=lambda j: self._acked(j, epoch), context=record,
+        )  # fmt: skip
+        assert self._publisher is not None
+        self._publisher.send(job)
+        if self.settings.exactly_once:
+            # Durable with the transaction that also commits the offset; events wait for the commit.
+            self._finish(msg.tp, msg.offset, epoch)
+            self._txn_acks.append(job)
+
+    def _acked(self, job: PublishJob, epoch: int) -> None:
+        if self._tracker.finish(job.source, job.offset, epoch):
+            self._finished_since_commit += 1
+        self._announce(job)
+
+    def _announce(self, job: PublishJob) -> None:
+        r = job.route
+        where = {"topic": job.source[0], "partition": job.source[1], "offset": job.offset, "destination": r.topic}
+        if r.kind is RouteKind.TIER:
+            self._emit(Event.RETRY_SCHEDULED, due_at=r.due_at_ms, **where)
+            return
+        self._emit(Event.DLQ_DISPATCHED, reason=str(r.reason), **where)
+        if self._on_dead_letter is not None:
+            try:
+                self._on_dead_letter(job.context, r)
+            except Exception:  # noqa: BLE001 - a callback must not undo a durable dead-lettering
+                log.exception("on_dead_letter callback failed for %s", where)
+
+    def _suppress(self, msg: Message, state: RetryHeaders) -> None:
+        epoch = self._track(msg)
+        self._finish(msg.tp, msg.offset, epoch)
+        log.info(
+            "%s: duplicate suppressed: %s[%d]@%d repeats origin %s attempt %d (a republish was duplicated by a crash)",
+            self.settings.name, msg.topic, msg.partition, msg.offset, state.origin_message_id, state.reconsume_times,
+        )  # fmt: skip
+        self._emit(Event.DUPLICATE_SUPPRESSED, topic=msg.topic, partition=msg.partition, offset=msg.offset,
+                   origin_message_id=state.origin_message_id, reconsume_times=state.reconsume_times)  # fmt: skip
+
+    def _track(self, msg: Message) -> int:
+        if self.settings.exactly_once:
+            assert isinstance(self._publisher, TransactionalPublisher)
+            self._publisher.begin()
+            self._txn_tps.add(msg.tp)
+        return self._tracker.track(msg.tp, msg.offset)
+
+    def _finish(self, tp: TopicPartition, offset: int, epoch: int) -> None:
+        if self._tracker.finish(tp, offset, epoch):
+            self._finished_since_commit += 1
+
+    def _remember(self, key: AuditKey) -> None:
+        self._audit.remember(key)
+        if self.settings.exactly_once:
+            self._txn_keys.append(key)
+
+    def _lost_ownership(self, msg: Message) -> bool:
+        """True when the handler outlived max.poll.interval.ms: the group has moved on without us."""
+        limit_s = self._consumer_max_poll_s()
+        if time.monotonic() - self._polled_at <= limit_s:
+            return False
+        log.warning(
+            "%s: handling %s[%d]@%d outlived max.poll.interval.ms; this consumer left the group, so the record "
+            "is neither republished nor committed here (its new owner handles it)",
+            self.settings.name, msg.topic, msg.partition, msg.offset,
+        )  # fmt: skip
+        self._abandoned = True
+        self._emit(Event.RECORD_ABANDONED, topic=msg.topic, partition=msg.partition, offset=msg.offset)
+        return True
+
+    def _consumer_max_poll_s(self) -> float:
+        return float(getattr(self._consumer, "max_poll_interval_ms", 300_000)) / 1000
+
+    def _update_holds(self) -> None:
+        assert self._publisher is not None and self._pauses is not None
+        for tp in list(self._assigned):
+            failing, held = self._publisher.is_failing(tp), self._pauses.schedule.is_held(tp)
+            if failing and not held:
+                self._pauses.hold(tp, None)
+            elif held and not failing:
+                self._pauses.release(tp)
+
+    # -- commits -------------------------------------------------------------------------------------------
+
+    def _end_batch(self) -> None:
+        if self.settings.exactly_once:
+            self._commit_transaction()
+            return
+        due = time.monotonic() - self._last_commit >= self.settings.commit_interval_ms / 1000
+        if self._finished_since_commit >= self.settings.commit_every or (due and self._finished_since_commit):
+            self._commit(self._tracker.commit_positions(), asynchronous=True)
+
+    def _commit(self, positions: Mapping[TopicPartition, int], *, asynchronous: bool) -> None:
+        self._last_commit = time.monotonic()
+        self._finished_since_commit = 0
+        if not positions:
+            return
+        try:
+            self._consumer.commit(positions, asynchronous=asynchronous)
+        except KafkaClientError as exc:
+            log.warning("%s: commit failed (%s); the next commit covers these offsets", self.settings.name, exc)
+            return
+        self._tracker.mark_committed(dict(positions))
+        self._emit(Event.OFFSETS_COMMITTED, offsets=dict(positions), synchronous=not asynchronous)
+
+    def _commit_transaction(self) -> None:
+        publisher = self._publisher
+        assert isinstance(publisher, TransactionalPublisher)
+        positions = self._tracker.commit_positions()
+        try:
+            publisher.commit(positions, self._consumer.group_metadata())
+        except KafkaClientError as exc:
+            log.warning("%s: transaction failed (%s); rewinding to the last committed offsets", self.settings.name, exc)
+            self._rewind()
+            return
+        self._tracker.mark_committed(positions)
+        acks, self._txn_acks, self._txn_keys, self._txn_tps = self._txn_acks, [], [], set()
+        for job in acks:
+            self._announce(job)
+        if positions:
+            self._emit(Event.OFFSETS_COMMITTED, offsets=dict(positions), synchronous=True)
+
+    def _abort(self, cause: BaseException) -> None:
+        assert isinstance(self._publisher, TransactionalPublisher)
+        self._publisher.abort(cause)
+        self._rewind()
+
+    def _rewind(self) -> None:
+        """After an aborted transaction: forget its audit entries and read its partitions again."""
+        assert self._pauses is not None
+        for key in self._txn_keys:
+            self._audit.forget(key)
+        for tp in self._txn_tps:
+            target = self._tracker.rewind(tp)
+            self._pauses.drop([tp])
+            if target is not None and tp in self._assigned:
+                try:
+                    self._consumer.seek(tp, target)
+                    self._consumer.resume([tp])
+                except KafkaClientError as exc:
+                    log.warning("%s: rewind of %s failed: %s", self.settings.name, tp, exc)
+        self._txn_acks, self._txn_keys, self._txn_tps = [], [], set()
+
+    # -- rebalance callbacks (run inside consume()) ---------------------------------------------------------
+
+    def _on_assign(self, tps: list[TopicPartition]) -> None:
+        assert self._pauses is not None
+        for tp in tps:
+            self._tracker.assign(tp)
+        self._pauses.drop(tps)
+        self._assigned.update(tps)
+        self._emit(Event.PARTITIONS_ASSIGNED, partitions=tps)
+
+    def _on_revoke(self, tps: list[TopicPartition]) -> None:
+        assert self._publisher is not None
+        if not self.settings.exactly_once:
+            self._publisher.flush(self.settings.revoke_drain_timeout_s)
+            positions = self._tracker.commit_positions(tps)
+            if positions:
+                self._commit(positions, asynchronous=False)
+        self._forget(tps)
+        self._emit(Event.PARTITIONS_REVOKED, partitions=tps)
+
+    def _on_lost(self, tps: list[TopicPartition]) -> None:
+        self._forget(tps)
+        self._emit(Event.PARTITIONS_LOST, partitions=tps)
+
+    def _forget(self, tps: list[TopicPartition]) -> None:
+        assert self._publisher is not None and self._pauses is not None
+        for tp in tps:
+            self._tracker.revoke(tp)
+        self._pauses.drop(tps)
+        self._publisher.forget(tps)
+        self._assigned.difference_update(tps)
+
+    # -- shutdown ------------------------------------------------------------------------------------------
+
+    def _shutdown(self) -> None:
+        try:
+            if self._publisher is not None and not self.settings.exactly_once:
+                if not self._publisher.flush(self.settings.drain_timeout_s):
+                    log.warning("%s: %d publishes unacknowledged at shutdown; their offsets stay uncommitted",
+                                self.settings.name, getattr(self._publisher, "in_flight", 0))  # fmt: skip
+                self._commit(self._tracker.positions(), asynchronous=False)
+        except BaseException:  # noqa: BLE001 - closing the consumer matters more
+            log.exception("%s: error while draining", self.settings.name)
+        finally:
+            try:
+                self._consumer.close()
+            except KafkaClientError as exc:
+                log.warning("%s: close failed: %s", self.settings.name, exc)
+            self._invoker.close()
+            self.running = False
+            self._emit(Event.CONSUMER_STOPPED, group=self.settings.group_id)
+
+    def _emit(self, event: Event, **data: object) -> None:
+        self._emitter.emit(event, consumer=self.settings.name, **data)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)

@@ -1,0 +1,265 @@
+"""Carrying out a `Route`: produce the failed record to its tier or the DLQ, and learn when it is durable.
+
+At-least-once (`Publisher`): the source offset becomes committable only in the delivery callback of an
+acknowledged publish (acks=all, idempotent producer). A failed delivery is produced again after a tenacity
+back-off, from the poll loop, never by sleeping in it; the source partition is held paused meanwhile and the
+app reports unhealthy. A fatal producer error (idempotence state lost) replaces the producer and produces
+every unacknowledged record again; nothing is committed for them until the new producer's acks arrive.
+
+Exactly-once (`TransactionalPublisher`): the publish and the source offset commit go into one transaction.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import tenacity
+
+from retrytopics.errors import KafkaClientError, PublishError
+from retrytopics.events import Emitter, Event
+from retrytopics.offsets import TopicPartition
+from retrytopics.ports import ProducerPort
+from retrytopics.router import Route
+
+__all__ = ["PublishJob", "Publisher", "TransactionalPublisher"]
+
+log = logging.getLogger("retrytopics.publish")
+
+#: Back-off between attempts to publish a record whose delivery failed (seconds).
+DEFAULT_RETRY_WAIT = tenacity.wait_exponential(multiplier=0.2, max=10.0) + tenacity.wait_random(0, 0.2)
+
+
+@dataclass(slots=True, kw_only=True)
+class PublishJob:
+    """One record on its way to a tier or the DLQ, and what to do once it is durable."""
+
+    route: Route
+    key: bytes | None
+    value: bytes | None
+    source: TopicPartition
+    offset: int
+    on_acked: Callable[[PublishJob], None]
+    attempt: int = 0
+    context: Any = None  # the handler's Record, for callbacks
+    partition: int | None = field(default=None, init=False)
+
+
+def _partition(producer: ProducerPort, route: Route) -> int | None:
+    # Keyless records keep their original partition (modulo the destination's size); keyed ones are
+    # partitioned by key, as on the source.
+    if route.partition_hint is None:
+        return None
+    return route.partition_hint % producer.partition_count(route.topic)
+
+
+def _wait_s(wait: tenacity.wait.wait_base, attempt: int) -> float:
+    state = tenacity.RetryCallState(None, None, (), {})  # type: ignore[arg-type]
+    state.attempt_number = attempt
+    return float(wait(state))
+
+
+class Publisher:
+    """At-least-once publishing with retries from the poll loop (see the module docstring)."""
+
+    def __init__(
+        self,
+        make_producer: Callable[[], ProducerPort],
+        emitter: Emitter,
+        *,
+        wait: tenacity.wait.wait_base = DEFAULT_RETRY_WAIT,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._make_producer = make_producer
+        self._producer = make_producer()
+        self._emitter = emitter
+        self._wait = wait
+        self._clock = clock
+        self._generation = 0
+        self._ids = itertools.count()
+        self._jobs: dict[int, PublishJob] = {}  # every unacknowledged job
+        self._retries: list[tuple[float, int]] = []  # (when, job id), a heap
+        self._failing: Counter[TopicPartition] = Counter()  # source partitions with a failed, unacked job
+        self._fatal: KafkaClientError | None = None
+
+    @property
+    def healthy(self) -> bool:
+        """False while some publish has failed and is waiting to be retried."""
+        return not self._failing and self._fatal is None
+
+    def is_failing(self, source: TopicPartition) -> bool:
+        return self._failing[source] > 0
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._jobs)
+
+    def send(self, job: PublishJob) -> None:
+        """Produce `job`; `job.on_acked(job)` runs from a later `poll()` once the broker acknowledged it."""
+        job_id = next(self._ids)
+        self._jobs[job_id] = job
+        self._produce(job_id, job)
+
+    def _produce(self, job_id: int, job: PublishJob) -> None:
+        generation = self._generation
+
+        def delivered(error: PublishError | None) -> None:
+            self._delivered(job_id, generation, error)
+
+        try:
+            job.partition = _partition(self._producer, job.route)
+            self._producer.produce(
+                job.route.topic, key=job.key, value=job.value, headers=job.route.headers,
+                partition=job.partition, on_delivery=delivered,
+            )  # fmt: skip
+        except KafkaClientError as exc:
+            self._delivered(job_id, generation, PublishError(job.route.topic, str(exc), code=exc.code, fatal=exc.fatal))
+
+    def _delivered(self, job_id: int, generation: int, error: PublishError | None) -> None:
+        job = self._jobs.get(job_id)
+        if job is None or generation != self._generation:
+            return  # a report from a replaced producer; the job was produced again
+        if error is None:
+            del self._jobs[job_id]
+            if job.attempt:
+                self._failing[job.source] -= 1
+            job.on_acked(job)
+            return
+        if not job.attempt:
+            self._failing[job.source] += 1
+        job.attempt += 1
+        self._emitter.emit(Event.PUBLISH_FAILED, destination=job.route.topic, error=str(error), attempt=job.attempt)
+        if error.fatal:
+            self._fatal = error
+        heapq.heappush(self._retries, (self._clock() + _wait_s(self._wait, job.attempt), job_id))
+
+    def poll(self, timeout_s: float = 0.0) -> None:
+        """Serve delivery reports, replace a failed producer, and produce again what is due for a retry."""
+        self._producer.poll(timeout_s)
+        if self._fatal is not None:
+            self._recreate()
+        now = self._clock()
+        while self._retries and self._retries[0][0] <= now:
+            _, job_id = heapq.heappop(self._retries)
+            job = self._jobs.get(job_id)
+            if job is not None:
+                self._produce(job_id, job)
+
+    def _recreate(self) -> None:
+        error, self._fatal = self._fatal, None
+        log.error("producer failed fatally (%s); replacing it and producing %d records again", error, len(self._jobs))
+        try:
+            self._producer.purge()
+        except KafkaClientError:
+            pass  # a dead producer may refuse even this; it is dropped either way
+        self._producer = self._make_producer()
+        self._generation += 1
+        self._retries.clear()
+        self._emitter.emit(Event.PRODUCER_RECREATED, error=str(error))
+        for job_id, job in list(self._jobs.items()):
+            self._produce(job_id, job)
+
+    def forget(self, sources: list[TopicPartition]) -> None:
+        """Stop retrying jobs of revoked source partitions: their new owner handles those records again."""
+        dropped = set(sources)
+        for job_id, job in list(self._jobs.items()):
+            if job.source in dropped:
+                del self._jobs[job_id]
+        for tp in dropped:
+            self._failing.pop(tp, None)
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait (polling, retrying) until every job is acknowledged or `timeout_s` passed; True if drained."""
+        deadline = self._clock() + timeout_s
+        while self._jobs and self._clock() < deadline:
+            self.poll(min(0.1, max(0.0, deadline - self._clock())))
+        return not self._jobs
+
+
+class TransactionalPublisher:
+    """Exactly-once hand-off: publishes and the consumed offsets commit or abort together."""
+
+    def __init__(self, make_producer: Callable[[], ProducerPort], emitter: Emitter, *, timeout_s: float = 30.0) -> None:
+        self._make_producer = make_producer
+        self._emitter = emitter
+        self._timeout_s = timeout_s
+        self._producer = self._start()
+        self._open = False
+        self._error: PublishError | None = None
+
+    def _start(self) -> ProducerPort:
+        producer = self._make_producer()
+        producer.init_transactions(self._timeout_s)
+        return producer
+
+    @property
+    def healthy(self) -> bool:
+        return self._error is None
+
+    def send(self, job: PublishJob) -> None:
+        """Produce `job` inside the current transaction (opened on first use)."""
+        if not self._open:
+            self._producer.begin_transaction()
+            self._open = True
+
+        def delivered(error: PublishError | None) -> None:
+            if error is not None and self._error is None:
+                self._error = error
+
+        job.partition = _partition(self._producer, job.route)
+        self._producer.produce(
+            job.route.topic, key=job.key, value=job.value, headers=job.route.headers,
+            partition=job.partition, on_delivery=delivered,
+        )  # fmt: skip
+
+    def begin(self) -> None:
+        if not self._open:
+            self._producer.begin_transaction()
+            self._open = True
+
+    def poll(self, timeout_s: float = 0.0) -> None:
+        self._producer.poll(timeout_s)
+
+    def commit(self, offsets: Mapping[TopicPartition, int], group_metadata: object) -> None:
+        """Commit the open transaction with `offsets`; raises (after aborting) if anything failed."""
+        if not self._open:
+            return
+        try:
+            if offsets:
+                self._producer.send_offsets_to_transaction(offsets, group_metadata, self._timeout_s)
+            self._producer.commit_transaction(self._timeout_s)
+            if self._error is not None:
+                raise self._error
+            self._open = False
+        except KafkaClientError as exc:
+            self.abort(exc)
+            raise
+
+    def abort(self, cause: BaseException | None = None) -> None:
+        """Abort the open transaction; a producer that cannot abort is replaced."""
+        self._error = None
+        if not self._open:
+            return
+        self._open = False
+        self._emitter.emit(Event.TRANSACTION_ABORTED, error=str(cause))
+        try:
+            self._producer.abort_transaction(self._timeout_s)
+        except KafkaClientError as exc:
+            log.error("abort failed (%s); replacing the transactional producer", exc)
+            self._emitter.emit(Event.PRODUCER_RECREATED, error=str(exc))
+            self._producer = self._start()
+
+    def flush(self, timeout_s: float) -> bool:
+        return True
+
+    def forget(self, sources: list[TopicPartition]) -> None:
+        return None
+
+    def is_failing(self, source: TopicPartition) -> bool:
+        return False

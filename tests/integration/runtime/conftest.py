@@ -1,0 +1,118 @@
+"""Helpers for runtime scenarios on a real broker: produce, read whole topics, committed offsets, deadlines."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from confluent_kafka import TopicPartition
+
+from retrytopics import RetryApp
+from retrytopics.connectors.admin import TopicSpec, ensure_topics
+from retrytopics.connectors.config import KafkaConfig
+from retrytopics.connectors.kafka import make_admin, make_consumer, make_producer
+from retrytopics.headers import Header
+
+
+@dataclass(frozen=True)
+class Read:
+    """A record read back by an independent consumer."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[Header, ...]
+
+    def header(self, name: str) -> bytes | None:
+        found = [v for k, v in self.headers if k == name]
+        return found[-1] if found else None
+
+
+def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.05) -> Any:
+    """Poll `predicate` until truthy; fail the test with `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(interval_s)
+
+
+class Kit:
+    def __init__(self, kafka: KafkaConfig) -> None:
+        self.kafka = kafka
+        self.admin = make_admin(kafka)
+        self._producer = make_producer(kafka)
+
+    def create(self, topic: str, partitions: int = 1) -> str:
+        ensure_topics(self.admin, [TopicSpec(name=topic, partitions=partitions)])
+        return topic
+
+    def produce(self, topic: str, records: Sequence[tuple[bytes | None, bytes | None, list[Header]]],
+                partition: int | None = None) -> None:
+        for key, value, headers in records:
+            kwargs: dict[str, Any] = {"key": key, "value": value, "headers": headers}
+            if partition is not None:
+                kwargs["partition"] = partition
+            self._producer.produce(topic, **kwargs)
+            self._producer.poll(0)
+        assert self._producer.flush(30) == 0
+
+    def read_all(self, topic: str, *, isolation: str = "read_committed", timeout_s: float = 10.0) -> list[Read]:
+        """Every record of `topic` up to its end offsets, read by a throwaway assign()-only consumer."""
+        consumer = make_consumer(self.kafka, group_id=None, overrides={"isolation.level": isolation})
+        try:
+            meta = consumer.list_topics(topic, timeout=10).topics[topic]
+            ends = {}
+            for p in meta.partitions:
+                low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
+                if high > low:
+                    ends[p] = high
+            consumer.assign([TopicPartition(topic, p, 0) for p in ends])
+            out: list[Read] = []
+            done: set[int] = set()
+            deadline = time.monotonic() + timeout_s
+            while len(done) < len(ends) and time.monotonic() < deadline:
+                for m in consumer.consume(500, 0.2):
+                    if m.error():
+                        continue
+                    out.append(Read(m.topic(), m.partition(), m.offset(), m.key(), m.value(), tuple(m.headers() or ())))
+                    if m.offset() >= ends[m.partition()] - 1:
+                        done.add(m.partition())
+                if isolation == "read_committed":
+                    # aborted records and markers are never delivered: the position tells when we are through
+                    for tp in consumer.position([TopicPartition(topic, p) for p in ends if p not in done]):
+                        if tp.offset >= ends[tp.partition]:
+                            done.add(tp.partition)
+            return out
+        finally:
+            consumer.close()
+
+    def committed(self, group: str, topic: str, partitions: int) -> dict[int, int]:
+        consumer = make_consumer(self.kafka, group_id=group)
+        try:
+            got = consumer.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=10)
+            return {tp.partition: tp.offset for tp in got}
+        finally:
+            consumer.close()
+
+
+@pytest.fixture
+def kit(kafka: KafkaConfig) -> Kit:
+    return Kit(kafka)
+
+
+@pytest.fixture
+def apps() -> Iterator[list[RetryApp]]:
+    """Apps appended here are stopped at the end of the test, whatever happens."""
+    started: list[RetryApp] = []
+    yield started
+    for app in started:
+        app.stop(timeout=30)
