@@ -14,7 +14,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from retrytopics.connectors.kafka import map_kafka_errors
 from retrytopics.errors import ConfigError, KafkaClientError, TopicMismatchError
 
-__all__ = ["ProvisionOutcome", "TopicSpec", "ensure_topics", "end_offsets", "partition_count"]
+__all__ = [
+    "ProvisionOutcome", "TopicSpec", "committed_offsets", "end_offsets", "ensure_topics", "partition_count", "read_at",
+]
 
 
 class ProvisionOutcome(StrEnum):
@@ -133,3 +135,34 @@ def end_offsets(admin_or_consumer: object, topic: str, partitions: int, *, timeo
             )
             result[p] = high
     return result
+
+
+def committed_offsets(kafka: object, group: str, topic: str, partitions: int, *, timeout_s: float = 10.0) -> dict[int, int | None]:
+    """The group's committed offset per partition (None where it never committed). Reads only; the
+    consumer used for the query never subscribes, so it never joins or disturbs the group."""
+    from retrytopics.connectors.kafka import make_consumer
+
+    consumer = make_consumer(kafka, group_id=group)  # type: ignore[arg-type]
+    try:
+        with map_kafka_errors():
+            answer = consumer.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=timeout_s)
+        return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in answer}
+    finally:
+        consumer.close()
+
+
+def read_at(kafka: object, topic: str, partition: int, offset: int, *, timeout_s: float = 5.0) -> object | None:
+    """The record at `offset` of one partition (or None if it is not there within the timeout)."""
+    from retrytopics.connectors.kafka import make_consumer
+
+    consumer = make_consumer(kafka, group_id=None)  # type: ignore[arg-type]
+    try:
+        consumer.assign([TopicPartition(topic, partition, offset)])
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            message = consumer.poll(0.2)
+            if message is not None and message.error() is None:
+                return message
+        return None
+    finally:
+        consumer.close()

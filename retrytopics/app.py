@@ -142,6 +142,11 @@ class RetryApp:
                 raise ConfigError("naming", self.naming.value, f"{topics.source!r} and {other.topic!r} would share "
                                   f"tier topics {sorted(mine & theirs)}; use NamingStrategy.BY_DELAY")  # fmt: skip
 
+    def add_hook(self, hook: Hook) -> None:
+        """Subscribe one more hook to this app's events (e.g. metrics set up after the app was built);
+        call it before `start`/`run`."""
+        self._emitter.hooks.append(hook)
+
     @property
     def handlers(self) -> Mapping[str, Binding]:
         """Source topic → its handler binding (handler, policy, topics)."""

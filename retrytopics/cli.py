@@ -79,6 +79,108 @@ def _cmd_dlq_peek(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_topics_describe(args: argparse.Namespace) -> int:
+    from retrytopics.ops import describe_pipeline
+
+    settings = _settings(args)
+    rows = describe_pipeline(settings.require_kafka(), settings.app, grace_ms=int(args.grace * 1000))
+    if args.json:
+        print(json.dumps([row.as_dict() for row in rows]))
+        return 0
+    print(f"{'topic':<48} {'kind':<6} {'part':>4} {'end':>9} {'committed':>9} {'lag':>7}  state")
+    for row in rows:
+        committed = "-" if row.committed is None else row.committed
+        lag = "-" if row.lag is None else row.lag
+        print(f"{row.topic:<48} {row.kind:<6} {row.partition:>4} {row.end_offset:>9} {committed:>9} {lag:>7}  {row.state}")
+    return 0
+
+
+def _load_app(reference: str) -> Any:
+    """`package.module:attribute` → a RetryApp (an operator's argument, never record data)."""
+    import importlib
+
+    from retrytopics.app import RetryApp
+
+    module_name, _, attribute = reference.partition(":")
+    if not module_name or not attribute:
+        raise ConfigError("app", reference, "expected MODULE:OBJECT, e.g. billing.consumers:app")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError("app", reference, f"cannot import {module_name!r}: {exc}") from None
+    app = getattr(module, attribute, None)
+    if not isinstance(app, RetryApp):
+        raise ConfigError("app", reference, f"{attribute!r} is not a RetryApp (got {type(app).__name__})")
+    return app
+
+
+def _serve_metrics(app: Any, port: int | None) -> None:
+    if port is None:
+        return
+    from retrytopics.metrics import PrometheusHook
+
+    hook = PrometheusHook()
+    hook.serve(port)
+    app.add_hook(hook)
+    logging.getLogger("retrytopics").info("metrics on http://0.0.0.0:%d/metrics", port)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    app = _load_app(args.app)
+    _serve_metrics(app, settings.metrics_port)
+    app.run()
+    return 0 if app.healthy else 1
+
+
+def _cmd_tiers(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    app = _load_app(args.app)
+    _serve_metrics(app, settings.metrics_port)
+    app.run_tiers(tiers=args.tier or "all")
+    return 0 if app.healthy else 1
+
+
+def _print_demo(summary: dict[str, Any]) -> None:
+    lateness = summary["lateness_ms"]
+    rows = [
+        ("records produced", summary["records"]),
+        ("succeeded first try", summary["succeeded_first_try"]),
+        ("succeeded after retry", summary["succeeded_after_retry"]),
+        *[(f"dead-lettered: {reason}", count) for reason, count in summary["dead_lettered"].items()],
+        ("lost", summary["lost"]),
+        ("duplicates suppressed", summary["duplicates_suppressed"]),
+        ("handler calls", summary["handler_calls"]),
+        ("calls before due time", summary["early_calls"]),
+        ("lateness p50 / p99 / max", f"{lateness['p50']} / {lateness['p99']} / {lateness['max']} ms"),
+        ("wall time", f"{summary['wall_s']} s"),
+    ]
+    print(f"\nretrytopics demo on {summary['bootstrap']}  (source {summary['topics']['source']})")
+    for label, value in rows:
+        print(f"  {label:<28} {value}")
+    audit = summary.get("audit")
+    if audit and audit.get("table"):
+        print("\nSpark audit of the pipeline:\n" + audit["table"])
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from retrytopics.demo import DemoOptions, run_demo
+    from retrytopics.logs import configure_logging
+
+    configure_logging(args.log_level or "WARNING")
+    options = DemoOptions(
+        records=args.records, partitions=args.partitions, delays=tuple(args.delays), seed=args.seed,
+        bootstrap=args.bootstrap, spark=not args.no_spark, timeout_s=args.timeout,
+    )  # fmt: skip
+    summary = run_demo(options)
+    if args.json:
+        summary.get("audit", {}).pop("table", None)
+        print(json.dumps(summary, sort_keys=True))
+    else:
+        _print_demo(summary)
+    return 0 if summary["lost"] == 0 and summary["early_calls"] == 0 else 1
+
+
 def _common(parser: argparse.ArgumentParser, *, pipeline: bool = False) -> None:
     parser.add_argument("--config", metavar="FILE", help="TOML settings file")
     parser.add_argument("--bootstrap", metavar="HOST:PORT[,...]", help="Kafka bootstrap servers")
@@ -99,6 +201,11 @@ def _add_topics(commands: Any) -> None:
     create = actions.add_parser("create", help="create missing tier and DLQ topics (idempotent)")
     _common(create, pipeline=True)
     create.set_defaults(run=_cmd_topics_create)
+    describe = actions.add_parser("describe", help="offsets, lag and waiting/overdue state per tier partition")
+    _common(describe, pipeline=True)
+    describe.add_argument("--grace", type=float, default=30.0, help="seconds past due before a head is overdue")
+    describe.add_argument("--json", action="store_true")
+    describe.set_defaults(run=_cmd_topics_describe)
 
 
 def _add_dlq(commands: Any) -> None:
@@ -113,6 +220,34 @@ def _add_dlq(commands: Any) -> None:
     peek.set_defaults(run=_cmd_dlq_peek)
 
 
+def _add_runners(commands: Any) -> None:
+    run = commands.add_parser("run", help="run the main consumer of an app (MODULE:OBJECT); SIGTERM drains")
+    run.add_argument("app", metavar="MODULE:OBJECT", help="where the RetryApp lives, e.g. billing.consumers:app")
+    _common(run)
+    run.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    run.set_defaults(run=_cmd_run)
+    tiers = commands.add_parser("tiers", help="run tier consumers of an app (all, or --tier ...); SIGTERM drains")
+    tiers.add_argument("app", metavar="MODULE:OBJECT")
+    tiers.add_argument("--tier", action="append", metavar="DELAY|TOPIC", help="a tier to run (repeatable; default all)")
+    _common(tiers)
+    tiers.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    tiers.set_defaults(run=_cmd_tiers)
+
+
+def _add_demo(commands: Any) -> None:
+    demo = commands.add_parser("demo", help="the whole pipeline on the embedded broker, with a flaky handler")
+    demo.add_argument("--records", type=int, default=2000)
+    demo.add_argument("--partitions", type=int, default=3)
+    demo.add_argument("--delays", type=lambda s: [d for d in s.split(",") if d], default=["200ms", "500ms", "1s"])
+    demo.add_argument("--seed", type=int, default=7)
+    demo.add_argument("--bootstrap", help="use this Kafka cluster instead of starting the embedded broker")
+    demo.add_argument("--json", action="store_true", help="print one JSON summary object on stdout")
+    demo.add_argument("--no-spark", action="store_true", help="skip the Spark audit at the end")
+    demo.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds")
+    demo.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    demo.set_defaults(run=_cmd_demo)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="retrytopics", description="Non-blocking retries for Apache Kafka.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -121,6 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
     broker.set_defaults(run=_cmd_broker)
     _add_topics(commands)
     _add_dlq(commands)
+    _add_runners(commands)
+    _add_demo(commands)
     return parser
 
 

@@ -11,15 +11,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from retrytopics.config import AppSettings
-from retrytopics.connectors.admin import ProvisionOutcome, TopicSpec, ensure_topics, partition_count
+from retrytopics.connectors.admin import (
+    ProvisionOutcome, TopicSpec, committed_offsets, end_offsets, ensure_topics, partition_count, read_at,
+)  # fmt: skip
 from retrytopics.connectors.config import KafkaConfig
-from retrytopics.connectors.kafka import make_admin, open_tail
+from retrytopics.connectors.kafka import make_admin, make_consumer, open_tail
 from retrytopics.errors import ConfigError, HeaderDecodeError
 from retrytopics.headers import decode, user_headers
 from retrytopics.naming import TopicSet, topics_for
 from retrytopics.policy import RetryPolicy
 
-__all__ = ["PeekedRecord", "provision_pipeline", "peek_dlq", "pipeline_topics", "printable"]
+__all__ = [
+    "PartitionState", "PeekedRecord", "describe_pipeline", "peek_dlq", "pipeline_topics", "printable", "provision_pipeline",
+]
 
 
 def pipeline_topics(app: AppSettings) -> TopicSet:
@@ -122,3 +126,64 @@ def _drain(consumer: object, follow: bool, idle_timeout_s: float) -> Iterator[Pe
             if message.error() is None:
                 idle_since = time.monotonic()
                 yield _peeked(message)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PartitionState:
+    """One partition of a pipeline topic as an operator sees it."""
+
+    topic: str
+    kind: str  # "source" | "tier" | "dlq"
+    partition: int
+    end_offset: int
+    committed: int | None
+    lag: int | None
+    state: str  # "idle", "waiting 12.3s" (paused until due: normal), "overdue 45.0s" (stuck), "-"
+
+    def as_dict(self) -> dict[str, object]:
+        return {name: getattr(self, name) for name in self.__slots__}  # type: ignore[attr-defined]
+
+
+def _head_state(kafka: KafkaConfig, topic: str, partition: int, offset: int, now_ms: int, grace_ms: int) -> str:
+    message = read_at(kafka, topic, partition, offset)
+    if message is None:
+        return "unknown"
+    try:
+        due_at = decode(list(message.headers() or [])).due_at  # type: ignore[attr-defined]
+    except HeaderDecodeError:
+        return "invalid headers at head"
+    if due_at is None:
+        return "unknown"
+    if due_at > now_ms:
+        return f"waiting {(due_at - now_ms) / 1000:.1f}s"
+    return f"overdue {(now_ms - due_at) / 1000:.1f}s" if now_ms - due_at > grace_ms else "due"
+
+
+def describe_pipeline(kafka: KafkaConfig, app: AppSettings, *, grace_ms: int = 30_000) -> list[PartitionState]:
+    """End offsets, committed offsets and lag of the source (main group), each tier (its own group: the tier
+    topic's name) and the DLQ; for a tier partition with lag, whether its head record is still waiting for
+    its due time (the consumer is paused on it, as designed) or overdue (no consumer, or a stuck one)."""
+    topics = pipeline_topics(app)
+    admin = make_admin(kafka)
+    now_ms = int(time.time() * 1000)
+    rows: list[PartitionState] = []
+    plan = [(topics.source, "source", app.group), *[(t.topic, "tier", t.topic) for t in topics.tiers], (topics.dlq, "dlq", None)]
+    for topic, kind, group in plan:
+        partitions = partition_count(admin, topic)
+        if partitions is None:
+            raise ConfigError("app.topic", topic, "topic does not exist; run `retrytopics topics create` first")
+        consumer = make_consumer(kafka, group_id=None)
+        try:
+            ends = end_offsets(consumer, topic, partitions)
+        finally:
+            consumer.close()
+        committed = committed_offsets(kafka, group, topic, partitions) if group else {}
+        for p in range(partitions):
+            start = committed.get(p)
+            lag = None if group is None else ends[p] - (start or 0)
+            state = "-"
+            if kind == "tier":
+                state = "idle" if not lag else _head_state(kafka, topic, p, start or 0, now_ms, grace_ms)
+            rows.append(PartitionState(topic=topic, kind=kind, partition=p, end_offset=ends[p],
+                                       committed=start, lag=lag, state=state))  # fmt: skip
+    return rows
