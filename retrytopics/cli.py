@@ -181,6 +181,32 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0 if summary["lost"] == 0 and summary["early_calls"] == 0 else 1
 
 
+def _cmd_spark_job(args: argparse.Namespace) -> int:
+    from retrytopics.ops import pipeline_topics
+
+    settings = _settings(args)
+    return int(args.spark_job(args, kafka=settings.require_kafka(), topics=pipeline_topics(settings.app)))
+
+
+def _add_spark_jobs(commands: Any) -> None:
+    """`audit` and `replay` need the `spark` extra; without it they exist but explain how to get it."""
+    audit = commands.add_parser("audit", help="Spark audit of a retry pipeline (stages, overdue, DLQ, lineage)")
+    _common(audit, pipeline=True)
+    try:
+        from retrytopics.spark.audit import add_audit_arguments, run_audit_cli
+    except ImportError as exc:
+        missing = str(exc)
+        audit.set_defaults(run=lambda _args: _need_spark(missing))
+        return
+    add_audit_arguments(audit)
+    audit.set_defaults(run=_cmd_spark_job, spark_job=run_audit_cli)
+
+
+def _need_spark(missing: str) -> int:
+    print(f"retrytopics: this command needs the spark extra: pip install 'retrytopics[spark]' ({missing})", file=sys.stderr)
+    return 2
+
+
 def _common(parser: argparse.ArgumentParser, *, pipeline: bool = False) -> None:
     parser.add_argument("--config", metavar="FILE", help="TOML settings file")
     parser.add_argument("--bootstrap", metavar="HOST:PORT[,...]", help="Kafka bootstrap servers")
@@ -257,6 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_topics(commands)
     _add_dlq(commands)
     _add_runners(commands)
+    _add_spark_jobs(commands)
     _add_demo(commands)
     return parser
 
