@@ -53,7 +53,7 @@ def _cmd_topics_create(args: argparse.Namespace) -> int:
     from retrytopics.ops import provision_pipeline
 
     settings = _settings(args)
-    outcome = provision_pipeline(settings.require_kafka(), settings.app)
+    outcome = provision_pipeline(settings.require_kafka(), settings.app, create_source=args.create_source)
     for topic, what in outcome.items():
         print(f"{what.value:8} {topic}")
     return 0
@@ -226,6 +226,7 @@ def _add_topics(commands: Any) -> None:
     actions = topics.add_subparsers(dest="action", required=True, metavar="ACTION")
     create = actions.add_parser("create", help="create missing tier and DLQ topics (idempotent)")
     _common(create, pipeline=True)
+    create.add_argument("--create-source", action="store_true", help="also create the source topic (needs --partitions)")
     create.set_defaults(run=_cmd_topics_create)
     describe = actions.add_parser("describe", help="offsets, lag and waiting/overdue state per tier partition")
     _common(describe, pipeline=True)

@@ -34,17 +34,24 @@ def pipeline_topics(app: AppSettings) -> TopicSet:
     return topics_for(app.topic, app.group, policy.tier_delays_ms, strategy=app.naming, dlq=app.dlq)
 
 
-def provision_pipeline(kafka: KafkaConfig, app: AppSettings) -> dict[str, ProvisionOutcome]:
-    """Create the tier topics and the DLQ (idempotent). Tiers get as many partitions as the source topic
-    unless `app.partitions` says otherwise, so that keyless records keep their partition number."""
+def provision_pipeline(kafka: KafkaConfig, app: AppSettings, *, create_source: bool = False) -> dict[str, ProvisionOutcome]:
+    """Create the tier topics and the DLQ (idempotent), and the source topic too when `create_source`.
+    Tiers get as many partitions as the source topic unless `app.partitions` says otherwise, so that keyless
+    records keep their partition number."""
     topics = pipeline_topics(app)
     admin = make_admin(kafka)
+    outcome: dict[str, ProvisionOutcome] = {}
+    if create_source:
+        app.require("partitions")
+        source = TopicSpec(name=topics.source, partitions=app.partitions or 1, replication_factor=app.replication_factor)
+        outcome.update(ensure_topics(admin, [source]))
     partitions = app.partitions or partition_count(admin, topics.source)
     if partitions is None:
         raise ConfigError("app.partitions", None, f"source topic {topics.source!r} does not exist; pass --partitions")
     specs = [TopicSpec(name=name, partitions=partitions, replication_factor=app.replication_factor)
              for name in topics.all_topics]  # fmt: skip
-    return ensure_topics(admin, specs)
+    outcome.update(ensure_topics(admin, specs))
+    return outcome
 
 
 def printable(data: bytes | None, limit: int = 200) -> str | None:

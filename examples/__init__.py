@@ -1,0 +1,1 @@
+"""Example retrytopics applications (used by docker-compose.yml)."""
