@@ -3,8 +3,9 @@
 At-least-once (`Publisher`): the source offset becomes committable only in the delivery callback of an
 acknowledged publish (acks=all, idempotent producer). A failed delivery is produced again after a tenacity
 back-off, from the poll loop, never by sleeping in it; the source partition is held paused meanwhile and the
-app reports unhealthy. A fatal producer error (idempotence state lost) replaces the producer and produces
-every unacknowledged record again; nothing is committed for them until the new producer's acks arrive.
+app reports unhealthy. A fatal or indefinite producer error (idempotence state lost, a timeout, a fenced epoch)
+replaces the producer and produces every unacknowledged record again; nothing is committed for them until
+the new producer's acks arrive (a copy the old producer did write is suppressed by the tier's duplicate audit).
 
 Exactly-once (`TransactionalPublisher`): the publish and the source offset commit go into one transaction.
 """
@@ -31,6 +32,14 @@ from retrytopics.router import Route
 __all__ = ["PublishJob", "Publisher", "TransactionalPublisher"]
 
 log = logging.getLogger("retrytopics.publish")
+
+#: Delivery errors after which the producer is replaced, not just retried: fatal ones, and indefinite ones
+#: (a timeout may have left a request in flight, and a delayed write could land later; Jepsen's advice for
+#: Kafka clients is to re-initialize the producer), and the broker disowning the producer's id or epoch.
+_RESTART_CODES = frozenset(
+    {"_MSG_TIMED_OUT", "_TIMED_OUT", "_FENCED", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH",
+     "UNKNOWN_PRODUCER_ID", "OUT_OF_ORDER_SEQUENCE_NUMBER", "INVALID_PRODUCER_ID_MAPPING"}
+)  # fmt: skip
 
 #: Back-off between attempts to publish a record whose delivery failed (seconds).
 DEFAULT_RETRY_WAIT = tenacity.wait_exponential(multiplier=0.2, max=10.0) + tenacity.wait_random(0, 0.2)
@@ -129,13 +138,15 @@ class Publisher:
             del self._jobs[job_id]
             if job.attempt:
                 self._failing[job.source] -= 1
+                if self._failing[job.source] <= 0:
+                    del self._failing[job.source]
             job.on_acked(job)
             return
         if not job.attempt:
             self._failing[job.source] += 1
         job.attempt += 1
         self._emitter.emit(Event.PUBLISH_FAILED, destination=job.route.topic, error=str(error), attempt=job.attempt)
-        if error.fatal:
+        if error.fatal or error.code in _RESTART_CODES:
             self._fatal = error
         heapq.heappush(self._retries, (self._clock() + _wait_s(self._wait, job.attempt), job_id))
 
@@ -160,10 +171,12 @@ class Publisher:
             pass  # a dead producer may refuse even this; it is dropped either way
         self._producer = self._make_producer()
         self._generation += 1
-        self._retries.clear()
         self._emitter.emit(Event.PRODUCER_RECREATED, error=str(error))
-        for job_id, job in list(self._jobs.items()):
-            self._produce(job_id, job)
+        # Everything unacknowledged goes out again on the new producer: at once if it had not failed yet,
+        # after its back-off otherwise (an outage must not turn into a tight produce loop).
+        now = self._clock()
+        self._retries = [(now + (_wait_s(self._wait, j.attempt) if j.attempt else 0.0), i) for i, j in self._jobs.items()]
+        heapq.heapify(self._retries)
 
     def forget(self, sources: list[TopicPartition]) -> None:
         """Stop retrying jobs of revoked source partitions: their new owner handles those records again."""
