@@ -55,6 +55,7 @@ class KafkaConsumer:
         self._consumer: Consumer = make_consumer(kafka, group_id=group_id, overrides=overrides)
         merged = {**kafka.consumer_config(), **(overrides or {})}
         self.max_poll_interval_ms = int(merged.get("max.poll.interval.ms", _DEFAULT_MAX_POLL_INTERVAL_MS))
+        self._cooperative = "cooperative" in str(merged.get("partition.assignment.strategy", ""))
 
     def subscribe(
         self,
@@ -64,10 +65,21 @@ class KafkaConsumer:
         on_revoke: PartitionsCallback,
         on_lost: PartitionsCallback,
     ) -> None:
+        def assigned(consumer: Consumer, parts: list[CKTopicPartition]) -> None:
+            # librdkafka keeps a partition's paused flag across a rebalance when it comes back to the same
+            # member; a fresh assignment must start fetching (the loop pauses again from committed offsets).
+            if self._cooperative:
+                consumer.incremental_assign(parts)
+            else:
+                consumer.assign(parts)
+            if parts:
+                consumer.resume(parts)
+            on_assign(_tps(parts))
+
         with map_kafka_errors():
             self._consumer.subscribe(
                 list(topics),
-                on_assign=lambda _c, parts: on_assign(_tps(parts)),
+                on_assign=assigned,
                 on_revoke=lambda _c, parts: on_revoke(_tps(parts)),
                 on_lost=lambda _c, parts: on_lost(_tps(parts)),
             )

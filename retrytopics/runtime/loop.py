@@ -126,6 +126,10 @@ class ConsumerLoop:
                 self._iterate()
         except BaseException as exc:  # noqa: BLE001 - recorded, re-raised by the app after a clean shutdown
             self.crash = exc
+            if isinstance(exc, Exception):
+                log.error("%s: stopping the app after an unexpected error", self.settings.name, exc_info=exc)
+            else:
+                log.warning("%s: stopping the app: %s raised in a handler", self.settings.name, type(exc).__name__)
             self._stop.set()
             if self.settings.exactly_once:
                 self._abort(exc)
