@@ -1,7 +1,8 @@
 """Entry point of a measured child process: ``python -m bench.child <role> '<json args>'``.
 
-Roles that drive the raw client live in `bench.raw`, roles that drive the runtime in `bench.runtime`; the
-latter is imported only when asked for, so raw baselines run even where the runtime does not import.
+The role's prefix picks its module: `raw_*` (hand-written confluent-kafka baselines) in `bench.raw`,
+`app_*` (the runtime under test) in `bench.runtime`, `spark_*` in `bench.sparkjobs`. Only the chosen module
+is imported, so the child's memory holds nothing the role does not use.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 from bench.measure import emit
 
-_MODULES = {"raw": "bench.raw", "app": "bench.runtime"}
+_MODULES = {"raw": "bench.raw", "app": "bench.runtime", "spark": "bench.sparkjobs"}
 
 
 def main(argv: list[str]) -> int:

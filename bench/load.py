@@ -14,10 +14,10 @@ from confluent_kafka import Producer
 from retrytopics.connectors.admin import TopicSpec, ensure_topics
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.kafka import PRODUCER_DEFAULTS, make_admin
-from retrytopics.headers import Header, RetryHeaders, encode
+from retrytopics.headers import DlqReason, Header, RetryHeaders, encode
 from retrytopics.naming import TopicSet, topics_for
 
-__all__ = ["create_topics", "fill", "tier_headers", "tier_topics"]
+__all__ = ["create_topics", "dlq_headers", "fill", "tier_headers", "tier_topics"]
 
 #: Batching for the loaders only (the measured programs use the product's defaults).
 _LOADER = {"linger.ms": 20, "batch.num.messages": 10_000, "queue.buffering.max.messages": 500_000}
@@ -47,6 +47,20 @@ def tier_headers(
     )
 
 
+def dlq_headers(ts: TopicSet, *, failed_at: int, offset: int, partition: int, kind: int = 0) -> list[Header]:
+    """Retry headers of a dead-lettered record: failed twice (one retry), retries exhausted; `kind` picks one
+    of three exception types so that group-bys have something to count."""
+    return encode(
+        RetryHeaders(
+            reconsume_times=2, origin_message_id=f"{ts.source}-{partition}-{offset}", original_topic=ts.source,
+            original_partition=partition, original_offset=offset, original_timestamp=failed_at - 1000,
+            consumer_group=ts.group, tier=None, due_at=None, first_failed_at=failed_at - 1000,
+            last_failed_at=failed_at, exception_type=("bench.Timeout", "bench.Refused", "bench.BadData")[kind % 3],
+            exception_message="failed twice", exception_trace="", dlq_reason=DlqReason.EXHAUSTED,
+        )  # fmt: skip
+    )
+
+
 def fill(
     kafka: KafkaConfig,
     topic: str,
@@ -55,13 +69,17 @@ def fill(
     value_size: int = 100,
     partitions: int = 3,
     headers: Callable[[int, int], list[Header]] | None = None,
-    timeout_s: float = 300.0,
+    exact_end_offsets: bool = False,
+    timeout_s: float = 600.0,
 ) -> float:
     """Produce `n` keyless records round-robin over `partitions`; returns the seconds it took.
 
-    `headers(i, partition)` gives record i's headers. Raises if any record is not acknowledged.
+    `headers(i, partition)` gives record i's headers. `exact_end_offsets` sends one record per batch (slow),
+    for readers that plan from end offsets (Spark), which batched produces make the embedded broker
+    under-report. Raises if any record is not acknowledged.
     """
-    producer = Producer({**kafka.producer_config(), **PRODUCER_DEFAULTS, **_LOADER})
+    exact = {"batch.num.messages": 1} if exact_end_offsets else {}
+    producer = Producer({**kafka.producer_config(), **PRODUCER_DEFAULTS, **_LOADER, **exact})
     failed: list[str] = []
 
     def report(err: object, _msg: object) -> None:

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.profile import attach
+
 __all__ = ["Child", "ChildFailed", "Sample", "emit", "read_sample"]
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -82,6 +84,8 @@ class Child:
     def __init__(self, module: str, role: str, args: Mapping[str, Any], *, interval_s: float = 0.1,
                  env: Mapping[str, str] | None = None) -> None:  # fmt: skip
         self._argv = [sys.executable, "-m", module, role, json.dumps(dict(args))]
+        self._role = role
+        self._profiler: subprocess.Popen[bytes] | None = None
         self._interval_s = interval_s
         self._env = {**os.environ, **(env or {})}
         self._state = _State()
@@ -100,6 +104,7 @@ class Child:
         )  # fmt: skip
         threading.Thread(target=self._read, daemon=True).start()
         threading.Thread(target=self._sample, daemon=True).start()
+        self._profiler = attach(self._proc.pid, self._role)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -178,6 +183,8 @@ class Child:
                 proc.kill()
                 proc.wait()
         self._done.wait(2.0)
+        if self._profiler is not None:
+            self._profiler.wait(timeout=30)  # py-spy writes its file when the child exits
         return proc.returncode
 
     def join(self, timeout_s: float) -> int:

@@ -14,7 +14,7 @@ from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from bench.measure import emit
 from retrytopics.connectors.kafka import CONSUMER_DEFAULTS, PRODUCER_DEFAULTS
 
-__all__ = ["raw_consume", "raw_paused", "raw_produce"]
+__all__ = ["raw_consume", "raw_paused", "raw_produce", "raw_read"]
 
 
 def _noop(msg: Message) -> None:
@@ -114,3 +114,21 @@ def raw_paused(args: dict[str, Any]) -> None:
                     emit("paused", paused=len(paused))
     finally:
         consumer.close()
+
+
+def raw_read(args: dict[str, Any]) -> None:
+    """Read `n` records of `topic` from the beginning with one assign()-only consumer (no group), touching
+    each value, as a single-process reader would. Args: bootstrap, topic, partitions, n."""
+    consumer = Consumer({**CONSUMER_DEFAULTS, "bootstrap.servers": args["bootstrap"], "group.id": "bench-raw-read"})
+    consumer.assign([TopicPartition(args["topic"], p, 0) for p in range(args["partitions"])])
+    n, seen, size = args["n"], 0, 0
+    emit("ready")
+    start = time.monotonic()
+    while seen < n:
+        for msg in consumer.consume(10_000, 1.0):
+            if msg.error() is None:
+                size += len(msg.value() or b"")
+                seen += 1
+    elapsed = time.monotonic() - start
+    emit("done", count=seen, seconds=elapsed, rate=seen / elapsed, bytes=size)
+    consumer.close()
