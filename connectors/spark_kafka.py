@@ -225,11 +225,23 @@ class _ArrowWriter(DataSourceArrowWriter):
         self.props = plan.client_properties(options)
         self.topic = get_option(options, "topic")
         self.flush_timeout_s = (plan.int_option(options, "flushTimeoutMs", 120_000) or 120_000) / 1000
+        rate = plan.int_option(options, "maxRecordsPerSecondPerTask", None)
+        self.rate_per_s = float(rate) if rate else None
+        self.fail_retried_tasks = _flag(options, "failRetriedTasks", False)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> KafkaCommit:
+        from pyspark import TaskContext
+
         from retrytopics.connectors.spark_kafka_io import produce_batches
 
-        report = produce_batches(self.props, iterator, topic=self.topic, flush_timeout_s=self.flush_timeout_s)
+        context = TaskContext.get()
+        if self.fail_retried_tasks and context is not None and context.attemptNumber() > 0:
+            # A retried task would resend what the failed attempt delivered; the caller (the replay job)
+            # prefers a failed job that it can rerun idempotently.
+            raise ConfigError("failRetriedTasks", "true", "this write task was retried; rerun the job instead")
+        report = produce_batches(
+            self.props, iterator, topic=self.topic, flush_timeout_s=self.flush_timeout_s, rate_per_s=self.rate_per_s
+        )
         return KafkaCommit(report.records, report.per_partition, report.seconds)
 
 

@@ -234,11 +234,12 @@ def produce_batches(
     *,
     topic: str | None,
     flush_timeout_s: float = 120.0,
+    rate_per_s: float | None = None,
 ) -> TaskWriteReport:
     """Produce every row of `batches`; flush; raise :class:`PublishError` if any record was not acknowledged.
 
     `topic` (the `topic` option) overrides a `topic` column. Columns: value (required), key, headers,
-    partition, timestamp; str values are UTF-8 encoded."""
+    partition, timestamp; str values are UTF-8 encoded. `rate_per_s` caps this task's send rate."""
     started = time.monotonic()
     report = TaskWriteReport()
     failures: list[PublishError] = []
@@ -258,6 +259,8 @@ def produce_batches(
         for row in _rows(batch, topic):
             _produce(producer, row, on_delivery)
             produced += 1
+            if rate_per_s:
+                _pace(producer, started, produced, rate_per_s)
             if failures:
                 raise failures[0]
     with map_kafka_errors():
@@ -279,6 +282,12 @@ def _produce(producer: Producer, row: dict[str, Any], on_delivery: Any) -> None:
             return
         except BufferError:
             producer.poll(0.5)
+
+
+def _pace(producer: Producer, started: float, produced: int, rate_per_s: float) -> None:
+    due = started + produced / rate_per_s
+    while (ahead := due - time.monotonic()) > 0:
+        producer.poll(min(ahead, 0.1))  # serves delivery callbacks while waiting; returns early on any
 
 
 def _bytes(value: Any) -> bytes | None:

@@ -1,0 +1,90 @@
+"""The replay ledger: where a replay id started writing, so that a rerun finds what it already wrote.
+
+The ledger topic (`<dlq>.replays`, one partition) holds small JSON records keyed by replay id. Before its
+first write a replay appends `{"event": "started", "marks": {topic: {partition: high watermark}}}`; at the
+end `{"event": "finished", ...counts}`. A rerun of the same replay id reads its earliest `started` marks and
+scans the destination topics from there for records carrying `retry.replay_id = <id>`: those DLQ records
+are already replayed. A record that reached the log counts, acknowledged or not, so a crash at any point
+leaves nothing written twice; a record lost in a crashed producer's buffer is simply written by the rerun.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from confluent_kafka import KafkaError, TopicPartition
+
+from retrytopics.connectors.admin import TopicSpec, ensure_topics
+from retrytopics.connectors.config import KafkaConfig
+from retrytopics.connectors.kafka import make_admin, make_consumer, make_producer, map_kafka_errors
+from retrytopics.errors import KafkaClientError, PublishError
+
+__all__ = ["append", "ledger_topic", "read_entries", "watermarks"]
+
+Marks = dict[str, dict[str, int]]
+
+
+def ledger_topic(dlq: str) -> str:
+    return f"{dlq}.replays"
+
+
+def watermarks(kafka: KafkaConfig, topics: Sequence[str]) -> Marks:
+    """High watermarks of every partition of `topics` that exists."""
+    consumer = make_consumer(kafka, group_id=None)
+    marks: Marks = {}
+    try:
+        with map_kafka_errors():
+            metadata = consumer.list_topics(timeout=30)
+            for topic in topics:
+                meta = metadata.topics.get(topic)
+                if meta is None or meta.error is not None:
+                    continue
+                for partition in meta.partitions:
+                    _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30, cached=False)
+                    marks.setdefault(topic, {})[str(partition)] = int(high)
+    finally:
+        consumer.close()
+    return marks
+
+
+def append(kafka: KafkaConfig, dlq: str, replay_id: str, entry: Mapping[str, Any]) -> None:
+    """Durably append one entry (acks=all, flushed) to the ledger, creating the topic if needed."""
+    topic = ledger_topic(dlq)
+    ensure_topics(make_admin(kafka), [TopicSpec(name=topic, partitions=1)])
+    producer = make_producer(kafka)
+    errors: list[KafkaError] = []
+    value = json.dumps({"replay_id": replay_id, "at": int(time.time() * 1000), **entry}, sort_keys=True)
+    with map_kafka_errors():
+        producer.produce(topic, key=replay_id.encode(), value=value.encode(), on_delivery=lambda e, _m: e and errors.append(e))
+        remaining = producer.flush(30)
+    if errors or remaining:
+        raise PublishError(topic, str(errors[0]) if errors else "not acknowledged in 30s")
+
+
+def read_entries(kafka: KafkaConfig, dlq: str, replay_id: str, *, timeout_s: float = 30.0) -> list[dict[str, Any]]:
+    """Every ledger entry of `replay_id`, oldest first (read to the end of the log)."""
+    topic = ledger_topic(dlq)
+    consumer = make_consumer(kafka, group_id=None, overrides={"enable.partition.eof": True})
+    entries = []
+    try:
+        with map_kafka_errors():
+            if topic not in consumer.list_topics(timeout=timeout_s).topics:
+                return []
+            consumer.assign([TopicPartition(topic, 0, 0)])
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            message = consumer.poll(1.0)
+            if message is None:
+                continue
+            if message.error():
+                if message.error().code() == KafkaError._PARTITION_EOF:
+                    return entries
+                raise KafkaClientError(f"reading {topic}: {message.error()}", code=message.error().name())
+            if message.key() == replay_id.encode():
+                entries.append(json.loads(message.value()))
+        raise KafkaClientError(f"reading {topic}: no end of log within {timeout_s}s", code="TIMED_OUT")
+    finally:
+        consumer.close()

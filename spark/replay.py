@@ -1,0 +1,295 @@
+"""Replay DLQ records to their original topic (default) or to the pipeline's first retry tier.
+
+    result = replay(spark, kafka, topics, replay_id="2026-11-23-timeouts", reasons=["timeout"])
+    result["written"], result["skipped_already_replayed"]
+
+- Selection: reason, exception type, DLQ record time range, origin ids, and any SQL predicate over the
+  typed columns (`retrytopics.spark.columns.RETRY_COLUMNS` plus key, value, topic, partition, offset,
+  timestamp). One record per origin id is replayed (the latest episode).
+- Safety: a destination is never taken from the user. It is the record's own `retry.original_topic`, which
+  must be this pipeline's source, or the pipeline's first tier; other records are skipped as foreign.
+  Records already replayed `max_replays` times (default 1) are skipped, or parked in `<dlq>.parked`.
+- Idempotent per replay id: see `retrytopics.spark.ledger`. Write tasks are never retried within a run
+  (a retried task could resend what its failed attempt delivered): a failed run is rerun with the same id.
+- Output headers: the user headers byte for byte, then `retry.replay_id`, `retry.replayed_at`,
+  `retry.replay_count` (+1) and `retry.replay_origin_id` (the DLQ record's origin id). To a tier, also the
+  retry state, with reconsume_times and the failure times reset (default) or kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.window import Window
+
+from retrytopics import headers as H
+from retrytopics.connectors.admin import TopicSpec, ensure_topics
+from retrytopics.connectors.config import KafkaConfig
+from retrytopics.connectors.kafka import make_admin
+from retrytopics.connectors.spark_kafka import kafka_options, read_kafka, write_kafka
+from retrytopics.errors import ConfigError
+from retrytopics.naming import TopicSet
+from retrytopics.spark import ledger
+from retrytopics.spark.columns import with_retry_columns
+
+__all__ = ["DESTINATIONS", "add_replay_arguments", "replay", "run_replay_cli", "select_records"]
+
+#: Where a replay may write: the record's own original topic, or the pipeline's first retry tier.
+DESTINATIONS = ("original", "first_tier")
+
+
+def select_records(
+    dlq: DataFrame,
+    *,
+    reasons: Sequence[str] | None = None,
+    exception_types: Sequence[str] | None = None,
+    since_ms: int | None = None,
+    until_ms: int | None = None,
+    origin_ids: Iterable[str] | None = None,
+    where: str | None = None,
+) -> DataFrame:
+    """DLQ rows (with typed columns) matching every given criterion; the time range is on the DLQ record's
+    Kafka timestamp, `[since_ms, until_ms)`."""
+    conditions: list[Column] = []
+    if reasons:
+        conditions.append(F.col("dlq_reason").isin(list(reasons)))
+    if exception_types:
+        conditions.append(F.col("exception_type").isin(list(exception_types)))
+    if since_ms is not None:
+        conditions.append(F.unix_millis("timestamp") >= since_ms)
+    if until_ms is not None:
+        conditions.append(F.unix_millis("timestamp") < until_ms)
+    if origin_ids is not None:
+        conditions.append(F.col("origin_message_id").isin(sorted(set(origin_ids))))
+    if where:
+        conditions.append(F.expr(where))
+    for condition in conditions:
+        dlq = dlq.where(condition)
+    return dlq
+
+
+def _header(key: str, value: Column) -> Column:
+    return F.struct(F.lit(key).alias("key"), value.cast("string").cast("binary").alias("value"))
+
+
+def _ms(column: str) -> Column:
+    return F.unix_millis(column)
+
+
+def _output_headers(destination: str, *, replay_id: str, now_ms: int, reset: bool) -> Column:
+    user = F.filter(F.coalesce("headers", F.array().cast("array<struct<key:string,value:binary>>")),
+                    lambda h: ~h["key"].startswith(H.RETRY_PREFIX))  # fmt: skip
+    lineage = [
+        _header(H.REPLAY_ID, F.lit(replay_id)), _header(H.REPLAYED_AT, F.lit(now_ms)),
+        _header(H.REPLAY_COUNT, F.coalesce("replay_count", F.lit(0)) + 1),
+        _header(H.REPLAY_ORIGIN_ID, F.col("origin_message_id")),
+    ]  # fmt: skip
+    if destination == "original":
+        return F.concat(user, F.array(*lineage))
+    failed_first = F.lit(now_ms) if reset else _ms("first_failed_at")
+    failed_last = F.lit(now_ms) if reset else _ms("last_failed_at")
+    state = [
+        _header(H.SCHEMA_VERSION, F.lit(1)),
+        _header(H.RECONSUME_TIMES, F.lit(1) if reset else F.col("reconsume_times")),
+        _header(H.ORIGIN_MESSAGE_ID, F.col("origin_message_id")),
+        _header(H.ORIGINAL_TOPIC, F.col("original_topic")),
+        _header(H.ORIGINAL_PARTITION, F.col("original_partition")),
+        _header(H.ORIGINAL_OFFSET, F.col("original_offset")),
+        _header(H.ORIGINAL_TIMESTAMP, F.coalesce(_ms("original_timestamp"), F.lit(-1))),
+        _header(H.CONSUMER_GROUP, F.col("consumer_group")),
+        _header(H.TIER, F.lit(0)), _header(H.DUE_AT, F.lit(now_ms)),
+        _header(H.FIRST_FAILED_AT, failed_first), _header(H.LAST_FAILED_AT, failed_last),
+        _header(H.EXCEPTION_TYPE, F.col("exception_type")),
+        _header(H.EXCEPTION_MESSAGE, F.coalesce("exception_message", F.lit(""))),
+        _header(H.EXCEPTION_TRACE, F.coalesce("exception_trace", F.lit(""))),
+    ]  # fmt: skip
+    return F.concat(user, F.array(*state, *lineage))
+
+
+def _already_replayed(
+    spark: SparkSession, kafka: KafkaConfig, marks: ledger.Marks, replay_id: str
+) -> DataFrame:
+    """(topic, origin_message_id) of records this replay id wrote since its first start marks."""
+    schema = "topic string, origin_message_id string"
+    marks = {t: parts for t, parts in marks.items() if parts}
+    if not marks:
+        return spark.createDataFrame([], schema)
+    options = kafka_options(
+        kafka, assign=json.dumps({t: [int(p) for p in parts] for t, parts in marks.items()}),
+        startingOffsets=json.dumps(marks), endingOffsets="latest", includeHeaders="true",
+    )  # fmt: skip
+    written = with_retry_columns(read_kafka(spark, options)).where(F.col("replay_id") == replay_id)
+    return written.select("topic", F.col("replay_origin_id").alias("origin_message_id")).distinct()
+
+
+def _plan(
+    dlq: DataFrame, topics: TopicSet, destination: str, max_replays: int, allow_replayed: bool, park: bool
+) -> tuple[DataFrame, dict[str, int]]:
+    """Assign each selected record its destination topic (or drop it), with the counts of what was skipped."""
+    newest_first = Window.partitionBy("origin_message_id").orderBy(
+        F.coalesce("replay_count", F.lit(0)).desc(), F.col("partition").desc(), F.col("offset").desc()
+    )
+    latest = dlq.withColumn("rank", F.row_number().over(newest_first))
+    target = topics.source if destination == "original" else topics.tiers[0].topic
+    looped = F.coalesce("replay_count", F.lit(0)) >= max_replays
+    dest = (
+        F.when(F.col("rank") > 1, None)
+        .when(F.col("original_topic").isNull() | (F.col("original_topic") != topics.source), None)
+        .when(looped & F.lit(not allow_replayed), F.lit(f"{topics.dlq}.parked") if park else None)
+        .otherwise(F.lit(target))
+    )
+    planned = latest.withColumn("destination", dest).cache()
+    counts = planned.agg(
+        F.count("*").alias("selected"),
+        F.sum((F.col("rank") > 1).cast("int")).alias("skipped_duplicates"),
+        F.sum(((F.col("rank") == 1) & (F.col("original_topic").isNull() | (F.col("original_topic") != topics.source)))
+              .cast("int")).alias("skipped_foreign"),  # fmt: skip
+        F.sum(((F.col("rank") == 1) & looped & F.lit(not allow_replayed) & F.lit(not park)).cast("int"))
+        .alias("skipped_max_replays"),
+        F.sum((F.col("destination") == f"{topics.dlq}.parked").cast("int")).alias("parked"),
+        F.array_sort(F.collect_set("destination")).alias("destination_topics"),
+    ).first().asDict()
+    destinations = counts.pop("destination_topics")
+    summary: dict[str, Any] = {k: int(v or 0) for k, v in counts.items()}
+    return planned.where(F.col("destination").isNotNull()), {**summary, "destination_topics": destinations}
+
+
+def replay(
+    spark: SparkSession,
+    kafka: KafkaConfig,
+    topics: TopicSet,
+    *,
+    replay_id: str,
+    destination: str = "original",
+    reasons: Sequence[str] | None = None,
+    exception_types: Sequence[str] | None = None,
+    since_ms: int | None = None,
+    until_ms: int | None = None,
+    origin_ids: Iterable[str] | None = None,
+    where: str | None = None,
+    reset_reconsume_times: bool = True,
+    max_replays: int = 1,
+    allow_replayed: bool = False,
+    park: bool = False,
+    rate_per_s: int | None = None,
+    dry_run: bool = False,
+    now_ms: int | None = None,
+) -> dict[str, Any]:
+    """Replay the selected DLQ records of `topics`; returns the `--json` summary (see the module docstring)."""
+    if destination not in DESTINATIONS:
+        raise ConfigError("destination", destination, f"expected one of {DESTINATIONS}: replays never go elsewhere")
+    if destination == "first_tier" and not topics.tiers:
+        raise ConfigError("destination", destination, "the pipeline has no retry tier")
+    H.Lineage(replay_id=replay_id)  # validates the id like the header contract does
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    dlq = with_retry_columns(read_kafka(spark, kafka_options(kafka, subscribe=topics.dlq, includeHeaders="true")),
+                             exclude_trace=False)  # fmt: skip
+    chosen = select_records(dlq, reasons=reasons, exception_types=exception_types, since_ms=since_ms,
+                            until_ms=until_ms, origin_ids=origin_ids, where=where)  # fmt: skip
+    planned, counts = _plan(chosen, topics, destination, max_replays, allow_replayed, park)
+    result: dict[str, Any] = {"replay_id": replay_id, "dry_run": dry_run, "destination": destination, **counts}
+    try:
+        if dry_run:
+            sample = planned.select("partition", "offset", "origin_message_id", "dlq_reason", "exception_type",
+                                    "replay_count", "destination").limit(10).collect()  # fmt: skip
+            result.update(written=0, skipped_already_replayed=None, sample=[r.asDict() for r in sample])
+            return result
+        return _write(spark, kafka, topics, planned, result, replay_id=replay_id, destination=destination,
+                      now_ms=now_ms, reset=reset_reconsume_times, rate_per_s=rate_per_s)  # fmt: skip
+    finally:
+        planned.unpersist()
+
+
+def _write(
+    spark: SparkSession, kafka: KafkaConfig, topics: TopicSet, planned: DataFrame, result: dict[str, Any], *,
+    replay_id: str, destination: str, now_ms: int, reset: bool, rate_per_s: int | None,
+) -> dict[str, Any]:  # fmt: skip
+    targets = sorted({topics.source if destination == "original" else topics.tiers[0].topic, f"{topics.dlq}.parked"})
+    if result["parked"]:  # exists before the marks are taken, so that a rerun scans it too
+        ensure_topics(make_admin(kafka), [TopicSpec(name=f"{topics.dlq}.parked", partitions=1)])
+    started = [e for e in ledger.read_entries(kafka, topics.dlq, replay_id) if e.get("event") == "started"]
+    if started:
+        marks = started[0]["marks"]
+    else:
+        marks = ledger.watermarks(kafka, targets)
+        ledger.append(kafka, topics.dlq, replay_id, {"event": "started", "marks": marks})
+    done = _already_replayed(spark, kafka, marks, replay_id).withColumnRenamed("topic", "destination")
+    todo = planned.join(F.broadcast(done), ["destination", "origin_message_id"], "left_anti").cache()
+    stats = todo.agg(
+        F.count("*").alias("pending"),
+        F.count_distinct("destination", "original_partition").alias("tasks"),
+    ).first()
+    pending, tasks = stats.pending, max(1, stats.tasks)
+    headers = _output_headers(destination, replay_id=replay_id, now_ms=now_ms, reset=reset)
+    parked_headers = _output_headers("original", replay_id=replay_id, now_ms=now_ms, reset=reset)
+    # One task per destination partition, in DLQ order: records of one key keep their relative order.
+    ordered = todo.repartition(tasks, "destination", "original_partition").sortWithinPartitions(
+        "timestamp", "partition", "offset"
+    )
+    out = ordered.select(
+        F.col("destination").alias("topic"), "key", "value",
+        F.when(F.col("destination") == f"{topics.dlq}.parked", parked_headers).otherwise(headers).alias("headers"),
+        F.when(F.col("destination") == f"{topics.dlq}.parked", F.lit(None)).otherwise(F.col("original_partition"))
+        .cast("int").alias("partition"),
+    )  # fmt: skip
+    options = kafka_options(kafka, failRetriedTasks="true")
+    if rate_per_s:  # shared evenly by the tasks (approximate when two destinations hash to one task)
+        options["maxRecordsPerSecondPerTask"] = str(max(1, rate_per_s // tasks))
+    if pending:
+        write_kafka(out, options)
+    todo.unpersist()
+    eligible = result["selected"] - result["skipped_duplicates"] - result["skipped_foreign"] - result["skipped_max_replays"]
+    result.update(written=pending, skipped_already_replayed=eligible - pending)
+    ledger.append(kafka, topics.dlq, replay_id, {"event": "finished", **{k: v for k, v in result.items() if k != "sample"}})
+    return result
+
+
+def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of `retrytopics replay` (the pipeline itself comes from --topic/--group/--delays or --config)."""
+    parser.add_argument("--replay-id", required=True, help="names this replay; rerunning the same id is idempotent")
+    parser.add_argument("--reason", action="append", help="DLQ reason to select (repeatable)")
+    parser.add_argument("--exception-type", action="append", help="exception type to select (repeatable)")
+    parser.add_argument("--since", type=int, metavar="EPOCH_MS", help="DLQ records at or after this time")
+    parser.add_argument("--until", type=int, metavar="EPOCH_MS", help="DLQ records before this time")
+    parser.add_argument("--origin-ids", metavar="FILE", help="file with one origin message id per line")
+    parser.add_argument("--where", metavar="SQL", help="SQL predicate over the typed columns")
+    parser.add_argument("--to", dest="destination", choices=DESTINATIONS, default="original",
+                        help="original topic (default) or the first retry tier")  # fmt: skip
+    parser.add_argument("--keep-reconsume-times", action="store_true", help="to a tier: keep the retry count and "
+                        "failure times instead of resetting them")  # fmt: skip
+    parser.add_argument("--max-replays", type=int, default=1, help="skip records replayed this often (default 1)")
+    parser.add_argument("--allow-replayed", action="store_true", help="replay such records anyway")
+    parser.add_argument("--park", action="store_true", help="send such records to <dlq>.parked instead")
+    parser.add_argument("--rate", type=int, metavar="RECORDS_PER_S", help="overall send rate limit")
+    parser.add_argument("--dry-run", action="store_true", help="print counts and a sample, write nothing")
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    parser.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
+
+
+def run_replay_cli(args: argparse.Namespace, *, kafka: KafkaConfig, topics: TopicSet) -> int:
+    """Run a replay for parsed `args`; exit status 0."""
+    from retrytopics.spark.session import get_session
+
+    origin_ids = None
+    if args.origin_ids:
+        with open(args.origin_ids, encoding="utf-8") as handle:
+            origin_ids = [line.strip() for line in handle if line.strip()]
+    result = replay(
+        get_session(args.master, "retrytopics-replay"), kafka, topics, replay_id=args.replay_id,
+        destination=args.destination, reasons=args.reason, exception_types=args.exception_type,
+        since_ms=args.since, until_ms=args.until, origin_ids=origin_ids, where=args.where,
+        reset_reconsume_times=not args.keep_reconsume_times, max_replays=args.max_replays,
+        allow_replayed=args.allow_replayed, park=args.park, rate_per_s=args.rate, dry_run=args.dry_run,
+    )  # fmt: skip
+    if args.json:
+        print(json.dumps(result, sort_keys=True, default=str))
+    else:
+        for key, value in result.items():
+            print(f"{key:>26}: {value}")
+    return 0
