@@ -197,9 +197,17 @@ def _add_spark_jobs(commands: Any) -> None:
     except ImportError as exc:
         missing = str(exc)
         audit.set_defaults(run=lambda _args: _need_spark(missing))
+        replay = commands.add_parser("replay", help="Spark job: republish selected DLQ records (needs the spark extra)")
+        replay.set_defaults(run=lambda _args: _need_spark(missing))
         return
     add_audit_arguments(audit)
     audit.set_defaults(run=_cmd_spark_job, spark_job=run_audit_cli)
+    from retrytopics.spark.replay import add_replay_arguments, run_replay_cli
+
+    replay = commands.add_parser("replay", help="Spark job: republish selected DLQ records, idempotent per replay id")
+    _common(replay, pipeline=True)
+    add_replay_arguments(replay)
+    replay.set_defaults(run=_cmd_spark_job, spark_job=run_replay_cli)
 
 
 def _need_spark(missing: str) -> int:
