@@ -60,6 +60,9 @@ class RetryApp:
     `{"session.timeout.ms": 10000}`). `exactly_once=True` republishes and commits each batch in one Kafka
     transaction (consumers read_committed). `on_dead_letter(record, route)` runs after each acknowledged
     DLQ publish. `id_header` names a user header holding a message id (else `<topic>-<partition>-<offset>`).
+    `instance_id` (default: random) names this process in transactional ids (`<consumer group>-<instance_id>`);
+    give each replica a stable one (e.g. its pod name) so that a restarted replica fences its own zombie at
+    once instead of leaving its open transaction to time out.
     """
 
     def __init__(
@@ -78,6 +81,7 @@ class RetryApp:
         commit_every: int = 500,
         commit_interval: DurationLike = "1s",
         dedupe_capacity: int = DEFAULT_CAPACITY,
+        instance_id: str | None = None,
     ) -> None:
         if not isinstance(kafka, KafkaConfig):
             raise ConfigError("kafka", kafka, "expected a KafkaConfig")
@@ -98,6 +102,7 @@ class RetryApp:
             "commit_interval_ms": max(1, parse_duration(commit_interval, field="commit_interval")),
         }
         self._dedupe_capacity = dedupe_capacity
+        self.instance_id = instance_id or uuid.uuid4().hex[:12]
         self._stats = StatsCollector()
         self._emitter = Emitter([self._stats, LoggingHook(), *hooks])
         self._bindings: dict[str, Binding] = {}
@@ -204,7 +209,7 @@ class RetryApp:
             for tier in binding.ctx.topics.tiers:
                 if tier.topic in settings.topics:
                     bindings[tier.topic] = binding
-        transactional_id = f"{settings.group_id}-{uuid.uuid4().hex[:12]}" if self.exactly_once else None
+        transactional_id = f"{settings.group_id}-{self.instance_id}" if self.exactly_once else None
         return ConsumerLoop(
             settings, bindings,
             consumer_factory=lambda: KafkaConsumer(self.kafka, group_id=settings.group_id, overrides=self.consumer_overrides),
@@ -232,6 +237,11 @@ class RetryApp:
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until every consumer has stopped; True if they have."""
         return self._runner.join(timeout)
+
+    @property
+    def error(self) -> BaseException | None:
+        """What stopped the app: a handler's BaseException (e.g. KeyboardInterrupt) or an unexpected error."""
+        return self._runner.crash
 
     @property
     def running(self) -> bool:
