@@ -37,14 +37,15 @@ def _ck(offsets: Mapping[TopicPartition, int]) -> list[CKTopicPartition]:
 
 def _message(msg: CKMessage) -> Message:
     kind, timestamp = msg.timestamp()
+    headers: list[Header] = list(msg.headers() or ())  # type: ignore[arg-type]  # a list of (str, bytes | None)
     return Message(
-        topic=msg.topic(),
-        partition=msg.partition(),
-        offset=msg.offset(),
+        topic=str(msg.topic()),
+        partition=int(msg.partition() or 0),
+        offset=int(msg.offset() or 0),
         timestamp_ms=-1 if kind == TIMESTAMP_NOT_AVAILABLE else timestamp,
         key=msg.key(),
         value=msg.value(),
-        headers=tuple(msg.headers() or ()),
+        headers=tuple(headers),
     )
 
 
@@ -122,7 +123,10 @@ class KafkaConsumer:
         if not offsets:
             return
         with map_kafka_errors():
-            self._consumer.commit(offsets=_ck(offsets), asynchronous=asynchronous)
+            if asynchronous:
+                self._consumer.commit(offsets=_ck(offsets), asynchronous=True)
+            else:
+                self._consumer.commit(offsets=_ck(offsets), asynchronous=False)
 
     def group_metadata(self) -> object:
         with map_kafka_errors():

@@ -79,7 +79,7 @@ def json_serializer(value: Any, ctx: Any = None) -> bytes | None:
 def _parse_schema(schema: str | Mapping[str, Any] | Sequence[Any]) -> Any:
     try:
         loaded = _json.loads(schema) if isinstance(schema, str) else schema
-        return fastavro.parse_schema(loaded)
+        return fastavro.parse_schema(loaded)  # type: ignore[arg-type]
     except Exception as exc:  # noqa: BLE001 - any schema problem is a configuration error
         raise ConfigError("schema", "<avro schema>", f"not a valid Avro schema: {exc}") from exc
 

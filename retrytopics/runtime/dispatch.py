@@ -102,10 +102,13 @@ class Invoker:
             retry=tenacity.retry_if_exception(
                 lambda exc: isinstance(exc, Exception) and classify(policy, exc).verdict is Verdict.RETRYABLE
             ),
-            sleep=self._stop.wait,
+            sleep=self._sleep,
             reraise=True,
         )
         return retrying(self._once, binding.handler, record)
+
+    def _sleep(self, seconds: float) -> None:
+        self._stop.wait(seconds)
 
     def _once(self, handler: Callable[[Record[Any]], Any], record: Record[Any]) -> Any:
         result = handler(record)

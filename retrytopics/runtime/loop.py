@@ -174,8 +174,8 @@ class ConsumerLoop:
                 self._pauses.pause_until(msg.tp, msg.offset, state.due_at)
                 return
         epoch = self._track(msg)
-        record, failure = build_record(binding, msg, state)
-        failure = bad or failure
+        record, poison = build_record(binding, msg, state)
+        failure: BaseException | None = bad or poison
         timing = {"due_at": state.due_at if state else None, "handled_at": _now_ms()}
         if failure is None:
             try:
