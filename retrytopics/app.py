@@ -44,7 +44,7 @@ from retrytopics.runtime.dispatch import Binding
 from retrytopics.runtime.lifecycle import Runner
 from retrytopics.runtime.loop import ConsumerLoop, DeadLetterCallback, LoopSettings
 from retrytopics.runtime.main import main_settings
-from retrytopics.runtime.tiers import tier_settings
+from retrytopics.runtime.tiers import TIER_CONSUMER_DEFAULTS, tier_settings
 
 __all__ = ["RetryApp"]
 
@@ -209,10 +209,12 @@ class RetryApp:
             for tier in binding.ctx.topics.tiers:
                 if tier.topic in settings.topics:
                     bindings[tier.topic] = binding
+        is_tier = settings.group_id != self.group
+        overrides = {**(TIER_CONSUMER_DEFAULTS if is_tier else {}), **self.consumer_overrides}
         transactional_id = f"{settings.group_id}-{self.instance_id}" if self.exactly_once else None
         return ConsumerLoop(
             settings, bindings,
-            consumer_factory=lambda: KafkaConsumer(self.kafka, group_id=settings.group_id, overrides=self.consumer_overrides),
+            consumer_factory=lambda: KafkaConsumer(self.kafka, group_id=settings.group_id, overrides=overrides),
             producer_factory=lambda: KafkaProducer(self.kafka, transactional_id=transactional_id,
                                                    overrides=self.producer_overrides),
             emitter=self._emitter, stop=self._runner.stop_event,
