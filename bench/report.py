@@ -146,7 +146,7 @@ def machine() -> dict[str, str]:
     try:
         import confluent_kafka
 
-        client = f"confluent-kafka {confluent_kafka.version()[0]}, librdkafka {confluent_kafka.libversion()[0]}"
+        client = f"confluent-kafka {confluent_kafka.__version__}, librdkafka {confluent_kafka.libversion()[0]}"
     except ImportError:
         client = "confluent-kafka not installed"
     return {
