@@ -32,7 +32,7 @@ from retrytopics.naming import NamingStrategy, TierTopic, TopicSet
 from retrytopics.policy import RetryPolicy
 from retrytopics.traces import format_trace
 
-__all__ = ["InboundRecord", "Route", "RouteContext", "RouteKind", "read_retry_state", "route"]
+__all__ = ["InboundRecord", "Route", "RouteContext", "RouteKind", "origin_message_id", "read_retry_state", "route"]
 
 _ID_LIMIT_BYTES: Final = 512
 _MAX_RECONSUME_TIMES: Final = 2**31 - 2
@@ -205,7 +205,7 @@ def _fresh(ctx: RouteContext, record: InboundRecord, now_ms: int, failure: BaseE
     described = _describe(failure)
     return RetryHeaders(
         reconsume_times=1,
-        origin_message_id=_origin_id(ctx, record),
+        origin_message_id=origin_message_id(ctx, record),
         original_topic=record.topic,
         original_partition=record.partition,
         original_offset=record.offset,
@@ -238,7 +238,9 @@ def _next(previous: RetryHeaders, now_ms: int, failure: BaseException) -> RetryH
     )
 
 
-def _origin_id(ctx: RouteContext, record: InboundRecord) -> str:
+def origin_message_id(ctx: RouteContext, record: InboundRecord) -> str:
+    """The id a source record keeps through every retry: the ``id_header`` value when there is exactly one,
+    non-empty, at most 512 bytes and UTF-8; else ``<topic>-<partition>-<offset>`` (always unique)."""
     if ctx.id_header is not None:
         values = [v for k, v in record.headers if k == ctx.id_header]
         if len(values) == 1 and isinstance(values[0], bytes) and 0 < len(values[0]) <= _ID_LIMIT_BYTES:

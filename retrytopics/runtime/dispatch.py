@@ -19,11 +19,9 @@ from retrytopics.headers import RetryHeaders, user_headers
 from retrytopics.policy import RetryPolicy
 from retrytopics.ports import Message
 from retrytopics.record import Record
-from retrytopics.router import InboundRecord, RouteContext
+from retrytopics.router import InboundRecord, RouteContext, origin_message_id
 
-__all__ = ["Binding", "Invoker", "inbound", "origin_message_id"]
-
-_ID_LIMIT_BYTES = 512
+__all__ = ["Binding", "Invoker", "build_record", "inbound"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -46,18 +44,6 @@ def inbound(msg: Message) -> InboundRecord:
         topic=msg.topic, partition=msg.partition, offset=msg.offset,
         timestamp_ms=msg.timestamp_ms, key=msg.key, headers=msg.headers,
     )  # fmt: skip
-
-
-def origin_message_id(ctx: RouteContext, record: InboundRecord) -> str:
-    """The id the router gives a source record: the `id_header` value when usable, else its coordinates."""
-    if ctx.id_header is not None:
-        values = [v for k, v in record.headers if k == ctx.id_header]
-        if len(values) == 1 and isinstance(values[0], bytes) and 0 < len(values[0]) <= _ID_LIMIT_BYTES:
-            try:
-                return values[0].decode("utf-8")
-            except UnicodeDecodeError:
-                pass
-    return f"{record.topic}-{record.partition}-{record.offset}"
 
 
 def build_record(binding: Binding, msg: Message, state: RetryHeaders | None) -> tuple[Record[Any], PoisonRecordError | None]:
