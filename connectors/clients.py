@@ -36,17 +36,13 @@ def _ck(offsets: Mapping[TopicPartition, int]) -> list[CKTopicPartition]:
 
 
 def _message(msg: CKMessage) -> Message:
+    # positional and without conversions: this runs once per consumed record
     kind, timestamp = msg.timestamp()
-    headers: list[Header] = list(msg.headers() or ())  # type: ignore[arg-type]  # a list of (str, bytes | None)
+    headers = msg.headers()
     return Message(
-        topic=str(msg.topic()),
-        partition=int(msg.partition() or 0),
-        offset=int(msg.offset() or 0),
-        timestamp_ms=-1 if kind == TIMESTAMP_NOT_AVAILABLE else timestamp,
-        key=msg.key(),
-        value=msg.value(),
-        headers=tuple(headers),
-    )
+        msg.topic(), msg.partition(), msg.offset(), -1 if kind == TIMESTAMP_NOT_AVAILABLE else timestamp,
+        msg.key(), msg.value(), tuple(headers) if headers else (),
+    )  # type: ignore[arg-type]  # confluent-kafka's stubs are looser than what it returns for a record
 
 
 class KafkaConsumer:

@@ -57,10 +57,15 @@ def build_record(binding: Binding, msg: Message, state: RetryHeaders | None) -> 
         )  # fmt: skip
     except PoisonRecordError as exc:
         poison = exc
-    origin = state.origin_message_id if state is not None else origin_message_id(binding.ctx, inbound(msg))
+    if state is not None:
+        origin = state.origin_message_id
+    elif binding.ctx.id_header is None:  # the common case, without building an InboundRecord per record
+        origin = f"{msg.topic}-{msg.partition}-{msg.offset}"
+    else:
+        origin = origin_message_id(binding.ctx, inbound(msg))
     record = Record(
         topic=msg.topic, partition=msg.partition, offset=msg.offset, timestamp_ms=msg.timestamp_ms,
-        key=msg.key, value=value, raw_value=msg.value, headers=tuple(user_headers(msg.headers)),
+        key=msg.key, value=value, raw_value=msg.value, headers=tuple(user_headers(msg.headers)) if msg.headers else (),
         retry=state, origin_message_id=origin,
     )  # fmt: skip
     return record, poison

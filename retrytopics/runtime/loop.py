@@ -20,6 +20,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,6 +89,7 @@ class ConsumerLoop:
         self._finished_since_commit = 0
         self._last_commit = time.monotonic()
         self._polled_at = time.monotonic()
+        self._max_poll_s: float | None = None
         self._abandoned = False
         self._txn_keys: list[AuditKey] = []
         self._txn_acks: list[PublishJob] = []
@@ -151,18 +153,20 @@ class ConsumerLoop:
                 break
             if self._pauses.accept(msg):
                 self._process(msg)
-            self._publisher.poll(0)
+            if self._publisher.in_flight:  # delivery reports free offsets; nothing to serve when none are pending
+                self._publisher.poll(0)
         self._end_batch()
 
     def _process(self, msg: Message) -> None:
         binding = self._bindings[msg.topic]
-        now = _now_ms()
         state: RetryHeaders | None = None
         bad: HeaderDecodeError | None = None
-        try:
-            state = read_retry_state(binding.ctx, inbound(msg), now_ms=now)
-        except HeaderDecodeError as exc:
-            bad = exc
+        if msg.topic != binding.topic:  # a source record carries no retry state the router would read
+            now = _now_ms()
+            try:
+                state = read_retry_state(binding.ctx, inbound(msg), now_ms=now)
+            except HeaderDecodeError as exc:
+                bad = exc
         key: AuditKey | None = None
         if state is not None:
             key = (state.origin_message_id, state.lineage.replay_count, state.reconsume_times)
@@ -176,7 +180,8 @@ class ConsumerLoop:
         epoch = self._track(msg)
         record, poison = build_record(binding, msg, state)
         failure: BaseException | None = bad or poison
-        timing = {"due_at": state.due_at if state else None, "handled_at": _now_ms()}
+        # handled_at - due_at is the lateness metric, which only retried records have
+        timing = {"due_at": state.due_at, "handled_at": _now_ms()} if state is not None else _NO_TIMING
         if failure is None:
             try:
                 self._invoker.call(binding, record)
@@ -267,7 +272,9 @@ class ConsumerLoop:
         return True
 
     def _consumer_max_poll_s(self) -> float:
-        return float(getattr(self._consumer, "max_poll_interval_ms", 300_000)) / 1000
+        if self._max_poll_s is None:  # read once: it is checked after every handler call
+            self._max_poll_s = float(getattr(self._consumer, "max_poll_interval_ms", 300_000)) / 1000
+        return self._max_poll_s
 
     def _update_holds(self) -> None:
         assert self._publisher is not None and self._pauses is not None
@@ -393,6 +400,9 @@ class ConsumerLoop:
 
     def _emit(self, event: Event, **data: object) -> None:
         self._emitter.emit(event, consumer=self.settings.name, **data)
+
+
+_NO_TIMING: Mapping[str, object] = MappingProxyType({"due_at": None, "handled_at": None})
 
 
 def _now_ms() -> int:

@@ -236,6 +236,11 @@ class TransactionalPublisher:
             self._producer.begin_transaction()
             self._open = True
 
+    @property
+    def in_flight(self) -> int:
+        """Nonzero while a transaction is open: its delivery reports are worth serving promptly."""
+        return int(self._open)
+
     def poll(self, timeout_s: float = 0.0) -> None:
         self._producer.poll(timeout_s)
 
