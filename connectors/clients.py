@@ -20,11 +20,13 @@ from retrytopics.errors import KafkaClientError
 from retrytopics.headers import Header
 from retrytopics.ports import DeliveryCallback, Message, PartitionsCallback, TopicPartition
 
-__all__ = ["KafkaConsumer", "KafkaProducer"]
+__all__ = ["DEFAULT_MAX_POLL_INTERVAL_MS", "DEFAULT_SESSION_TIMEOUT_MS", "KafkaConsumer", "KafkaProducer"]
 
 log = logging.getLogger("retrytopics.kafka")
 
-_DEFAULT_MAX_POLL_INTERVAL_MS = 300_000
+#: librdkafka's defaults, for the settings the runtime reads back.
+DEFAULT_MAX_POLL_INTERVAL_MS = 300_000
+DEFAULT_SESSION_TIMEOUT_MS = 45_000
 
 
 def _tps(partitions: Sequence[CKTopicPartition]) -> list[TopicPartition]:
@@ -51,7 +53,8 @@ class KafkaConsumer:
     def __init__(self, kafka: KafkaConfig, *, group_id: str, overrides: Mapping[str, Any] | None = None) -> None:
         self._consumer: Consumer = make_consumer(kafka, group_id=group_id, overrides=overrides)
         merged = {**kafka.consumer_config(), **(overrides or {})}
-        self.max_poll_interval_ms = int(merged.get("max.poll.interval.ms", _DEFAULT_MAX_POLL_INTERVAL_MS))
+        self.max_poll_interval_ms = int(merged.get("max.poll.interval.ms", DEFAULT_MAX_POLL_INTERVAL_MS))
+        self.session_timeout_ms = int(merged.get("session.timeout.ms", DEFAULT_SESSION_TIMEOUT_MS))
         self._cooperative = "cooperative" in str(merged.get("partition.assignment.strategy", ""))
 
     def subscribe(

@@ -29,7 +29,7 @@ from types import MappingProxyType
 from typing import Any, TypeVar
 
 from retrytopics.connectors.admin import ProvisionOutcome, TopicSpec, ensure_topics, partition_count
-from retrytopics.connectors.clients import KafkaConsumer, KafkaProducer
+from retrytopics.connectors.clients import DEFAULT_MAX_POLL_INTERVAL_MS, KafkaConsumer, KafkaProducer
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.kafka import make_admin
 from retrytopics.connectors.serde import Deserializer, bytes_value
@@ -117,12 +117,22 @@ class RetryApp:
         policy: RetryPolicy | None = None,
         value_deserializer: Deserializer = bytes_value,
         dlq: str | None = None,
+        handler_budget: DurationLike = "1s",
     ) -> Callable[[F], F]:
-        """Register a handler for `topic`; returns the function unchanged (still a plain callable)."""
+        """Register a handler for `topic`; returns the function unchanged (still a plain callable).
+
+        `handler_budget` is the longest one call of the handler may take. With `policy.in_process` retries,
+        `attempts x (wait + handler_budget)` must stay below the consumer's `max.poll.interval.ms`, or a
+        record retried in-process would get this consumer evicted from its group: that is checked here, and
+        a `ConfigError` naming `in_process` says by how much.
+        """
         validate_topic_name(topic, field="topic")
         policy = RetryPolicy() if policy is None else policy
         if not isinstance(policy, RetryPolicy):
             raise ConfigError("policy", policy, "expected a RetryPolicy")
+        if policy.in_process is not None:
+            budget_ms = parse_duration(handler_budget, field="handler_budget")
+            policy.in_process.check_fits(self.max_poll_interval_ms, handler_budget_ms=budget_ms)
         if topic in self._bindings:
             raise ConfigError("topic", topic, f"already handled by {self._bindings[topic].name}")
         topics = topics_for(topic, self.group, policy.tier_delays_ms, strategy=self.naming, dlq=dlq)
@@ -151,6 +161,16 @@ class RetryApp:
         """Subscribe one more hook to this app's events (e.g. metrics set up after the app was built);
         call it before `start`/`run`."""
         self._emitter.hooks.append(hook)
+
+    @property
+    def max_poll_interval_ms(self) -> int:
+        """The consumers' `max.poll.interval.ms` (librdkafka's default unless overridden)."""
+        merged = {**self.kafka.consumer_config(), **self.consumer_overrides}
+        value = merged.get("max.poll.interval.ms", DEFAULT_MAX_POLL_INTERVAL_MS)
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            raise ConfigError("max.poll.interval.ms", value, "expected a number of ms") from None
 
     @property
     def handlers(self) -> Mapping[str, Binding]:

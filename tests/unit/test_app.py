@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import retrytopics
-from retrytopics import ConfigError, KafkaConfig, NonRetryable, Record, RetryApp, RetryPolicy
+from retrytopics import ConfigError, InProcessRetry, KafkaConfig, NonRetryable, Record, RetryApp, RetryPolicy
 from retrytopics.headers import DlqReason
 from retrytopics.router import RouteKind
 from retrytopics.runtime.tiers import select_tiers
@@ -52,6 +52,24 @@ def test_bad_topic_group_and_policy_are_config_errors() -> None:
         _app().handler("orders", policy={"delays": ["5s"]})  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="batch_size"):
         RetryApp(kafka=KafkaConfig(bootstrap="127.0.0.1:9"), group="g", batch_size=0)
+
+
+def test_in_process_retries_must_fit_in_max_poll_interval_at_registration() -> None:
+    # setup: a consumer allowed 10 s between polls
+    app = RetryApp(kafka=KafkaConfig(bootstrap="127.0.0.1:9"), group="billing",
+                   consumer_overrides={"max.poll.interval.ms": 10_000, "session.timeout.ms": 6000})
+    fits = RetryPolicy(delays=["5s"], in_process=InProcessRetry(attempts=3, wait="1s"))
+    too_long = RetryPolicy(delays=["5s"], in_process=InProcessRetry(attempts=5, wait="1s"))
+    # when/then: 3 x (1 s + 2 s) = 9 s fits; 5 x (1 s + 1 s) = 10 s could be evicted
+    app.handler("orders", policy=fits, handler_budget="2s")(lambda record: None)
+    with pytest.raises(ConfigError) as refused:
+        app.handler("payments", policy=too_long)(lambda record: None)
+    assert refused.value.field == "in_process" and "max.poll.interval.ms=10000" in str(refused.value)
+    assert "payments" not in app.handlers
+    with pytest.raises(ConfigError) as bad_budget:
+        app.handler("refunds", policy=fits, handler_budget=5)(lambda record: None)
+    assert bad_budget.value.field == "handler_budget"
+    assert app.max_poll_interval_ms == 10_000 and _app().max_poll_interval_ms == 300_000
 
 
 def test_start_without_handlers_is_refused() -> None:
