@@ -47,11 +47,24 @@ def _message(msg: CKMessage) -> Message:
     )  # type: ignore[arg-type]  # confluent-kafka's stubs are looser than what it returns for a record
 
 
+def _log_failed_commit(err: KafkaError | None, partitions: list[CKTopicPartition]) -> None:
+    if err is None or err.code() == KafkaError._NO_OFFSET:
+        return
+    offsets = ", ".join(f"{p.topic}[{p.partition}]@{p.offset}" for p in partitions)
+    log.warning(
+        "asynchronous commit of %s failed: %s (these offsets stay uncommitted until a later commit covers them; "
+        "if this consumer lost its session, the new owner reads the records again)", offsets, err.str(),
+    )  # fmt: skip
+
+
 class KafkaConsumer:
     """`ConsumerPort` over a confluent-kafka `Consumer`."""
 
     def __init__(self, kafka: KafkaConfig, *, group_id: str, overrides: Mapping[str, Any] | None = None) -> None:
-        self._consumer: Consumer = make_consumer(kafka, group_id=group_id, overrides=overrides)
+        # Without a callback, librdkafka drops the outcome of an asynchronous commit: a zombie's refused
+        # commit (its session lapsed and the group moved on) would leave no trace at all.
+        with_callback = {"on_commit": _log_failed_commit, **(overrides or {})}
+        self._consumer: Consumer = make_consumer(kafka, group_id=group_id, overrides=with_callback)
         merged = {**kafka.consumer_config(), **(overrides or {})}
         self.max_poll_interval_ms = int(merged.get("max.poll.interval.ms", DEFAULT_MAX_POLL_INTERVAL_MS))
         self.session_timeout_ms = int(merged.get("session.timeout.ms", DEFAULT_SESSION_TIMEOUT_MS))

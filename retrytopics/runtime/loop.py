@@ -32,6 +32,7 @@ from retrytopics.offsets import OffsetTracker, TopicPartition
 from retrytopics.ports import ConsumerPort, Message, ProducerPort
 from retrytopics.router import RouteKind, read_retry_state, route
 from retrytopics.runtime.dispatch import Binding, Invoker, build_record, inbound
+from retrytopics.runtime.ownership import OwnershipCheck
 from retrytopics.runtime.publish import Publisher, PublishJob, TransactionalPublisher
 from retrytopics.runtime.pausing import PauseController
 
@@ -89,7 +90,7 @@ class ConsumerLoop:
         self._finished_since_commit = 0
         self._last_commit = time.monotonic()
         self._polled_at = time.monotonic()
-        self._max_poll_s: float | None = None
+        self._ownership: OwnershipCheck | None = None
         self._abandoned = False
         self._txn_keys: list[AuditKey] = []
         self._txn_acks: list[PublishJob] = []
@@ -116,6 +117,7 @@ class ConsumerLoop:
         """Consume until `stop` is set or a handler raises a BaseException; then drain, commit and close."""
         consumer = self._consumer = self._consumer_factory()
         self._pauses = PauseController(consumer, self._emitter, consumer_name=self.settings.name)
+        self._ownership = OwnershipCheck(consumer, self._tracker)
         if self.settings.exactly_once:
             self._publisher = TransactionalPublisher(self._producer_factory, self._emitter)
         else:
@@ -148,11 +150,14 @@ class ConsumerLoop:
         batch = self._consumer.consume(self.settings.batch_size, wait_ms / 1000)
         self._polled_at = time.monotonic()
         self._abandoned = False
-        for msg in batch:
-            if self._stop.is_set() or self._abandoned:
+        for i, msg in enumerate(batch):
+            if self._stop.is_set():
                 break
             if self._pauses.accept(msg):
                 self._process(msg)
+            if self._abandoned:
+                self._restart_at(batch[i:])
+                break
             if self._publisher.in_flight:  # delivery reports free offsets; nothing to serve when none are pending
                 self._publisher.poll(0)
         self._end_batch()
@@ -177,7 +182,6 @@ class ConsumerLoop:
                 assert self._pauses is not None
                 self._pauses.pause_until(msg.tp, msg.offset, state.due_at)
                 return
-        epoch = self._track(msg)
         record, poison = build_record(binding, msg, state)
         failure: BaseException | None = bad or poison
         # handled_at - due_at is the lateness metric, which only retried records have
@@ -187,8 +191,11 @@ class ConsumerLoop:
                 self._invoker.call(binding, record)
             except Exception as exc:  # noqa: BLE001 - every handler failure is routed; BaseException stops the app
                 failure = exc
-        if self._lost_ownership(msg):
-            return
+            # Tracked only now: a record this consumer may no longer act on must not hold its partition's
+            # commit position, since it is read again (here or by the new owner), not finished.
+            if self._lost_ownership(msg):
+                return
+        epoch = self._track(msg)
         if key is not None:
             self._remember(key)
         if failure is None:
@@ -258,23 +265,31 @@ class ConsumerLoop:
             self._txn_keys.append(key)
 
     def _lost_ownership(self, msg: Message) -> bool:
-        """True when the handler outlived max.poll.interval.ms: the group has moved on without us."""
-        limit_s = self._consumer_max_poll_s()
-        if time.monotonic() - self._polled_at <= limit_s:
+        """True when this consumer may no longer act on `msg` (`runtime/ownership.py` says why)."""
+        assert self._ownership is not None
+        why = self._ownership.lost(time.monotonic() - self._polled_at)
+        if why is None:
             return False
         log.warning(
-            "%s: handling %s[%d]@%d outlived max.poll.interval.ms; this consumer left the group, so the record "
-            "is neither republished nor committed here (its new owner handles it)",
-            self.settings.name, msg.topic, msg.partition, msg.offset,
+            "%s: handling %s[%d]@%d %s; the record is neither handed off nor committed here, and is read again "
+            "by whoever owns its partition now",
+            self.settings.name, msg.topic, msg.partition, msg.offset, why,
         )  # fmt: skip
         self._abandoned = True
         self._emit(Event.RECORD_ABANDONED, topic=msg.topic, partition=msg.partition, offset=msg.offset)
         return True
 
-    def _consumer_max_poll_s(self) -> float:
-        if self._max_poll_s is None:  # read once: it is checked after every handler call
-            self._max_poll_s = float(getattr(self._consumer, "max_poll_interval_ms", 300_000)) / 1000
-        return self._max_poll_s
+    def _restart_at(self, rest: list[Message]) -> None:
+        """After an abandoned record: read it and the rest of the batch again. librdkafka only leaves the
+        group once its own max.poll timer fires (up to ~0.5 s late, measured), and the next poll resets that
+        timer, so a consumer that abandoned a record may well still own its partition; without this seek,
+        the record was never read again and the partition's commit position stuck below it for good."""
+        assert self._pauses is not None
+        starts: dict[TopicPartition, int] = {}
+        for msg in rest:
+            starts.setdefault(msg.tp, msg.offset)
+        for tp, offset in starts.items():
+            self._pauses.restart_at(tp, offset)
 
     def _update_holds(self) -> None:
         assert self._publisher is not None and self._pauses is not None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 
+from retrytopics.errors import KafkaClientError
 from retrytopics.events import Emitter, Event
 from retrytopics.offsets import TopicPartition
 from retrytopics.ports import ConsumerPort, Message
@@ -78,6 +79,19 @@ class PauseController:
             self._consumer.pause([tp])
         self._awaiting[tp] = offset
         self._consumer.seek(tp, offset)
+
+    def restart_at(self, tp: TopicPartition, offset: int) -> None:
+        """Read `tp` again from `offset` (records the loop fetched but did not act on). A paused or already
+        sought-back partition keeps its own restart point; a partition this consumer just lost refuses the
+        seek, which is fine: its new owner starts from the committed offset."""
+        if self.schedule.is_paused(tp) or tp in self._awaiting:
+            return
+        try:
+            self._consumer.seek(tp, offset)
+        except KafkaClientError as exc:
+            log.debug("%s: no seek back on %s[%d]: %s", self._name, tp[0], tp[1], exc)
+            return
+        self._awaiting[tp] = offset
 
     def release(self, tp: TopicPartition) -> None:
         """Lift a hold; resumes `tp` unless a due time still keeps it paused."""

@@ -1,0 +1,58 @@
+"""Whether a consumer may still act on the record it has just handled.
+
+Handlers run in the poll thread, so no rebalance callback runs during a call; but the group can move on
+meanwhile. Either the call outlived `max.poll.interval.ms` (librdkafka then leaves the group, or is about
+to), or the whole process was frozen (SIGSTOP, a VM pause) for longer than the session, and another member
+owns the partition now. Handing the record off (a second republish, a second DLQ record) or committing would
+then act for a partition this consumer no longer owns.
+
+The first case is known from the clock. For the second, a call long enough for the session to have lapsed
+is followed by a question to the group coordinator: a synchronous commit of what is already finished (useful
+anyway), which the coordinator refuses to a member it has expelled.
+"""
+
+from __future__ import annotations
+
+from retrytopics.errors import KafkaClientError
+from retrytopics.offsets import OffsetTracker
+from retrytopics.ports import ConsumerPort
+
+__all__ = ["OwnershipCheck"]
+
+#: Commit refusals that mean the group has moved on without this consumer (it is a zombie).
+NOT_A_MEMBER = frozenset(
+    {"UNKNOWN_MEMBER_ID", "ILLEGAL_GENERATION", "FENCED_INSTANCE_ID", "STALE_MEMBER_EPOCH", "_ASSIGNMENT_LOST"}
+)
+
+
+class OwnershipCheck:
+    """Asked after every handler call (see the module docstring); costs a clock read unless the call was long."""
+
+    def __init__(self, consumer: ConsumerPort, tracker: OffsetTracker) -> None:
+        self._consumer = consumer
+        self._tracker = tracker
+        # read once: the client's settings do not change while it runs
+        self._max_poll_s = float(getattr(consumer, "max_poll_interval_ms", 300_000)) / 1000
+        self._session_s = float(getattr(consumer, "session_timeout_ms", 45_000)) / 1000
+
+    def lost(self, elapsed_s: float) -> str | None:
+        """Why this consumer may no longer act on a record whose call ended `elapsed_s` after the last poll;
+        None when it may."""
+        if elapsed_s > self._max_poll_s:
+            return "outlived max.poll.interval.ms"
+        if elapsed_s > self._session_s / 2:
+            code = self._refused_commit()
+            if code is not None:
+                return f"took {elapsed_s:.1f}s and the group no longer counts this consumer as a member ({code})"
+        return None
+
+    def _refused_commit(self) -> str | None:
+        positions = self._tracker.positions()
+        if not positions:
+            return None  # nothing to commit, so nothing to ask with: act as if still a member
+        try:
+            self._consumer.commit(positions, asynchronous=False)
+        except KafkaClientError as exc:
+            return exc.code if exc.code in NOT_A_MEMBER else None
+        self._tracker.mark_committed(dict(positions))
+        return None
