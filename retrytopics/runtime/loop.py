@@ -193,7 +193,7 @@ class ConsumerLoop:
                 failure = exc
             # Tracked only now: a record this consumer may no longer act on must not hold its partition's
             # commit position, since it is read again (here or by the new owner), not finished.
-            if self._lost_ownership(msg):
+            if self._lost_ownership(msg) or (failure is not None and self._stopping(msg, failure)):
                 return
         epoch = self._track(msg)
         if key is not None:
@@ -290,6 +290,19 @@ class ConsumerLoop:
             starts.setdefault(msg.tp, msg.offset)
         for tp, offset in starts.items():
             self._pauses.restart_at(tp, offset)
+
+    def _stopping(self, msg: Message, failure: BaseException) -> bool:
+        """True when the handler failed while the app is stopping (SIGTERM arrived mid-call): the failure may
+        be the shutdown's doing, so it is no verdict on the record. It is neither handed off (no DLQ record)
+        nor committed; the next run reads it again."""
+        if not self._stop.is_set():
+            return False
+        log.warning(
+            "%s: %s[%d]@%d failed while stopping (%s); not handed off, left uncommitted for the next run",
+            self.settings.name, msg.topic, msg.partition, msg.offset, type(failure).__name__,
+        )  # fmt: skip
+        self._emit(Event.RECORD_ABANDONED, topic=msg.topic, partition=msg.partition, offset=msg.offset)
+        return True
 
     def _update_holds(self) -> None:
         assert self._publisher is not None and self._pauses is not None
