@@ -203,10 +203,12 @@ class KafkaProducer:
                 self._producer.poll(0.1)
 
     def poll(self, timeout_s: float) -> None:
-        self._producer.poll(timeout_s)
+        with map_kafka_errors():  # a fenced transactional producer raises its fatal error here
+            self._producer.poll(timeout_s)
 
     def flush(self, timeout_s: float) -> int:
-        return int(self._producer.flush(timeout_s))
+        with map_kafka_errors():
+            return int(self._producer.flush(timeout_s))
 
     def partition_count(self, topic: str) -> int:
         count = self._partitions.get(topic)

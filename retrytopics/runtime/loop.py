@@ -119,9 +119,9 @@ class ConsumerLoop:
         self._pauses = PauseController(consumer, self._emitter, consumer_name=self.settings.name)
         self._ownership = OwnershipCheck(consumer, self._tracker)
         if self.settings.exactly_once:
-            self._publisher = TransactionalPublisher(self._producer_factory, self._emitter)
+            self._publisher = TransactionalPublisher(self._producer_factory, self._emitter, consumer=self.settings.name)
         else:
-            self._publisher = Publisher(self._producer_factory, self._emitter)
+            self._publisher = Publisher(self._producer_factory, self._emitter, consumer=self.settings.name)
         consumer.subscribe(self.settings.topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost)
         self.running = True
         self._emit(Event.CONSUMER_STARTED, group=self.settings.group_id, topics=list(self.settings.topics))

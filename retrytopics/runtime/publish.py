@@ -84,10 +84,12 @@ class Publisher:
         *,
         wait: tenacity.wait.wait_base = DEFAULT_RETRY_WAIT,
         clock: Callable[[], float] = time.monotonic,
+        consumer: str = "",
     ) -> None:
         self._make_producer = make_producer
         self._producer = make_producer()
         self._emitter = emitter
+        self._consumer = consumer  # names the consumer loop in events, as for every other event
         self._wait = wait
         self._clock = clock
         self._generation = 0
@@ -145,14 +147,20 @@ class Publisher:
         if not job.attempt:
             self._failing[job.source] += 1
         job.attempt += 1
-        self._emitter.emit(Event.PUBLISH_FAILED, destination=job.route.topic, error=str(error), attempt=job.attempt)
+        self._emitter.emit(Event.PUBLISH_FAILED, consumer=self._consumer, destination=job.route.topic, error=str(error),
+                           attempt=job.attempt)  # fmt: skip
         if error.fatal or error.code in _RESTART_CODES:
             self._fatal = error
         heapq.heappush(self._retries, (self._clock() + _wait_s(self._wait, job.attempt), job_id))
 
     def poll(self, timeout_s: float = 0.0) -> None:
         """Serve delivery reports, replace a failed producer, and produce again what is due for a retry."""
-        self._producer.poll(timeout_s)
+        try:
+            self._producer.poll(timeout_s)
+        except KafkaClientError as exc:  # a producer in a fatal state may raise here rather than report
+            if not exc.fatal:
+                raise
+            self._fatal = exc
         if self._fatal is not None:
             self._recreate()
         now = self._clock()
@@ -171,7 +179,7 @@ class Publisher:
             pass  # a dead producer may refuse even this; it is dropped either way
         self._producer = self._make_producer()
         self._generation += 1
-        self._emitter.emit(Event.PRODUCER_RECREATED, error=str(error))
+        self._emitter.emit(Event.PRODUCER_RECREATED, consumer=self._consumer, error=str(error))
         # Everything unacknowledged goes out again on the new producer: at once if it had not failed yet,
         # after its back-off otherwise (an outage must not turn into a tight produce loop).
         now = self._clock()
@@ -198,13 +206,21 @@ class Publisher:
 class TransactionalPublisher:
     """Exactly-once hand-off: publishes and the consumed offsets commit or abort together."""
 
-    def __init__(self, make_producer: Callable[[], ProducerPort], emitter: Emitter, *, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        make_producer: Callable[[], ProducerPort],
+        emitter: Emitter,
+        *,
+        timeout_s: float = 30.0,
+        consumer: str = "",
+    ) -> None:
         self._make_producer = make_producer
         self._emitter = emitter
+        self._consumer = consumer
         self._timeout_s = timeout_s
         self._producer = self._start()
         self._open = False
-        self._error: PublishError | None = None
+        self._error: KafkaClientError | None = None
 
     def _start(self) -> ProducerPort:
         producer = self._make_producer()
@@ -217,24 +233,35 @@ class TransactionalPublisher:
 
     def send(self, job: PublishJob) -> None:
         """Produce `job` inside the current transaction (opened on first use)."""
-        if not self._open:
-            self._producer.begin_transaction()
-            self._open = True
+        self.begin()
 
         def delivered(error: PublishError | None) -> None:
             if error is not None and self._error is None:
                 self._error = error
 
-        job.partition = _partition(self._producer, job.route)
-        self._producer.produce(
-            job.route.topic, key=job.key, value=job.value, headers=job.route.headers,
-            partition=job.partition, on_delivery=delivered,
-        )  # fmt: skip
+        try:
+            job.partition = _partition(self._producer, job.route)
+            self._producer.produce(
+                job.route.topic, key=job.key, value=job.value, headers=job.route.headers,
+                partition=job.partition, on_delivery=delivered,
+            )  # fmt: skip
+        except KafkaClientError as exc:
+            # A fenced producer refuses records at once (_FATAL) once it learnt of the fencing. Raising here
+            # stopped the whole app; recorded instead, it fails this transaction's commit, which aborts it,
+            # replaces the producer and rewinds the batch.
+            delivered(PublishError(job.route.topic, str(exc), code=exc.code, fatal=exc.fatal))
 
     def begin(self) -> None:
-        if not self._open:
+        if self._open:
+            return
+        try:
             self._producer.begin_transaction()
-            self._open = True
+        except KafkaClientError as exc:
+            if not exc.fatal:
+                raise
+            self._replace(exc)  # nothing is open yet: a fresh producer starts the transaction instead
+            self._producer.begin_transaction()
+        self._open = True
 
     @property
     def in_flight(self) -> int:
@@ -242,7 +269,11 @@ class TransactionalPublisher:
         return int(self._open)
 
     def poll(self, timeout_s: float = 0.0) -> None:
-        self._producer.poll(timeout_s)
+        try:
+            self._producer.poll(timeout_s)
+        except KafkaClientError as exc:  # e.g. fenced: the transaction's commit raises it and replaces the producer
+            if self._error is None:
+                self._error = exc
 
     def commit(self, offsets: Mapping[TopicPartition, int], group_metadata: object) -> None:
         """Commit the open transaction with `offsets`; raises (after aborting) if anything failed."""
@@ -265,13 +296,16 @@ class TransactionalPublisher:
         if not self._open:
             return
         self._open = False
-        self._emitter.emit(Event.TRANSACTION_ABORTED, error=str(cause))
+        self._emitter.emit(Event.TRANSACTION_ABORTED, consumer=self._consumer, error=str(cause))
         try:
             self._producer.abort_transaction(self._timeout_s)
         except KafkaClientError as exc:
-            log.error("abort failed (%s); replacing the transactional producer", exc)
-            self._emitter.emit(Event.PRODUCER_RECREATED, error=str(exc))
-            self._producer = self._start()
+            self._replace(exc)
+
+    def _replace(self, error: KafkaClientError) -> None:
+        log.error("transactional producer failed (%s); replacing it (its open transaction is aborted)", error)
+        self._emitter.emit(Event.PRODUCER_RECREATED, consumer=self._consumer, error=str(error))
+        self._producer = self._start()
 
     def flush(self, timeout_s: float) -> bool:
         return True
