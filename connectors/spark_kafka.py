@@ -15,6 +15,7 @@ confluent-kafka installed (a packed venv shipped with `spark.archives`).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
@@ -291,10 +292,17 @@ class KafkaDataSource(DataSource):
         return _ArrowWriter(self.options)
 
 
+_registered: weakref.WeakSet[SparkSession] = weakref.WeakSet()
+
+
 def register(spark: SparkSession) -> None:
-    """Register the format with this session (auto-discovery through `pyspark_retrytopics` also works when
-    the package is installed normally, not in editable mode)."""
+    """Register the format with this session, once (auto-discovery through `pyspark_retrytopics` also works
+    when the package is installed normally, not in editable mode). Registering pickles the class and
+    costs a JVM round trip (about 0.1-0.4 s), so repeated calls for the same session are free."""
+    if spark in _registered:
+        return
     spark.dataSource.register(KafkaDataSource)
+    _registered.add(spark)
 
 
 def kafka_options(kafka: Any, **extra: str) -> dict[str, str]:

@@ -25,10 +25,11 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from retrytopics.connectors.config import KafkaConfig
@@ -39,14 +40,16 @@ from retrytopics.durations import parse_duration
 from retrytopics.naming import TopicSet
 from retrytopics.spark.columns import with_retry_columns
 
-__all__ = ["add_audit_arguments", "audit", "format_table", "pipeline_records", "run_audit_cli"]
+__all__ = [
+    "add_audit_arguments", "audit", "episodes", "format_table", "pipeline_records", "record_facts", "run_audit_cli",
+]  # fmt: skip
 
 
 def _committed(kafka: KafkaConfig, topics: TopicSet) -> list[tuple[str, int, int]]:
     """(topic, partition, committed offset) for the source's group and every tier's group."""
     props = client_properties(kafka_options(kafka))
     groups = {topics.source: topics.group, **{t.topic: t.topic for t in topics.tiers}}
-    out = []
+    out: list[tuple[str, int, int]] = []
     with OffsetResolver(props) as resolver:
         counts = resolver.partition_counts()
         for topic, group in groups.items():
@@ -55,12 +58,24 @@ def _committed(kafka: KafkaConfig, topics: TopicSet) -> list[tuple[str, int, int
     return out
 
 
+def _lookup(committed: list[tuple[str, int, int]]) -> Column:
+    """The committed offset of each row's topic-partition (NULL when unknown), as a literal map lookup: a
+    join with a DataFrame built from Python rows would start Python workers and a job just to build it."""
+    by_topic: dict[str, list[Column]] = {}
+    for topic, partition, offset in committed:
+        by_topic.setdefault(topic, []).extend((F.lit(partition), F.lit(offset).cast("long")))
+    if not by_topic:
+        return F.lit(None).cast("long")
+    lookup = F.create_map(*[x for topic, pairs in by_topic.items() for x in (F.lit(topic), F.create_map(*pairs))])
+    return lookup[F.col("topic")][F.col("partition")]
+
+
 def pipeline_records(
     spark: SparkSession, kafka: KafkaConfig, topics: TopicSet, *, now_ms: int, grace_ms: int, kafka_format: str = "python"
 ) -> DataFrame:
     """Every record of the pipeline with typed retry columns plus `kind` (source|tier|dlq), `tier_index`,
     `handled`, `overdue` and `age_ms`. Committed offsets are read first, so no hop is missed."""
-    committed = spark.createDataFrame(_committed(kafka, topics), "topic string, partition int, committed long")
+    committed = _lookup(_committed(kafka, topics))
     all_topics = [topics.source, *(t.topic for t in topics.tiers), topics.dlq]
     options = kafka_options(kafka, subscribe=",".join(all_topics), includeHeaders="true")
     df = with_retry_columns(read_kafka(spark, options, kafka_format=kafka_format))
@@ -70,7 +85,7 @@ def pipeline_records(
     )
     now = F.lit(now_ms)
     df = (
-        df.join(F.broadcast(committed), ["topic", "partition"], "left")
+        df.withColumn("committed", committed)
         .withColumn("kind", kind)
         .withColumn("tier_index", tier_of[F.col("topic")] if topics.tiers else F.lit(None).cast("int"))
         .withColumn("handled", F.coalesce(F.col("offset") < F.col("committed"), F.lit(False)))
@@ -80,16 +95,25 @@ def pipeline_records(
     return df.withColumn("overdue", F.coalesce(overdue, F.lit(False)))
 
 
-def _stages(records: DataFrame, topics: TopicSet) -> list[dict[str, Any]]:
-    found = {
-        r.topic: r
-        for r in records.groupBy("topic").agg(
-            F.count("*").alias("records"),
-            F.sum(F.col("overdue").cast("long")).alias("overdue"),
-            F.sum((~F.col("handled")).cast("long")).alias("unhandled"),
-            F.percentile_approx("age_ms", [0.5, 1.0], 10_000).alias("age"),
-        ).collect()
-    }
+#: The grouping columns of the per-record pass (the fine grouping set; the coarse one is `topic` alone).
+_FACETS = ("topic", "exception_type", "dlq_reason", "reconsume_times")
+
+
+def record_facts(records: DataFrame) -> list[Row]:
+    """Every per-record number of the audit in one aggregation (and so one Spark job): per topic (records,
+    overdue, unhandled, age percentiles) and per (topic, exception_type, dlq_reason, reconsume_times) counts,
+    as grouping sets; `coarse` tells the per-topic rows apart. The result is small: a few rows per topic."""
+    return records.groupingSets([["topic"], list(_FACETS)], *_FACETS).agg(
+        (F.grouping("exception_type") == 1).alias("coarse"),
+        F.count("*").alias("records"),
+        F.sum(F.col("overdue").cast("long")).alias("overdue"),
+        F.sum((~F.col("handled")).cast("long")).alias("unhandled"),
+        F.percentile_approx("age_ms", [0.5, 1.0], 10_000).alias("age"),
+    ).collect()
+
+
+def _stages(facts: list[Row], topics: TopicSet) -> list[dict[str, Any]]:
+    found = {r.topic: r for r in facts if r.coarse}
     order = [(topics.source, "source"), *((t.topic, "tier") for t in topics.tiers), (topics.dlq, "dlq")]
     stages = []
     for topic, kind in order:
@@ -104,21 +128,27 @@ def _stages(records: DataFrame, topics: TopicSet) -> list[dict[str, Any]]:
     return stages
 
 
-def _counts(df: DataFrame, column: str) -> dict[str, int]:
-    rows = df.groupBy(column).count().collect()
-    return {str(r[column]): r["count"] for r in sorted(rows, key=lambda r: (-r["count"], str(r[column])))}
+def _counts(facts: list[Row], column: str, *, where: Callable[[Row], bool]) -> dict[str, int]:
+    """Record counts by `column` over the fine rows that pass `where`; largest first, then by name."""
+    counts: Counter[str] = Counter()
+    for r in facts:
+        if not r.coarse and where(r):
+            counts[str(r[column])] += r.records
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
-def _dlq(records: DataFrame) -> dict[str, Any]:
+def _dlq(records: DataFrame, facts: list[Row], topics: TopicSet) -> dict[str, Any]:
+    in_dlq: Callable[[Row], bool] = lambda r: r.topic == topics.dlq  # noqa: E731
     dlq = records.where(F.col("kind") == "dlq")
     replay_marks = records.where((F.col("kind") != "dlq") & F.col("replay_origin_id").isNotNull()).select(
         F.col("replay_origin_id").alias("origin_message_id")
     )
     replayed = dlq.join(replay_marks.distinct(), "origin_message_id", "left_semi").count()
-    total = dlq.count()
+    total = sum(r.records for r in facts if not r.coarse and in_dlq(r))
     return {
-        "records": total, "by_reason": _counts(dlq, "dlq_reason"), "by_exception_type": _counts(dlq, "exception_type"),
-        "replayed": replayed, "pending": total - replayed,
+        "records": total, "by_reason": _counts(facts, "dlq_reason", where=in_dlq),
+        "by_exception_type": _counts(facts, "exception_type", where=in_dlq), "replayed": replayed,
+        "pending": total - replayed,
     }  # fmt: skip
 
 
@@ -147,23 +177,29 @@ def episodes(records: DataFrame) -> DataFrame:
     )  # fmt: skip
 
 
-def _lineage(records: DataFrame, eps: DataFrame, topics: TopicSet) -> dict[str, Any]:
-    recovered = eps.where(F.col("outcome") == "recovered")
-    stats = recovered.agg(
+def _lineage(facts: list[Row], eps: DataFrame, topics: TopicSet) -> dict[str, Any]:
+    """Episode numbers in one aggregation: all episodes (with the attempts and time-to-recover percentiles,
+    which are NULL except for recovered episodes), per outcome, and per (outcome, last tier)."""
+    rows = eps.groupingSets([[], ["outcome"], ["outcome", "last_tier_topic"]], "outcome", "last_tier_topic").agg(
+        F.grouping_id().alias("level"),
         F.count("*").alias("n"),
         F.percentile_approx("attempts", [0.5, 0.99], 10_000).alias("attempts"),
         F.percentile_approx("time_to_recover_ms", [0.5, 0.99], 10_000).alias("ttr"),
-    ).first()
-    attempts, ttr = (stats.attempts or [None, None]), (stats.ttr or [None, None])
-    handled = dict(records.where((F.col("kind") == "tier") & F.col("handled")).groupBy("topic").count().collect())
-    wins = dict(recovered.groupBy("last_tier_topic").count().collect())
+    ).collect()
+    total = next((r for r in rows if r.level == 3), None)
+    by_outcome = {str(r.outcome): r.n for r in sorted(rows, key=lambda r: (-r.n, str(r.outcome))) if r.level == 1}
+    wins = {r.last_tier_topic: r.n for r in rows if r.level == 0 and r.outcome == "recovered"}
+    attempts = (total.attempts if total else None) or [None, None]
+    ttr = (total.ttr if total else None) or [None, None]
+    coarse = {r.topic: r for r in facts if r.coarse}
+    handled = {t: int(r.records - (r.unhandled or 0)) for t, r in coarse.items()}
     per_tier = [
         {"topic": t.topic, "handled": handled.get(t.topic, 0), "recovered": wins.get(t.topic, 0),
          "success_rate": round(wins.get(t.topic, 0) / handled[t.topic], 4) if handled.get(t.topic) else None}
         for t in topics.tiers
     ]  # fmt: skip
     return {
-        "episodes": eps.count(), "by_outcome": _counts(eps, "outcome"), "recovered": stats.n,
+        "episodes": total.n if total else 0, "by_outcome": by_outcome, "recovered": by_outcome.get("recovered", 0),
         "attempts_p50": attempts[0], "attempts_p99": attempts[1],
         "time_to_recover_ms_p50": ttr[0], "time_to_recover_ms_p99": ttr[1], "tiers": per_tier,
     }  # fmt: skip
@@ -181,27 +217,34 @@ def audit(
     kafka_format: str = "python",
 ) -> dict[str, Any]:
     """Audit the pipeline of `topics`; returns the summary (the `--json` object). `out` writes Parquet
-    (`records/`, `episodes/`, `summary.json`), `chart` a PNG of records per stage and exception type."""
+    (`records/`, `episodes/`, `summary.json`), `chart` a PNG of records per stage and exception type.
+
+    Three Spark jobs make the summary: the per-record pass (which also reads Kafka once, into the cache),
+    the episode pass and the replayed count; the chart needs none, the Parquet output one per dataset."""
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     records = pipeline_records(spark, kafka, topics, now_ms=now_ms, grace_ms=grace_ms, kafka_format=kafka_format)
     records = records.drop("key", "value", "headers").cache()
+    eps = episodes(records)
+    if out:
+        eps = eps.cache()  # written as Parquet after the summary
     try:
-        eps = episodes(records).cache()
-        hops = records.where(F.col("kind") != "source")
+        facts = record_facts(records)
+        hop: Callable[[Row], bool] = lambda r: r.topic != topics.source  # noqa: E731
         summary = {
             "source": topics.source, "group": topics.group, "now_ms": now_ms, "grace_ms": grace_ms,
-            "stages": _stages(records, topics), "dlq": _dlq(records),
-            "by_exception_type": _counts(hops, "exception_type"),
-            "reconsume_times": _counts(hops.where(F.col("reconsume_times").isNotNull()), "reconsume_times"),
-            "lineage": _lineage(records, eps, topics),
+            "stages": _stages(facts, topics), "dlq": _dlq(records, facts, topics),
+            "by_exception_type": _counts(facts, "exception_type", where=hop),
+            "reconsume_times": _counts(facts, "reconsume_times",
+                                       where=lambda r: hop(r) and r.reconsume_times is not None),
+            "lineage": _lineage(facts, eps, topics),
         }  # fmt: skip
         if out:
             _write_parquet(records, eps, summary, out)
         if chart:
-            _chart(records, topics, chart)
-        eps.unpersist()
+            _chart(facts, topics, chart)
         return summary
     finally:
+        eps.unpersist()
         records.unpersist()
 
 
@@ -214,25 +257,28 @@ def _write_parquet(records: DataFrame, eps: DataFrame, summary: Mapping[str, Any
     )
 
 
-def _chart(records: DataFrame, topics: TopicSet, path: str) -> None:
+def _chart(facts: list[Row], topics: TopicSet, path: str) -> None:
     """Stacked bars: records per stage, split by exception type (top 8, the rest as "other")."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = records.groupBy("topic", "exception_type").count().collect()
+    by_stage: dict[tuple[str, str], int] = Counter()
+    for r in facts:
+        if not r.coarse:
+            by_stage[(r.topic, str(r.exception_type))] += r.records
     stages = [topics.source, *(t.topic for t in topics.tiers), topics.dlq]
-    totals: dict[str, int] = {}
-    for r in rows:
-        totals[str(r.exception_type)] = totals.get(str(r.exception_type), 0) + r["count"]
+    totals: Counter[str] = Counter()
+    for (_, label), n in by_stage.items():
+        totals[label] += n
     top = [k for k, _ in sorted(totals.items(), key=lambda kv: -kv[1])][:8]
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(stages)), 4.5))
     bottoms = [0] * len(stages)
     for label in [*top, "other"]:
         heights = [
-            sum(r["count"] for r in rows if r.topic == s and (str(r.exception_type) == label or
-                (label == "other" and str(r.exception_type) not in top)))
+            sum(n for (topic, exc), n in by_stage.items() if topic == s and (exc == label or
+                (label == "other" and exc not in top)))
             for s in stages
         ]  # fmt: skip
         if any(heights):

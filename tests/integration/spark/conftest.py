@@ -15,6 +15,7 @@ from retrytopics.connectors.admin import TopicSpec, ensure_topics
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.kafka import make_admin, make_consumer, make_producer
 from retrytopics.connectors.spark_kafka import kafka_options, register
+from retrytopics.spark.session import warm_up_workers
 
 Header = tuple[str, bytes | None]
 
@@ -32,6 +33,7 @@ def spark() -> Iterator[SparkSession]:
     )
     session.sparkContext.setLogLevel("ERROR")
     register(session)
+    warm_up_workers(session)  # overlaps the Python workers' start with the first test's setup
     yield session
     session.stop()
 
