@@ -1,0 +1,189 @@
+"""SIGKILL of a main-consumer process at each point of a hand-off, then a restart (at-least-once mode).
+
+A worker process (`fault_worker.py`) runs the main consumer; the tier consumers run in this process for the
+whole scenario. The worker first handles and commits records 0-4, then record 5 meets its kill point:
+
+- `in_handler`: SIGKILL inside the failing handler, before anything was republished;
+- `after_retry_ack`: SIGKILL right after the broker acknowledged record 5's republish to the tier, before
+  its source offset could be committed;
+- `after_dlq_ack`: the same, for a non-retryable record's DLQ publish.
+
+Guarantees: the kill never moved the commit past record 5; the restart starts from the last commit (5: records
+0-4 are not handled again); nothing is lost. A republish repeated by the restart reaches the tier twice, and
+the tier's duplicate audit (which lives in the tier consumer's process) suppresses the second copy, so the
+record is dead-lettered at most once. The main consumer has no audit for source records: a DLQ publish
+repeated by the restart is a second DLQ record with the same origin id, attempt and reason (documented in
+docs/architecture.md, "Duplicates"; exactly-once mode closes it on Apache Kafka).
+
+The three scenarios run side by side (one source and group each), so the slow part, the dead member's
+session running out before the restart can join, is paid once.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from retrytopics import RetryApp
+from retrytopics.connectors.config import KafkaConfig
+from retrytopics.headers import DlqReason, RetryHeaders, decode
+
+from .conftest import Kit, Read, wait_until
+from .fault_worker import build_app, read_ledger, spawn
+
+pytestmark = pytest.mark.broker
+
+#: A short session: the restart joins only once the killed member's session ran out.
+CONSUMER = {"session.timeout.ms": 3000, "heartbeat.interval.ms": 500}
+KILLED = 5  # offset and id of the record whose hand-off is interrupted
+SCENARIOS = {  # name: (behaviour of record 5, the event whose first occurrence SIGKILLs the worker)
+    "in_handler": ("kill", None),
+    "after_retry_ack": ("fail", "retry.scheduled"),
+    "after_dlq_ack": ("bad", "dlq.dispatched"),
+}
+
+
+@dataclass
+class Run:
+    settings: dict[str, Any]
+    behaviour: str
+    tiers: RetryApp
+    restarted: RetryApp
+    dir: Path
+    kit: Kit
+    worker: subprocess.Popen[bytes] | None = None
+    worker_status: int | None = None
+    committed_after_kill: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def source(self) -> str:
+        return str(self.settings["source"])
+
+    def calls(self, who: str) -> list[tuple[str, int]]:
+        return [(e["id"], e["attempt"]) for e in read_ledger(self.dir / f"{who}.jsonl")]
+
+    def topic(self, which: str) -> list[Read]:
+        topics = self.tiers.topics(self.source)
+        return self.kit.read_all(topics.dlq if which == "dlq" else topics.tiers[0].topic)
+
+    def headers(self, which: str) -> list[RetryHeaders]:
+        """Decoded retry headers of record 5's copies in the tier or the DLQ."""
+        return [decode(list(r.headers)) for r in self.topic(which) if r.value == f"{KILLED}:{self.behaviour}".encode()]
+
+
+def _start(name: str, kafka: KafkaConfig, kit: Kit, base: Path) -> Run:
+    suffix = uuid.uuid4().hex[:8]
+    behaviour, kill_on = SCENARIOS[name]
+    directory = base / name
+    directory.mkdir()
+    settings = {"name": name, "bootstrap": kafka.bootstrap, "group": f"kill-{name}-{suffix}",
+                "source": kit.create(f"kill-{name}-{suffix}", 1), "consumer": CONSUMER, "delays": ["300ms"],
+                "ledger": str(directory / "worker.jsonl"), "log": str(directory / "worker.log"),
+                "kill_on": kill_on}  # fmt: skip
+    run = Run(settings=settings, behaviour=behaviour, tiers=build_app(settings, str(directory / "tiers.jsonl")),
+              restarted=build_app(settings, str(directory / "restarted.jsonl")), dir=directory, kit=kit)  # fmt: skip
+    run.tiers.provision()
+    run.tiers.start(main=False, tiers="all")
+    kit.produce(run.source, [(None, f"{i}:ok".encode(), []) for i in range(KILLED)])
+    run.worker = spawn(settings)
+    return run
+
+
+def _finished(run: Run, kit: Kit) -> bool:
+    if kit.committed(run.settings["group"], run.source, 1) != {0: KILLED + 3}:
+        return False
+    name = run.settings["name"]
+    if name == "in_handler":
+        return (str(KILLED), 2) in run.calls("tiers")
+    if name == "after_retry_ack":
+        return run.tiers.stats.duplicates_suppressed >= 1 and len(run.topic("dlq")) >= 1
+    return len(run.topic("dlq")) >= 2
+
+
+@pytest.fixture(scope="module")
+def runs(kafka: KafkaConfig, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
+    kit = Kit(kafka)
+    base = tmp_path_factory.mktemp("kill-points")
+    started: list[Run] = []
+    try:
+        for name in SCENARIOS:
+            started.append(_start(name, kafka, kit, base))
+        for run in started:  # records 0-4 handled and committed by the worker
+            wait_until(lambda: kit.committed(run.settings["group"], run.source, 1) == {0: KILLED}, 30,
+                       f"{run.settings['name']}: the first commit")  # fmt: skip
+        for run in started:
+            kit.produce(run.source, [(None, f"{KILLED}:{run.behaviour}".encode(), []), (None, b"6:ok", []),
+                                     (None, b"7:ok", [])])  # fmt: skip
+        for run in started:
+            assert run.worker is not None
+            run.worker_status = run.worker.wait(30)
+            run.committed_after_kill = kit.committed(run.settings["group"], run.source, 1)
+        for run in started:
+            run.restarted.start(main=True)
+        for run in started:
+            wait_until(lambda: _finished(run, kit), 60, f"{run.settings['name']}: the restart to finish")
+        for run in started:
+            assert run.restarted.stop() and run.tiers.stop()
+        yield {run.settings["name"]: run for run in started}
+    finally:
+        for run in started:
+            if run.worker is not None:
+                run.worker.kill()
+                run.worker.wait(10)
+            run.restarted.stop()
+            run.tiers.stop()
+
+
+def _assert_killed_then_resumed_from_the_last_commit(run: Run) -> None:
+    assert run.worker_status == -signal.SIGKILL, Path(run.settings["log"]).read_text()
+    assert run.committed_after_kill == {0: KILLED}  # never past the record whose hand-off was interrupted
+    worker_ids = [i for i, _ in run.calls("worker")]
+    assert worker_ids[: KILLED + 1] == [str(i) for i in range(KILLED + 1)]
+    # the restart starts at the last commit: records 0-4 are not handled again, 5-7 are
+    assert run.calls("restarted") == [(str(KILLED), 1), ("6", 1), ("7", 1)]
+
+
+def test_sigkill_inside_a_failing_handler_loses_nothing(runs: dict[str, Run]) -> None:
+    run = runs["in_handler"]
+    _assert_killed_then_resumed_from_the_last_commit(run)
+    assert run.calls("worker") == [(str(i), 1) for i in range(KILLED + 1)]  # killed before raising
+    # then: one republish (the restart's), handled once by the tier, where it succeeds; no DLQ
+    (hop,) = run.headers("tier")
+    assert (hop.origin_message_id, hop.reconsume_times) == (f"{run.source}-0-{KILLED}", 1)
+    assert run.calls("tiers") == [(str(KILLED), 2)]
+    assert run.topic("dlq") == []
+
+
+def test_sigkill_after_the_retry_ack_duplicates_the_hop_and_the_tier_suppresses_it(runs: dict[str, Run]) -> None:
+    run = runs["after_retry_ack"]
+    _assert_killed_then_resumed_from_the_last_commit(run)
+    # then: two copies of the same hop in the tier (the worker's, acknowledged, and the restart's) ...
+    hops = run.headers("tier")
+    assert len(hops) == 2
+    assert {(h.origin_message_id, h.lineage.replay_count, h.reconsume_times) for h in hops} == {
+        (f"{run.source}-0-{KILLED}", 0, 1)}  # fmt: skip
+    # ... the tier handled the first once and suppressed the second: one DLQ record for the id
+    assert run.calls("tiers") == [(str(KILLED), 2)]
+    assert run.tiers.stats.duplicates_suppressed == 1
+    (dead,) = run.headers("dlq")
+    assert (dead.origin_message_id, dead.dlq_reason, dead.reconsume_times) == (
+        f"{run.source}-0-{KILLED}", DlqReason.EXHAUSTED, 2)  # fmt: skip
+
+
+def test_sigkill_after_the_dlq_ack_writes_a_second_identical_dlq_record(runs: dict[str, Run]) -> None:
+    run = runs["after_dlq_ack"]
+    _assert_killed_then_resumed_from_the_last_commit(run)
+    # then: the documented at-least-once duplicate: two DLQ records, identical in origin, attempt and reason
+    dead = run.headers("dlq")
+    assert len(dead) == 2
+    assert {(h.origin_message_id, h.lineage.replay_count, h.reconsume_times, h.dlq_reason) for h in dead} == {
+        (f"{run.source}-0-{KILLED}", 0, 1, DlqReason.NON_RETRYABLE)}  # fmt: skip
+    assert [r.value for r in run.topic("tier")] == []
+    assert run.calls("tiers") == []
