@@ -62,7 +62,9 @@ class RetryApp:
     DLQ publish. `id_header` names a user header holding a message id (else `<topic>-<partition>-<offset>`).
     `instance_id` (default: random) names this process in transactional ids (`<consumer group>-<instance_id>`);
     give each replica a stable one (e.g. its pod name) so that a restarted replica fences its own zombie at
-    once instead of leaving its open transaction to time out.
+    once instead of leaving its open transaction to time out. A tier record due within `wait_in_memory`
+    (default 1 s; "0s": never) waits in the tier consumer's memory, at most `wait_in_memory_records` per
+    partition, instead of being fetched again when due (see runtime/pausing.py); longer waits happen in Kafka.
     """
 
     def __init__(
@@ -82,6 +84,8 @@ class RetryApp:
         commit_interval: DurationLike = "1s",
         dedupe_capacity: int = DEFAULT_CAPACITY,
         instance_id: str | None = None,
+        wait_in_memory: DurationLike = "1s",
+        wait_in_memory_records: int = 500,
     ) -> None:
         if not isinstance(kafka, KafkaConfig):
             raise ConfigError("kafka", kafka, "expected a KafkaConfig")
@@ -93,13 +97,18 @@ class RetryApp:
         self.naming = NamingStrategy(naming)
         self.id_header = id_header
         self.on_dead_letter = on_dead_letter
-        for name, value in (("batch_size", batch_size), ("commit_every", commit_every), ("dedupe_capacity", dedupe_capacity)):
+        for name, value in (("batch_size", batch_size), ("commit_every", commit_every),
+                            ("dedupe_capacity", dedupe_capacity), ("wait_in_memory_records", wait_in_memory_records)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(name, value, "expected an int >= 1")
         self._loop_defaults = {
             "batch_size": batch_size,
             "commit_every": commit_every,
             "commit_interval_ms": max(1, parse_duration(commit_interval, field="commit_interval")),
+        }
+        self._tier_defaults = {
+            "wait_in_memory_ms": parse_duration(wait_in_memory, field="wait_in_memory"),
+            "wait_in_memory_records": wait_in_memory_records,
         }
         self._dedupe_capacity = dedupe_capacity
         self.instance_id = instance_id or uuid.uuid4().hex[:12]
@@ -220,7 +229,8 @@ class RetryApp:
             settings.append(main_settings(self.group, list(self._bindings), **self._loop_defaults,
                                           exactly_once=self.exactly_once))  # fmt: skip
         if tiers is not None:
-            settings += tier_settings(self._bindings, tiers, **self._loop_defaults, exactly_once=self.exactly_once)
+            settings += tier_settings(self._bindings, tiers, **self._loop_defaults, **self._tier_defaults,
+                                      exactly_once=self.exactly_once)  # fmt: skip
         self._runner.start([self._loop(s) for s in settings])
 
     def _loop(self, settings: LoopSettings) -> ConsumerLoop:

@@ -58,6 +58,10 @@ class LoopSettings:
     drain_timeout_s: float = 10.0
     revoke_drain_timeout_s: float = 5.0
     exactly_once: bool = False
+    #: a tier record due within this many ms waits in memory rather than in Kafka (0: always in Kafka)
+    wait_in_memory_ms: int = 1000
+    #: at most this many records wait in memory per partition
+    wait_in_memory_records: int = 500
 
 
 class ConsumerLoop:
@@ -99,7 +103,7 @@ class ConsumerLoop:
         self.running = False
         self._consumer: ConsumerPort
         self._publisher: Publisher | TransactionalPublisher | None = None
-        self._pauses: PauseController | None = None
+        self._pauses: PauseController[tuple[RetryHeaders | None, HeaderDecodeError | None]] | None = None
 
     # -- state for the app -------------------------------------------------------------------------------
 
@@ -116,7 +120,10 @@ class ConsumerLoop:
     def run(self) -> None:
         """Consume until `stop` is set or a handler raises a BaseException; then drain, commit and close."""
         consumer = self._consumer = self._consumer_factory()
-        self._pauses = PauseController(consumer, self._emitter, consumer_name=self.settings.name)
+        self._pauses = PauseController(
+            consumer, self._emitter, consumer_name=self.settings.name,
+            ahead_ms=self.settings.wait_in_memory_ms, max_records=self.settings.wait_in_memory_records,
+        )  # fmt: skip
         self._ownership = OwnershipCheck(consumer, self._tracker)
         if self.settings.exactly_once:
             self._publisher = TransactionalPublisher(self._producer_factory, self._emitter, consumer=self.settings.name)
@@ -146,41 +153,74 @@ class ConsumerLoop:
         self._update_holds()
         now = _now_ms()
         self._pauses.resume_due(now)
-        wait_ms = self._pauses.wait_ms(now, self.settings.max_wait_ms)
+        self._act_on_queued(now)
+        wait_ms = self._pauses.wait_ms(_now_ms(), self.settings.max_wait_ms)
         batch = self._consumer.consume(self.settings.batch_size, wait_ms / 1000)
         self._polled_at = time.monotonic()
         self._abandoned = False
+        pauses = self._pauses
         for i, msg in enumerate(batch):
             if self._stop.is_set():
                 break
-            if self._pauses.accept(msg):
-                self._process(msg)
+            if pauses.accept(msg):
+                self._read(msg)
             if self._abandoned:
                 self._restart_at(batch[i:])
                 break
             if self._publisher.in_flight:  # delivery reports free offsets; nothing to serve when none are pending
                 self._publisher.poll(0)
+            if not (i + 1) % _DUE_CHECK_EVERY and pauses.any_queued_due(now := _now_ms()):
+                # Records waiting in memory fall due while a large batch is read: serve them in between.
+                self._act_on_queued(now, refill=False)
+                if self._abandoned:
+                    self._restart_at(batch[i + 1 :])
+                    break
         self._end_batch()
 
-    def _process(self, msg: Message) -> None:
+    def _act_on_queued(self, now_ms: int, *, refill: bool = True) -> None:
+        """Act on the records waiting in memory that are due (see runtime/pausing.py)."""
+        assert self._pauses is not None
+        for msg, (state, bad) in self._pauses.take_due(now_ms, refill=refill):
+            self._process(msg, state, bad, queued=True)
+            if self._abandoned:
+                self._pauses.restart_at(msg.tp, msg.offset)  # drops what queued behind it, too
+                break
+            if self._stop.is_set():
+                break
+            if self._publisher is not None and self._publisher.in_flight:
+                self._publisher.poll(0)
+
+    def _read(self, msg: Message) -> None:
         binding = self._bindings[msg.topic]
+        if msg.topic == binding.topic:  # a source record carries no retry state the router would read
+            self._process(msg, None, None, queued=False)
+            return
         state: RetryHeaders | None = None
         bad: HeaderDecodeError | None = None
-        if msg.topic != binding.topic:  # a source record carries no retry state the router would read
-            now = _now_ms()
-            try:
-                state = read_retry_state(binding.ctx, inbound(msg), now_ms=now)
-            except HeaderDecodeError as exc:
-                bad = exc
+        try:
+            state = read_retry_state(binding.ctx, inbound(msg), now_ms=_now_ms())
+        except HeaderDecodeError as exc:
+            bad = exc
+        self._process(msg, state, bad, queued=False)
+
+    def _process(self, msg: Message, state: RetryHeaders | None, bad: HeaderDecodeError | None, *, queued: bool) -> None:
+        assert self._pauses is not None
+        binding = self._bindings[msg.topic]
+        if not queued and self._pauses.queued(msg.tp):  # earlier records of its partition wait in memory
+            self._pauses.enqueue(msg, state.due_at if state is not None else None, (state, bad), _now_ms())
+            return
         key: AuditKey | None = None
         if state is not None:
             key = (state.origin_message_id, state.lineage.replay_count, state.reconsume_times)
             if key in self._audit:
                 self._suppress(msg, state)
                 return
+            now = _now_ms()
             if state.due_at is not None and state.due_at > now:
-                assert self._pauses is not None
-                self._pauses.pause_until(msg.tp, msg.offset, state.due_at)
+                if self._pauses.should_queue(state.due_at, now):
+                    self._pauses.enqueue(msg, state.due_at, (state, bad), now)
+                else:
+                    self._pauses.pause_until(msg.tp, msg.offset, state.due_at)
                 return
         record, poison = build_record(binding, msg, state)
         failure: BaseException | None = bad or poison
@@ -429,6 +469,9 @@ class ConsumerLoop:
     def _emit(self, event: Event, **data: object) -> None:
         self._emitter.emit(event, consumer=self.settings.name, **data)
 
+
+#: how many records of a batch are read between two checks for records waiting in memory that fell due
+_DUE_CHECK_EVERY = 32
 
 _NO_TIMING: Mapping[str, object] = MappingProxyType({"due_at": None, "handled_at": None})
 

@@ -1,10 +1,21 @@
 """Head-of-line pausing for tier consumers: pause a partition whose head record is not due, seek back to
-it, resume it when due.
+it, resume it when due — and, for records due within a short horizon, wait in memory instead.
 
 Every record in a tier topic waits the same delay, so due times are ordered within a partition (up to jitter,
 see docs/architecture.md): when the head record is not due, nothing behind it is, and pausing the partition
 costs nothing. The consumer keeps polling other partitions (and heartbeating), sleeping in `consume()` no
 longer than the next due time: CPU stays near zero while every partition waits.
+
+**Waiting in memory.** Seeking back discards what the client already fetched, so the record is fetched
+again on resume: one broker round trip of lateness per pause, paid over and over when records fall due
+back to back. A record due within `ahead_ms` therefore waits in a small per-partition queue instead, with
+every later record of its partition behind it (offset order is kept). The partition keeps fetching while
+the queue is short and the records it holds are due within the horizon; past `max_records`, or behind a
+record due beyond the horizon, the partition is paused (without a seek, so nothing fetched is lost) and
+resumes from the record after the queue's tail. A queued record is not tracked as an offset until it is
+handled, so commits never pass it; a revoked partition's queue is dropped and its new owner reads it again.
+Long waits still happen in Kafka: a queue head that is not due within the horizon is sought back to and
+paused as above.
 
 The same mechanism *holds* a source partition while a publish for it is failing, so that a broker outage
 does not pile up records in memory. Pausing is normal operation: it is logged at DEBUG only.
@@ -13,6 +24,9 @@ does not pile up records in memory. Pausing is normal operation: it is logged at
 from __future__ import annotations
 
 import logging
+from collections import deque
+from collections.abc import Iterator
+from typing import Generic, TypeVar
 
 from retrytopics.errors import KafkaClientError
 from retrytopics.events import Emitter, Event
@@ -24,30 +38,46 @@ __all__ = ["PauseController"]
 
 log = logging.getLogger("retrytopics.tiers")
 
+T = TypeVar("T")
 
-class PauseController:
-    """Pauses, seeks and resumes partitions of one consumer; decides which fetched messages to act on.
+
+class PauseController(Generic[T]):
+    """Pauses, seeks and resumes partitions of one consumer; decides which fetched messages to act on; keeps
+    the in-memory queues of records due soon (each entry: the message, its due time, and what the loop
+    decoded from it, `T`).
 
     After a seek back to offset X, messages of that partition still in flight from before the seek are
     stale: until X itself arrives, every message of the partition other than X is ignored.
     """
 
-    def __init__(self, consumer: ConsumerPort, emitter: Emitter, *, consumer_name: str) -> None:
+    def __init__(
+        self, consumer: ConsumerPort, emitter: Emitter, *, consumer_name: str, ahead_ms: int = 0, max_records: int = 500
+    ) -> None:
         self._consumer = consumer
         self._emitter = emitter
         self._name = consumer_name
+        self.ahead_ms = ahead_ms
+        self.max_records = max(1, max_records)
         self.schedule: PauseSchedule[TopicPartition] = PauseSchedule()
         self._awaiting: dict[TopicPartition, int] = {}  # partition -> the offset it was sought back to
+        self._queues: dict[TopicPartition, deque[tuple[Message, int | None, T]]] = {}
+        self._next: dict[TopicPartition, int] = {}  # queued partition -> the offset after its queue's tail
+        self._stopped: set[TopicPartition] = set()  # queued partitions not fetching (queue full or far tail)
+        self._client_paused: set[TopicPartition] = set()  # what the consumer was told
 
     @property
     def paused(self) -> frozenset[TopicPartition]:
-        return self.schedule.paused
+        """Partitions waiting for a record to fall due, in Kafka or in memory, or held."""
+        return self.schedule.paused | frozenset(self._queues)
 
     def accept(self, msg: Message) -> bool:
         """Whether the loop should act on `msg` (its partition is not paused and it is not stale)."""
         tp = msg.tp
         if self.schedule.is_paused(tp):
             return False
+        next_offset = self._next.get(tp)
+        if next_offset is not None:
+            return msg.offset >= next_offset  # an older copy of a queued record cannot come back; be sure
         target = self._awaiting.get(tp)
         if target is None:
             return True
@@ -56,27 +86,26 @@ class PauseController:
         del self._awaiting[tp]
         return True
 
+    # -- waiting in Kafka --------------------------------------------------------------------------------
+
     def pause_until(self, tp: TopicPartition, offset: int, due_ms: int) -> None:
         """Pause `tp` until `due_ms`, to restart at `offset` (the head record, not due yet)."""
-        was_paused = self.schedule.is_paused(tp)
         self.schedule.pause_until(tp, due_ms=due_ms)
-        self._park(tp, offset, was_paused)
+        self._park(tp, offset)
         log.debug("%s: paused %s[%d] at offset %d until %d", self._name, tp[0], tp[1], offset, due_ms)
         self._emitter.emit(Event.PARTITION_PAUSED, consumer=self._name, topic=tp[0], partition=tp[1], until=due_ms)
 
     def hold(self, tp: TopicPartition, offset: int | None) -> None:
         """Pause `tp` until `release(tp)`; restart at `offset` (None: where the consumer stands)."""
-        was_paused = self.schedule.is_paused(tp)
         self.schedule.hold(tp)
         if offset is not None:
-            self._park(tp, offset, was_paused)
-        elif not was_paused:
-            self._consumer.pause([tp])
+            self._park(tp, offset)
+        else:
+            self._pause_client(tp)
         self._emitter.emit(Event.PARTITION_PAUSED, consumer=self._name, topic=tp[0], partition=tp[1], until=None)
 
-    def _park(self, tp: TopicPartition, offset: int, was_paused: bool) -> None:
-        if not was_paused:
-            self._consumer.pause([tp])
+    def _park(self, tp: TopicPartition, offset: int) -> None:
+        self._pause_client(tp)
         self._awaiting[tp] = offset
         self._consumer.seek(tp, offset)
 
@@ -86,15 +115,22 @@ class PauseController:
         seek, which is fine: its new owner starts from the committed offset."""
         if self.schedule.is_paused(tp) or tp in self._awaiting:
             return
+        queue = self._queues.get(tp)
+        if queue is not None:  # what waits in memory comes before `offset`: read it again, too
+            if queue:
+                offset = min(offset, queue[0][0].offset)
+            self._forget_queue(tp)
         try:
             self._consumer.seek(tp, offset)
         except KafkaClientError as exc:
             log.debug("%s: no seek back on %s[%d]: %s", self._name, tp[0], tp[1], exc)
             return
         self._awaiting[tp] = offset
+        if tp in self._client_paused:  # a queue had stopped its fetching
+            self._resume_client([tp])
 
     def release(self, tp: TopicPartition) -> None:
-        """Lift a hold; resumes `tp` unless a due time still keeps it paused."""
+        """Lift a hold; resumes `tp` unless a due time (or a full queue) still keeps it paused."""
         if self.schedule.release(tp):
             self._resume([tp])
 
@@ -105,22 +141,119 @@ class PauseController:
             self._resume(ready)
 
     def _resume(self, tps: list[TopicPartition]) -> None:
+        tps = [tp for tp in tps if tp not in self._stopped]  # a stopped queue decides when it fetches again
         for tp in tps:
             target = self._awaiting.get(tp)
             if target is not None:
                 # Seek again: cheap, and it makes the restart point independent of what the client
                 # remembers about a partition that was paused for a long time.
                 self._consumer.seek(tp, target)
-        self._consumer.resume(tps)
+        self._resume_client(tps)
         for tp in tps:
             log.debug("%s: resumed %s[%d]", self._name, tp[0], tp[1])
             self._emitter.emit(Event.PARTITION_RESUMED, consumer=self._name, topic=tp[0], partition=tp[1])
 
+    # -- waiting in memory -------------------------------------------------------------------------------
+
+    def queued(self, tp: TopicPartition) -> bool:
+        """Whether earlier records of `tp` wait in memory (so a later one must queue behind them)."""
+        return tp in self._queues
+
+    def should_queue(self, due_ms: int, now_ms: int) -> bool:
+        """Whether a head record due at `due_ms` waits in memory rather than in Kafka."""
+        return due_ms - now_ms <= self.ahead_ms
+
+    def enqueue(self, msg: Message, due_ms: int | None, item: T, now_ms: int) -> None:
+        """Queue `msg` behind the other records of its partition (`due_ms` None: due already, e.g. a record
+        with unreadable headers that only waits for its turn)."""
+        tp = msg.tp
+        queue = self._queues.get(tp)
+        if queue is None:
+            queue = self._queues[tp] = deque()
+        queue.append((msg, due_ms, item))
+        self._next[tp] = msg.offset + 1
+        far = due_ms is not None and due_ms - now_ms > self.ahead_ms
+        if (far or len(queue) >= self.max_records) and tp not in self._stopped:
+            # Stop fetching; no seek, so the records of this batch still arriving are the queue's continuation.
+            self._stopped.add(tp)
+            self._pause_client(tp)
+            log.debug("%s: %s[%d] stops fetching with %d records waiting in memory", self._name, tp[0], tp[1], len(queue))
+
+    def take_due(self, now_ms: int, *, refill: bool = True) -> Iterator[tuple[Message, T]]:
+        """Pop queued records that are due, in offset order per partition (a held partition waits). A queue
+        head due beyond the horizon goes back to waiting in Kafka (seek back to it, pause until due).
+
+        `refill=False` while the loop is still going through a fetched batch: more of a queued partition's
+        records may follow in that batch, so its queue stays (even empty) and it is not sought or resumed.
+        """
+        for tp in list(self._queues):
+            queue = self._queues.get(tp)
+            while queue and not self.schedule.is_held(tp):
+                msg, due_ms, item = queue[0]
+                if due_ms is not None and due_ms > now_ms:
+                    if due_ms - now_ms > self.ahead_ms:
+                        self._forget_queue(tp)
+                        self.pause_until(tp, msg.offset, due_ms)
+                    break
+                queue.popleft()
+                yield msg, item
+                queue = self._queues.get(tp)  # the loop may have dropped it (revoked) while acting
+            if refill and queue is not None and tp in self._queues:
+                self._refill(tp, queue, now_ms)
+
+    def _refill(self, tp: TopicPartition, queue: deque[tuple[Message, int | None, T]], now_ms: int) -> None:
+        # Fetch again once the queue is half empty (empty: the partition is an ordinary one again).
+        if not queue:
+            next_offset = self._next[tp]
+            self._forget_queue(tp)
+            if tp in self._client_paused and not self.schedule.is_paused(tp):
+                self._consumer.seek(tp, next_offset)
+                self._resume_client([tp])
+            return
+        tail_due = queue[-1][1]
+        far_tail = tail_due is not None and tail_due - now_ms > self.ahead_ms  # what follows it is no sooner
+        if tp in self._stopped and len(queue) <= self.max_records // 2 and not far_tail:
+            self._stopped.discard(tp)
+            if not self.schedule.is_paused(tp):
+                self._consumer.seek(tp, self._next[tp])
+                self._resume_client([tp])
+
+    def _forget_queue(self, tp: TopicPartition) -> None:
+        self._queues.pop(tp, None)
+        self._next.pop(tp, None)
+        self._stopped.discard(tp)
+
+    def next_queued_due_ms(self) -> int | None:
+        """The earliest due time among queue heads that can run (None: no queued work)."""
+        heads = [q[0][1] or 0 for tp, q in self._queues.items() if q and not self.schedule.is_held(tp)]
+        return min(heads) if heads else None
+
+    def any_queued_due(self, now_ms: int) -> bool:
+        due = self.next_queued_due_ms()
+        return due is not None and due <= now_ms
+
+    # -- both --------------------------------------------------------------------------------------------
+
     def drop(self, tps: list[TopicPartition]) -> None:
-        """Forget revoked partitions: their timers never fire, and a new assignment starts unpaused."""
+        """Forget revoked partitions: their timers never fire, their queues are dropped (not committed, so
+        the next owner reads them again), and a new assignment starts unpaused."""
         for tp in tps:
             self.schedule.drop(tp)
             self._awaiting.pop(tp, None)
+            self._forget_queue(tp)
+            self._client_paused.discard(tp)
 
     def wait_ms(self, now_ms: int, cap_ms: int) -> int:
-        return self.schedule.wait_ms(now_ms, cap_ms)
+        wait = self.schedule.wait_ms(now_ms, cap_ms)
+        queued = self.next_queued_due_ms()
+        return wait if queued is None else max(0, min(wait, queued - now_ms))
+
+    def _pause_client(self, tp: TopicPartition) -> None:
+        if tp not in self._client_paused:
+            self._consumer.pause([tp])
+            self._client_paused.add(tp)
+
+    def _resume_client(self, tps: list[TopicPartition]) -> None:
+        if tps:
+            self._consumer.resume(tps)
+            self._client_paused.difference_update(tps)

@@ -20,7 +20,7 @@ __all__ = ["TIER_CONSUMER_DEFAULTS", "select_tiers", "tier_settings"]
 #: waits for any fetch already in flight on its broker connection, and an idle fetch is held by the broker
 #: for up to fetch.wait.max.ms (librdkafka's default 500 ms): 50 ms keeps a due record's lateness low, for
 #: about 20 empty fetches a second while some partition is unpaused and idle (none while all are paused).
-TIER_CONSUMER_DEFAULTS: dict[str, int] = {"fetch.wait.max.ms": 50}
+TIER_CONSUMER_DEFAULTS: dict[str, int] = {"fetch.wait.max.ms": 50, "max.partition.fetch.bytes": 131072}
 
 
 def select_tiers(bindings: Mapping[str, Binding], tiers: str | Sequence[str]) -> list[str]:
