@@ -85,7 +85,7 @@ class RetryApp:
         dedupe_capacity: int = DEFAULT_CAPACITY,
         instance_id: str | None = None,
         wait_in_memory: DurationLike = "1s",
-        wait_in_memory_records: int = 500,
+        wait_in_memory_records: int = 2000,
     ) -> None:
         if not isinstance(kafka, KafkaConfig):
             raise ConfigError("kafka", kafka, "expected a KafkaConfig")

@@ -61,7 +61,7 @@ class LoopSettings:
     #: a tier record due within this many ms waits in memory rather than in Kafka (0: always in Kafka)
     wait_in_memory_ms: int = 1000
     #: at most this many records wait in memory per partition
-    wait_in_memory_records: int = 500
+    wait_in_memory_records: int = 2000
 
 
 class ConsumerLoop:

@@ -15,7 +15,8 @@ record due beyond the horizon, the partition is paused (without a seek, so nothi
 resumes from the record after the queue's tail. A queued record is not tracked as an offset until it is
 handled, so commits never pass it; a revoked partition's queue is dropped and its new owner reads it again.
 Long waits still happen in Kafka: a queue head that is not due within the horizon is sought back to and
-paused as above.
+paused as above. A partition paused in Kafka resumes half the horizon before its head is due, so that the
+fetch round trip and the decoding of a large fetch are over when the head falls due.
 
 The same mechanism *holds* a source partition while a publish for it is failing, so that a broker outage
 does not pile up records in memory. Pausing is normal operation: it is logged at DEBUG only.
@@ -89,8 +90,11 @@ class PauseController(Generic[T]):
     # -- waiting in Kafka --------------------------------------------------------------------------------
 
     def pause_until(self, tp: TopicPartition, offset: int, due_ms: int) -> None:
-        """Pause `tp` until `due_ms`, to restart at `offset` (the head record, not due yet)."""
-        self.schedule.pause_until(tp, due_ms=due_ms)
+        """Pause `tp` until `due_ms`, to restart at `offset` (the head record, not due yet).
+
+        With waiting in memory on, the partition resumes half the horizon early: the fetch and the decoding
+        of what it brings happen before the head is due, and the head then waits in memory for its time."""
+        self.schedule.pause_until(tp, due_ms=due_ms - self.ahead_ms // 2)
         self._park(tp, offset)
         log.debug("%s: paused %s[%d] at offset %d until %d", self._name, tp[0], tp[1], offset, due_ms)
         self._emitter.emit(Event.PARTITION_PAUSED, consumer=self._name, topic=tp[0], partition=tp[1], until=due_ms)
