@@ -54,11 +54,18 @@ def append(kafka: KafkaConfig, dlq: str, replay_id: str, entry: Mapping[str, Any
     """Durably append one entry (acks=all, flushed) to the ledger, creating the topic if needed."""
     topic = ledger_topic(dlq)
     ensure_topics(make_admin(kafka), [TopicSpec(name=topic, partitions=1)])
-    producer = make_producer(kafka)
+    # One record, flushed before anything else happens: idempotence would guard nothing here, and a fresh
+    # idempotent producer waits about 0.5 s for its producer id before its first send.
+    producer = make_producer(kafka, overrides={"enable.idempotence": False})
     errors: list[KafkaError] = []
     value = json.dumps({"replay_id": replay_id, "at": int(time.time() * 1000), **entry}, sort_keys=True)
+
+    def on_delivery(error: KafkaError | None, _message: object) -> None:
+        if error is not None:
+            errors.append(error)
+
     with map_kafka_errors():
-        producer.produce(topic, key=replay_id.encode(), value=value.encode(), on_delivery=lambda e, _m: e and errors.append(e))
+        producer.produce(topic, key=replay_id.encode(), value=value.encode(), on_delivery=on_delivery)
         remaining = producer.flush(30)
     if errors or remaining:
         raise PublishError(topic, str(errors[0]) if errors else "not acknowledged in 30s")
@@ -67,8 +74,9 @@ def append(kafka: KafkaConfig, dlq: str, replay_id: str, entry: Mapping[str, Any
 def read_entries(kafka: KafkaConfig, dlq: str, replay_id: str, *, timeout_s: float = 30.0) -> list[dict[str, Any]]:
     """Every ledger entry of `replay_id`, oldest first (read to the end of the log)."""
     topic = ledger_topic(dlq)
-    consumer = make_consumer(kafka, group_id=None, overrides={"enable.partition.eof": True})
-    entries = []
+    # A short fetch wait: the end of the log is signalled by an empty fetch, which otherwise takes 500 ms.
+    consumer = make_consumer(kafka, group_id=None, overrides={"enable.partition.eof": True, "fetch.wait.max.ms": 10})
+    entries: list[dict[str, Any]] = []
     try:
         with map_kafka_errors():
             if topic not in consumer.list_topics(timeout=timeout_s).topics:
@@ -79,12 +87,14 @@ def read_entries(kafka: KafkaConfig, dlq: str, replay_id: str, *, timeout_s: flo
             message = consumer.poll(1.0)
             if message is None:
                 continue
-            if message.error():
-                if message.error().code() == KafkaError._PARTITION_EOF:
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
                     return entries
-                raise KafkaClientError(f"reading {topic}: {message.error()}", code=message.error().name())
-            if message.key() == replay_id.encode():
-                entries.append(json.loads(message.value()))
+                raise KafkaClientError(f"reading {topic}: {error}", code=error.name())
+            value = message.value()
+            if message.key() == replay_id.encode() and value is not None:
+                entries.append(json.loads(value))
         raise KafkaClientError(f"reading {topic}: no end of log within {timeout_s}s", code="TIMED_OUT")
     finally:
         consumer.close()

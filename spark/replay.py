@@ -130,34 +130,38 @@ def _already_replayed(
 
 def _plan(
     dlq: DataFrame, topics: TopicSet, destination: str, max_replays: int, allow_replayed: bool, park: bool
-) -> tuple[DataFrame, dict[str, int]]:
-    """Assign each selected record its destination topic (or drop it), with the counts of what was skipped."""
+) -> tuple[DataFrame, dict[str, Any], tuple[int, int]]:
+    """Assign each selected record its destination topic (or drop it). Returns the records to write, the
+    counts of what was skipped, and (records to write, destination partitions): one Spark job in all."""
     newest_first = Window.partitionBy("origin_message_id").orderBy(
         F.coalesce("replay_count", F.lit(0)).desc(), F.col("partition").desc(), F.col("offset").desc()
     )
     latest = dlq.withColumn("rank", F.row_number().over(newest_first))
     target = topics.source if destination == "original" else topics.tiers[0].topic
-    looped = F.coalesce("replay_count", F.lit(0)) >= max_replays
+    duplicate = F.col("rank") > 1
+    foreign = ~duplicate & (F.col("original_topic").isNull() | (F.col("original_topic") != topics.source))
+    looped = ~duplicate & ~foreign & (F.coalesce("replay_count", F.lit(0)) >= max_replays) & F.lit(not allow_replayed)
     dest = (
-        F.when(F.col("rank") > 1, None)
-        .when(F.col("original_topic").isNull() | (F.col("original_topic") != topics.source), None)
-        .when(looped & F.lit(not allow_replayed), F.lit(f"{topics.dlq}.parked") if park else None)
+        F.when(duplicate | foreign, None)
+        .when(looped, F.lit(f"{topics.dlq}.parked") if park else None)
         .otherwise(F.lit(target))
     )
     planned = latest.withColumn("destination", dest).cache()
-    counts = planned.agg(
+    row = planned.agg(
         F.count("*").alias("selected"),
-        F.sum((F.col("rank") > 1).cast("int")).alias("skipped_duplicates"),
-        F.sum(((F.col("rank") == 1) & (F.col("original_topic").isNull() | (F.col("original_topic") != topics.source)))
-              .cast("int")).alias("skipped_foreign"),  # fmt: skip
-        F.sum(((F.col("rank") == 1) & looped & F.lit(not allow_replayed) & F.lit(not park)).cast("int"))
-        .alias("skipped_max_replays"),
-        F.sum((F.col("destination") == f"{topics.dlq}.parked").cast("int")).alias("parked"),
+        F.count_if(duplicate).alias("skipped_duplicates"),
+        F.count_if(foreign).alias("skipped_foreign"),
+        F.count_if(looped & F.lit(not park)).alias("skipped_max_replays"),
+        F.count_if(F.col("destination") == f"{topics.dlq}.parked").alias("parked"),
         F.array_sort(F.collect_set("destination")).alias("destination_topics"),
-    ).first().asDict()
-    destinations = counts.pop("destination_topics")
-    summary: dict[str, Any] = {k: int(v or 0) for k, v in counts.items()}
-    return planned.where(F.col("destination").isNotNull()), {**summary, "destination_topics": destinations}
+        F.count("destination").alias("to_write"),
+        F.count_distinct("destination", "original_partition").alias("tasks"),
+    ).first()
+    assert row is not None  # an aggregate without grouping always has one row
+    found = row.asDict()
+    to_write, tasks = int(found.pop("to_write")), int(found.pop("tasks"))
+    counts: dict[str, Any] = {k: v if k == "destination_topics" else int(v or 0) for k, v in found.items()}
+    return planned.where(F.col("destination").isNotNull()), counts, (to_write, tasks)
 
 
 def replay(
@@ -192,7 +196,7 @@ def replay(
                              exclude_trace=False)  # fmt: skip
     chosen = select_records(dlq, reasons=reasons, exception_types=exception_types, since_ms=since_ms,
                             until_ms=until_ms, origin_ids=origin_ids, where=where)  # fmt: skip
-    planned, counts = _plan(chosen, topics, destination, max_replays, allow_replayed, park)
+    planned, counts, sizes = _plan(chosen, topics, destination, max_replays, allow_replayed, park)
     result: dict[str, Any] = {"replay_id": replay_id, "dry_run": dry_run, "destination": destination, **counts}
     try:
         if dry_run:
@@ -201,34 +205,27 @@ def replay(
             result.update(written=0, skipped_already_replayed=None, sample=[r.asDict() for r in sample])
             return result
         return _write(spark, kafka, topics, planned, result, replay_id=replay_id, destination=destination,
-                      now_ms=now_ms, reset=reset_reconsume_times, rate_per_s=rate_per_s)  # fmt: skip
+                      now_ms=now_ms, reset=reset_reconsume_times, rate_per_s=rate_per_s, sizes=sizes)  # fmt: skip
     finally:
         planned.unpersist()
 
 
 def _write(
     spark: SparkSession, kafka: KafkaConfig, topics: TopicSet, planned: DataFrame, result: dict[str, Any], *,
-    replay_id: str, destination: str, now_ms: int, reset: bool, rate_per_s: int | None,
+    replay_id: str, destination: str, now_ms: int, reset: bool, rate_per_s: int | None, sizes: tuple[int, int],
 ) -> dict[str, Any]:  # fmt: skip
-    targets = sorted({topics.source if destination == "original" else topics.tiers[0].topic, f"{topics.dlq}.parked"})
-    if result["parked"]:  # exists before the marks are taken, so that a rerun scans it too
-        ensure_topics(make_admin(kafka), [TopicSpec(name=f"{topics.dlq}.parked", partitions=1)])
-    started = [e for e in ledger.read_entries(kafka, topics.dlq, replay_id) if e.get("event") == "started"]
-    if started:
-        marks = started[0]["marks"]
-    else:
-        marks = ledger.watermarks(kafka, targets)
-        ledger.append(kafka, topics.dlq, replay_id, {"event": "started", "marks": marks})
-    done = _already_replayed(spark, kafka, marks, replay_id).withColumnRenamed("topic", "destination")
-    todo = planned.join(F.broadcast(done), ["destination", "origin_message_id"], "left_anti").cache()
-    stats = todo.agg(
-        F.count("*").alias("pending"),
-        F.count_distinct("destination", "original_partition").alias("tasks"),
-    ).first()
-    pending, tasks = stats.pending, max(1, stats.tasks)
+    todo = _not_yet_written(spark, kafka, topics, planned, replay_id=replay_id, destination=destination,
+                            parked=bool(result["parked"]))  # fmt: skip
+    eligible, tasks = sizes
+    pending = eligible
+    if todo is not planned:  # a rerun: count what is left
+        stats = todo.agg(F.count("*"), F.count_distinct("destination", "original_partition")).first()
+        assert stats is not None  # an aggregate without grouping always has one row
+        pending, tasks = int(stats[0]), int(stats[1])
     headers = _output_headers(destination, replay_id=replay_id, now_ms=now_ms, reset=reset)
     parked_headers = _output_headers("original", replay_id=replay_id, now_ms=now_ms, reset=reset)
     # One task per destination partition, in DLQ order: records of one key keep their relative order.
+    tasks = max(1, tasks)
     ordered = todo.repartition(tasks, "destination", "original_partition").sortWithinPartitions(
         "timestamp", "partition", "offset"
     )
@@ -241,13 +238,36 @@ def _write(
     options = kafka_options(kafka, failRetriedTasks="true")
     if rate_per_s:  # shared evenly by the tasks (approximate when two destinations hash to one task)
         options["maxRecordsPerSecondPerTask"] = str(max(1, rate_per_s // tasks))
-    if pending:
-        write_kafka(out, options)
-    todo.unpersist()
-    eligible = result["selected"] - result["skipped_duplicates"] - result["skipped_foreign"] - result["skipped_max_replays"]
+    try:
+        if pending:
+            write_kafka(out, options)
+    finally:
+        if todo is not planned:
+            todo.unpersist()
     result.update(written=pending, skipped_already_replayed=eligible - pending)
     ledger.append(kafka, topics.dlq, replay_id, {"event": "finished", **{k: v for k, v in result.items() if k != "sample"}})
     return result
+
+
+def _not_yet_written(
+    spark: SparkSession, kafka: KafkaConfig, topics: TopicSet, planned: DataFrame, *, replay_id: str,
+    destination: str, parked: bool,
+) -> DataFrame:  # fmt: skip
+    """The planned records this replay id has not written yet (`planned` itself when that is all of them).
+
+    A first run writes its start marks now, before its first record, so nothing of this replay id can be in
+    the destinations yet: every planned record is to write, without a scan. A rerun scans the destinations
+    from its first run's marks (see `retrytopics.spark.ledger`)."""
+    parked_topic = f"{topics.dlq}.parked"
+    if parked:  # exists before the marks are taken, so that a rerun scans it too
+        ensure_topics(make_admin(kafka), [TopicSpec(name=parked_topic, partitions=1)])
+    started = [e for e in ledger.read_entries(kafka, topics.dlq, replay_id) if e.get("event") == "started"]
+    if not started:
+        targets = sorted({topics.source if destination == "original" else topics.tiers[0].topic, parked_topic})
+        ledger.append(kafka, topics.dlq, replay_id, {"event": "started", "marks": ledger.watermarks(kafka, targets)})
+        return planned
+    done = _already_replayed(spark, kafka, started[0]["marks"], replay_id).withColumnRenamed("topic", "destination")
+    return planned.join(F.broadcast(done), ["destination", "origin_message_id"], "left_anti").cache()
 
 
 def add_replay_arguments(parser: argparse.ArgumentParser) -> None:

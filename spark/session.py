@@ -15,7 +15,7 @@ from pyspark.sql import SparkSession
 from retrytopics.connectors.spark_kafka import register
 
 if TYPE_CHECKING:
-    import pyarrow as pa
+    import pyarrow as pa  # type: ignore[import-untyped]
 
 __all__ = ["get_session", "local_shuffle_partitions", "warm_up_workers"]
 
