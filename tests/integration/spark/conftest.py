@@ -27,8 +27,11 @@ def spark() -> Iterator[SparkSession]:
         .appName("retrytopics-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.sql.shuffle.partitions", "2")  # one per core, as get_session sets for local masters
         .config("spark.driver.memory", "1g")
+        # Tests are short and their data small: C1-only JIT starts faster and spends less CPU compiling
+        # (a cold audit here took about a third less time).
+        .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1")
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")

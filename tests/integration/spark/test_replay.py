@@ -14,17 +14,19 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+import uuid
 from collections import Counter
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 
 import pytest
 from pyspark.sql import SparkSession
 
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.headers import DlqReason, Lineage, decode, decode_lineage, user_headers
-from retrytopics.naming import topics_for
+from retrytopics.naming import TopicSet, topics_for
 from retrytopics.spark.replay import replay
 
 from .conftest import create_topics, produce, read_direct
@@ -33,7 +35,7 @@ from .pipeline_data import T0, failure, record
 pytestmark = [pytest.mark.broker, pytest.mark.spark]
 
 
-def _dlq(kafka: KafkaConfig, source: str, n: int, *, extra: list[dict[str, object]] = ()) -> object:  # type: ignore[assignment]
+def _dlq(kafka: KafkaConfig, source: str, n: int, *, extra: Sequence[dict[str, object]] = ()) -> TopicSet:
     topics = topics_for(source, "billing", (1_000, 10_000))
     create_topics(kafka, (source, 1), (topics.tiers[0].topic, 1), (topics.tiers[1].topic, 1), (topics.dlq, 1))
     records = [record(failure(i, 1, source=source, tier=None, due_at=None, exc="ValueError",
@@ -87,9 +89,12 @@ def test_replay_preserves_records_is_idempotent_and_guards_loops(
 _DRIVER = """
 import argparse, json, sys
 from pyspark.sql import SparkSession
-SparkSession.builder.master("local[1]").config("spark.sql.shuffle.partitions", "2").getOrCreate()
+from retrytopics.spark.session import warm_up_workers
+warm_up_workers(SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
+                .config("spark.sql.shuffle.partitions", "1")
+                .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1").getOrCreate())
 from retrytopics.connectors.config import KafkaConfig
-from retrytopics.naming import topics_for
+from retrytopics.naming import TopicSet, topics_for
 from retrytopics.spark.replay import add_replay_arguments, run_replay_cli
 cfg = json.loads(sys.argv[1])
 parser = argparse.ArgumentParser()
@@ -99,33 +104,71 @@ sys.exit(run_replay_cli(parser.parse_args(cfg["argv"]), kafka=kafka, topics=topi
 """
 
 
-def test_a_replay_killed_midway_then_rerun_writes_every_record_exactly_once(
-    spark: SparkSession, kafka: KafkaConfig, unique_name: Callable[[str], str], tmp_path: Path
-) -> None:
-    source, n = unique_name("orders"), 60
-    topics = _dlq(kafka, source, n)
-    script = tmp_path / "driver.py"
-    script.write_text(_DRIVER)
-    cfg = {"bootstrap": kafka.bootstrap, "producer_overrides": dict(kafka.producer_overrides), "source": source,
-           "argv": ["--replay-id", "crash", "--rate", "12", "--json"]}  # fmt: skip
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    proc = subprocess.Popen([sys.executable, str(script), json.dumps(cfg)], env=env, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+@dataclass
+class KilledReplay:
+    """A replay run in its own Spark driver process, SIGKILLed once it has written `kill_after` records."""
+
+    topics: TopicSet
+    records: int
+    kill_after: int = 10
+    written_when_killed: int | None = None
+    problem: str | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+def _kill_midway(kafka: KafkaConfig, proc: subprocess.Popen[bytes], run: KilledReplay) -> None:
     try:
-        deadline = time.monotonic() + 120
-        while len(_replayed(kafka, source, "crash")) < 10:
-            assert proc.poll() is None, "the replay finished before it could be killed; lower --rate"
-            assert time.monotonic() < deadline, "the replay wrote nothing in 120 s"
+        deadline = time.monotonic() + 150
+        while len(_replayed(kafka, run.topics.source, "crash")) < run.kill_after:
+            if proc.poll() is not None:
+                run.problem = f"the replay ended (status {proc.returncode}) before it could be killed; lower --rate"
+                return
+            if time.monotonic() > deadline:
+                run.problem = "the replay wrote nothing in 150 s"
+                return
             time.sleep(0.3)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    before = len(_replayed(kafka, source, "crash"))
-    assert before < n
+        run.written_when_killed = len(_replayed(kafka, run.topics.source, "crash"))
+        run.done.set()
 
-    result = replay(spark, kafka, topics, replay_id="crash")
 
+@pytest.fixture(scope="module", autouse=True)
+def killed_replay(kafka: KafkaConfig, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KilledReplay]:
+    """Starts, as the module starts, the replay that the kill test SIGKILLs midway: its own Spark driver takes
+    about 15 s to boot and reach its first write, which then overlaps the module's other tests."""
+    run = KilledReplay(_dlq(kafka, f"orders-killed-{os.getpid()}-{uuid.uuid4().hex[:6]}", 60), 60)
+    script = tmp_path_factory.mktemp("killed") / "driver.py"
+    script.write_text(_DRIVER)
+    cfg = {"bootstrap": kafka.bootstrap, "producer_overrides": dict(kafka.producer_overrides),
+           "source": run.topics.source, "argv": ["--replay-id", "crash", "--rate", "12", "--json"]}  # fmt: skip
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    proc = subprocess.Popen([sys.executable, str(script), json.dumps(cfg)], env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    watcher = threading.Thread(target=_kill_midway, args=(kafka, proc, run), daemon=True)
+    watcher.start()
+    yield run
+    if proc.poll() is None:  # the kill test did not run: stop the driver all the same
+        os.killpg(proc.pid, signal.SIGKILL)
+    watcher.join(30)
+
+
+def test_a_replay_killed_midway_then_rerun_writes_every_record_exactly_once(
+    spark: SparkSession, kafka: KafkaConfig, killed_replay: KilledReplay
+) -> None:
+    # setup: the replay process was SIGKILLed after some of its records, and before all of them
+    run = killed_replay
+    assert run.done.wait(180), "the killed replay never reached its kill point"
+    assert run.problem is None, run.problem
+    assert run.written_when_killed is not None and run.kill_after <= run.written_when_killed < run.records
+
+    # when
+    result = replay(spark, kafka, run.topics, replay_id="crash")
+
+    # then
+    source = run.topics.source
     origins = Counter(dict(r[4])["retry.replay_origin_id"] for r in _replayed(kafka, source, "crash"))
-    assert origins == Counter({f"{source}-0-{i}".encode(): 1 for i in range(n)})
-    assert result["written"] + result["skipped_already_replayed"] == n
-    assert result["skipped_already_replayed"] >= before
+    assert origins == Counter({f"{source}-0-{i}".encode(): 1 for i in range(run.records)})
+    assert result["written"] + result["skipped_already_replayed"] == run.records
+    assert result["skipped_already_replayed"] >= run.written_when_killed
