@@ -305,7 +305,7 @@ def _spark_audit(kafka: KafkaConfig, topics: TopicSet) -> dict[str, Any]:
     from retrytopics.spark.audit import audit, format_table
     from retrytopics.spark.session import get_session
 
-    spark = get_session(None, "retrytopics-demo-audit")
+    spark = get_session(None, "retrytopics-demo-audit", short_job=True)
     spark.sparkContext.setLogLevel("ERROR")
     summary = audit(spark, kafka, topics)
     summary["table"] = format_table(summary)

@@ -24,12 +24,16 @@ _log = logging.getLogger(__name__)
 _SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
 
 
-def get_session(master: str | None = None, app_name: str = "retrytopics") -> SparkSession:
+def get_session(master: str | None = None, app_name: str = "retrytopics", *, short_job: bool = False) -> SparkSession:
     """The active session, or a new one. `master=None` keeps what spark-submit set, else `local[*]`.
 
     Python workers must run an interpreter that has retrytopics and confluent-kafka: locally this one
     (PYSPARK_PYTHON defaults to sys.executable here); on a cluster, the packed venv (docs/spark.md).
-    A new local session gets `local_shuffle_partitions`; an active session is returned untouched."""
+    A new local session gets `local_shuffle_partitions` and `warm_up_workers`; an active session is
+    returned untouched. `short_job=True` (the demo: one small audit, then exit) also starts a new local
+    driver JVM with C1-only JIT (`-XX:TieredStopAtLevel=1` in spark.driver.extraJavaOptions, replacing a
+    value from spark-defaults.conf): it starts faster and compiles less; on 2 cores the demo's audit took
+    about a quarter less time. Long jobs on big data want the default JIT."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     active = SparkSession.getActiveSession()
     if active is not None:
@@ -40,6 +44,8 @@ def get_session(master: str | None = None, app_name: str = "retrytopics") -> Spa
         master = "local[*]"  # not under spark-submit
     if master is not None:
         builder = builder.master(master)
+    if short_job and (master or "").startswith("local"):
+        builder = builder.config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1")
     session = builder.getOrCreate()
     local_shuffle_partitions(session)
     register(session)
