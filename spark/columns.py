@@ -69,7 +69,6 @@ RETRY_COLUMNS: Final[dict[str, tuple[str, str]]] = {
     "replay_count": (H.REPLAY_COUNT, "int"),
     "replay_origin_id": (H.REPLAY_ORIGIN_ID, "text"),
 }
-_CANONICAL_INT: Final = "^(0|-?[1-9][0-9]{0,18})$"
 
 
 def _sql_string(text: str) -> str:
@@ -81,15 +80,19 @@ def _sql_name(name: str) -> str:
 
 
 def _header_bytes_sql(key: str, headers: str) -> str:
-    matches = f"filter({_sql_name(headers)}, h -> h.key = {_sql_string(key)})"
-    return f"CASE WHEN size({matches}) = 1 THEN element_at({matches}, 1).value END"
+    keys, wanted = f"{_sql_name(headers)}.key", _sql_string(key)
+    occurrences = f"size({keys}) - size(array_remove({keys}, {wanted}))"
+    position = f"CAST(array_position({keys}, {wanted}) AS INT)"
+    return f"CASE WHEN {occurrences} = 1 THEN element_at({_sql_name(headers)}.value, {position}) END"
 
 
-def _typed_sql(key: str, kind: str, headers: str) -> str:
-    text = f"CAST({_header_bytes_sql(key, headers)} AS STRING)"
+def _typed_sql(text: str, kind: str) -> str:
+    """`text` (an SQL expression of the header's text) as `kind`; a number must be canonical: it must read back
+    as the same text (no sign, leading zero, space or exponent), which a regular expression checked before at
+    several times the cost."""
     if kind == "text":
         return text
-    number = f"try_cast(CASE WHEN {text} RLIKE {_sql_string(_CANONICAL_INT)} THEN {text} END AS BIGINT)"
+    number = f"CASE WHEN CAST(try_cast({text} AS BIGINT) AS STRING) = {text} THEN try_cast({text} AS BIGINT) END"
     if kind == "int":
         return f"try_cast({number} AS INT)"
     if kind == "long":
@@ -97,8 +100,9 @@ def _typed_sql(key: str, kind: str, headers: str) -> str:
     return f"timestamp_millis({number})"
 
 
-# The columns are built from SQL text: one JVM call per column instead of a dozen (building the 19
-# columns through the functions API took about 0.5 s of py4j round trips per DataFrame).
+# The columns are built from SQL text: one JVM call per column instead of a dozen (building the 19 columns
+# through the functions API took about 0.5 s of py4j round trips per DataFrame). Header lookups use
+# array_remove/array_position rather than a lambda (`filter(headers, h -> ...)`).
 
 
 def header_bytes(key: str, headers: str = "headers") -> Column:
@@ -113,17 +117,35 @@ def header_text(key: str, headers: str = "headers") -> Column:
 
 def retry_columns(headers: str = "headers", *, exclude_trace: bool = True) -> list[Column]:
     """One typed column per retry header (see RETRY_COLUMNS), plus `exception_trace` unless excluded."""
-    columns = [F.expr(_typed_sql(key, kind, headers)).alias(name) for name, (key, kind) in RETRY_COLUMNS.items()]
+    columns = [
+        F.expr(_typed_sql(f"CAST({_header_bytes_sql(key, headers)} AS STRING)", kind)).alias(name)
+        for name, (key, kind) in RETRY_COLUMNS.items()
+    ]
     if not exclude_trace:
         columns.append(header_text(H.EXCEPTION_TRACE, headers).alias("exception_trace"))
     return columns
 
 
 def with_retry_columns(df: DataFrame, headers: str = "headers", *, exclude_trace: bool = True) -> DataFrame:
-    """`df` plus the typed retry columns; it needs a `headers` column (read with includeHeaders=true)."""
+    """`df` plus the typed retry columns; it needs a `headers` column (read with includeHeaders=true).
+
+    Three projections: a map of the headers when no key repeats (the usual case), then each header's text
+    (a map lookup; a scan of the keys only for a record with a repeated key), then the typed values. One
+    expression per column would look each header up several times per row and be too big to compile."""
     if headers not in df.columns:
         raise ConfigError("headers", headers, "no such column: read Kafka with includeHeaders=true")
-    return df.select("*", *retry_columns(headers, exclude_trace=exclude_trace))
+    wanted = {**RETRY_COLUMNS, **({} if exclude_trace else {"exception_trace": (H.EXCEPTION_TRACE, "text")})}
+    keys = f"{_sql_name(headers)}.key"
+    by_key = F.expr(f"CASE WHEN size(array_distinct({keys})) = size({keys}) "
+                    f"THEN map_from_arrays({keys}, {_sql_name(headers)}.value) END").alias("__retry_map")  # fmt: skip
+    texts = [
+        F.expr(f"CAST(CASE WHEN __retry_map IS NOT NULL THEN try_element_at(__retry_map, {_sql_string(key)}) "
+               f"ELSE {_header_bytes_sql(key, headers)} END AS STRING)").alias(f"__retry_{name}")
+        for name, (key, _) in wanted.items()
+    ]  # fmt: skip
+    typed = [F.expr(_typed_sql(_sql_name(f"__retry_{name}"), kind)).alias(name) for name, (_, kind) in wanted.items()]
+    original = [_sql_name(c) for c in df.columns]
+    return df.select("*", by_key).select(*original, *texts).select(*original, *typed)
 
 
 def load_schema(name: str) -> dict[str, Any]:
