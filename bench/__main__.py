@@ -1,7 +1,7 @@
 """``python -m bench [--quick] [--only SCENARIO ...] [--no-docs]``: run the benchmarks on an embedded broker.
 
-Prints one line per figure, writes bench/results.json and regenerates docs/benchmarks.md (unless --only or
---no-docs: a partial run never overwrites the full report).
+Prints one line per figure, writes bench/results.json and regenerates docs/benchmarks.md (--no-docs: the JSON
+only). A partial run (--only) writes bench/out/results-partial.json instead and never touches the full report.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from retrytopics.connectors.embedded import EmbeddedBroker
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results.json"
+PARTIAL = ROOT / "bench" / "out" / "results-partial.json"
 DOCS = ROOT / "docs" / "benchmarks.md"
 FINDINGS = ROOT / "bench" / "findings.md"
 BROKER = "tansu 0.6.0 (embedded, in-memory storage, one process on the same machine)"
@@ -69,7 +70,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(format_line(result), flush=True)
     wall_s = time.monotonic() - started
     print(f"total wall time {wall_s:.0f} s", flush=True)
-    write_json(results, RESULTS)
+    # A partial run never replaces the full report: it goes next to the other scratch output.
+    out = PARTIAL if args.only else RESULTS
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_json(results, out)
+    if args.only:
+        print(f"wrote {out.relative_to(ROOT)} (a partial run; {RESULTS.relative_to(ROOT)} is left as it was)")
     if not args.only and not args.no_docs:
         findings = FINDINGS.read_text() if FINDINGS.exists() else ""
         DOCS.write_text(render_markdown(results, info=machine(), mode="quick" if args.quick else "full",
