@@ -68,6 +68,15 @@ def _partition(producer: ProducerPort, route: Route) -> int | None:
     return route.partition_hint % producer.partition_count(route.topic)
 
 
+def _produce_job(producer: ProducerPort, job: PublishJob, on_delivery: Callable[[PublishError | None], None]) -> None:
+    """Send `job` to its route's topic (raises KafkaClientError when the producer refuses it at once)."""
+    job.partition = _partition(producer, job.route)
+    producer.produce(
+        job.route.topic, key=job.key, value=job.value, headers=job.route.headers,
+        partition=job.partition, on_delivery=on_delivery,
+    )  # fmt: skip
+
+
 def _wait_s(wait: tenacity.wait.wait_base, attempt: int) -> float:
     state = tenacity.RetryCallState(None, None, (), {})  # type: ignore[arg-type]
     state.attempt_number = attempt
@@ -124,11 +133,7 @@ class Publisher:
             self._delivered(job_id, generation, error)
 
         try:
-            job.partition = _partition(self._producer, job.route)
-            self._producer.produce(
-                job.route.topic, key=job.key, value=job.value, headers=job.route.headers,
-                partition=job.partition, on_delivery=delivered,
-            )  # fmt: skip
+            _produce_job(self._producer, job, delivered)
         except KafkaClientError as exc:
             self._delivered(job_id, generation, PublishError(job.route.topic, str(exc), code=exc.code, fatal=exc.fatal))
 
@@ -240,11 +245,7 @@ class TransactionalPublisher:
                 self._error = error
 
         try:
-            job.partition = _partition(self._producer, job.route)
-            self._producer.produce(
-                job.route.topic, key=job.key, value=job.value, headers=job.route.headers,
-                partition=job.partition, on_delivery=delivered,
-            )  # fmt: skip
+            _produce_job(self._producer, job, delivered)
         except KafkaClientError as exc:
             # A fenced producer refuses records at once (_FATAL) once it learnt of the fencing. Raising here
             # stopped the whole app; recorded instead, it fails this transaction's commit, which aborts it,

@@ -24,23 +24,13 @@ from retrytopics import RetryApp
 from retrytopics.connectors.config import KafkaConfig
 
 from .conftest import Kit, wait_until
+from .fault_worker import read_ledger
 
 pytestmark = pytest.mark.broker
 
 WORKER = Path(__file__).with_name("tier_worker.py")
 N = 150
 
-
-def _ledger(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    entries = []
-    for line in path.read_text().splitlines():
-        try:
-            entries.append(json.loads(line))
-        except json.JSONDecodeError:
-            pass  # a line cut by SIGKILL
-    return entries
 
 
 def _spawn(settings: dict[str, Any]) -> subprocess.Popen[bytes]:
@@ -67,15 +57,15 @@ def test_sigkill_of_a_tier_consumer_loses_nothing(kafka: KafkaConfig, kit: Kit, 
     try:
         app.start(main=True, tiers=["600ms"])
         worker_log = tmp_path / "worker.jsonl"
-        wait_until(lambda: len(_ledger(worker_log)) >= 30, 30, "the worker to be mid-run")
+        wait_until(lambda: len(read_ledger(worker_log)) >= 30, 30, "the worker to be mid-run")
 
         # when: SIGKILL, then a restart that commits normally
         os.kill(worker.pid, signal.SIGKILL)
         worker.wait(10)
-        killed = {(e["id"], e["attempt"]) for e in _ledger(worker_log)}
+        killed = {(e["id"], e["attempt"]) for e in read_ledger(worker_log)}
         worker = _spawn({**settings, "commit_interval": "1s", "commit_every": 500})
         expected_ok = set(range(N))
-        ok = lambda: {e["id"] for e in _ledger(worker_log) + _ledger(tmp_path / "local.jsonl") if e["ok"]}  # noqa: E731
+        ok = lambda: {e["id"] for e in read_ledger(worker_log) + read_ledger(tmp_path / "local.jsonl") if e["ok"]}  # noqa: E731
         wait_until(lambda: ok() == expected_ok, 60, "every record to succeed")
         tier2 = app.topics(source).tiers[1].topic
         copies = Counter((r.header("retry.origin_message_id"), r.header("retry.reconsume_times"))
@@ -87,13 +77,13 @@ def test_sigkill_of_a_tier_consumer_loses_nothing(kafka: KafkaConfig, kit: Kit, 
         worker.wait(10)
         app.stop()
 
-    calls = _ledger(worker_log) + _ledger(tmp_path / "local.jsonl")
+    calls = read_ledger(worker_log) + read_ledger(tmp_path / "local.jsonl")
     # then: the kill really interrupted work (some calls were redone) and duplicates reached tier 2
     redone = Counter((e["id"], e["attempt"]) for e in calls)
     assert any(redone[k] > 1 for k in killed), "the restart redid nothing: the kill came too late to test anything"
     assert duplicates >= 1 and app.stats.duplicates_suppressed == duplicates
     # then: tier 2 (in this process) handled each hop once; nothing early; nothing dead-lettered
-    tier2_calls = Counter(e["id"] for e in _ledger(tmp_path / "local.jsonl") if e["attempt"] == 3)
+    tier2_calls = Counter(e["id"] for e in read_ledger(tmp_path / "local.jsonl") if e["attempt"] == 3)
     assert set(tier2_calls) == {i for i in range(N) if failures_planned(i) == 2}
     assert set(tier2_calls.values()) == {1}
     assert all(e["at"] >= e["due_at"] for e in calls if e["due_at"] is not None)
