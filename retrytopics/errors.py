@@ -153,7 +153,10 @@ class Retry(Exception):
 
     The record goes to the first tier whose delay is at least `after` (never early)::
 
-        raise Retry(after="30s")
+        raise Retry(after="30s") from exc
+
+    The hint only sets the delay: the tier and DLQ records describe the cause (`from exc`, or the exception
+    being handled), as for `NonRetryable(cause)`; a Retry without a cause describes itself.
     """
 
     def __init__(self, message: str = "retry requested", *, after: str | timedelta | None = None) -> None:

@@ -22,8 +22,8 @@ from enum import StrEnum
 from typing import Final, NamedTuple
 
 from retrytopics.backoff import jittered_delay_ms, schedule_delay_ms, tier_for_hint
-from retrytopics.classify import Classification, Verdict, classify
-from retrytopics.errors import ConfigError, HeaderDecodeError, NonRetryable
+from retrytopics.classify import MAX_CHAIN, Classification, Verdict, classify
+from retrytopics.errors import ConfigError, HeaderDecodeError, NonRetryable, Retry
 from retrytopics.headers import (
     MESSAGE_LIMIT_BYTES, TRACE_LIMIT_BYTES, TYPE_LIMIT_BYTES, DlqReason, Header, RetryHeaders,
     decode, decode_lineage, encode, redact, truncate_utf8, user_headers,
@@ -32,7 +32,10 @@ from retrytopics.naming import NamingStrategy, TierTopic, TopicSet
 from retrytopics.policy import RetryPolicy
 from retrytopics.traces import format_trace
 
-__all__ = ["InboundRecord", "Route", "RouteContext", "RouteKind", "origin_message_id", "read_retry_state", "route"]
+__all__ = [
+    "InboundRecord", "Route", "RouteContext", "RouteKind", "described_failure", "origin_message_id",
+    "read_retry_state", "route",
+]  # fmt: skip
 
 _ID_LIMIT_BYTES: Final = 512
 _MAX_RECONSUME_TIMES: Final = 2**31 - 2
@@ -251,6 +254,24 @@ def origin_message_id(ctx: RouteContext, record: InboundRecord) -> str:
     return f"{record.topic}-{record.partition}-{record.offset}"
 
 
+def described_failure(failure: BaseException) -> BaseException:
+    """The exception the diagnostics describe: the signals `NonRetryable(cause)` and `Retry(...)` raised
+    `from exc` (or inside an `except`) are wrappers, so the real failure is their cause. A `Retry` with no
+    cause describes itself. Bounded: a chain of wrappers is unwrapped at most `MAX_CHAIN` times."""
+    for _ in range(MAX_CHAIN):
+        if isinstance(failure, NonRetryable) and isinstance(failure.cause, BaseException):
+            inner: BaseException | None = failure.cause
+        elif isinstance(failure, Retry):
+            # `raise Retry(after=...) from None` asks for no cause, so none is shown
+            inner = failure.__cause__ or (None if failure.__suppress_context__ else failure.__context__)
+        else:
+            inner = None
+        if inner is None or inner is failure:
+            return failure
+        failure = inner
+    return failure
+
+
 class _Described(NamedTuple):
     exception_type: str
     exception_message: str
@@ -259,8 +280,7 @@ class _Described(NamedTuple):
 
 def _describe(failure: BaseException) -> _Described:
     """Write-only diagnostics: type, redacted message and trace, truncated to their header budgets."""
-    if isinstance(failure, NonRetryable) and isinstance(failure.cause, BaseException):
-        failure = failure.cause  # the wrapper is a signal; the DLQ should describe what went wrong
+    failure = described_failure(failure)
     cls = type(failure)
     try:
         message = str(failure)

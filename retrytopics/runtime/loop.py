@@ -30,7 +30,7 @@ from retrytopics.events import Emitter, Event
 from retrytopics.headers import RetryHeaders
 from retrytopics.offsets import OffsetTracker, TopicPartition
 from retrytopics.ports import ConsumerPort, Message, ProducerPort
-from retrytopics.router import RouteKind, read_retry_state, route
+from retrytopics.router import RouteKind, described_failure, read_retry_state, route
 from retrytopics.runtime.dispatch import Binding, Invoker, build_record, inbound
 from retrytopics.runtime.ownership import OwnershipCheck
 from retrytopics.runtime.publish import Publisher, PublishJob, TransactionalPublisher
@@ -244,7 +244,7 @@ class ConsumerLoop:
                        attempt=record.attempt, **timing)  # fmt: skip
             return
         self._emit(Event.RECORD_FAILED, topic=msg.topic, partition=msg.partition, offset=msg.offset,
-                   attempt=record.attempt, error=type(failure).__name__, **timing)  # fmt: skip
+                   attempt=record.attempt, error=type(described_failure(failure)).__name__, **timing)  # fmt: skip
         self._hand_off(binding, msg, epoch, record, failure)
 
     def _hand_off(self, binding: Binding, msg: Message, epoch: int, record: Any, failure: BaseException) -> None:

@@ -350,3 +350,52 @@ def test_context_and_topic_errors() -> None:
     with pytest.raises(ConfigError) as info:
         route(context(), stranger, OSError(), now_ms=T0, rng=random.Random(0))
     assert info.value.field == "record.topic"
+
+
+def _retry_from(cause: BaseException, *, after: str | None = "5s", suppress: bool = False) -> Retry:
+    """`raise Retry(after=...) from cause` (or `from None`), caught, as the runtime receives it."""
+    try:
+        try:
+            raise cause
+        except BaseException as exc:
+            if suppress:
+                raise Retry(after=after) from None
+            raise Retry(after=after) from exc
+    except Retry as signal:
+        return signal
+
+
+def test_retry_from_an_exception_describes_the_cause_on_the_tier_and_in_the_dlq() -> None:
+    # issue 12.3: the tier and the DLQ described the signal ("retrytopics.errors.Retry", "retry requested")
+    ctx = context(RetryPolicy(delays=["5s", "30s"]))
+    routes = run(ctx, [_retry_from(TimeoutError("gateway slow"), after="20s") for _ in range(3)])
+    assert [r.kind for r in routes] == [RouteKind.TIER, RouteKind.TIER, RouteKind.DLQ]
+    assert routes[0].topic == "orders.billing.retry.30s"  # the hint still picks the delay
+    for r in routes:
+        assert (r.retry.exception_type, r.retry.exception_message) == ("builtins.TimeoutError", "gateway slow")
+        assert "TimeoutError: gateway slow" in r.retry.exception_trace and "retrytopics.errors.Retry" not in (
+            r.retry.exception_trace
+        )
+
+
+def test_retry_inside_except_describes_the_context_and_a_bare_retry_itself() -> None:
+    ctx = context()
+    try:
+        try:
+            raise ConnectionError("reset")
+        except ConnectionError:
+            raise Retry(after="1s")  # noqa: B904 - the implicit context is the real failure
+    except Retry as implicit:
+        assert route(ctx, source(), implicit, now_ms=T0, rng=random.Random(0)).retry.exception_type == (
+            "builtins.ConnectionError"
+        )
+    for signal in (Retry(after="1s"), _retry_from(ConnectionError("x"), suppress=True)):
+        r = route(ctx, source(), signal, now_ms=T0, rng=random.Random(0))
+        assert (r.retry.exception_type, r.retry.exception_message) == ("retrytopics.errors.Retry", "retry requested")
+
+
+def test_wrapped_signals_unwrap_to_the_innermost_failure() -> None:
+    inner = KeyError("sku")
+    nested = NonRetryable(_retry_from(inner))
+    r = route(context(), source(), nested, now_ms=T0, rng=random.Random(0))
+    assert (r.kind, r.retry.exception_type) == (RouteKind.DLQ, "builtins.KeyError")
