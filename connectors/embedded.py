@@ -78,6 +78,9 @@ class EmbeddedBroker:
     Ctrl-C). `advertised_port` lets a test put a TCP proxy in front of the broker: clients then reconnect
     through the proxy, because Kafka clients always follow the advertised address."""
 
+    kind = "tansu"
+    description = "tansu 0.6.0 (embedded, in-memory storage, one process on this machine)"
+
     def __init__(
         self,
         *,

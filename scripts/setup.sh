@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Set up a fresh machine for retrytopics: a virtual environment in .venv with the project installed in
 # editable mode with its extras (edits take effect without reinstalling; tests/unit/test_packaging.py
-# builds the real wheel and checks its contents), and Java 17+ for Spark. Idempotent.
+# builds the real wheel and checks its contents), Java 17+ for Spark and Apache Kafka, and the Java jars the
+# project runs but never commits (Apache Kafka's broker, Spark's Kafka connector), resolved by Maven into
+# ~/.cache/retrytopics (or $RETRYTOPICS_CACHE). Idempotent; without Maven it says so, and everything but
+# Apache Kafka and Spark's built-in Kafka format still works (on the embedded tansu broker).
 #   EXTRAS=test (default) | spark,embedded,metrics ...
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,5 +36,18 @@ if [ "$(java_major)" -lt 17 ]; then
     if [ "$(id -u)" -eq 0 ]; then sudo=""; else sudo="sudo"; fi
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq openjdk-17-jre-headless >/dev/null
+fi
+if ! command -v mvn >/dev/null; then
+    echo "setup: Maven not found; installing it (Apache Kafka's jars come through it)"
+    if [ "$(id -u)" -eq 0 ]; then sudo=""; else sudo="sudo"; fi
+    { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq maven >/dev/null; } || true
+fi
+if command -v mvn >/dev/null; then
+    # Apache Kafka's broker jars, and Spark's Kafka connector for the installed pyspark (cached after the first run)
+    .venv/bin/python -m retrytopics.connectors.jars kafka spark | sed 's/^/setup: /'
+else
+    echo "setup: mvn not found: Apache Kafka and Spark's built-in Kafka format are unavailable; the embedded"
+    echo "setup: tansu broker still works (RETRYTOPICS_TEST_BROKER=tansu, retrytopics demo --broker tansu)."
+    echo "setup: install Maven 3.8+ (Debian: apt-get install maven) and rerun this script for Apache Kafka."
 fi
 echo "setup: java $(java_major), $(.venv/bin/python --version), ready"

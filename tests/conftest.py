@@ -1,17 +1,22 @@
 """Shared fixtures: one Kafka broker per test session, unique topic names per test.
 
-Broker selection (first match wins):
+Broker selection (first match wins; the run's header line says which one was used):
 1. `KAFKA_BOOTSTRAP_SERVERS` is set → that external cluster (plus the other `KAFKA_*` variables, see
    `KafkaConfig.from_env`);
-2. `RETRYTOPICS_TEST_BROKER=testcontainers` → testcontainers' Kafka image (real Apache Kafka). Opting in
-   without a reachable Docker daemon is an error, never a silent fallback;
-3. otherwise the embedded tansu broker (`retrytopics.connectors.embedded`).
+2. `RETRYTOPICS_TEST_BROKER=apache` (the default) → Apache Kafka started by the suite from the jars that
+   `scripts/setup.sh` resolved (`retrytopics.connectors.apache`);
+3. `RETRYTOPICS_TEST_BROKER=tansu` → the embedded tansu broker (`retrytopics.connectors.embedded`);
+4. `RETRYTOPICS_TEST_BROKER=testcontainers` → testcontainers' Kafka image. Opting in without a reachable
+   Docker daemon is an error, never a silent fallback.
 
-Embedded-broker behaviours the tests work around (never special-cased in library code):
+Tests that start a broker of their own (fault tests behind a TCP proxy) use the same kind, Apache Kafka when
+the session's broker is external. The tansu lifecycle and smoke tests start tansu whatever is selected.
+
+Embedded-broker behaviours the tests live with on tansu (never special-cased in library code):
 - a consumer-group join takes about session.timeout.ms / 2, so test consumers use 6000 ms (a 3 s join);
-- after a batched produce the high watermark under-reports, so tests that depend on end offsets produce
-  with `batch.num.messages=1` (the embedded broker's `kafka_config()` carries that override);
-- `offsets_for_times` answers are wrong, so timestamp options are verified only on real Kafka.
+- after a batched produce the high watermark under-reports, so tansu's `kafka_config()` produces with
+  `batch.num.messages=1`;
+- `offsets_for_times` answers are wrong, and aborted transactional records reach read_committed readers.
 """
 
 from __future__ import annotations
@@ -34,17 +39,40 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 #: Consumer settings the tests use for group membership (see the module docstring).
 TEST_SESSION_TIMEOUT_MS = 6000
 
+BROKER_KINDS = ("apache", "tansu", "testcontainers")
+
+
+def selected_broker_kind() -> str:
+    """external | apache | tansu | testcontainers, from the environment (see the module docstring)."""
+    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+        return "external"
+    kind = os.environ.get("RETRYTOPICS_TEST_BROKER", "apache").strip().lower() or "apache"
+    if kind not in BROKER_KINDS:
+        raise pytest.UsageError(f"RETRYTOPICS_TEST_BROKER={kind!r}: expected one of {', '.join(BROKER_KINDS)}")
+    return kind
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    kind = selected_broker_kind()
+    if kind == "apache":
+        from retrytopics.connectors.jars import KAFKA_VERSION
+
+        return f"broker: Apache Kafka {KAFKA_VERSION} (KRaft, started by the suite; RETRYTOPICS_TEST_BROKER=apache)"
+    if kind == "external":
+        return f"broker: external cluster at {os.environ['KAFKA_BOOTSTRAP_SERVERS']}"
+    return f"broker: {kind} (RETRYTOPICS_TEST_BROKER={kind})"
+
 
 @dataclass(frozen=True)
 class TestBroker:
     """The broker the session runs against."""
 
-    kind: str  # "external" | "testcontainers" | "embedded"
+    kind: str  # "external" | "apache" | "tansu" | "testcontainers"
     kafka: KafkaConfig
 
     @property
-    def is_embedded(self) -> bool:
-        return self.kind == "embedded"
+    def is_tansu(self) -> bool:
+        return self.kind == "tansu"
 
 
 def _testcontainers_broker() -> Iterator[TestBroker]:
@@ -63,16 +91,24 @@ def _testcontainers_broker() -> Iterator[TestBroker]:
 
 @pytest.fixture(scope="session")
 def broker() -> Iterator[TestBroker]:
-    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+    kind = selected_broker_kind()
+    if kind == "external":
         yield TestBroker("external", KafkaConfig.from_env())
         return
-    if os.environ.get("RETRYTOPICS_TEST_BROKER", "").lower() == "testcontainers":
+    if kind == "testcontainers":
         yield from _testcontainers_broker()
         return
-    from retrytopics.connectors.embedded import EmbeddedBroker
+    from retrytopics.connectors.brokers import local_broker
 
-    with EmbeddedBroker() as embedded:
-        yield TestBroker("embedded", embedded.kafka_config())
+    with local_broker(kind) as started:
+        yield TestBroker(kind, started.kafka_config())
+
+
+@pytest.fixture(scope="session")
+def local_broker_kind() -> str:
+    """The kind of broker a test starts for itself (behind a fault proxy): the session's, or apache."""
+    kind = selected_broker_kind()
+    return kind if kind in ("apache", "tansu") else "apache"
 
 
 @pytest.fixture(scope="session")

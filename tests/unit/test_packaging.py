@@ -40,3 +40,10 @@ def test_wheel_ships_every_avro_schema(wheel: zipfile.ZipFile) -> None:
 def test_console_script_is_declared(wheel: zipfile.ZipFile) -> None:
     entry_points = next(n for n in wheel.namelist() if n.endswith("entry_points.txt"))
     assert "retrytopics = retrytopics.cli:main" in wheel.read(entry_points).decode()
+
+
+def test_wheel_ships_the_maven_poms_and_no_jar(wheel: zipfile.ZipFile) -> None:
+    in_repo = {p.name for p in (ROOT / "connectors").glob("*.pom.xml")}
+    in_wheel = {Path(n).name for n in wheel.namelist() if n.endswith(".pom.xml")}
+    assert in_repo == {"kafka-broker.pom.xml", "spark-sql-kafka.pom.xml"} and in_wheel == in_repo
+    assert not any(n.endswith(".jar") for n in wheel.namelist())

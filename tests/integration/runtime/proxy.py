@@ -2,7 +2,7 @@
 background thread). The broker must advertise the proxy's port, or clients reconnect around it::
 
     port = free_port()
-    with EmbeddedBroker(advertised_port=port) as broker, KafkaProxy(port, broker.port) as proxy:
+    with local_broker("apache", advertised_port=port) as broker, KafkaProxy(port, broker.port) as proxy:
         proxy.drop_requests({PRODUCE})   # produce requests vanish: no response, as if the broker were gone
         proxy.drop_responses(PRODUCE, times=1)  # the broker handles the next produce; its answer is lost
         proxy.cut_after_bytes(PRODUCE, 40, times=1)  # the next produce is cut mid-frame: connection reset

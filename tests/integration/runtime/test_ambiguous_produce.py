@@ -26,7 +26,8 @@ from confluent_kafka import Producer
 
 from retrytopics import Record, RetryApp, RetryPolicy
 from retrytopics.connectors.config import KafkaConfig
-from retrytopics.connectors.embedded import EmbeddedBroker, free_port
+from retrytopics.connectors.brokers import local_broker
+from retrytopics.connectors.embedded import free_port
 from retrytopics.headers import decode
 
 from .conftest import Kit, wait_until
@@ -45,9 +46,9 @@ TOXICS: dict[bytes, Callable[[KafkaProxy], None]] = {
 
 
 @pytest.fixture
-def proxied() -> Iterator[tuple[KafkaConfig, KafkaProxy]]:
+def proxied(local_broker_kind: str) -> Iterator[tuple[KafkaConfig, KafkaProxy]]:
     port = free_port()
-    with EmbeddedBroker(advertised_port=port) as broker, KafkaProxy(port, broker.port) as proxy:
+    with local_broker(local_broker_kind, advertised_port=port) as broker, KafkaProxy(port, broker.port) as proxy:
         yield broker.kafka_config(), proxy
 
 

@@ -74,7 +74,7 @@ def test_hand_off_and_commit_are_atomic(broker: Any, kafka: KafkaConfig, kit: Ki
 
     # then: the republish of the first record was written, then aborted with the transaction; nothing committed
     assert [r.value for r in kit.read_all(tier, isolation="read_uncommitted")] == [b"fail-1"]
-    if not broker.is_embedded:
+    if not broker.is_tansu:
         assert kit.read_all(tier) == []
     assert kit.committed(group, source, 1)[0] < 0  # no committed offset at all
     assert crashing.stats.transactions_aborted == 1
@@ -85,7 +85,7 @@ def test_hand_off_and_commit_are_atomic(broker: Any, kafka: KafkaConfig, kit: Ki
     apps.append(healthy)
     healthy.start(main=True, tiers="all")
     wait_until(lambda: (b"fail-1", 2) in calls and (b"ok", 1) in calls, 30, "every record to complete")
-    if broker.is_embedded:
+    if broker.is_tansu:
         wait_until(lambda: healthy.stats.duplicates_suppressed, 10, "the aborted copy's twin to be suppressed")
     assert healthy.stop()
 
@@ -93,7 +93,7 @@ def test_hand_off_and_commit_are_atomic(broker: Any, kafka: KafkaConfig, kit: Ki
     assert kit.committed(group, source, 1) == {0: 3}
     assert sorted(calls) == [(b"crash", 1), (b"fail-1", 1), (b"fail-1", 2), (b"ok", 1)]
     assert healthy.stats.retried == 1 and healthy.error is None
-    if broker.is_embedded:
+    if broker.is_tansu:
         # the aborted copy is still visible here: handled first, and the committed copy suppressed as a duplicate
         assert [r.value for r in kit.read_all(tier)] == [b"fail-1", b"fail-1"]
         assert healthy.stats.duplicates_suppressed == 1

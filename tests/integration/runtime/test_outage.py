@@ -16,7 +16,8 @@ import pytest
 
 from retrytopics import NonRetryable, Record, RetryApp, RetryPolicy
 from retrytopics.connectors.config import KafkaConfig
-from retrytopics.connectors.embedded import EmbeddedBroker, free_port
+from retrytopics.connectors.brokers import local_broker
+from retrytopics.connectors.embedded import free_port
 from retrytopics.headers import DlqReason, decode
 
 from .conftest import Kit, wait_until
@@ -30,9 +31,9 @@ CONSUMER = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
 
 
 @pytest.fixture
-def proxied() -> Iterator[tuple[KafkaConfig, KafkaProxy]]:
+def proxied(local_broker_kind: str) -> Iterator[tuple[KafkaConfig, KafkaProxy]]:
     port = free_port()
-    with EmbeddedBroker(advertised_port=port) as broker, KafkaProxy(port, broker.port) as proxy:
+    with local_broker(local_broker_kind, advertised_port=port) as broker, KafkaProxy(port, broker.port) as proxy:
         yield broker.kafka_config(), proxy
 
 

@@ -1,0 +1,299 @@
+"""A local Apache Kafka broker for tests, the demo and benchmarks: the real broker users run.
+
+One JVM runs `kafka.Kafka` in KRaft combined mode (broker + controller, node 1) on free 127.0.0.1 ports,
+from jars that Maven resolved into the cache (`retrytopics.connectors.jars`; `scripts/setup.sh` fetches
+them). Storage is a temporary folder that survives `kill()` + `start()` (a broker crash and restart keeps
+its log) and is deleted by `stop()`::
+
+    with ApacheKafkaBroker() as broker:
+        print(broker.bootstrap)          # "127.0.0.1:41377"
+        kafka = broker.kafka_config()    # a KafkaConfig for it
+
+Same interface as `EmbeddedBroker` (tansu), so callers pick either by name (`connectors.brokers`).
+Settings a single-node test broker needs: replication factor 1 for every internal topic, no initial
+rebalance delay, a few partitions for the internal topics (fast creation), a small heap.
+"""
+
+from __future__ import annotations
+
+import base64
+import ctypes
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from types import TracebackType
+
+from retrytopics.connectors.config import KafkaConfig
+from retrytopics.connectors.embedded import free_port
+from retrytopics.connectors.jars import KAFKA_BROKER, KAFKA_VERSION, resolve
+from retrytopics.errors import BrokerBinaryMissing, BrokerExitedEarly, BrokerPortInUse, EmbeddedBrokerError
+
+__all__ = ["BROKER_SETTINGS", "ApacheKafkaBroker", "java_major_version"]
+
+#: server.properties for a single-node development broker, beyond listeners and storage.
+BROKER_SETTINGS: dict[str, str] = {
+    "process.roles": "broker,controller",
+    "node.id": "1",
+    "controller.listener.names": "CONTROLLER",
+    # The broker talks to itself (transaction markers, ...) on its own listener, so that a fault proxy in
+    # front of the client listener cuts clients only.
+    "inter.broker.listener.name": "INTERNAL",
+    "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT",
+    "offsets.topic.replication.factor": "1",
+    "offsets.topic.num.partitions": "4",
+    "transaction.state.log.replication.factor": "1",
+    "transaction.state.log.min.isr": "1",
+    "transaction.state.log.num.partitions": "4",
+    "share.coordinator.state.topic.replication.factor": "1",
+    "share.coordinator.state.topic.min.isr": "1",
+    "group.initial.rebalance.delay.ms": "0",
+    "group.min.session.timeout.ms": "1000",
+    "num.partitions": "1",
+    "log.segment.bytes": str(64 * 1024 * 1024),
+    "num.network.threads": "2",
+    "num.io.threads": "2",
+    "num.recovery.threads.per.data.dir": "1",
+}
+
+_LOG4J2 = """\
+status = error
+appender.out.type = Console
+appender.out.name = out
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = {level}
+rootLogger.appenderRef.out.ref = out
+logger.kafka.name = kafka
+logger.kafka.level = {level}
+logger.state.name = state.change.logger
+logger.state.level = WARN
+"""
+
+_PR_SET_PDEATHSIG = 1
+
+
+def java_major_version(java: str = "java") -> int:
+    """The major version of `java` on PATH, 0 when there is none."""
+    if shutil.which(java) is None:
+        return 0
+    result = subprocess.run([java, "-version"], capture_output=True, text=True, check=False)
+    for line in result.stderr.splitlines():
+        if "version" in line and '"' in line:
+            number = line.split('"')[1].split(".")
+            return int(number[1] if number[0] == "1" else number[0])
+    return 0
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    # If the Python process is SIGKILLed, the kernel sends the JVM SIGTERM: no orphan brokers.
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _cluster_id() -> str:
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+class ApacheKafkaBroker:
+    """Start Apache Kafka (KRaft), wait until it answers metadata, stop it on exit, also on exceptions.
+
+    `advertised_port` lets a test put a TCP proxy in front of the broker: clients then reconnect through
+    the proxy, because Kafka clients always follow the advertised address. `settings` overrides entries of
+    `BROKER_SETTINGS` (e.g. `{"message.max.bytes": "200000"}`)."""
+
+    kind = "apache"
+
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        advertised_port: int | None = None,
+        startup_timeout_s: float = 60.0,
+        version: str = KAFKA_VERSION,
+        heap: str = "512m",
+        settings: dict[str, str] | None = None,
+        log_level: str = "WARN",
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.advertised_port = advertised_port
+        self.startup_timeout_s = startup_timeout_s
+        self.version = version
+        self.heap = heap
+        self.settings = {**BROKER_SETTINGS, **(settings or {})}
+        self.log_level = log_level
+        self._home = Path(tempfile.mkdtemp(prefix="retrytopics-kafka-"))
+        self.log_path = self._home / "broker.log"
+        self.controller_port: int | None = None
+        self.internal_port: int | None = None
+        self._formatted = False
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def description(self) -> str:
+        return f"Apache Kafka {self.version} (KRaft, one node, on this machine)"
+
+    @property
+    def bootstrap(self) -> str:
+        if self.port is None:
+            raise EmbeddedBrokerError("the broker has not been started")
+        return f"{self.host}:{self.advertised_port or self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
+    def kafka_config(self, **fields: object) -> KafkaConfig:
+        """A KafkaConfig for this broker; Apache Kafka needs no client workaround."""
+        return KafkaConfig(bootstrap=self.bootstrap, **fields)  # type: ignore[arg-type]
+
+    def start(self) -> ApacheKafkaBroker:
+        if self._process is not None:
+            raise EmbeddedBrokerError("the broker is already running")
+        java = self._java()
+        jars = resolve(KAFKA_BROKER, self.version)
+        self._home.mkdir(parents=True, exist_ok=True)
+        self._choose_ports()
+        self._write_config()
+        classpath = str(jars / "*")
+        if not self._formatted:
+            self._format(java, classpath)
+        log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed when the process is reaped
+        self._process = subprocess.Popen(
+            [java, *self._jvm_options(), "-cp", classpath, "kafka.Kafka", str(self._home / "server.properties")],
+            stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent, start_new_session=True,
+        )  # fmt: skip
+        log_file.close()
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.kill()
+            raise
+        return self
+
+    def _java(self) -> str:
+        if java_major_version() < 17:
+            raise BrokerBinaryMissing(
+                "Apache Kafka 4 needs Java 17 or newer on PATH (Debian: apt-get install openjdk-17-jre-headless; "
+                "scripts/setup.sh installs it)"
+            )
+        return "java"
+
+    def _choose_ports(self) -> None:
+        if self.port is None:
+            self.port = free_port(self.host)
+        if self.controller_port is None:
+            self.controller_port = free_port(self.host)
+        if self.internal_port is None:
+            self.internal_port = free_port(self.host)
+        for port in (self.port, self.controller_port, self.internal_port):
+            if not _port_is_free(self.host, port):
+                raise BrokerPortInUse(f"{self.host}:{port} is already in use; pick another port or leave it unset")
+
+    def _write_config(self) -> None:
+        listeners = {
+            "listeners": f"PLAINTEXT://{self.host}:{self.port},INTERNAL://{self.host}:{self.internal_port},"
+            f"CONTROLLER://{self.host}:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://{self.host}:{self.advertised_port or self.port},"
+            f"INTERNAL://{self.host}:{self.internal_port}",
+            "controller.quorum.voters": f"1@{self.host}:{self.controller_port}",
+            "log.dirs": str(self._home / "data"),
+        }
+        lines = [f"{key}={value}" for key, value in {**self.settings, **listeners}.items()]
+        (self._home / "server.properties").write_text("\n".join(lines) + "\n")
+        (self._home / "log4j2.properties").write_text(_LOG4J2.format(level=self.log_level))
+
+    def _jvm_options(self) -> list[str]:
+        return [
+            f"-Xmx{self.heap}", f"-Xms{self.heap}", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+            "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={self._home / 'log4j2.properties'}",
+            f"-Dkafka.logs.dir={self._home}",
+        ]  # fmt: skip
+
+    def _format(self, java: str, classpath: str) -> None:
+        command = [
+            java, "-Xmx256m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC",
+            f"-Dlog4j2.configurationFile={self._home / 'log4j2.properties'}", "-cp", classpath,
+            "kafka.tools.StorageTool", "format", "--config", str(self._home / "server.properties"),
+            "--cluster-id", _cluster_id(), "--ignore-formatted",
+        ]  # fmt: skip
+        result = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
+        if result.returncode != 0:
+            raise BrokerExitedEarly("formatting the KRaft storage failed", (result.stdout + result.stderr)[-3000:])
+        self._formatted = True
+
+    def _wait_ready(self) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        assert self._process is not None
+        deadline = time.monotonic() + self.startup_timeout_s
+        # Straight to the listener, not the advertised port: a proxy in front may not be running yet.
+        admin = AdminClient({"bootstrap.servers": f"{self.host}:{self.port}", "log_level": 0})
+        while True:
+            if self._process.poll() is not None:
+                tail = self.log_tail()
+                if "Address already in use" in tail:
+                    raise BrokerPortInUse(f"{self.host}:{self.port} or {self.controller_port} is already in use")
+                raise BrokerExitedEarly(f"Apache Kafka exited with status {self._process.returncode} during start-up", tail)
+            try:
+                if admin.list_topics(timeout=0.5).brokers:
+                    return
+            except Exception:  # noqa: BLE001 - not ready yet; the deadline bounds the loop
+                pass
+            if time.monotonic() > deadline:
+                raise BrokerExitedEarly(f"Apache Kafka did not answer within {self.startup_timeout_s}s", self.log_tail())
+            time.sleep(0.05)
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no broker log)"
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """Stop the broker (controlled shutdown), reap it and delete its storage; idempotent."""
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=timeout_s)
+        shutil.rmtree(self._home, ignore_errors=True)
+        self._formatted = False
+
+    def kill(self) -> None:
+        """SIGKILL the broker (for fault tests). Its log stays on disk: `start()` brings it back with its data
+        on the same ports."""
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait()
+
+    def __enter__(self) -> ApacheKafkaBroker:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def _port_is_free(host: str, port: int) -> bool:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True

@@ -1,0 +1,54 @@
+"""Local brokers by name, for the test fixtures, the demo and the benchmarks.
+
+- `apache`: Apache Kafka itself (`connectors.apache`), jars resolved by Maven; starts in about 5 s. The
+  broker that counts: the test suite and CI run on it.
+- `tansu`: the embedded tansu broker from the `embedded` extra (`connectors.embedded`), in memory; starts
+  in well under a second, but differs from Kafka in measured ways (docs/testing.md).
+
+    with local_broker("apache") as broker:
+        run(broker.kafka_config())
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from retrytopics.connectors.config import KafkaConfig
+
+__all__ = ["BROKER_NAMES", "LocalBroker", "local_broker"]
+
+BROKER_NAMES = ("apache", "tansu")
+
+
+class LocalBroker(Protocol):
+    """What the demo, the fixtures and the benchmarks use of a broker they start themselves."""
+
+    kind: str
+    port: int | None
+
+    @property
+    def bootstrap(self) -> str: ...
+    @property
+    def description(self) -> str: ...
+    @property
+    def pid(self) -> int | None: ...
+    def kafka_config(self, **fields: object) -> KafkaConfig: ...
+    def start(self) -> LocalBroker: ...
+    def stop(self) -> None: ...
+    def kill(self) -> None: ...
+    def log_tail(self, lines: int = ...) -> str: ...
+    def __enter__(self) -> LocalBroker: ...
+    def __exit__(self, *exc: object) -> None: ...
+
+
+def local_broker(name: str, *, advertised_port: int | None = None, port: int | None = None) -> LocalBroker:
+    """A not yet started broker of kind `name` ("apache" or "tansu")."""
+    if name == "apache":
+        from retrytopics.connectors.apache import ApacheKafkaBroker
+
+        return ApacheKafkaBroker(port=port, advertised_port=advertised_port)
+    if name == "tansu":
+        from retrytopics.connectors.embedded import EmbeddedBroker
+
+        return EmbeddedBroker(port=port, advertised_port=advertised_port)
+    raise ValueError(f"unknown broker {name!r}; expected one of {', '.join(BROKER_NAMES)}")
