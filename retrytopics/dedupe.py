@@ -1,13 +1,18 @@
 """A bounded duplicate audit for tier records (ActiveMQ's ConnectionAudit, Kafka edition).
 
-Pure: standard library only. A crash between an acknowledged republish and the commit of its source offset
-republishes the record again, so a tier topic can hold two copies of the same hop. Both carry the same
-``(origin_message_id, lineage.replay_count, reconsume_times)``; the second is suppressed (counted and logged,
-never dead-lettered) when the audit still remembers the first::
+Pure: standard library and `headers` only. A crash between an acknowledged republish and the commit of its
+source offset republishes the record again, so a tier topic can hold two copies of the same hop. Both carry
+the same original coordinates (topic, partition, offset of the source record), ``lineage.replay_count`` and
+``reconsume_times``; the second is suppressed (counted and logged, never dead-lettered) when the audit still
+remembers the first::
 
     audit = DuplicateAudit(capacity=2)
-    audit.check_and_remember(("orders-0-42", 0, 1))   # False: first sighting
-    audit.check_and_remember(("orders-0-42", 0, 1))   # True: a duplicate
+    audit.check_and_remember(("orders", 0, 42, 0, 1))   # False: first sighting
+    audit.check_and_remember(("orders", 0, 42, 0, 1))   # True: a duplicate
+
+The key never holds ``origin_message_id``: with ``id_header`` that is a value a producer chooses, and two
+different source records sharing it are not copies of each other (suppressing the second lost it). The
+coordinates name one source record, whatever its headers say.
 
 The audit is an LRU of `capacity` keys: memory stays bounded whatever the headers say, and a duplicate
 further back than `capacity` handled records is handled again (at-least-once, never lost).
@@ -18,13 +23,23 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import TypeAlias
 
-__all__ = ["DEFAULT_CAPACITY", "AuditKey", "DuplicateAudit"]
+from retrytopics.headers import RetryHeaders
 
-#: (origin_message_id, lineage.replay_count, reconsume_times)
-AuditKey: TypeAlias = tuple[str, int, int]
+__all__ = ["DEFAULT_CAPACITY", "AuditKey", "DuplicateAudit", "audit_key"]
+
+#: (original_topic, original_partition, original_offset, lineage.replay_count, reconsume_times)
+AuditKey: TypeAlias = tuple[str, int, int, int, int]
 
 #: Keys remembered by default: about 10 MB at ~100 bytes a key.
 DEFAULT_CAPACITY = 100_000
+
+
+def audit_key(state: RetryHeaders) -> AuditKey:
+    """What identifies one copy of one hop of one source record (see the module docstring)."""
+    return (
+        state.original_topic, state.original_partition, state.original_offset,
+        state.lineage.replay_count, state.reconsume_times,
+    )  # fmt: skip
 
 
 class DuplicateAudit:

@@ -24,7 +24,7 @@ from types import MappingProxyType
 from dataclasses import dataclass
 from typing import Any
 
-from retrytopics.dedupe import AuditKey, DuplicateAudit
+from retrytopics.dedupe import AuditKey, DuplicateAudit, audit_key
 from retrytopics.errors import HeaderDecodeError, KafkaClientError
 from retrytopics.events import Emitter, Event
 from retrytopics.headers import RetryHeaders
@@ -211,7 +211,7 @@ class ConsumerLoop:
             return
         key: AuditKey | None = None
         if state is not None:
-            key = (state.origin_message_id, state.lineage.replay_count, state.reconsume_times)
+            key = audit_key(state)
             if key in self._audit:
                 self._suppress(msg, state)
                 return
@@ -282,8 +282,9 @@ class ConsumerLoop:
         epoch = self._track(msg)
         self._finish(msg.tp, msg.offset, epoch)
         log.info(
-            "%s: duplicate suppressed: %s[%d]@%d repeats origin %s attempt %d (a republish was duplicated by a crash)",
-            self.settings.name, msg.topic, msg.partition, msg.offset, state.origin_message_id, state.reconsume_times,
+            "%s: duplicate suppressed: %s[%d]@%d repeats %s[%d]@%d attempt %d (a republish was duplicated by a crash)",
+            self.settings.name, msg.topic, msg.partition, msg.offset, state.original_topic, state.original_partition,
+            state.original_offset, state.reconsume_times,
         )  # fmt: skip
         self._emit(Event.DUPLICATE_SUPPRESSED, topic=msg.topic, partition=msg.partition, offset=msg.offset,
                    origin_message_id=state.origin_message_id, reconsume_times=state.reconsume_times)  # fmt: skip

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from retrytopics import RetryApp
 from retrytopics.connectors.admin import TopicSpec, ensure_topics
@@ -96,12 +96,26 @@ class Kit:
             consumer.close()
 
     def committed(self, group: str, topic: str, partitions: int) -> dict[int, int]:
+        """The group's committed offsets. A coordinator still moving or loading (NOT_COORDINATOR right after
+        a group's first commit) is asked again, within 10 s; it says nothing about the offsets."""
         consumer = make_consumer(self.kafka, group_id=group)
+        deadline = time.monotonic() + 10
         try:
-            got = consumer.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=10)
-            return {tp.partition: tp.offset for tp in got}
+            while True:
+                try:
+                    got = consumer.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=10)
+                    return {tp.partition: tp.offset for tp in got}
+                except KafkaException as exc:
+                    if exc.args[0].code() not in _COORDINATOR_MOVING or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.1)
         finally:
             consumer.close()
+
+
+_COORDINATOR_MOVING = frozenset(
+    {KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE}
+)
 
 
 @pytest.fixture
