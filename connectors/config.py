@@ -15,7 +15,7 @@ from types import MappingProxyType
 
 from retrytopics.errors import ConfigError
 
-__all__ = ["FORBIDDEN_OVERRIDES", "KafkaConfig", "SecurityProtocol", "redact"]
+__all__ = ["FORBIDDEN_OVERRIDES", "KafkaConfig", "SecurityProtocol", "redact", "validate_overrides"]
 
 
 class SecurityProtocol(StrEnum):
@@ -64,6 +64,40 @@ _MUST_STAY_SECURE = {
 }
 
 _SECRET_KEY = re.compile(r"(?i)password|secret|token|jaas|credential|\.key\.pem$")
+
+
+def _validate_path(name: str, path: str | None) -> None:
+    if path is None:
+        return
+    # librdkafka takes a directory of CA certificates (OpenSSL's c_rehash layout) as ssl.ca.location
+    if name == "ssl_ca_location" and os.path.isdir(path):
+        return
+    if not os.path.isfile(path):
+        raise ConfigError(name, path, "file does not exist")
+
+
+def validate_overrides(name: str, overrides: Mapping[str, object], *, allow_insecure: bool = False) -> None:
+    """Refuse librdkafka overrides that load code, bypass a `KafkaConfig` field or weaken TLS/SASL (unless
+    `allow_insecure`). `name` is the field reported, e.g. `consumer_overrides`: every path that hands
+    properties to a client (KafkaConfig, RetryApp, the client factories) goes through here."""
+    for key, value in overrides.items():
+        if not isinstance(key, str) or not key:
+            raise ConfigError(name, key, "keys must be non-empty librdkafka property names")
+        if key in FORBIDDEN_OVERRIDES:
+            raise ConfigError(f"{name}[{key}]", "[hidden]", "refused: this property loads code or runs commands")
+        if key in _OWNED:
+            raise ConfigError(f"{name}[{key}]", "[hidden]", "set it through its own KafkaConfig field")
+        if key.startswith("java.") or key in {"sasl.jaas.config", "ssl.truststore.location"}:
+            raise ConfigError(f"{name}[{key}]", value, "a Java client property; use librdkafka's name")
+        secure = _MUST_STAY_SECURE.get(key)
+        if secure and _text(value) not in secure and not allow_insecure:
+            raise ConfigError(f"{name}[{key}]", value, "weakens TLS/SASL security; set allow_insecure=True to insist")
+
+
+def _text(value: object) -> str:
+    # librdkafka reads booleans as true/false, 1/0 (any case); compare in one spelling
+    text = str(value).strip().lower()
+    return {"1": "true", "0": "false"}.get(text, text)
 
 
 def redact(config: Mapping[str, object]) -> dict[str, object]:
@@ -124,11 +158,13 @@ class KafkaConfig:
             raise ConfigError("security_protocol", self.security_protocol, f"must be one of {allowed}") from None
         object.__setattr__(self, "security_protocol", protocol)
         if protocol.value.startswith("SASL"):
-            mechanism = (self.sasl_mechanism or "").upper()
+            mechanism = (self.sasl_mechanism or "").strip().upper()
             if mechanism not in _SASL_MECHANISMS:
                 raise ConfigError(
                     "sasl_mechanism", self.sasl_mechanism, f"must be one of {', '.join(sorted(_SASL_MECHANISMS))}"
                 )
+            # librdkafka matches mechanism names case-sensitively: "plain" would pass here and fail there
+            object.__setattr__(self, "sasl_mechanism", mechanism)
             if mechanism in {"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"}:
                 if not self.sasl_username:
                     raise ConfigError("sasl_username", self.sasl_username, f"required for SASL {mechanism}")
@@ -140,23 +176,14 @@ class KafkaConfig:
                 "security_protocol", protocol.value, "SASL settings were given but the protocol does not use SASL"
             )
         for name in ("ssl_ca_location", "ssl_certificate_location", "ssl_key_location"):
-            path = getattr(self, name)
-            if path is not None and not os.path.isfile(path):
-                raise ConfigError(name, path, "file does not exist")
+            _validate_path(name, getattr(self, name))
 
     def _validate_overrides(self, name: str, overrides: Mapping[str, object]) -> None:
+        validate_overrides(name, overrides, allow_insecure=self.allow_insecure)
         for key, value in overrides.items():
-            if not isinstance(key, str) or not key:
-                raise ConfigError(name, key, "keys must be non-empty librdkafka property names")
-            if key in FORBIDDEN_OVERRIDES:
-                raise ConfigError(f"{name}[{key}]", "[hidden]", "refused: this property loads code or runs commands")
-            if key in _OWNED:
-                raise ConfigError(f"{name}[{key}]", "[hidden]", "set it through its own KafkaConfig field")
-            if key.startswith("java.") or key in {"sasl.jaas.config", "ssl.truststore.location"}:
-                raise ConfigError(f"{name}[{key}]", value, "a Java client property; use librdkafka's name")
-            secure = _MUST_STAY_SECURE.get(key)
-            if secure and str(value).lower() not in secure and not self.allow_insecure:
-                raise ConfigError(f"{name}[{key}]", value, "weakens TLS/SASL security; set allow_insecure=True to insist")
+            # a TOML sub-table or array would reach librdkafka as its Python repr
+            if not isinstance(value, str | int | float | bool):
+                raise ConfigError(f"{name}[{key}]", type(value).__name__, "expected a string, number or boolean")
 
     def client_config(self) -> dict[str, str | int | float | bool]:
         """librdkafka properties common to every client (secrets included: never log this, use `redact`)."""

@@ -20,13 +20,15 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from retrytopics.connectors.config import KafkaConfig, redact
-from retrytopics.errors import KafkaClientError, PublishError
+from retrytopics.connectors.config import KafkaConfig, redact, validate_overrides
+from retrytopics.errors import ConfigError, KafkaClientError, PublishError
 
 __all__ = [
     "CONSUMER_DEFAULTS",
     "PRODUCER_DEFAULTS",
+    "check_properties",
     "delivery_error",
+    "last_client_error",
     "make_admin",
     "make_consumer",
     "make_producer",
@@ -55,13 +57,26 @@ CONSUMER_DEFAULTS: dict[str, str | int | float | bool] = {
 }
 
 
+#: The text of the latest error a client reported through error_cb (e.g. "SSL handshake failed: ...
+#: certificate verify failed"): a failed metadata request only says `_TRANSPORT`, this says why.
+_last_error: list[str] = []
+
+
 def _log_client_error(err: KafkaError) -> None:
     # Transport errors are retried by librdkafka itself; they are worth a warning, not an exception.
     level = logging.ERROR if err.fatal() else logging.WARNING
     log.log(level, "kafka client error: %s", err)
+    _last_error[:] = [err.str()]
 
 
-def _build(base: Properties, defaults: Properties, overrides: Properties | None) -> dict[str, Any]:
+def last_client_error() -> str | None:
+    """The latest error any client of this process reported in the background, if any."""
+    return _last_error[0] if _last_error else None
+
+
+def _build(base: Properties, defaults: Properties, overrides: Properties | None, *, kafka: KafkaConfig) -> dict[str, Any]:
+    # the factories' own overrides go through the same refusals as KafkaConfig's tables: no path bypasses them
+    validate_overrides("overrides", overrides or {}, allow_insecure=kafka.allow_insecure)
     config: dict[str, Any] = {**defaults, **base, **(overrides or {})}
     config.setdefault("error_cb", _log_client_error)
     config.setdefault("logger", _librdkafka_log)
@@ -72,7 +87,7 @@ def make_producer(
     kafka: KafkaConfig, *, transactional_id: str | None = None, overrides: Properties | None = None
 ) -> Producer:
     """An idempotent, acks=all producer; transactional when `transactional_id` is given."""
-    config = _build(kafka.producer_config(), PRODUCER_DEFAULTS, overrides)
+    config = _build(kafka.producer_config(), PRODUCER_DEFAULTS, overrides, kafka=kafka)
     if transactional_id is not None:
         config["transactional.id"] = transactional_id
     log.debug("creating producer %s", redact(config))
@@ -83,7 +98,7 @@ def make_producer(
 def make_consumer(kafka: KafkaConfig, *, group_id: str | None, overrides: Properties | None = None) -> Consumer:
     """A manually-committing consumer. `group_id=None` gives a throwaway id for assign()-only readers,
     which never join a group (librdkafka insists on a group.id even then)."""
-    config = _build(kafka.consumer_config(), CONSUMER_DEFAULTS, overrides)
+    config = _build(kafka.consumer_config(), CONSUMER_DEFAULTS, overrides, kafka=kafka)
     config["group.id"] = group_id or f"retrytopics-reader-{uuid.uuid4().hex}"
     log.debug("creating consumer %s", redact(config))
     with map_kafka_errors():
@@ -92,11 +107,47 @@ def make_consumer(kafka: KafkaConfig, *, group_id: str | None, overrides: Proper
 
 def make_admin(kafka: KafkaConfig, *, overrides: Properties | None = None) -> AdminClient:
     """An admin client for provisioning and offset queries."""
+    validate_overrides("overrides", overrides or {}, allow_insecure=kafka.allow_insecure)
     config: dict[str, Any] = {**kafka.client_config(), **(overrides or {})}
     config.setdefault("error_cb", _log_client_error)
     config.setdefault("logger", _librdkafka_log)
     with map_kafka_errors():
         return AdminClient(config)
+
+
+_QUIET = logging.getLogger("retrytopics.librdkafka.check")
+_QUIET.addHandler(logging.NullHandler())
+_QUIET.propagate = False
+
+
+def check_properties(field: str, properties: Properties, *, producer: bool = False) -> None:
+    """Let librdkafka itself judge `properties` now, at start-up: a throwaway client without
+    bootstrap.servers (it never connects) refuses a misspelt name or an ill-typed value, and the
+    `ConfigError` names the property (e.g. `kafka.overrides[sockt.timeout.ms]`). Without this, the mistake
+    surfaces only when a consumer loop builds its client."""
+    refusal = _refusal(properties, producer=producer)
+    if refusal is None:
+        return
+    # librdkafka names an alias by its canonical name (linger.ms -> queue.buffering.max.ms): find our key
+    culprit = next((k for k in properties if _refusal({k: properties[k]}, producer=producer)), None)
+    shown = "[hidden]" if culprit is None or redact({culprit: ""})[culprit] == "[hidden]" else properties[culprit]
+    raise ConfigError(f"{field}[{culprit}]" if culprit else field, shown, f"librdkafka refused it: {refusal}")
+
+
+def _refusal(properties: Properties, *, producer: bool) -> str | None:
+    """librdkafka's complaint about `properties`, or None."""
+    if not properties:
+        return None
+    config: dict[str, Any] = {**properties, "logger": _QUIET, "log_level": 0}
+    try:
+        if producer:
+            Producer(config).flush(0)
+        else:
+            Consumer({**config, "group.id": "retrytopics-config-check"}).close()
+    except KafkaException as exc:
+        err = exc.args[0] if exc.args else None
+        return err.str() if isinstance(err, KafkaError) else str(exc)
+    return None
 
 
 def _from_kafka_error(err: KafkaError) -> KafkaClientError:

@@ -1,15 +1,18 @@
 """The `retrytopics` command line. Argument parsing and printing only; every command delegates.
 
-Settings come from `--config FILE` (TOML), the environment (`RETRYTOPICS_<SECTION>_<KEY>`,
-`KAFKA_BOOTSTRAP_SERVERS`) and flags, in that order of precedence (see `retrytopics.config`). A bad value
-exits with status 2 and a message that names the field.
+Settings come from the app's own code (`run`, `tiers`), `--config FILE` or `RETRYTOPICS_CONFIG` (TOML), the
+environment (`RETRYTOPICS_<SECTION>_<KEY>`, `KAFKA_BOOTSTRAP_SERVERS`) and flags, each overriding the one
+before (see `retrytopics.config`). A bad value exits with status 2 and a message that names the field. A
+command whose reader goes away (`... | head -1`) stops quietly with status 141, as if killed by SIGPIPE.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -38,6 +41,31 @@ def _settings(args: argparse.Namespace) -> Any:
     return settings
 
 
+def _require_extra(field: str, value: object, module: str, extra: str) -> None:
+    """Fail before any work (no broker connection, no Spark job) when an optional dependency is missing."""
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # ValueError: a module blocked as None in sys.modules
+        found = False
+    if not found:
+        raise ConfigError(field, value, f"needs the {extra} extra ({module} is not installed): pip install 'retrytopics[{extra}]'")
+
+
+def _kafka(settings: Any) -> Any:
+    """The settings' KafkaConfig, its librdkafka override tables judged by librdkafka before any work."""
+    kafka = settings.require_kafka()
+    _check_tables(kafka)
+    return kafka
+
+
+def _check_tables(kafka: Any) -> None:
+    from retrytopics.connectors.kafka import check_properties
+
+    check_properties("kafka.overrides", kafka.overrides)
+    check_properties("kafka.producer_overrides", kafka.producer_overrides, producer=True)
+    check_properties("kafka.consumer_overrides", kafka.consumer_overrides)
+
+
 def _cmd_broker(args: argparse.Namespace) -> int:
     from retrytopics.connectors.embedded import EmbeddedBroker
 
@@ -53,7 +81,7 @@ def _cmd_topics_create(args: argparse.Namespace) -> int:
     from retrytopics.ops import provision_pipeline
 
     settings = _settings(args)
-    outcome = provision_pipeline(settings.require_kafka(), settings.app, create_source=args.create_source)
+    outcome = provision_pipeline(_kafka(settings), settings.app, create_source=args.create_source)
     for topic, what in outcome.items():
         print(f"{what.value:8} {topic}")
     return 0
@@ -64,7 +92,7 @@ def _cmd_dlq_peek(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     dlq = args.dlq_topic or pipeline_topics(settings.app).dlq
-    for record in peek_dlq(settings.require_kafka(), dlq, last=args.last, follow=args.follow):
+    for record in peek_dlq(_kafka(settings), dlq, last=args.last, follow=args.follow):
         if args.json:
             print(json.dumps(record.as_dict(), sort_keys=True), flush=True)
         else:
@@ -83,7 +111,7 @@ def _cmd_topics_describe(args: argparse.Namespace) -> int:
     from retrytopics.ops import describe_pipeline
 
     settings = _settings(args)
-    rows = describe_pipeline(settings.require_kafka(), settings.app, grace_ms=int(args.grace * 1000))
+    rows = describe_pipeline(_kafka(settings), settings.app, grace_ms=int(args.grace * 1000))
     if args.json:
         print(json.dumps([row.as_dict() for row in rows]))
         return 0
@@ -104,6 +132,10 @@ def _load_app(reference: str) -> Any:
     module_name, _, attribute = reference.partition(":")
     if not module_name or not attribute:
         raise ConfigError("app", reference, "expected MODULE:OBJECT, e.g. billing.consumers:app")
+    # a console script's sys.path starts at its bin folder; users expect `run shop:app` next to shop.py to
+    # work, as with uvicorn and gunicorn
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -125,17 +157,31 @@ def _serve_metrics(app: Any, port: int | None) -> None:
     logging.getLogger("retrytopics").info("metrics on http://0.0.0.0:%d/metrics", port)
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
+def _prepared_app(args: argparse.Namespace) -> tuple[Any, Any]:
+    """Settings, then the app with every Kafka setting given in the TOML file, the environment or a flag
+    applied over its own KafkaConfig, its override tables checked by librdkafka: all before any I/O."""
     settings = _settings(args)
+    if settings.metrics_port is not None:
+        _require_extra("metrics.port", settings.metrics_port, "prometheus_client", "metrics")
     app = _load_app(args.app)
+    app.kafka = settings.kafka_over(app.kafka)
+    _check_tables(app.kafka)
+    from retrytopics.connectors.kafka import check_properties
+
+    check_properties("consumer_overrides", app.consumer_overrides)
+    check_properties("producer_overrides", app.producer_overrides, producer=True)
+    return settings, app
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    settings, app = _prepared_app(args)
     _serve_metrics(app, settings.metrics_port)
     app.run()
     return 0 if app.healthy else 1
 
 
 def _cmd_tiers(args: argparse.Namespace) -> int:
-    settings = _settings(args)
-    app = _load_app(args.app)
+    settings, app = _prepared_app(args)
     _serve_metrics(app, settings.metrics_port)
     app.run_tiers(tiers=args.tier or "all")
     return 0 if app.healthy else 1
@@ -185,7 +231,9 @@ def _cmd_spark_job(args: argparse.Namespace) -> int:
     from retrytopics.ops import pipeline_topics
 
     settings = _settings(args)
-    return int(args.spark_job(args, kafka=settings.require_kafka(), topics=pipeline_topics(settings.app)))
+    if getattr(args, "chart", None):
+        _require_extra("chart", args.chart, "matplotlib", "spark")
+    return int(args.spark_job(args, kafka=_kafka(settings), topics=pipeline_topics(settings.app)))
 
 
 def _add_spark_jobs(commands: Any) -> None:
@@ -297,17 +345,52 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: librdkafka codes of a request that reached no broker: a wrong address, a broker down, or a TLS handshake
+#: refused (a wrong CA looks exactly like an unreachable broker from the request's side).
+_UNREACHABLE = {"_TRANSPORT", "_TIMED_OUT", "_ALL_BROKERS_DOWN", "_RESOLVE", "_SSL", "TIMED_OUT"}
+
+
+def connection_hint(code: str, last_error: str | None) -> str | None:
+    """What to check when no broker answered; `last_error` is the latest background client error."""
+    if code not in _UNREACHABLE:
+        return None
+    hint = "no broker answered: check kafka.bootstrap (host:port reachable from here, the broker up)"
+    if last_error and any(word in last_error.lower() for word in ("ssl", "certificate", "handshake")):
+        return f"{hint}; the TLS handshake failed ({last_error}): check kafka.ssl_ca_location and kafka.security_protocol"
+    hint += "; with SSL or SASL_SSL, a wrong CA (kafka.ssl_ca_location) or protocol (kafka.security_protocol) fails the same way"
+    return f"{hint} (last client error: {last_error})" if last_error else hint
+
+
+def _report(exc: RetryTopicsError) -> None:
+    logging.getLogger("retrytopics").debug("command failed", exc_info=True)
+    print(f"retrytopics: {type(exc).__name__}: {exc}", file=sys.stderr)
+    code = getattr(exc, "code", "")
+    if code in _UNREACHABLE:
+        from retrytopics.connectors.kafka import last_client_error
+
+        print(f"retrytopics: hint: {connection_hint(code, last_client_error())}", file=sys.stderr)
+
+
+def _reader_gone() -> int:
+    # Point stdout at /dev/null so that the interpreter's final flush does not fail a second time.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + signal.SIGPIPE
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)  # inside: `--help | head -1` must not trace back either
         return int(args.run(args))
     except ConfigError as exc:
         print(f"retrytopics: configuration error: {exc}", file=sys.stderr)
         return 2
     except RetryTopicsError as exc:
-        logging.getLogger("retrytopics").debug("command failed", exc_info=True)
-        print(f"retrytopics: {type(exc).__name__}: {exc}", file=sys.stderr)
+        _report(exc)
         return 1
+    except BrokenPipeError:
+        return _reader_gone()
     except KeyboardInterrupt:
         return 130
 

@@ -1,6 +1,9 @@
 """Operator settings for the CLI: one frozen model merged from a TOML file, the environment and flags.
 
-Precedence, lowest first: defaults < TOML file < environment < command-line flags. Every error is a
+Precedence, lowest first: defaults < the app's own code (`RetryApp(kafka=KafkaConfig(...))`, for `run` and
+`tiers`) < TOML file < environment < command-line flags: a Kafka setting given in any layer replaces the
+app's value field by field (`Settings.kafka_over`), and `[kafka.overrides]` adds to the app's. The TOML file
+is `--config FILE`, or `RETRYTOPICS_CONFIG` when no flag is given. Every error is a
 `ConfigError` whose field is the dotted setting name (`kafka.bootstrap`, `app.delays[1]`) and says where
 the value came from. Secrets are read from the environment or a file, never from argv (argv is visible to
 every user of the machine through /proc).
@@ -31,9 +34,10 @@ Environment variables: `RETRYTOPICS_<SECTION>_<KEY>` (e.g. `RETRYTOPICS_KAFKA_BO
 from __future__ import annotations
 
 import os
+import re
 import tomllib
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +66,7 @@ _SCHEMA: dict[str, dict[str, type]] = {
     "logging": {"level": str, "json": bool},
 }  # fmt: skip
 _SECRETS = {"kafka.sasl_password", "kafka.ssl_key_password"}
+_INTEGER = re.compile(r"[+-]?[0-9]+")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -113,6 +118,22 @@ class Settings:
     app: AppSettings = field(default_factory=AppSettings)
     metrics_port: int | None = None
     logging: LoggingSettings = field(default_factory=LoggingSettings)
+    #: The Kafka settings given in some layer (TOML, environment, flags), secrets resolved; applied over an
+    #: app's own KafkaConfig by `kafka_over`.
+    kafka_fields: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.metrics_port is not None and not 0 < self.metrics_port < 65536:
+            raise ConfigError("metrics.port", self.metrics_port, "must be a TCP port, 1 to 65535")
+
+    def kafka_over(self, base: KafkaConfig) -> KafkaConfig:
+        """`base` (an app's own config) with every Kafka setting given in the TOML file, the environment or
+        a flag replacing its value; `overrides` tables are merged, key by key."""
+        fields = dict(self.kafka_fields)
+        for name in ("overrides", "producer_overrides", "consumer_overrides"):
+            if name in fields:
+                fields[name] = {**getattr(base, name), **fields[name]}
+        return _validated_kafka(lambda: replace(base, **fields))
 
     def require_kafka(self) -> KafkaConfig:
         if self.kafka is None:
@@ -131,7 +152,8 @@ def _coerce(dotted: str, value: Any, kind: type, origin: str) -> Any:
         raise ConfigError(dotted, shown, f"expected {kind.__name__} (from {origin})")
     text = value.strip()
     if kind is int:
-        if not text.lstrip("-").isdigit():
+        # not str.isdigit: it accepts "²" and a stripped "--5", which int() then refuses with a bare ValueError
+        if not _INTEGER.fullmatch(text):
             raise ConfigError(dotted, shown, f"expected an integer (from {origin})")
         return int(text)
     if kind is bool:
@@ -182,22 +204,38 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError("config", str(path), f"not valid TOML: {exc}") from None
 
 
-def _kafka_config(values: dict[str, Any]) -> KafkaConfig | None:
-    if not values.get("bootstrap"):
-        if values:
-            raise ConfigError("kafka.bootstrap", None, "required when any [kafka] setting is given")
-        return None
+def _read_secret_file(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ConfigError("kafka.sasl_password_file", path, f"cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        # never echo the bytes: they are (part of) a secret
+        raise ConfigError("kafka.sasl_password_file", path, "not UTF-8 text") from None
+
+
+def _kafka_fields(values: dict[str, Any]) -> dict[str, Any]:
+    """The [kafka] settings as KafkaConfig keyword arguments, the password file read."""
     values = dict(values)
     password_file = values.pop("sasl_password_file", None)
     if password_file and not values.get("sasl_password"):
-        try:
-            values["sasl_password"] = Path(password_file).read_text().strip()
-        except OSError as exc:
-            raise ConfigError("kafka.sasl_password_file", password_file, f"cannot read: {exc.strerror}") from None
+        values["sasl_password"] = _read_secret_file(password_file)
+    return values
+
+
+def _validated_kafka(build: Callable[[], KafkaConfig]) -> KafkaConfig:
     try:
-        return KafkaConfig(**values)
+        return build()
     except ConfigError as exc:
         raise ConfigError(f"kafka.{exc.field}", exc.value, exc.reason) from None
+
+
+def _kafka_config(fields: dict[str, Any]) -> KafkaConfig | None:
+    """A KafkaConfig when a bootstrap was given somewhere; otherwise None (an app module may bring its own,
+    and commands that need one say so through `Settings.require_kafka`)."""
+    if not fields.get("bootstrap"):
+        return None
+    return _validated_kafka(lambda: KafkaConfig(**fields))
 
 
 def load_settings(
@@ -206,15 +244,18 @@ def load_settings(
     environ: Mapping[str, str] | None = None,
     flags: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Settings:
-    """Merge defaults < TOML file < environment < flags into one validated `Settings`.
+    """Merge defaults < TOML file (`path`, else `RETRYTOPICS_CONFIG`) < environment < flags into one
+    validated `Settings`.
 
     `flags` uses the file's shape, e.g. `{"kafka": {"bootstrap": "h:9092"}, "app": {"group": "billing"}}`;
     None values mean "flag not given".
     """
     merged: dict[str, dict[str, Any]] = {section: {} for section in _SCHEMA}
+    environ = os.environ if environ is None else environ
+    path = path or environ.get("RETRYTOPICS_CONFIG") or None
     if path is not None:
         _merge_layer(merged, _read_toml(Path(path)), f"file {path}")
-    _merge_layer(merged, _from_environment(os.environ if environ is None else environ), "environment")
+    _merge_layer(merged, _from_environment(environ), "environment")
     if flags:
         _merge_layer(merged, flags, "command line")
     if "sasl_password" in (flags or {}).get("kafka", {}):
@@ -228,9 +269,11 @@ def load_settings(
         except ValueError:
             known = ", ".join(s.value for s in NamingStrategy)
             raise ConfigError("app.naming", app["naming"], f"must be one of {known}") from None
+    kafka_fields = _kafka_fields(merged["kafka"])
     return Settings(
-        kafka=_kafka_config(merged["kafka"]),
+        kafka=_kafka_config(kafka_fields),
         app=AppSettings(**app),
         metrics_port=merged["metrics"].get("port"),
         logging=LoggingSettings(**merged["logging"]),
+        kafka_fields=kafka_fields,
     )

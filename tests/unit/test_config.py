@@ -105,3 +105,58 @@ def test_invalid_toml_is_reported_with_the_path(tmp_path: Path) -> None:
     path.write_text("[kafka\n")
     error = _error(path=path, environ={})
     assert error.field == "config" and "TOML" in error.reason
+
+
+@pytest.mark.parametrize("text", ["--5", "+-5", "5-", "²", ""])
+def test_malformed_integers_are_config_errors_from_every_layer(text: str, tmp_path: Path) -> None:
+    assert _error(environ={"RETRYTOPICS_APP_PARTITIONS": text}).field == "app.partitions"
+    path = tmp_path / "rt.toml"
+    path.write_text(f'[app]\npartitions = "{text}"\n')
+    assert _error(path=path, environ={}).field == "app.partitions"
+
+
+def test_a_password_file_that_is_not_utf8_names_the_field_and_hides_its_bytes(tmp_path: Path) -> None:
+    secret = tmp_path / "pw"
+    secret.write_bytes(b"s3cr\xff\xfeet")
+    env = {
+        "RETRYTOPICS_KAFKA_BOOTSTRAP": "h:1", "RETRYTOPICS_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+        "RETRYTOPICS_KAFKA_SASL_MECHANISM": "PLAIN", "RETRYTOPICS_KAFKA_SASL_USERNAME": "u",
+        "RETRYTOPICS_KAFKA_SASL_PASSWORD_FILE": str(secret),
+    }  # fmt: skip
+    error = _error(environ=env)
+    assert error.field == "kafka.sasl_password_file" and "UTF-8" in error.reason
+    assert "s3cr" not in str(error)
+
+
+@pytest.mark.parametrize("port", ["0", "70000", "-1"])
+def test_metrics_port_out_of_range_fails_at_load(port: str, tmp_path: Path) -> None:
+    assert _error(environ={"RETRYTOPICS_METRICS_PORT": port}).field == "metrics.port"
+    path = tmp_path / "rt.toml"
+    path.write_text(f"[metrics]\nport = {port}\n")
+    assert _error(path=path, environ={}).field == "metrics.port"
+
+
+def test_retrytopics_config_names_the_file_when_no_path_is_given(tmp_path: Path) -> None:
+    path = tmp_path / "rt.toml"
+    path.write_text(TOML)
+    settings = load_settings(environ={"RETRYTOPICS_CONFIG": str(path)})
+    assert settings.kafka is not None and settings.kafka.bootstrap == "file-host:9092"
+
+
+def test_kafka_settings_apply_over_an_apps_own_config_field_by_field(tmp_path: Path) -> None:
+    from retrytopics.connectors.config import KafkaConfig
+
+    own = KafkaConfig(bootstrap="code:1", client_id="code", overrides={"socket.timeout.ms": 1, "linger.ms": 2})
+    path = tmp_path / "rt.toml"
+    path.write_text('[kafka]\nclient_id = "file"\n[kafka.overrides]\n"socket.timeout.ms" = 30000\n')
+    settings = load_settings(path=path, environ={}, flags={"kafka": {"bootstrap": None}})
+    assert settings.kafka is None, "no bootstrap anywhere: the app's own applies"
+    merged = settings.kafka_over(own)
+    assert (merged.bootstrap, merged.client_id) == ("code:1", "file")
+    assert dict(merged.overrides) == {"socket.timeout.ms": 30000, "linger.ms": 2}
+    flagged = load_settings(path=path, environ={"RETRYTOPICS_KAFKA_BOOTSTRAP": "env:1"}, flags={"kafka": {"bootstrap": "flag:1"}})
+    assert flagged.kafka_over(own).bootstrap == "flag:1"
+    insecure = load_settings(environ={"RETRYTOPICS_KAFKA_SECURITY_PROTOCOL": "SASL_SSL"})
+    with pytest.raises(ConfigError) as info:
+        insecure.kafka_over(own)
+    assert info.value.field == "kafka.sasl_mechanism"

@@ -97,3 +97,58 @@ def test_from_env_reads_kafka_variables() -> None:
     with pytest.raises(ConfigError) as info:
         KafkaConfig.from_env({})
     assert info.value.field == "bootstrap"
+
+
+def test_sasl_mechanism_is_normalised_for_librdkafka() -> None:
+    config = KafkaConfig(bootstrap="h:1", security_protocol="sasl_ssl", sasl_mechanism=" plain", sasl_username="u", sasl_password="p")
+    assert config.client_config()["sasl.mechanism"] == "PLAIN"
+    assert config.client_config()["security.protocol"] == "SASL_SSL"
+
+
+def test_ca_location_may_be_a_directory_but_certificates_are_files(tmp_path) -> None:
+    assert KafkaConfig(bootstrap="h:1", security_protocol="SSL", ssl_ca_location=str(tmp_path)).ssl_ca_location == str(tmp_path)
+    assert _field_error(bootstrap="h:1", security_protocol="SSL", ssl_certificate_location=str(tmp_path)).field == (
+        "ssl_certificate_location"
+    )
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("enable.ssl.certificate.verification", "0"), ("enable.ssl.certificate.verification", False),
+     ("ssl.endpoint.identification.algorithm", "NONE")],
+)  # fmt: skip
+def test_every_spelling_of_turning_verification_off_is_refused(key: str, value: object) -> None:
+    assert _field_error(bootstrap="h:1", consumer_overrides={key: value}).field == f"consumer_overrides[{key}]"
+
+
+def test_override_values_must_be_scalars() -> None:
+    error = _field_error(bootstrap="h:1", overrides={"socket.timeout.ms": {"ms": 1}})
+    assert error.field == "overrides[socket.timeout.ms]" and "string, number or boolean" in error.reason
+
+
+@pytest.mark.parametrize("factory", ["make_consumer", "make_producer", "make_admin"])
+def test_client_factories_refuse_what_kafka_config_refuses(factory: str) -> None:
+    """RetryApp's consumer_overrides/producer_overrides reach librdkafka through these factories."""
+    from retrytopics.connectors import kafka as connectors
+
+    make = getattr(connectors, factory)
+    kwargs = {"group_id": "g"} if factory == "make_consumer" else {}
+    for key, value in (("enable.ssl.certificate.verification", "false"), ("plugin.library.paths", "/tmp/x.so")):
+        with pytest.raises(ConfigError) as info:
+            make(KafkaConfig(bootstrap="h:1"), overrides={key: value}, **kwargs)
+        assert info.value.field == f"overrides[{key}]"
+    insecure = KafkaConfig(bootstrap="h:1", allow_insecure=True)
+    make(insecure, overrides={"enable.ssl.certificate.verification": "false"}, **kwargs)
+
+
+def test_check_properties_lets_librdkafka_name_the_bad_property() -> None:
+    from retrytopics.connectors.kafka import check_properties
+
+    check_properties("kafka.overrides", {"socket.timeout.ms": 30000, "linger.ms": 5})
+    for properties, key in (({"sockt.timeout.ms": 1}, "sockt.timeout.ms"), ({"socket.timeout.ms": "soon"}, "socket.timeout.ms")):
+        with pytest.raises(ConfigError) as info:
+            check_properties("kafka.overrides", properties)
+        assert info.value.field == f"kafka.overrides[{key}]"
+    with pytest.raises(ConfigError) as info:
+        check_properties("kafka.producer_overrides", {"linger.ms": "later"}, producer=True)
+    assert info.value.field == "kafka.producer_overrides[linger.ms]"

@@ -1,0 +1,156 @@
+"""The command line without a broker: settings reach the app in one documented precedence, the app module
+is found from the working directory, missing extras and bad librdkafka properties stop a command before
+any work, with the field named, and an unreachable cluster comes with a hint."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from retrytopics import cli
+from retrytopics.app import RetryApp
+
+_names = itertools.count()
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The CLI configures the `retrytopics` logger and may extend sys.path; undo both after each test."""
+    logger = logging.getLogger("retrytopics")
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    for name in [n for n in __import__("os").environ if n.startswith(("RETRYTOPICS_", "KAFKA_"))]:
+        monkeypatch.delenv(name)
+    yield
+    logger.handlers[:], logger.level, logger.propagate = saved
+
+
+@pytest.fixture
+def app_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., str]:
+    """Writes `<unique>.py` holding a RetryApp into the working directory; returns its MODULE:OBJECT."""
+    monkeypatch.chdir(tmp_path)
+
+    def write(**app_options: object) -> str:
+        name = f"cli_app_{next(_names)}"
+        (tmp_path / f"{name}.py").write_text(
+            "from retrytopics import KafkaConfig, RetryApp, RetryPolicy\n"
+            f"app = RetryApp(kafka=KafkaConfig(bootstrap='code-host:1', client_id='from-code'), group='billing',"
+            f" **{app_options!r})\n"
+            "@app.handler('orders', policy=RetryPolicy(delays=['1s']))\n"
+            "def handle(record): pass\n"
+        )
+        monkeypatch.delitem(sys.modules, name, raising=False)
+        return f"{name}:app"
+
+    return write
+
+
+@pytest.fixture
+def started(monkeypatch: pytest.MonkeyPatch) -> list[RetryApp]:
+    """Replaces RetryApp.run/run_tiers: records the app instead of connecting to a broker."""
+    apps: list[RetryApp] = []
+    monkeypatch.setattr(RetryApp, "run", lambda self: apps.append(self))
+    monkeypatch.setattr(RetryApp, "run_tiers", lambda self, tiers="all": apps.append(self))
+    return apps
+
+
+@pytest.mark.parametrize("command", ["run", "tiers"])
+@pytest.mark.parametrize(
+    ("flag", "env", "toml", "expected"),
+    [
+        (None, None, None, "code-host:1"),
+        (None, None, "toml-host:1", "toml-host:1"),
+        (None, "env-host:1", "toml-host:1", "env-host:1"),
+        ("flag-host:1", "env-host:1", "toml-host:1", "flag-host:1"),
+    ],
+)
+def test_settings_override_the_apps_own_kafka_config_in_order(
+    command: str, flag: str | None, env: str | None, toml: str | None, expected: str,
+    app_module: Callable[..., str], started: list[RetryApp], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    argv = [command, app_module()]
+    if flag:
+        argv += ["--bootstrap", flag]
+    if env:
+        monkeypatch.setenv("RETRYTOPICS_KAFKA_BOOTSTRAP", env)
+    if toml:
+        (tmp_path / "rt.toml").write_text(f'[kafka]\nbootstrap = "{toml}"\n')
+        argv += ["--config", str(tmp_path / "rt.toml")]
+    assert cli.main(argv) == 0
+    (app,) = started
+    assert app.kafka.bootstrap == expected
+    assert app.kafka.client_id == "from-code", "a setting given nowhere keeps the app's value"
+
+
+def test_config_file_comes_from_retrytopics_config_without_the_flag(
+    app_module: Callable[..., str], started: list[RetryApp], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "rt.toml").write_text('[kafka]\nclient_id = "from-file"\n')
+    monkeypatch.setenv("RETRYTOPICS_CONFIG", str(tmp_path / "rt.toml"))
+    assert cli.main(["run", app_module()]) == 0
+    assert (started[0].kafka.bootstrap, started[0].kafka.client_id) == ("code-host:1", "from-file")
+
+
+def test_the_app_module_is_found_in_the_working_directory(
+    app_module: Callable[..., str], started: list[RetryApp], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reference = app_module()
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    assert cli.main(["run", reference]) == 0
+    assert len(started) == 1
+
+
+def test_metrics_without_the_extra_fails_before_loading_anything(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # as if not installed
+    assert cli.main(["run", "no_such_module_anywhere:app", "--metrics-port", "9102"]) == 2
+    err = capsys.readouterr().err
+    assert "metrics.port=9102" in err and "pip install 'retrytopics[metrics]'" in err
+    assert "no_such_module_anywhere" not in err, "the extra is checked before the app is imported"
+
+
+def test_audit_chart_without_matplotlib_fails_before_the_spark_job(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import retrytopics.spark.audit as audit
+
+    jobs: list[Any] = []
+    monkeypatch.setattr(audit, "run_audit_cli", lambda *a, **k: jobs.append(a) or 0)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    argv = ["audit", "--bootstrap", "127.0.0.1:1", "--topic", "orders", "--group", "billing", "--delays", "1s",
+            "--chart", "audit.png"]  # fmt: skip
+    assert cli.main(argv) == 2
+    assert jobs == []
+    assert "pip install 'retrytopics[spark]'" in capsys.readouterr().err
+
+
+def test_a_misspelt_toml_override_names_the_property_before_any_io(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "rt.toml").write_text('[kafka]\nbootstrap = "127.0.0.1:1"\n[kafka.overrides]\n"sockt.timeout.ms" = 100\n')
+    argv = ["topics", "create", "--config", str(tmp_path / "rt.toml"), "--topic", "orders", "--group", "billing", "--delays", "1s"]
+    assert cli.main(argv) == 2
+    assert "configuration error: kafka.overrides[sockt.timeout.ms]=100" in capsys.readouterr().err
+
+
+def test_an_app_override_librdkafka_refuses_stops_run_instead_of_waiting(
+    app_module: Callable[..., str], started: list[RetryApp], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["run", app_module(consumer_overrides={"session.timeout.ms": "soon"})]) == 2
+    assert started == []
+    assert "consumer_overrides[session.timeout.ms]='soon'" in capsys.readouterr().err
+
+
+def test_unreachable_cluster_hint_names_the_settings() -> None:
+    assert cli.connection_hint("UNKNOWN_TOPIC_OR_PART", None) is None
+    plain = cli.connection_hint("_TRANSPORT", None)
+    assert plain is not None and "kafka.bootstrap" in plain and "kafka.ssl_ca_location" in plain
+    tls = cli.connection_hint("_TRANSPORT", "SSL handshake failed: error:0A000086:SSL routines::certificate verify failed")
+    assert tls is not None and "certificate verify failed" in tls and "kafka.ssl_ca_location" in tls
