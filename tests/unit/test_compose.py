@@ -86,3 +86,28 @@ def test_spark_job_uses_the_builtin_connector_matching_the_image(compose: dict[s
     assert "--kafka-format" in audit["command"] and "builtin" in audit["command"]
     assert f"spark-sql-kafka-0-10_2.13:{version}" in audit["environment"]["PYSPARK_SUBMIT_ARGS"]
     assert os.path.exists(ROOT / "Dockerfile")
+
+
+def _listeners(text: str) -> dict[str, tuple[str, int]]:
+    """`NAME://host:port,...` → {NAME: (host, port)}."""
+    found = {}
+    for entry in text.split(","):
+        name, _, address = entry.partition("://")
+        host, _, port = address.rpartition(":")
+        found[name] = (host, int(port))
+    return found
+
+
+def test_each_client_is_advertised_an_address_it_can_resolve(compose: dict[str, Any]) -> None:
+    """A client bootstraps, then connects to the *advertised* address of that listener: the host must be
+    told localhost:<published port>, containers the service name."""
+    kafka = compose["services"]["kafka"]
+    bound = {port: name for name, (_, port) in _listeners(kafka["environment"]["KAFKA_LISTENERS"]).items()}
+    advertised = _listeners(kafka["environment"]["KAFKA_ADVERTISED_LISTENERS"])
+    for mapping in kafka["ports"]:
+        host_port, _, container_port = str(mapping).partition(":")
+        listener = bound[int(container_port)]
+        assert advertised[listener] == ("localhost", int(host_port)), f"published {mapping} advertises {advertised[listener]}"
+    internal = compose["x-retrytopics"]["environment"]["KAFKA_BOOTSTRAP_SERVERS"]
+    host, _, port = internal.rpartition(":")
+    assert host == "kafka" and advertised[bound[int(port)]] == (host, int(port)), "services bootstrap on their own listener"
