@@ -7,17 +7,19 @@ import os
 import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pyspark import SparkConf
 from pyspark.sql import SparkSession
 
+from retrytopics.connectors.jars import SPARK_SQL_KAFKA, cached, spark_connector_version, spark_kafka_jars
 from retrytopics.connectors.spark_kafka import register
 
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped]
 
-__all__ = ["get_session", "local_shuffle_partitions", "warm_up_workers"]
+__all__ = ["builtin_kafka_jars", "get_session", "local_shuffle_partitions", "warm_up_workers"]
 
 _log = logging.getLogger(__name__)
 
@@ -46,11 +48,27 @@ def get_session(master: str | None = None, app_name: str = "retrytopics", *, sho
         builder = builder.master(master)
     if short_job and (master or "").startswith("local"):
         builder = builder.config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1")
+    connector = builtin_kafka_jars()
+    if connector and not SparkConf().contains("spark.jars"):
+        builder = builder.config("spark.jars", ",".join(str(jar) for jar in connector))
     session = builder.getOrCreate()
     local_shuffle_partitions(session)
     register(session)
     warm_up_workers(session)
     return session
+
+
+def builtin_kafka_jars() -> list[Path]:
+    """The jars of Spark's own Kafka connector (`format("kafka")`, `--kafka-format builtin`) for the installed
+    pyspark, when `scripts/setup.sh` resolved them into the cache; [] otherwise (the Python data source
+    needs none). Only jars that pyspark does not ship itself, so no second Scala or Hadoop is loaded."""
+    import pyspark
+
+    version = spark_connector_version(pyspark.__version__)
+    folder = cached(SPARK_SQL_KAFKA, version)
+    if folder is None:
+        return []
+    return spark_kafka_jars(folder, Path(pyspark.__file__).parent / "jars")
 
 
 def local_shuffle_partitions(session: SparkSession) -> int | None:

@@ -15,15 +15,19 @@ from retrytopics.connectors.admin import TopicSpec, ensure_topics
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.kafka import make_admin, make_consumer, make_producer
 from retrytopics.connectors.spark_kafka import kafka_options, register
-from retrytopics.spark.session import warm_up_workers
+from retrytopics.spark.session import builtin_kafka_jars, warm_up_workers
 
 Header = tuple[str, bytes | None]
 
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
+    builder = SparkSession.builder
+    connector = builtin_kafka_jars()  # Spark's own Kafka format, for the parity tests
+    if connector:
+        builder = builder.config("spark.jars", ",".join(str(jar) for jar in connector))
     session = (
-        SparkSession.builder.master("local[2]")
+        builder.master("local[2]")
         .appName("retrytopics-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
