@@ -5,6 +5,7 @@ field named."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -61,6 +62,26 @@ def test_dlq_peek_decodes_retry_headers(kafka: KafkaConfig, unique_name: Callabl
     assert good["key"] == "k-42" and good["value"].startswith("base64:")
     assert good["user_headers"] == {"trace-id": "abc"}
     assert bad["retry"] is None and "retry." in bad["header_error"]
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(kafka: KafkaConfig, unique_name: Callable[[str], str]) -> None:
+    """`retrytopics dlq peek --json | head -1`: the reader closes the pipe, the command exits 141 (as if
+    killed by SIGPIPE) without a traceback."""
+    dlq = unique_name("pipe-dlq")
+    ensure_topics(make_admin(kafka), [TopicSpec(name=dlq, partitions=1)])
+    producer = make_producer(kafka)
+    for i in range(3):
+        producer.produce(dlq, key=str(i).encode(), value=b"v")
+    assert producer.flush(10) == 0
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first line: every write fails with EPIPE
+    try:
+        result = subprocess.run([CLI, "dlq", "peek", "--bootstrap", kafka.bootstrap, "--dlq-topic", dlq, "--json"],
+                                stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60)  # fmt: skip
+    finally:
+        os.close(write_end)
+    assert result.returncode == 141
+    assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr, result.stderr
 
 
 @pytest.mark.parametrize(
