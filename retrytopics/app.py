@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 from retrytopics.connectors.admin import ProvisionOutcome, TopicSpec, ensure_topics, partition_count
 from retrytopics.connectors.clients import DEFAULT_MAX_POLL_INTERVAL_MS, KafkaConsumer, KafkaProducer
-from retrytopics.connectors.config import KafkaConfig
+from retrytopics.connectors.config import KafkaConfig, validate_overrides
 from retrytopics.connectors.kafka import make_admin
 from retrytopics.connectors.serde import Deserializer, bytes_value
 from retrytopics.dedupe import DEFAULT_CAPACITY, DuplicateAudit
@@ -93,6 +93,9 @@ class RetryApp:
         self.group = validate_topic_name(group, field="group")
         self.consumer_overrides = dict(consumer_overrides or {})
         self.producer_overrides = dict(producer_overrides or {})
+        # refused here, at construction, as KafkaConfig's own tables are: not later in a consumer thread
+        validate_overrides("consumer_overrides", self.consumer_overrides, allow_insecure=kafka.allow_insecure)
+        validate_overrides("producer_overrides", self.producer_overrides, allow_insecure=kafka.allow_insecure)
         self.exactly_once = bool(exactly_once)
         self.naming = NamingStrategy(naming)
         self.id_header = id_header

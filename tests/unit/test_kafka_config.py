@@ -152,3 +152,14 @@ def test_check_properties_lets_librdkafka_name_the_bad_property() -> None:
     with pytest.raises(ConfigError) as info:
         check_properties("kafka.producer_overrides", {"linger.ms": "later"}, producer=True)
     assert info.value.field == "kafka.producer_overrides[linger.ms]"
+
+
+@pytest.mark.parametrize("option", ["consumer_overrides", "producer_overrides"])
+def test_retry_app_overrides_cannot_turn_tls_verification_off(option: str) -> None:
+    from retrytopics.app import RetryApp
+
+    for key, value in (("enable.ssl.certificate.verification", "false"), ("ssl.endpoint.identification.algorithm", "none")):
+        with pytest.raises(ConfigError) as info:
+            RetryApp(kafka=KafkaConfig(bootstrap="h:1"), group="g", **{option: {key: value}})
+        assert info.value.field == f"{option}[{key}]"
+    RetryApp(kafka=KafkaConfig(bootstrap="h:1", allow_insecure=True), group="g", **{option: {key: value}})
