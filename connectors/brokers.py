@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Protocol
 
 from retrytopics.connectors.config import KafkaConfig
@@ -25,6 +26,7 @@ class LocalBroker(Protocol):
 
     kind: str
     port: int | None
+    log_path: Path
 
     @property
     def bootstrap(self) -> str: ...

@@ -67,11 +67,11 @@ def _check_tables(kafka: Any) -> None:
 
 
 def _cmd_broker(args: argparse.Namespace) -> int:
-    from retrytopics.connectors.embedded import EmbeddedBroker
+    from retrytopics.connectors.brokers import local_broker
 
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-    with EmbeddedBroker(port=args.port) as broker:
-        print(f"embedded Kafka broker (tansu) listening; bootstrap servers: {broker.bootstrap}", flush=True)
+    with local_broker(args.kind, port=args.port) as broker:
+        print(f"{broker.description} listening; bootstrap servers: {broker.bootstrap}", flush=True)
         print(f"log: {broker.log_path}; Ctrl-C to stop", flush=True)
         signal.sigwait({signal.SIGINT, signal.SIGTERM})
     return 0
@@ -201,7 +201,8 @@ def _print_demo(summary: dict[str, Any]) -> None:
         ("lateness p50 / p99 / max", f"{lateness['p50']} / {lateness['p99']} / {lateness['max']} ms"),
         ("wall time", f"{summary['wall_s']} s"),
     ]
-    print(f"\nretrytopics demo on {summary['bootstrap']}  (source {summary['topics']['source']})")
+    on = summary.get("broker") or summary["bootstrap"]
+    print(f"\nretrytopics demo on {on}  (source {summary['topics']['source']})")
     for label, value in rows:
         print(f"  {label:<28} {value}")
     audit = summary.get("audit")
@@ -216,7 +217,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     configure_logging(args.log_level or "WARNING")
     options = DemoOptions(
         records=args.records, partitions=args.partitions, delays=tuple(args.delays), seed=args.seed,
-        bootstrap=args.bootstrap, spark=not args.no_spark, timeout_s=args.timeout,
+        bootstrap=args.bootstrap, broker=args.broker, spark=not args.no_spark, timeout_s=args.timeout,
     )  # fmt: skip
     summary = run_demo(options)
     if args.json:
@@ -323,7 +324,9 @@ def _add_demo(commands: Any) -> None:
     demo.add_argument("--partitions", type=int, default=3)
     demo.add_argument("--delays", type=lambda s: [d for d in s.split(",") if d], default=["200ms", "500ms", "1s"])
     demo.add_argument("--seed", type=int, default=7)
-    demo.add_argument("--bootstrap", help="use this Kafka cluster instead of starting the embedded broker")
+    demo.add_argument("--broker", choices=["tansu", "apache"], default="tansu",
+                      help="local broker to start: tansu (embedded, starts in <1 s) or apache (Apache Kafka, ~5 s)")
+    demo.add_argument("--bootstrap", help="use this Kafka cluster instead of starting a local broker")
     demo.add_argument("--json", action="store_true", help="print one JSON summary object on stdout")
     demo.add_argument("--no-spark", action="store_true", help="skip the Spark audit at the end")
     demo.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds")
@@ -334,8 +337,10 @@ def _add_demo(commands: Any) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="retrytopics", description="Non-blocking retries for Apache Kafka.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    broker = commands.add_parser("broker", help="run the embedded broker in the foreground for local development")
+    broker = commands.add_parser("broker", help="run a local broker (tansu or Apache Kafka) in the foreground for development")
     broker.add_argument("--port", type=int, default=None, help="listen port (default: a free one)")
+    broker.add_argument("--kind", choices=["tansu", "apache"], default="tansu",
+                        help="tansu (embedded, in memory) or apache (Apache Kafka from the Maven cache)")
     broker.set_defaults(run=_cmd_broker)
     _add_topics(commands)
     _add_dlq(commands)
