@@ -71,6 +71,10 @@ RETRY_COLUMNS: Final[dict[str, tuple[str, str]]] = {
 }
 
 
+_MIN_MS: Final = -62_135_596_800_000  # 0001-01-01T00:00:00Z
+_MAX_MS: Final = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
+
+
 def _sql_string(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
@@ -97,7 +101,9 @@ def _typed_sql(text: str, kind: str) -> str:
         return f"try_cast({number} AS INT)"
     if kind == "long":
         return number
-    return f"timestamp_millis({number})"
+    # Beyond Spark's timestamp range (years 1..9999) timestamp_millis fails the whole query
+    # (DATETIME_OVERFLOW): a forged `retry.due_at = 2^63-1` stopped every audit. Such a time reads as NULL.
+    return f"CASE WHEN {number} BETWEEN {_MIN_MS} AND {_MAX_MS} THEN timestamp_millis({number}) END"
 
 
 # The columns are built from SQL text: one JVM call per column instead of a dozen (building the 19 columns

@@ -22,7 +22,7 @@ from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.kafka import make_admin, make_consumer, make_producer, map_kafka_errors
 from retrytopics.errors import KafkaClientError, PublishError
 
-__all__ = ["append", "ledger_topic", "read_entries", "watermarks"]
+__all__ = ["append", "ledger_topic", "partition_counts", "read_entries", "watermarks"]
 
 Marks = dict[str, dict[str, int]]
 
@@ -48,6 +48,18 @@ def watermarks(kafka: KafkaConfig, topics: Sequence[str]) -> Marks:
     finally:
         consumer.close()
     return marks
+
+
+def partition_counts(kafka: KafkaConfig, topics: Sequence[str]) -> dict[str, int]:
+    """Partitions of each of `topics` that exists (one metadata request)."""
+    consumer = make_consumer(kafka, group_id=None)
+    try:
+        with map_kafka_errors():
+            metadata = consumer.list_topics(timeout=30)
+    finally:
+        consumer.close()
+    found = {t: metadata.topics.get(t) for t in topics}
+    return {t: len(meta.partitions) for t, meta in found.items() if meta is not None and meta.error is None}
 
 
 def append(kafka: KafkaConfig, dlq: str, replay_id: str, entry: Mapping[str, Any]) -> None:

@@ -35,7 +35,7 @@ from retrytopics.connectors.kafka import make_admin
 from retrytopics.connectors.spark_kafka import kafka_options, read_kafka, write_kafka
 from retrytopics.errors import ConfigError
 from retrytopics.naming import TopicSet
-from retrytopics.spark import ledger
+from retrytopics.spark import checks, ledger, where as where_filter
 from retrytopics.spark.columns import with_retry_columns
 
 __all__ = ["DESTINATIONS", "add_replay_arguments", "replay", "run_replay_cli", "select_records"]
@@ -67,8 +67,8 @@ def select_records(
         conditions.append(F.unix_millis("timestamp") < until_ms)
     if origin_ids is not None:
         conditions.append(F.col("origin_message_id").isin(sorted(set(origin_ids))))
-    if where:
-        conditions.append(F.expr(where))
+    if where:  # restricted: see retrytopics.spark.where
+        conditions.append(F.expr(where_filter.to_sql(where)))
     for condition in conditions:
         dlq = dlq.where(condition)
     return dlq
@@ -129,20 +129,27 @@ def _already_replayed(
 
 
 def _plan(
-    dlq: DataFrame, topics: TopicSet, destination: str, max_replays: int, allow_replayed: bool, park: bool
+    dlq: DataFrame, topics: TopicSet, destination: str, max_replays: int, allow_replayed: bool, park: bool,
+    source_partitions: int,
 ) -> tuple[DataFrame, dict[str, Any], tuple[int, int]]:
     """Assign each selected record its destination topic (or drop it). Returns the records to write, the
-    counts of what was skipped, and (records to write, destination partitions): one Spark job in all."""
+    counts of what was skipped, and (records to write, destination partitions): one Spark job in all.
+
+    Foreign and invalid records (`retrytopics.spark.checks`) are skipped, each counted with its reason;
+    one per origin id is kept among the valid ones, so a forged copy never hides a valid record."""
+    foreign = F.col("original_topic").isNull() | (F.col("original_topic") != topics.source)
+    checked = dlq.withColumn("problem", F.when(foreign, None).otherwise(checks.problem(source_partitions)))
+    usable = ~foreign & F.col("problem").isNull()
     newest_first = Window.partitionBy("origin_message_id").orderBy(
-        F.coalesce("replay_count", F.lit(0)).desc(), F.col("partition").desc(), F.col("offset").desc()
+        usable.desc(), F.coalesce("replay_count", F.lit(0)).desc(), F.col("partition").desc(), F.col("offset").desc()
     )
-    latest = dlq.withColumn("rank", F.row_number().over(newest_first))
+    latest = checked.withColumn("rank", F.row_number().over(newest_first))
     target = topics.source if destination == "original" else topics.tiers[0].topic
-    duplicate = F.col("rank") > 1
-    foreign = ~duplicate & (F.col("original_topic").isNull() | (F.col("original_topic") != topics.source))
-    looped = ~duplicate & ~foreign & (F.coalesce("replay_count", F.lit(0)) >= max_replays) & F.lit(not allow_replayed)
+    duplicate = usable & (F.col("rank") > 1)
+    invalid = F.col("problem").isNotNull()
+    looped = usable & ~duplicate & (F.coalesce("replay_count", F.lit(0)) >= max_replays) & F.lit(not allow_replayed)
     dest = (
-        F.when(duplicate | foreign, None)
+        F.when(~usable | duplicate, None)
         .when(looped, F.lit(f"{topics.dlq}.parked") if park else None)
         .otherwise(F.lit(target))
     )
@@ -151,6 +158,8 @@ def _plan(
         F.count("*").alias("selected"),
         F.count_if(duplicate).alias("skipped_duplicates"),
         F.count_if(foreign).alias("skipped_foreign"),
+        F.count_if(invalid).alias("skipped_invalid"),
+        *[F.count_if(F.col("problem") == name).alias(f"invalid:{name}") for name in checks.PROBLEMS],
         F.count_if(looped & F.lit(not park)).alias("skipped_max_replays"),
         F.count_if(F.col("destination") == f"{topics.dlq}.parked").alias("parked"),
         F.array_sort(F.collect_set("destination")).alias("destination_topics"),
@@ -160,7 +169,9 @@ def _plan(
     assert row is not None  # an aggregate without grouping always has one row
     found = row.asDict()
     to_write, tasks = int(found.pop("to_write")), int(found.pop("tasks"))
+    problems = {k.removeprefix("invalid:"): int(found.pop(k)) for k in list(found) if k.startswith("invalid:")}
     counts: dict[str, Any] = {k: v if k == "destination_topics" else int(v or 0) for k, v in found.items()}
+    counts["skipped_invalid_by_problem"] = {k: v for k, v in problems.items() if v}
     return planned.where(F.col("destination").isNotNull()), counts, (to_write, tasks)
 
 
@@ -191,12 +202,19 @@ def replay(
     if destination == "first_tier" and not topics.tiers:
         raise ConfigError("destination", destination, "the pipeline has no retry tier")
     H.Lineage(replay_id=replay_id)  # validates the id like the header contract does
+    if where:
+        where_filter.to_sql(where)  # a refused filter fails before any Kafka read
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    target = topics.source if destination == "original" else topics.tiers[0].topic
+    partitions = ledger.partition_counts(kafka, sorted({topics.source, target}))
+    for topic in sorted({topics.source, target} - set(partitions)):
+        raise ConfigError("topic", topic, "does not exist: a replay writes only to existing pipeline topics")
     dlq = with_retry_columns(read_kafka(spark, kafka_options(kafka, subscribe=topics.dlq, includeHeaders="true")),
                              exclude_trace=False)  # fmt: skip
     chosen = select_records(dlq, reasons=reasons, exception_types=exception_types, since_ms=since_ms,
                             until_ms=until_ms, origin_ids=origin_ids, where=where)  # fmt: skip
-    planned, counts, sizes = _plan(chosen, topics, destination, max_replays, allow_replayed, park)
+    planned, counts, sizes = _plan(chosen, topics, destination, max_replays, allow_replayed, park,
+                                   partitions[topics.source])  # fmt: skip
     result: dict[str, Any] = {"replay_id": replay_id, "dry_run": dry_run, "destination": destination, **counts}
     try:
         if dry_run:
@@ -205,14 +223,25 @@ def replay(
             result.update(written=0, skipped_already_replayed=None, sample=[r.asDict() for r in sample])
             return result
         return _write(spark, kafka, topics, planned, result, replay_id=replay_id, destination=destination,
-                      now_ms=now_ms, reset=reset_reconsume_times, rate_per_s=rate_per_s, sizes=sizes)  # fmt: skip
+                      now_ms=now_ms, reset=reset_reconsume_times, rate_per_s=rate_per_s, sizes=sizes,
+                      target_partitions=partitions[target])  # fmt: skip
     finally:
         planned.unpersist()
+
+
+def _partition(destination: str, target_partitions: int) -> Column:
+    """The destination partition, as the runtime picks it: back to the original partition on the source
+    (checked to exist); on a tier, by key (NULL: the producer's partitioner) or, keyless, the original
+    partition modulo the tier's partition count (a tier may have fewer partitions than the source)."""
+    if destination == "original":
+        return F.col("original_partition")
+    return F.when(F.col("key").isNull(), F.pmod("original_partition", F.lit(target_partitions)))
 
 
 def _write(
     spark: SparkSession, kafka: KafkaConfig, topics: TopicSet, planned: DataFrame, result: dict[str, Any], *,
     replay_id: str, destination: str, now_ms: int, reset: bool, rate_per_s: int | None, sizes: tuple[int, int],
+    target_partitions: int,
 ) -> dict[str, Any]:  # fmt: skip
     todo = _not_yet_written(spark, kafka, topics, planned, replay_id=replay_id, destination=destination,
                             parked=bool(result["parked"]))  # fmt: skip
@@ -232,8 +261,8 @@ def _write(
     out = ordered.select(
         F.col("destination").alias("topic"), "key", "value",
         F.when(F.col("destination") == f"{topics.dlq}.parked", parked_headers).otherwise(headers).alias("headers"),
-        F.when(F.col("destination") == f"{topics.dlq}.parked", F.lit(None)).otherwise(F.col("original_partition"))
-        .cast("int").alias("partition"),
+        F.when(F.col("destination") == f"{topics.dlq}.parked", F.lit(None))
+        .otherwise(_partition(destination, target_partitions)).cast("int").alias("partition"),
     )  # fmt: skip
     options = kafka_options(kafka, failRetriedTasks="true")
     if rate_per_s:  # shared evenly by the tasks (approximate when two destinations hash to one task)

@@ -39,7 +39,7 @@ def test_retry_headers_become_typed_columns(
     tier = [("retry.tier", b"1"), ("retry.due_at", b"1700000005000"), ("retry.reconsume_times", b"007"),
             ("retry.exception_type", b"A"), ("retry.exception_type", b"B")]  # fmt: skip
     produce(kafka, topic, [{"value": b"1", "headers": [("user", b"u"), *encode(dlq)]}, {"value": b"2", "headers": tier},
-                           {"value": b"3"}])  # fmt: skip
+                           {"value": b"3"}, {"value": b"4", "headers": [("retry.due_at", str(2**63 - 1).encode())]}])  # fmt: skip
 
     rows = with_retry_columns(read_kafka(spark, {**options, "subscribe": topic, "includeHeaders": "true"})).orderBy(
         "offset").collect()
@@ -55,6 +55,7 @@ def test_retry_headers_become_typed_columns(
     assert second.reconsume_times is None  # "007" is not canonical
     assert second.exception_type is None  # duplicated: ambiguous
     assert rows[2].origin_message_id is None
+    assert rows[3].due_at is None  # beyond Spark's timestamps: NULL, where it failed every audit (DATETIME_OVERFLOW)
 
 
 def test_avro_values_decode_to_structs_plain_and_confluent(

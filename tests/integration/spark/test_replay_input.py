@@ -1,0 +1,141 @@
+"""Guarantees of the replay job on untrusted DLQ records (issues 15.2 and 16.5):
+
+- a forged DLQ record (a partition the source does not have, a replay count one replay would overflow, a
+  tier's due time beyond Spark's timestamps) is skipped and counted with its problem, and every valid record
+  is still replayed, once; a rerun of a run that stopped halfway completes it;
+- to the first tier, with fewer partitions than the source, keyed records are partitioned by key and keyless
+  ones by their original partition modulo the tier's count;
+- `--where` is a filter over the typed columns: `reflect`, `java_method`, `raise_error`, casts are refused
+  before anything is read.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+
+import pytest
+from pyspark.sql import SparkSession
+
+from retrytopics.connectors.config import KafkaConfig
+from retrytopics.connectors.kafka import make_producer
+from retrytopics.errors import ConfigError
+from retrytopics.headers import DlqReason, Lineage, encode
+from retrytopics.naming import TopicSet, topics_for
+from retrytopics.spark import ledger
+from retrytopics.spark.replay import replay
+
+from .conftest import Header, create_topics, produce, read_direct
+from .pipeline_data import T0, failure
+
+pytestmark = [pytest.mark.broker, pytest.mark.spark]
+
+
+def _dlq_record(source: str, offset: int, partition: int, *, key: bytes | None = b"k",
+                replay_count: int = 0, forge: Sequence[Header] = ()) -> dict[str, object]:  # fmt: skip
+    """A DLQ record as the runtime writes it; `forge` replaces (or adds) retry headers by name."""
+    h = failure(offset, 3, source=source, tier=None, due_at=None, reason=DlqReason.EXHAUSTED,
+                lineage=Lineage(replay_id="old" if replay_count else None, replayed_at=T0 if replay_count else None,
+                                replay_count=replay_count, replay_origin_id="x" if replay_count else None))  # fmt: skip
+    headers = [(k, str(partition).encode() if k == "retry.original_partition" else v) for k, v in encode(h)]
+    forged = dict(forge)
+    headers = [(k, forged.pop(k, v)) for k, v in headers] + list(forged.items())
+    return {"key": key, "value": f"v{offset}".encode(), "headers": headers}
+
+
+def _origins(kafka: KafkaConfig, topic: str, partitions: int, replay_id: str) -> Counter[tuple[int, bytes]]:
+    """(partition, replay origin id) of every record `replay_id` wrote to `topic`."""
+    rows = read_direct(kafka, topic, partitions)
+    mine = [r for r in rows if r[4] and ("retry.replay_id", replay_id.encode()) in r[4]]
+    return Counter((r[0], dict(r[4])["retry.replay_origin_id"]) for r in mine)
+
+
+def _pipeline(kafka: KafkaConfig, source: str, partitions: int, tier_partitions: int) -> TopicSet:
+    topics = topics_for(source, "billing", (1_000, 10_000))
+    create_topics(kafka, (source, partitions), (topics.tiers[0].topic, tier_partitions),
+                  (topics.tiers[1].topic, tier_partitions), (topics.dlq, 1))  # fmt: skip
+    return topics
+
+
+def test_forged_dlq_records_are_skipped_with_their_problem_and_a_stopped_run_is_completed(
+    spark: SparkSession, kafka: KafkaConfig, unique_name: Callable[[str], str]
+) -> None:
+    # setup: six valid records (source partitions 0 and 1) and four forged ones among them
+    source = unique_name("orders")
+    topics = _pipeline(kafka, source, 2, 2)
+    valid = [_dlq_record(source, i, i % 2) for i in range(6)]
+    forged = [
+        _dlq_record(source, 10, 999),  # issue 15.2: _UNKNOWN_PARTITION after part of the selection was written
+        _dlq_record(source, 11, 1, replay_count=2**31 - 1),  # issue 16.5: ARITHMETIC_OVERFLOW on +1
+        _dlq_record(source, 0, 999, replay_count=5),  # valid record 0's id: must not shadow it
+        _dlq_record(source, 12, 0, forge=[("retry.tier", b"0"), ("retry.due_at", str(2**63 - 1).encode())]),
+    ]
+    produce(kafka, topics.dlq, [valid[0], *forged[:2], *valid[1:4], *forged[2:], *valid[4:]])
+    # ... and a run that stopped after writing records 0..2 (its start marks first, as replay() does)
+    ledger.append(kafka, topics.dlq, "fix-1", {"event": "started", "marks": ledger.watermarks(kafka, [source])})
+    produce(kafka, source, [
+        {"key": b"k", "value": f"v{i}".encode(), "partition": i % 2,
+         "headers": [("retry.replay_id", b"fix-1"), ("retry.replay_origin_id", f"{source}-0-{i}".encode())]}
+        for i in range(3)
+    ])  # fmt: skip
+
+    # when
+    result = replay(spark, kafka, topics, replay_id="fix-1", allow_replayed=True)
+
+    # then
+    assert {k: result[k] for k in ("selected", "written", "skipped_already_replayed", "skipped_invalid",
+                                   "skipped_invalid_by_problem", "skipped_duplicates")} == {
+        "selected": 10, "written": 3, "skipped_already_replayed": 3, "skipped_invalid": 4,
+        "skipped_invalid_by_problem": {"original_partition": 2, "replay_count": 1, "tier": 1},
+        "skipped_duplicates": 0,
+    }  # fmt: skip
+    assert _origins(kafka, source, 2, "fix-1") == Counter({(i % 2, f"{source}-0-{i}".encode()): 1 for i in range(6)})
+
+
+def test_to_a_smaller_first_tier_keyed_records_go_by_key_and_keyless_ones_modulo(
+    spark: SparkSession, kafka: KafkaConfig, unique_name: Callable[[str], str]
+) -> None:
+    # setup: a 3-partition source, 2-partition tiers; keyless records from source partitions 0, 1, 2
+    source = unique_name("orders")
+    topics = _pipeline(kafka, source, 3, 2)
+    keys = [b"alpha", b"beta", b"gamma", b"delta"]
+    records = [_dlq_record(source, i, 2, key=key) for i, key in enumerate(keys)]
+    records += [_dlq_record(source, 10 + p, p, key=None) for p in range(3)]
+    produce(kafka, topics.dlq, records)
+    probe = unique_name("probe")  # where the producer's partitioner puts each key among 2 partitions
+    create_topics(kafka, (probe, 2))
+    producer = make_producer(kafka)
+    for key in keys:
+        producer.produce(probe, key=key, value=b"")
+    assert producer.flush(30) == 0
+    by_key = {r[2]: r[0] for r in read_direct(kafka, probe, 2)}
+
+    # when
+    result = replay(spark, kafka, topics, replay_id="to-tier", destination="first_tier")
+
+    # then
+    assert (result["written"], result["skipped_invalid"]) == (7, 0)
+    expected = {(by_key[key], f"{source}-0-{i}".encode()): 1 for i, key in enumerate(keys)}
+    expected |= {(p % 2, f"{source}-0-{10 + p}".encode()): 1 for p in range(3)}
+    assert _origins(kafka, topics.tiers[0].topic, 2, "to-tier") == Counter(expected)
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        "reflect('java.lang.System', 'getProperty', 'user.home') IS NOT NULL",
+        "java_method('java.lang.System', 'getenv', 'HOME') IS NOT NULL",
+        "raise_error(exception_message) IS NULL",
+        "CAST(exception_message AS INT) = 1",
+    ],
+)
+def test_where_refuses_anything_but_a_filter_over_the_typed_columns(
+    spark: SparkSession, kafka: KafkaConfig, unique_name: Callable[[str], str], where: str
+) -> None:
+    source = unique_name("orders")
+    topics = _pipeline(kafka, source, 1, 1)
+    produce(kafka, topics.dlq, [_dlq_record(source, 0, 0)])
+
+    with pytest.raises(ConfigError, match="where"):
+        replay(spark, kafka, topics, replay_id="w", where=where, dry_run=True)
+    assert replay(spark, kafka, topics, replay_id="w", where="original_offset = 0", dry_run=True)["selected"] == 1
