@@ -66,6 +66,45 @@ def _check_tables(kafka: Any) -> None:
     check_properties("kafka.consumer_overrides", kafka.consumer_overrides)
 
 
+def _pipeline(args: argparse.Namespace, settings: Any) -> tuple[Any, Any]:
+    """The KafkaConfig and pipeline a command acts on. With `--app MODULE:OBJECT`, the app's own config and
+    topics are the lowest layer, and TOML, environment and flags override them field by field."""
+    if not getattr(args, "app", None):
+        return _kafka(settings), settings.app
+    app = _load_app(args.app)
+    kafka = settings.kafka_over(app.kafka)
+    _check_tables(kafka)
+    return kafka, settings.app_over(_app_pipeline(app, settings.app_fields.get("topic")))
+
+
+def _app_pipeline(app: Any, topic: str | None) -> Any:
+    """The AppSettings that name the topics of one of `app`'s handlers (the only one unless `topic`)."""
+    from retrytopics.config import AppSettings
+    from retrytopics.durations import format_duration
+    from retrytopics.ops import pipeline_topics
+
+    handled = sorted(app.handlers)
+    if topic is None:
+        if len(handled) != 1:
+            raise ConfigError("app.topic", None, f"the app handles {handled}: pass --topic to choose one")
+        topic = handled[0]
+    own = app.topics(topic)  # a ConfigError naming the topic when the app does not handle it
+    delays = tuple(format_duration(ms) for ms in app.handlers[topic].policy.tier_delays_ms)
+    pipeline = AppSettings(topic=topic, group=app.group, delays=delays, naming=app.naming)
+    # a DLQ name of the app's own choosing only; a default one follows a --group given over the app's
+    custom_dlq = own.dlq if own.dlq != pipeline_topics(pipeline).dlq else None
+    return AppSettings(topic=topic, group=app.group, delays=delays, naming=app.naming, dlq=custom_dlq)
+
+
+def _duration_ms(text: str) -> int:
+    from retrytopics.durations import parse_duration
+
+    try:
+        return parse_duration(text, field="duration")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(exc.reason) from None
+
+
 def _cmd_broker(args: argparse.Namespace) -> int:
     from retrytopics.connectors.brokers import local_broker
 
@@ -80,8 +119,8 @@ def _cmd_broker(args: argparse.Namespace) -> int:
 def _cmd_topics_create(args: argparse.Namespace) -> int:
     from retrytopics.ops import provision_pipeline
 
-    settings = _settings(args)
-    outcome = provision_pipeline(_kafka(settings), settings.app, create_source=args.create_source)
+    kafka, pipeline = _pipeline(args, _settings(args))
+    outcome = provision_pipeline(kafka, pipeline, create_source=args.create_source)
     for topic, what in outcome.items():
         print(f"{what.value:8} {topic}")
     return 0
@@ -90,9 +129,9 @@ def _cmd_topics_create(args: argparse.Namespace) -> int:
 def _cmd_dlq_peek(args: argparse.Namespace) -> int:
     from retrytopics.ops import peek_dlq, pipeline_topics
 
-    settings = _settings(args)
-    dlq = args.dlq_topic or pipeline_topics(settings.app).dlq
-    for record in peek_dlq(_kafka(settings), dlq, last=args.last, follow=args.follow):
+    kafka, pipeline = _pipeline(args, _settings(args))
+    dlq = args.dlq_topic or pipeline_topics(pipeline).dlq
+    for record in peek_dlq(kafka, dlq, last=args.last, follow=args.follow):
         if args.json:
             print(json.dumps(record.as_dict(), sort_keys=True), flush=True)
         else:
@@ -110,8 +149,8 @@ def _cmd_dlq_peek(args: argparse.Namespace) -> int:
 def _cmd_topics_describe(args: argparse.Namespace) -> int:
     from retrytopics.ops import describe_pipeline
 
-    settings = _settings(args)
-    rows = describe_pipeline(_kafka(settings), settings.app, grace_ms=int(args.grace * 1000))
+    kafka, pipeline = _pipeline(args, _settings(args))
+    rows = describe_pipeline(kafka, pipeline, grace_ms=args.grace)
     if args.json:
         print(json.dumps([row.as_dict() for row in rows]))
         return 0
@@ -231,10 +270,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_spark_job(args: argparse.Namespace) -> int:
     from retrytopics.ops import pipeline_topics
 
-    settings = _settings(args)
     if getattr(args, "chart", None):
         _require_extra("chart", args.chart, "matplotlib", "spark")
-    return int(args.spark_job(args, kafka=_kafka(settings), topics=pipeline_topics(settings.app)))
+    kafka, pipeline = _pipeline(args, _settings(args))
+    return int(args.spark_job(args, kafka=kafka, topics=pipeline_topics(pipeline)))
 
 
 def _add_spark_jobs(commands: Any) -> None:
@@ -270,10 +309,12 @@ def _common(parser: argparse.ArgumentParser, *, pipeline: bool = False) -> None:
     parser.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     parser.add_argument("--log-json", action="store_true", help="log one JSON object per line")
     if pipeline:
+        parser.add_argument("--app", metavar="MODULE:OBJECT", help="take topic, group, delays and Kafka settings "
+                            "from this RetryApp (the options below override it)")  # fmt: skip
         parser.add_argument("--topic", help="source topic")
         parser.add_argument("--group", help="consumer group that owns the retries")
-        parser.add_argument("--delays", type=lambda s: [d for d in s.split(",") if d], metavar="5s,30s,5m")
-        parser.add_argument("--partitions", type=int, help="partitions of tier and DLQ topics (default: source's)")
+        parser.add_argument("--delays", type=lambda s: [d for d in s.split(",") if d], metavar="5s,30s,5m",
+                            help="tier delays (required unless given in [app] or by --app)")  # fmt: skip
         parser.add_argument("--naming", choices=["by_delay", "by_index", "shared"])
         parser.add_argument("--dlq", help="DLQ topic name (default from the naming strategy)")
 
@@ -283,11 +324,13 @@ def _add_topics(commands: Any) -> None:
     actions = topics.add_subparsers(dest="action", required=True, metavar="ACTION")
     create = actions.add_parser("create", help="create missing tier and DLQ topics (idempotent)")
     _common(create, pipeline=True)
+    create.add_argument("--partitions", type=int, help="partitions of tier and DLQ topics (default: source's)")
     create.add_argument("--create-source", action="store_true", help="also create the source topic (needs --partitions)")
     create.set_defaults(run=_cmd_topics_create)
     describe = actions.add_parser("describe", help="offsets, lag and waiting/overdue state per tier partition")
     _common(describe, pipeline=True)
-    describe.add_argument("--grace", type=float, default=30.0, help="seconds past due before a head is overdue")
+    describe.add_argument("--grace", type=_duration_ms, default="30s", metavar="DURATION",
+                          help="how long past due a head record is overdue (default 30s)")  # fmt: skip
     describe.add_argument("--json", action="store_true")
     describe.set_defaults(run=_cmd_topics_describe)
 
@@ -329,13 +372,23 @@ def _add_demo(commands: Any) -> None:
     demo.add_argument("--bootstrap", help="use this Kafka cluster instead of starting a local broker")
     demo.add_argument("--json", action="store_true", help="print one JSON summary object on stdout")
     demo.add_argument("--no-spark", action="store_true", help="skip the Spark audit at the end")
-    demo.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds")
+    demo.add_argument("--timeout", type=_duration_ms, default="5m", metavar="DURATION", help="give up after this long")
     demo.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     demo.set_defaults(run=_cmd_demo)
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("retrytopics")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="retrytopics", description="Non-blocking retries for Apache Kafka.")
+    parser.add_argument("--version", action="version", version=f"retrytopics {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     broker = commands.add_parser("broker", help="run a local broker (tansu or Apache Kafka) in the foreground for development")
     broker.add_argument("--port", type=int, default=None, help="listen port (default: a free one)")

@@ -33,9 +33,11 @@ Environment variables: `RETRYTOPICS_<SECTION>_<KEY>` (e.g. `RETRYTOPICS_KAFKA_BO
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import tomllib
+from datetime import UTC, datetime
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -46,7 +48,7 @@ from retrytopics.durations import parse_duration
 from retrytopics.errors import ConfigError
 from retrytopics.naming import NamingStrategy, validate_topic_name
 
-__all__ = ["AppSettings", "LoggingSettings", "Settings", "load_settings"]
+__all__ = ["AppSettings", "LoggingSettings", "Settings", "instant_argument", "load_settings", "parse_instant"]
 
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
@@ -75,7 +77,7 @@ class AppSettings:
 
     topic: str | None = None
     group: str | None = None
-    delays: tuple[str, ...] = ("5s", "30s", "5m")
+    delays: tuple[str, ...] | None = None  # None: not given; commands that need it say so (no silent ladder)
     partitions: int | None = None  # None: as many as the source topic
     replication_factor: int = -1
     naming: NamingStrategy = NamingStrategy.BY_DELAY
@@ -86,7 +88,7 @@ class AppSettings:
             value = getattr(self, name)
             if value is not None:
                 validate_topic_name(value, field=f"app.{name}")
-        for i, delay in enumerate(self.delays):
+        for i, delay in enumerate(self.delays or ()):
             parse_duration(delay, field=f"app.delays[{i}]")
         if self.partitions is not None and self.partitions < 1:
             raise ConfigError("app.partitions", self.partitions, "must be at least 1")
@@ -95,7 +97,9 @@ class AppSettings:
         """Fail with the field named when a command needs a setting that is not set."""
         for name in names:
             if getattr(self, name) is None:
-                raise ConfigError(f"app.{name}", None, f"required: pass --{name} or set it in [app]")
+                raise ConfigError(
+                    f"app.{name}", None, f"required: pass --{name}, set it in [app], or name the app with --app MODULE:OBJECT"
+                )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -121,6 +125,8 @@ class Settings:
     #: The Kafka settings given in some layer (TOML, environment, flags), secrets resolved; applied over an
     #: app's own KafkaConfig by `kafka_over`.
     kafka_fields: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    #: The [app] settings given in some layer; applied over the pipeline an app module describes by `app_over`.
+    app_fields: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.metrics_port is not None and not 0 < self.metrics_port < 65536:
@@ -134,6 +140,10 @@ class Settings:
             if name in fields:
                 fields[name] = {**getattr(base, name), **fields[name]}
         return _validated_kafka(lambda: replace(base, **fields))
+
+    def app_over(self, base: AppSettings) -> AppSettings:
+        """`base` (the pipeline of an app module) with every [app] setting given in some layer replacing it."""
+        return replace(base, **self.app_fields)
 
     def require_kafka(self) -> KafkaConfig:
         if self.kafka is None:
@@ -276,4 +286,35 @@ def load_settings(
         metrics_port=merged["metrics"].get("port"),
         logging=LoggingSettings(**merged["logging"]),
         kafka_fields=kafka_fields,
+        app_fields=app,
     )
+
+
+def parse_instant(text: str, *, field: str) -> int:
+    """A point in time as epoch milliseconds, from epoch ms (`1700000000000`) or ISO-8601
+    (`2026-11-23T16:50:00Z`, `2026-11-23T16:50:00+01:00`, `2026-11-23`). A time without a zone is refused:
+    read as local time, the same command would select other records on another machine."""
+    text = text.strip()
+    if _INTEGER.fullmatch(text):
+        return int(text)
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise ConfigError(field, text, "expected epoch milliseconds or an ISO-8601 time such as 2026-11-23T16:50:00Z") from None
+    if moment.tzinfo is None:
+        if len(text) > 10:
+            raise ConfigError(field, text, "add a time zone (Z or +01:00); a date alone means midnight UTC")
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)
+
+
+def instant_argument(flag: str) -> Callable[[str], int]:
+    """An argparse `type=` for a time flag such as `--since`: epoch ms or ISO-8601, in epoch ms."""
+
+    def parse(text: str) -> int:
+        try:
+            return parse_instant(text, field=flag)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(exc.reason) from None
+
+    return parse

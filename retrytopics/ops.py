@@ -28,8 +28,8 @@ __all__ = [
 
 def pipeline_topics(app: AppSettings) -> TopicSet:
     """The tier and DLQ topics of the pipeline that `app` describes."""
-    app.require("topic", "group")
-    assert app.topic is not None and app.group is not None
+    app.require("topic", "group", "delays")  # no default ladder: a guessed one names topics that do not exist
+    assert app.topic is not None and app.group is not None and app.delays is not None
     policy = RetryPolicy(delays=app.delays)
     return topics_for(app.topic, app.group, policy.tier_delays_ms, strategy=app.naming, dlq=app.dlq)
 

@@ -154,3 +154,58 @@ def test_unreachable_cluster_hint_names_the_settings() -> None:
     assert plain is not None and "kafka.bootstrap" in plain and "kafka.ssl_ca_location" in plain
     tls = cli.connection_hint("_TRANSPORT", "SSL handshake failed: error:0A000086:SSL routines::certificate verify failed")
     assert tls is not None and "certificate verify failed" in tls and "kafka.ssl_ca_location" in tls
+
+
+def test_pipeline_commands_take_topics_from_the_app_and_flags_override_it(
+    app_module: Callable[..., str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import retrytopics.ops as ops
+
+    seen: list[Any] = []
+    monkeypatch.setattr(ops, "provision_pipeline", lambda kafka, app, **kw: seen.append((kafka, app)) or {})
+    reference = app_module()
+    assert cli.main(["topics", "create", "--app", reference]) == 0
+    assert cli.main(["topics", "create", "--app", reference, "--delays", "2s,4s", "--bootstrap", "flag:1"]) == 0
+    (kafka, own), (flagged_kafka, flagged) = seen
+    assert kafka.bootstrap == "code-host:1" and flagged_kafka.bootstrap == "flag:1"
+    assert list(ops.pipeline_topics(own).all_topics) == ["orders.billing.retry.1s", "orders.billing.dlq"]
+    assert list(ops.pipeline_topics(flagged).all_topics[:2]) == ["orders.billing.retry.2s", "orders.billing.retry.4s"]
+
+
+def test_a_pipeline_command_without_delays_says_where_to_give_them(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["topics", "describe", "--bootstrap", "127.0.0.1:1", "--topic", "orders", "--group", "billing"]
+    assert cli.main(argv) == 2
+    assert "configuration error: app.delays=None: required" in capsys.readouterr().err
+
+
+def test_durations_and_times_are_spelled_the_same_everywhere(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = cli.build_parser()
+    describe = ["topics", "describe", "--topic", "t", "--group", "g", "--delays", "1s"]
+    assert parser.parse_args([*describe, "--grace", "1m"]).grace == 60_000
+    assert parser.parse_args(["demo", "--timeout", "90s"]).timeout == 90_000
+    replay = parser.parse_args(["replay", "--replay-id", "r", "--since", "2023-11-14T22:13:20Z", "--until", "1700000001000"])
+    assert (replay.since, replay.until) == (1_700_000_000_000, 1_700_000_001_000)
+    with pytest.raises(SystemExit):
+        parser.parse_args([*describe, "--grace", "30"])  # a bare number: seconds or milliseconds?
+    assert "needs a unit" in capsys.readouterr().err
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as info:
+        cli.build_parser().parse_args(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"retrytopics {version('retrytopics')}"
+
+
+def test_no_command_offers_a_flag_it_ignores() -> None:
+    """Each option of each subcommand ends up in what the command reads: a settings layer or its own args."""
+    settings_flags = {"config", "bootstrap", "log_level", "log_json", "metrics_port", "app", "topic", "group",
+                      "delays", "naming", "dlq"}  # fmt: skip
+    parser = cli.build_parser()
+    create = parser.parse_args(["topics", "create", "--topic", "t"])
+    describe = parser.parse_args(["topics", "describe", "--topic", "t"])
+    assert "partitions" in vars(create) and "partitions" not in vars(describe), "--partitions only where it is used"
+    peek = parser.parse_args(["dlq", "peek"])
+    assert set(vars(peek)) - settings_flags <= {"command", "action", "run", "dlq_topic", "last", "follow", "json"}

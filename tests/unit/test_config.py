@@ -160,3 +160,33 @@ def test_kafka_settings_apply_over_an_apps_own_config_field_by_field(tmp_path: P
     with pytest.raises(ConfigError) as info:
         insecure.kafka_over(own)
     assert info.value.field == "kafka.sasl_mechanism"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("1700000000000", 1_700_000_000_000), ("2023-11-14T22:13:20Z", 1_700_000_000_000),
+     ("2023-11-14T23:13:20.5+01:00", 1_700_000_000_500), ("2023-11-14", 1_699_920_000_000)],
+)  # fmt: skip
+def test_instants_are_epoch_ms_or_iso_8601(text: str, expected: int) -> None:
+    from retrytopics.config import parse_instant
+
+    assert parse_instant(text, field="--since") == expected
+
+
+@pytest.mark.parametrize("text", ["yesterday", "2023-11-14T22:13:20", "1.5e12"])
+def test_unreadable_or_zoneless_instants_name_the_flag(text: str) -> None:
+    from retrytopics.config import parse_instant
+
+    with pytest.raises(ConfigError) as info:
+        parse_instant(text, field="--since")
+    assert info.value.field == "--since"
+
+
+def test_delays_have_no_silent_default() -> None:
+    settings = load_settings(environ={}, flags={"app": {"topic": "orders", "group": "billing"}})
+    assert settings.app.delays is None
+    from retrytopics.ops import pipeline_topics
+
+    with pytest.raises(ConfigError) as info:
+        pipeline_topics(settings.app)
+    assert info.value.field == "app.delays" and "--app" in info.value.reason
