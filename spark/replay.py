@@ -29,6 +29,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.window import Window
 
 from retrytopics import headers as H
+from retrytopics.config import instant_argument
 from retrytopics.connectors.admin import TopicSpec, ensure_topics
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.kafka import make_admin
@@ -304,8 +305,9 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replay-id", required=True, help="names this replay; rerunning the same id is idempotent")
     parser.add_argument("--reason", action="append", help="DLQ reason to select (repeatable)")
     parser.add_argument("--exception-type", action="append", help="exception type to select (repeatable)")
-    parser.add_argument("--since", type=int, metavar="EPOCH_MS", help="DLQ records at or after this time")
-    parser.add_argument("--until", type=int, metavar="EPOCH_MS", help="DLQ records before this time")
+    parser.add_argument("--since", type=instant_argument("--since"), metavar="TIME",
+                        help="DLQ records at or after this time (ISO-8601 such as 2026-11-23T16:50:00Z, or epoch ms)")
+    parser.add_argument("--until", type=instant_argument("--until"), metavar="TIME", help="DLQ records before this time")
     parser.add_argument("--origin-ids", metavar="FILE", help="file with one origin message id per line")
     parser.add_argument("--where", metavar="SQL", help="SQL predicate over the typed columns")
     parser.add_argument("--to", dest="destination", choices=DESTINATIONS, default="original",
