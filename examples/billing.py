@@ -19,7 +19,7 @@ from retrytopics.config import load_settings
 log = logging.getLogger("examples.billing")
 
 settings = load_settings(path=os.environ.get("RETRYTOPICS_CONFIG"))
-settings.app.require("topic", "group")
+settings.app.require("topic", "group", "delays")
 
 app = RetryApp(kafka=settings.require_kafka(), group=settings.app.group or "", id_header="order-id")
 
