@@ -1,4 +1,5 @@
-"""``python -m bench [--quick] [--only SCENARIO ...] [--no-docs]``: run the benchmarks on an embedded broker.
+"""``python -m bench [--quick] [--broker apache|tansu] [--only SCENARIO ...] [--no-docs]``: run the benchmarks
+on a local broker the command starts itself (Apache Kafka by default; the report names it).
 
 Prints one line per figure, writes bench/results.json and regenerates docs/benchmarks.md (--no-docs: the JSON
 only). A partial run (--only) writes bench/out/results-partial.json instead and never touches the full report.
@@ -17,14 +18,13 @@ from pathlib import Path
 from bench.context import Bench
 from bench.report import Result, format_line, machine, render_markdown, write_json
 from bench.scenarios import ALL
-from retrytopics.connectors.embedded import EmbeddedBroker
+from retrytopics.connectors.brokers import BROKER_NAMES, local_broker
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results.json"
 PARTIAL = ROOT / "bench" / "out" / "results-partial.json"
 DOCS = ROOT / "docs" / "benchmarks.md"
 FINDINGS = ROOT / "bench" / "findings.md"
-BROKER = "tansu 0.6.0 (embedded, in-memory storage, one process on the same machine)"
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -32,6 +32,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="smaller N; under 3 minutes on 2 cores")
     parser.add_argument("--only", action="append", default=[], metavar="SCENARIO",
                         help="run scenarios whose name starts with this (e.g. 3 or 3.lateness); repeatable")
+    parser.add_argument("--broker", choices=BROKER_NAMES, default="apache",
+                        help="apache (Apache Kafka from the Maven cache, the default) or tansu (embedded)")
     parser.add_argument("--no-docs", action="store_true", help="do not rewrite docs/benchmarks.md")
     return parser.parse_args(argv)
 
@@ -61,9 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     started = time.monotonic()
     results: list[Result] = []
-    with EmbeddedBroker() as broker:
-        bench = Bench(bootstrap=broker.bootstrap, quick=args.quick)
-        print(f"broker {broker.bootstrap}; {'quick' if args.quick else 'full'} mode", flush=True)
+    with local_broker(args.broker) as broker:
+        described = broker.description
+        bench = Bench(bootstrap=broker.bootstrap, quick=args.quick, broker=broker.kind)
+        print(f"broker {described} at {broker.bootstrap}; {'quick' if args.quick else 'full'} mode", flush=True)
         for module in _selected(args.only):
             for result in _run_one(module, bench):
                 results.append(result)
@@ -79,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.only and not args.no_docs:
         findings = FINDINGS.read_text() if FINDINGS.exists() else ""
         DOCS.write_text(render_markdown(results, info=machine(), mode="quick" if args.quick else "full",
-                                        broker=BROKER, wall_s=wall_s, findings=findings))  # fmt: skip
+                                        broker=described, wall_s=wall_s, findings=findings))  # fmt: skip
         print(f"wrote {RESULTS.relative_to(ROOT)} and {DOCS.relative_to(ROOT)}")
     return 0 if all(r.value is not None or r.note.startswith("not yet") for r in results) else 1
 

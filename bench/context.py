@@ -14,7 +14,7 @@ __all__ = ["Bench", "CONSUMER_OVERRIDES"]
 
 T = TypeVar("T")
 
-#: Group membership on the embedded broker: a join takes about session.timeout.ms / 2.
+#: Group membership: on tansu a join takes about session.timeout.ms / 2; Apache Kafka is unaffected.
 CONSUMER_OVERRIDES: dict[str, str | int | float | bool] = {"session.timeout.ms": 6000}
 
 
@@ -24,6 +24,7 @@ class Bench:
 
     bootstrap: str
     quick: bool
+    broker: str = "apache"  # the kind of local broker (connectors.brokers)
     partitions: int = 3
     _ids: itertools.count[int] = field(default_factory=itertools.count)
 
