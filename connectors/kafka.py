@@ -12,8 +12,9 @@ Defaults and why:
 from __future__ import annotations
 
 import logging
+import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -26,6 +27,7 @@ from retrytopics.errors import ConfigError, KafkaClientError, PublishError
 __all__ = [
     "CONSUMER_DEFAULTS",
     "PRODUCER_DEFAULTS",
+    "OutageLog",
     "check_properties",
     "delivery_error",
     "last_client_error",
@@ -61,12 +63,60 @@ CONSUMER_DEFAULTS: dict[str, str | int | float | bool] = {
 #: certificate verify failed"): a failed metadata request only says `_TRANSPORT`, this says why.
 _last_error: list[str] = []
 
+#: librdkafka codes that mean "cannot reach the brokers"; it reports one per reconnect attempt (every
+#: reconnect.backoff.ms, up to reconnect.backoff.max.ms = 10 s by default) for as long as that lasts.
+_CONNECTION_CODES = frozenset({"_TRANSPORT", "_ALL_BROKERS_DOWN", "_RESOLVE", "_SSL", "_AUTHENTICATION", "_TIMED_OUT"})
 
-def _log_client_error(err: KafkaError) -> None:
-    # Transport errors are retried by librdkafka itself; they are worth a warning, not an exception.
-    level = logging.ERROR if err.fatal() else logging.WARNING
-    log.log(level, "kafka client error: %s", err)
-    _last_error[:] = [err.str()]
+
+class OutageLog:
+    """One client's error_cb: logs a broker outage when it starts and when its cause changes, not once per
+    reconnect attempt. An outage is over once no connection error came for `quiet_s` (longer than
+    librdkafka's longest reconnect back-off, so a client still failing reports within it); the next error
+    then starts a new outage. Other errors are logged every time."""
+
+    def __init__(self, *, quiet_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self._quiet_s = quiet_s
+        self._clock = clock
+        self._last_at: float | None = None
+        self._cause: str | None = None
+        self._started_at = 0.0
+
+    def level(self, err: KafkaError) -> int:
+        """The level to log `err` at, updating the outage state."""
+        if err.fatal():
+            return logging.ERROR
+        if err.name() not in _CONNECTION_CODES:
+            return logging.WARNING
+        now = self._clock()
+        new_outage = self._last_at is None or now - self._last_at > self._quiet_s
+        cause = "all brokers down" if err.name() == "_ALL_BROKERS_DOWN" else err.name()
+        self._last_at = now
+        if new_outage:
+            self._started_at, self._cause = now, cause
+            return logging.WARNING
+        if cause != self._cause and err.name() != "_ALL_BROKERS_DOWN":
+            self._cause = cause
+            return logging.WARNING
+        return logging.DEBUG
+
+    def __call__(self, err: KafkaError) -> None:
+        _last_error[:] = [err.str()]
+        level = self.level(err)
+        if log.isEnabledFor(level):
+            log.log(level, "kafka client error: %s (librdkafka retries; repeats are logged at DEBUG)", err.str(),
+                    extra={"event": "broker.unreachable" if err.name() in _CONNECTION_CODES else "client.error"})  # fmt: skip
+
+
+class _DropConnectFailures(logging.Filter):
+    """librdkafka logs each failed connect (facility FAIL) and also reports it through error_cb: keep the
+    error_cb line, whose repeats OutageLog turns down to DEBUG."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (isinstance(record.args, tuple) and record.args and record.args[0] == "FAIL"
+                    and not _librdkafka_log.isEnabledFor(logging.DEBUG))  # fmt: skip
+
+
+_librdkafka_log.addFilter(_DropConnectFailures())
 
 
 def last_client_error() -> str | None:
@@ -78,7 +128,7 @@ def _build(base: Properties, defaults: Properties, overrides: Properties | None,
     # the factories' own overrides go through the same refusals as KafkaConfig's tables: no path bypasses them
     validate_overrides("overrides", overrides or {}, allow_insecure=kafka.allow_insecure)
     config: dict[str, Any] = {**defaults, **base, **(overrides or {})}
-    config.setdefault("error_cb", _log_client_error)
+    config.setdefault("error_cb", OutageLog())
     config.setdefault("logger", _librdkafka_log)
     return config
 
@@ -109,7 +159,7 @@ def make_admin(kafka: KafkaConfig, *, overrides: Properties | None = None) -> Ad
     """An admin client for provisioning and offset queries."""
     validate_overrides("overrides", overrides or {}, allow_insecure=kafka.allow_insecure)
     config: dict[str, Any] = {**kafka.client_config(), **(overrides or {})}
-    config.setdefault("error_cb", _log_client_error)
+    config.setdefault("error_cb", OutageLog())
     config.setdefault("logger", _librdkafka_log)
     with map_kafka_errors():
         return AdminClient(config)

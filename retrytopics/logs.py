@@ -2,6 +2,8 @@
 
 Log calls about a record pass its identity in `extra` (`origin_message_id`, `topic`, `partition`,
 `offset`, ...); the JSON formatter emits those fields, the text formatter appends them as `key=value`.
+Runtime events (`LoggingHook`) pass all their fields as `extra={"event_fields": {...}}`: JSON lines carry
+each as a key of its own (`{"event": "dlq.dispatched", "topic": ..., "reason": ...}`).
 Secrets never reach a log line: client configs are logged only through `connectors.config.redact`.
 """
 
@@ -24,6 +26,15 @@ def _fields(record: logging.LogRecord) -> dict[str, object]:
     return {name: getattr(record, name) for name in RECORD_FIELDS if hasattr(record, name)}
 
 
+def _json_value(value: object) -> object:
+    # keep JSON's own types; anything else (TopicPartition lists, exceptions) as its text
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, list | tuple):
+        return [_json_value(item) for item in value]
+    return str(value)
+
+
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, object] = {
@@ -33,6 +44,10 @@ class JsonFormatter(logging.Formatter):
             "message": record.getMessage(),
             **_fields(record),
         }
+        event_fields = getattr(record, "event_fields", None)
+        if isinstance(event_fields, dict):
+            # never let an event field replace ts, level, logger or message
+            entry.update({k: _json_value(v) for k, v in event_fields.items() if k not in entry})
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry, default=str)
