@@ -101,7 +101,9 @@ class LoggingHook:
     def on_event(self, event: Event, data: Mapping[str, object]) -> None:
         level = logging.DEBUG if event in _QUIET else logging.WARNING if event in _LOUD else logging.INFO
         if self.logger.isEnabledFor(level):
-            self.logger.log(level, "%s %s", event.value, " ".join(f"{k}={v}" for k, v in data.items()))
+            text = " ".join(f"{k}={v}" for k, v in data.items())
+            # the fields travel as data too, so that JSON log lines carry them as keys (retrytopics.logs)
+            self.logger.log(level, "%s %s", event.value, text, extra={"event": event.value, "event_fields": dict(data)})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
