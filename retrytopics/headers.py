@@ -22,6 +22,7 @@ from enum import StrEnum
 from typing import Final, Literal, TypeAlias, TypeVar
 
 from retrytopics.errors import ConfigError, HeaderDecodeError
+from retrytopics.redaction import redact  # re-exported: the exception headers are redacted with it
 
 __all__ = [
     "CONSUMER_GROUP", "DLQ_REASON", "DUE_AT", "EXCEPTION_MESSAGE", "EXCEPTION_TRACE", "EXCEPTION_TYPE",
@@ -69,10 +70,6 @@ _INT32: Final = 2**31 - 1
 _INT64: Final = 2**63 - 1
 _CANONICAL_INT: Final = re.compile(r"0|-?[1-9][0-9]{0,18}")
 _TOPIC: Final = re.compile(r"[a-zA-Z0-9._-]{1,249}")
-_SECRET: Final = re.compile(
-    r"(?i)\b(password|passwd|secret|token|api[_-]?key|authorization|credential)(s?\s*[:=]\s*)(?:bearer\s+|basic\s+)?\S+"
-)
-_URL_USERINFO: Final = re.compile(r"://[^/\s:@]+:[^/\s@]+@")
 
 
 class DlqReason(StrEnum):
@@ -361,16 +358,6 @@ def truncate_utf8(
     if keep == "tail":
         return marker + data[len(data) - room :].decode("utf-8", "ignore")
     return data[:room].decode("utf-8", "ignore") + marker
-
-
-def redact(text: str) -> str:
-    """Hide values that look like credentials before they reach a DLQ (DLQ readers are not secret holders)::
-
-        redact("login failed: password=hunter2 at https://bob:pw@db")
-        # 'login failed: password=[hidden] at https://[hidden]@db'
-    """
-    text = _SECRET.sub(lambda m: f"{m.group(1)}{m.group(2)}[hidden]", text)
-    return _URL_USERINFO.sub("://[hidden]@", text)
 
 
 def to_record(h: RetryHeaders) -> dict[str, object]:

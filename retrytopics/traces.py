@@ -23,7 +23,8 @@ _SITE_CACHE_SIZE = 512
 _CAUSE = "\nThe above exception was the direct cause of the following exception:\n\n"
 _CONTEXT = "\nDuring handling of the above exception, another exception occurred:\n\n"
 
-_Site = tuple[type[BaseException], tuple[tuple[CodeType, int], ...]]
+# the redactor is part of the key: two apps with different patterns must not share a redacted text
+_Site = tuple[type[BaseException], tuple[tuple[CodeType, int], ...], Callable[[str], str]]
 _sites: OrderedDict[_Site, str] = OrderedDict()
 _sites_lock = threading.Lock()
 
@@ -50,7 +51,7 @@ def _stack_text(exc: BaseException, redact: Callable[[str], str]) -> str:
     if exc.__traceback__ is None:
         return ""
     frames = list(traceback.walk_tb(exc.__traceback__))
-    site: _Site = (type(exc), tuple((frame.f_code, lineno) for frame, lineno in frames))
+    site: _Site = (type(exc), tuple((frame.f_code, lineno) for frame, lineno in frames), redact)
     with _sites_lock:
         cached = _sites.get(site)
         if cached is not None:
