@@ -114,7 +114,7 @@ def _output_headers(destination: str, *, replay_id: str, now_ms: int, reset: boo
 
 
 def _already_replayed(
-    spark: SparkSession, kafka: KafkaConfig, marks: ledger.Marks, replay_id: str
+    spark: SparkSession, kafka: KafkaConfig, marks: ledger.Marks, replay_id: str, kafka_format: str
 ) -> DataFrame:
     """(topic, origin_message_id) of records this replay id wrote since its first start marks."""
     schema = "topic string, origin_message_id string"
@@ -125,7 +125,7 @@ def _already_replayed(
         kafka, assign=json.dumps({t: [int(p) for p in parts] for t, parts in marks.items()}),
         startingOffsets=json.dumps(marks), endingOffsets="latest", includeHeaders="true",
     )  # fmt: skip
-    written = with_retry_columns(read_kafka(spark, options)).where(F.col("replay_id") == replay_id)
+    written = with_retry_columns(read_kafka(spark, options, kafka_format=kafka_format)).where(F.col("replay_id") == replay_id)
     return written.select("topic", F.col("replay_origin_id").alias("origin_message_id")).distinct()
 
 
@@ -196,8 +196,14 @@ def replay(
     rate_per_s: int | None = None,
     dry_run: bool = False,
     now_ms: int | None = None,
+    kafka_format: str = "python",
 ) -> dict[str, Any]:
-    """Replay the selected DLQ records of `topics`; returns the `--json` summary (see the module docstring)."""
+    """Replay the selected DLQ records of `topics`; returns the `--json` summary (see the module docstring).
+
+    `kafka_format="builtin"` reads and writes through Spark's own `kafka` format instead of the Python data
+    source (same rows, same result; `rate_per_s` needs the Python source, which alone can throttle)."""
+    if rate_per_s and kafka_format != "python":
+        raise ConfigError("rate", rate_per_s, "a send rate limit needs --kafka-format python")
     if destination not in DESTINATIONS:
         raise ConfigError("destination", destination, f"expected one of {DESTINATIONS}: replays never go elsewhere")
     if destination == "first_tier" and not topics.tiers:
@@ -210,7 +216,8 @@ def replay(
     partitions = ledger.partition_counts(kafka, sorted({topics.source, target}))
     for topic in sorted({topics.source, target} - set(partitions)):
         raise ConfigError("topic", topic, "does not exist: a replay writes only to existing pipeline topics")
-    dlq = with_retry_columns(read_kafka(spark, kafka_options(kafka, subscribe=topics.dlq, includeHeaders="true")),
+    dlq = with_retry_columns(read_kafka(spark, kafka_options(kafka, subscribe=topics.dlq, includeHeaders="true"),
+                                        kafka_format=kafka_format),
                              exclude_trace=False)  # fmt: skip
     chosen = select_records(dlq, reasons=reasons, exception_types=exception_types, since_ms=since_ms,
                             until_ms=until_ms, origin_ids=origin_ids, where=where)  # fmt: skip
@@ -224,6 +231,7 @@ def replay(
             result.update(written=0, skipped_already_replayed=None, sample=[r.asDict() for r in sample])
             return result
         return _write(spark, kafka, topics, planned, result, replay_id=replay_id, destination=destination,
+                      kafka_format=kafka_format,
                       now_ms=now_ms, reset=reset_reconsume_times, rate_per_s=rate_per_s, sizes=sizes,
                       target_partitions=partitions[target])  # fmt: skip
     finally:
@@ -242,10 +250,10 @@ def _partition(destination: str, target_partitions: int) -> Column:
 def _write(
     spark: SparkSession, kafka: KafkaConfig, topics: TopicSet, planned: DataFrame, result: dict[str, Any], *,
     replay_id: str, destination: str, now_ms: int, reset: bool, rate_per_s: int | None, sizes: tuple[int, int],
-    target_partitions: int,
+    target_partitions: int, kafka_format: str,
 ) -> dict[str, Any]:  # fmt: skip
     todo = _not_yet_written(spark, kafka, topics, planned, replay_id=replay_id, destination=destination,
-                            parked=bool(result["parked"]))  # fmt: skip
+                            parked=bool(result["parked"]), kafka_format=kafka_format)  # fmt: skip
     eligible, tasks = sizes
     pending = eligible
     if todo is not planned:  # a rerun: count what is left
@@ -270,7 +278,7 @@ def _write(
         options["maxRecordsPerSecondPerTask"] = str(max(1, rate_per_s // tasks))
     try:
         if pending:
-            write_kafka(out, options)
+            write_kafka(out, options, kafka_format=kafka_format)
     finally:
         if todo is not planned:
             todo.unpersist()
@@ -281,7 +289,7 @@ def _write(
 
 def _not_yet_written(
     spark: SparkSession, kafka: KafkaConfig, topics: TopicSet, planned: DataFrame, *, replay_id: str,
-    destination: str, parked: bool,
+    destination: str, parked: bool, kafka_format: str,
 ) -> DataFrame:  # fmt: skip
     """The planned records this replay id has not written yet (`planned` itself when that is all of them).
 
@@ -296,7 +304,8 @@ def _not_yet_written(
         targets = sorted({topics.source if destination == "original" else topics.tiers[0].topic, parked_topic})
         ledger.append(kafka, topics.dlq, replay_id, {"event": "started", "marks": ledger.watermarks(kafka, targets)})
         return planned
-    done = _already_replayed(spark, kafka, started[0]["marks"], replay_id).withColumnRenamed("topic", "destination")
+    done = _already_replayed(spark, kafka, started[0]["marks"], replay_id, kafka_format)
+    done = done.withColumnRenamed("topic", "destination")
     return planned.join(F.broadcast(done), ["destination", "origin_message_id"], "left_anti").cache()
 
 
@@ -321,6 +330,8 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true", help="print counts and a sample, write nothing")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
     parser.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
+    parser.add_argument("--kafka-format", choices=["python", "builtin"], default="python",
+                        help="read and write with this project's Python data source or Spark's own kafka format")
 
 
 def run_replay_cli(args: argparse.Namespace, *, kafka: KafkaConfig, topics: TopicSet) -> int:
@@ -337,6 +348,7 @@ def run_replay_cli(args: argparse.Namespace, *, kafka: KafkaConfig, topics: Topi
         since_ms=args.since, until_ms=args.until, origin_ids=origin_ids, where=args.where,
         reset_reconsume_times=not args.keep_reconsume_times, max_replays=args.max_replays,
         allow_replayed=args.allow_replayed, park=args.park, rate_per_s=args.rate, dry_run=args.dry_run,
+        kafka_format=args.kafka_format,
     )  # fmt: skip
     if args.json:
         print(json.dumps(result, sort_keys=True, default=str))
