@@ -12,6 +12,7 @@ Defaults and why:
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -75,6 +76,7 @@ class OutageLog:
     then starts a new outage. Other errors are logged every time."""
 
     def __init__(self, *, quiet_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self._lock = threading.Lock()  # clients of one cluster share it, and each calls back from its own thread
         self._quiet_s = quiet_s
         self._clock = clock
         self._last_at: float | None = None
@@ -87,6 +89,10 @@ class OutageLog:
             return logging.ERROR
         if err.name() not in _CONNECTION_CODES:
             return logging.WARNING
+        with self._lock:
+            return self._outage_level(err)
+
+    def _outage_level(self, err: KafkaError) -> int:
         now = self._clock()
         new_outage = self._last_at is None or now - self._last_at > self._quiet_s
         cause = "all brokers down" if err.name() == "_ALL_BROKERS_DOWN" else err.name()
@@ -118,6 +124,14 @@ class _DropConnectFailures(logging.Filter):
 
 _librdkafka_log.addFilter(_DropConnectFailures())
 
+#: One OutageLog per cluster: the consumers and producers of a process see the same outage, so it is
+#: logged once, not once per client.
+_outages: dict[str, OutageLog] = {}
+
+
+def _outage_log(kafka: KafkaConfig) -> OutageLog:
+    return _outages.setdefault(kafka.bootstrap, OutageLog())
+
 
 def last_client_error() -> str | None:
     """The latest error any client of this process reported in the background, if any."""
@@ -128,7 +142,7 @@ def _build(base: Properties, defaults: Properties, overrides: Properties | None,
     # the factories' own overrides go through the same refusals as KafkaConfig's tables: no path bypasses them
     validate_overrides("overrides", overrides or {}, allow_insecure=kafka.allow_insecure)
     config: dict[str, Any] = {**defaults, **base, **(overrides or {})}
-    config.setdefault("error_cb", OutageLog())
+    config.setdefault("error_cb", _outage_log(kafka))
     config.setdefault("logger", _librdkafka_log)
     return config
 
@@ -159,7 +173,7 @@ def make_admin(kafka: KafkaConfig, *, overrides: Properties | None = None) -> Ad
     """An admin client for provisioning and offset queries."""
     validate_overrides("overrides", overrides or {}, allow_insecure=kafka.allow_insecure)
     config: dict[str, Any] = {**kafka.client_config(), **(overrides or {})}
-    config.setdefault("error_cb", OutageLog())
+    config.setdefault("error_cb", _outage_log(kafka))
     config.setdefault("logger", _librdkafka_log)
     with map_kafka_errors():
         return AdminClient(config)

@@ -191,6 +191,9 @@ def _serve_metrics(app: Any, port: int | None) -> None:
     from retrytopics.metrics import PrometheusHook
 
     hook = PrometheusHook()
+    hook.track_health(lambda: bool(app.healthy))
+    for key, value in hook.consumer_properties().items():
+        app.consumer_overrides.setdefault(key, value)  # the app's own stats_cb, if any, wins
     hook.serve(port)
     app.add_hook(hook)
     logging.getLogger("retrytopics").info("metrics on http://0.0.0.0:%d/metrics", port)

@@ -7,19 +7,31 @@
 
 Each hook owns its registry, so several apps in one process (or tests) never collide. Labels are bounded
 by configuration (topics, tiers, reasons), never by record content.
+
+`retrytopics run/tiers --metrics-port` also wires `track_health(lambda: app.healthy)` (the gauge
+`retrytopics_healthy`) and `consumer_properties()` into the app's consumers (the gauge
+`retrytopics_consumer_lag` per topic, from librdkafka's statistics). Both are read without a broker
+request, so `/metrics` answers while the brokers are down.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from retrytopics.events import Event
 
-__all__ = ["LATENESS_BUCKETS_S", "PrometheusHook"]
+__all__ = ["LATENESS_BUCKETS_S", "STATISTICS_INTERVAL_MS", "PrometheusHook"]
+
+log = logging.getLogger("retrytopics.metrics")
+
+#: How often librdkafka reports consumer lag; a longer interval costs less JSON parsing on big assignments.
+STATISTICS_INTERVAL_MS = 15_000
 
 #: Lateness (handled_at - due_at) buckets, in seconds: the SLO is p99 <= 100 ms.
 LATENESS_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
@@ -55,12 +67,35 @@ class PrometheusHook:
         )  # fmt: skip
         self.paused = Gauge("retrytopics_paused_partitions", "Partitions paused right now", ["topic"], registry=r)
         self.commits = Counter("retrytopics_commits", "Offset commits sent", ["consumer"], registry=r)
+        self.healthy = Gauge(
+            "retrytopics_healthy", "1 while every consumer loop of the app is healthy (app.healthy), else 0", registry=r
+        )
+        self.lag = Gauge(
+            "retrytopics_consumer_lag", "Records after the committed offset, summed over the assigned partitions "
+            "(a tier's lag includes records waiting for their due time)", ["topic"], registry=r,
+        )  # fmt: skip
         self._paused: set[tuple[str, int]] = set()
         self._lock = threading.Lock()
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:  # noqa: S104 - a metrics port is meant to be scraped
         """Expose `/metrics` over HTTP on `port` (a daemon thread)."""
         start_http_server(port, addr=addr, registry=self.registry)
+
+    def track_health(self, probe: Callable[[], bool]) -> None:
+        """Report `probe()` (e.g. `lambda: app.healthy`) as `retrytopics_healthy` at each scrape."""
+        self.healthy.set_function(lambda: _probe(probe))
+
+    def consumer_properties(self) -> dict[str, object]:
+        """librdkafka properties that make a consumer report its lag to this hook."""
+        return {"statistics.interval.ms": STATISTICS_INTERVAL_MS, "stats_cb": self.on_statistics}
+
+    def on_statistics(self, stats_json: str) -> None:
+        """librdkafka's stats_cb: set the lag of each topic this consumer has partitions of."""
+        try:
+            for topic, lag in consumer_lag(json.loads(stats_json)).items():
+                self.lag.labels(topic).set(lag)
+        except (ValueError, TypeError, AttributeError):  # a malformed report must not break the consumer
+            log.debug("unreadable librdkafka statistics", exc_info=True)
 
     def on_event(self, event: Event, data: Mapping[str, object]) -> None:
         topic = str(data.get("topic", ""))
@@ -124,3 +159,25 @@ class PrometheusHook:
                 self.paused.labels(*labels).set(0)
         for topic, count in per_topic.items():
             self.paused.labels(topic).set(count)
+
+
+def _probe(probe: Callable[[], bool]) -> float:
+    try:
+        return 1.0 if probe() else 0.0
+    except Exception:  # noqa: BLE001 - a scrape must answer; a probe that fails reports unhealthy
+        return 0.0
+
+
+def consumer_lag(stats: Mapping[str, object]) -> dict[str, int]:
+    """Lag per topic from one librdkafka statistics report: the sum of `consumer_lag` over its partitions
+    (librdkafka reports -1 for a partition it does not consume or whose committed offset it does not know,
+    and the internal partition -1)."""
+    lag: dict[str, int] = {}
+    topics = stats.get("topics")
+    for topic, entry in (topics or {}).items() if isinstance(topics, dict) else ():
+        partitions = entry.get("partitions", {}) if isinstance(entry, dict) else {}
+        known = [p.get("consumer_lag", -1) for key, p in partitions.items() if key != "-1" and isinstance(p, dict)]
+        known = [value for value in known if isinstance(value, int) and value >= 0]
+        if known:
+            lag[topic] = sum(known)
+    return lag

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import urllib.request
 from collections import Counter
@@ -134,3 +135,53 @@ def test_run_drains_on_sigterm_commits_what_it_handled_and_serves_metrics(
         assert (committed[partition] or 0) == len(offsets), f"partition {partition}: committed != handled"
     scraped = [line for line in body.splitlines() if line.startswith("retrytopics_records_handled_total{")]
     assert scraped and float(scraped[0].rsplit(" ", 1)[1]) > 0
+    assert "retrytopics_healthy 1.0" in body.splitlines()
+
+
+DEAD_BROKER_APP = textwrap.dedent(
+    """
+    import os
+    from retrytopics import KafkaConfig, RetryApp, RetryPolicy
+
+    app = RetryApp(kafka=KafkaConfig(bootstrap=os.environ["RT_BOOTSTRAP"]), group="billing")
+
+    @app.handler("orders", policy=RetryPolicy(delays=["1s"]))
+    def handle(record):
+        pass
+    """
+)
+
+
+def test_metrics_answer_and_the_outage_is_logged_once_while_no_broker_answers(tmp_path: Path) -> None:
+    """With every broker unreachable, `/metrics` still answers (health and counters come from memory, never
+    from a broker request), and the outage is one WARNING line, its repeated reconnect failures DEBUG."""
+    (tmp_path / "dead_app.py").write_text(DEAD_BROKER_APP)
+    port = free_port()
+    env = {**os.environ, "RT_BOOTSTRAP": f"127.0.0.1:{free_port()}"}  # nothing listens there
+    env.pop("KAFKA_BOOTSTRAP_SERVERS", None)
+    process = subprocess.Popen([CLI, "run", "dead_app:app", "--metrics-port", str(port), "--log-level", "DEBUG"],
+                               cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(process.stderr.readline, "")), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+
+    def refused(level: str) -> list[str]:
+        return [line for line in list(lines) if line.split()[2:4] == [level, "retrytopics.kafka:"] and "Connection refused" in line]
+
+    try:
+        body, deadline = "", time.monotonic() + 30
+        while (len(refused("DEBUG")) < 3 or "retrytopics_healthy" not in body) and time.monotonic() < deadline:
+            try:
+                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            except OSError:
+                time.sleep(0.1)  # the endpoint is not up yet
+            time.sleep(0.05)
+        assert "retrytopics_healthy 1.0" in body.splitlines(), body[-2000:]
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+    reader.join(timeout=10)
+    assert len(refused("DEBUG")) >= 3, "librdkafka kept reconnecting"
+    assert len(refused("WARNING")) == 1, "".join(lines)[-3000:]

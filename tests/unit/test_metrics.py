@@ -42,3 +42,33 @@ def test_metrics_endpoint_serves_the_counters() -> None:
     hook.on_event(Event.DLQ_DISPATCHED, {"topic": "orders", "reason": "exhausted"})
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     assert 'retrytopics_records_dead_lettered_total{reason="exhausted",topic="orders"} 1.0' in body
+
+
+def test_health_is_read_at_each_scrape_and_a_failing_probe_reads_unhealthy() -> None:
+    hook = PrometheusHook()
+    state = {"healthy": True}
+    hook.track_health(lambda: state["healthy"])
+    assert _value(hook, "retrytopics_healthy") == 1
+    state["healthy"] = False
+    assert _value(hook, "retrytopics_healthy") == 0
+    hook.track_health(lambda: 1 / 0 > 0)
+    assert _value(hook, "retrytopics_healthy") == 0
+
+
+def test_consumer_lag_per_topic_from_librdkafka_statistics() -> None:
+    import json
+
+    hook = PrometheusHook()
+    stats = {
+        "type": "consumer",
+        "topics": {
+            "orders.b.retry.5s": {"partitions": {"0": {"consumer_lag": 7}, "1": {"consumer_lag": 3}, "-1": {"consumer_lag": -1}}},
+            "orders": {"partitions": {"0": {"consumer_lag": -1}}},  # not consumed here: no series
+        },
+    }  # fmt: skip
+    hook.on_statistics(json.dumps(stats))
+    assert _value(hook, "retrytopics_consumer_lag", topic="orders.b.retry.5s") == 10
+    assert _value(hook, "retrytopics_consumer_lag", topic="orders") is None
+    hook.on_statistics("{not json")  # ignored, never raised into librdkafka's callback
+    properties = hook.consumer_properties()
+    assert properties["stats_cb"] == hook.on_statistics and int(properties["statistics.interval.ms"]) > 0
