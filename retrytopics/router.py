@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final, NamedTuple
@@ -88,7 +89,8 @@ class RouteContext:
 
     ``id_header``: a user header whose value is the message id (else ``<topic>-<partition>-<offset>``).
     ``clock_skew_ms``: how far ahead of this consumer's clock another instance's clock may run before its
-    due times and failure times are treated as forged.
+    due times and failure times are treated as forged. ``redact`` hides secrets in the exception headers
+    (``Redactor.with_patterns([...])`` adds patterns to the built-in ones).
     """
 
     policy: RetryPolicy
@@ -96,6 +98,7 @@ class RouteContext:
     group: str
     id_header: str | None = None
     clock_skew_ms: int = 60_000
+    redact: Callable[[str], str] = redact
 
     def __post_init__(self) -> None:
         delays = tuple(t.delay_ms for t in self.topics.tiers)
@@ -167,7 +170,7 @@ def route(
     verdict = classify(ctx.policy, failure)
     if isinstance(verdict.deciding, HeaderDecodeError):
         return _invalid(ctx, record, now_ms, verdict.deciding)
-    state = _fresh(ctx, record, now_ms, failure) if previous is None else _next(previous, now_ms, failure)
+    state = _fresh(ctx, record, now_ms, failure) if previous is None else _next(ctx, previous, now_ms, failure)
     if verdict.verdict is not Verdict.RETRYABLE:
         return _dead_letter(ctx, record, state, _VERDICT_REASON[verdict.verdict])
     allowed = ctx.policy.max_retries_for(verdict.schedule_ms)
@@ -205,7 +208,7 @@ def _next_due(
 
 def _fresh(ctx: RouteContext, record: InboundRecord, now_ms: int, failure: BaseException) -> RetryHeaders:
     """A new retry state from the record's own coordinates; incoming ``retry.*`` headers are ignored."""
-    described = _describe(failure)
+    described = _describe(failure, ctx.redact)
     return RetryHeaders(
         reconsume_times=1,
         origin_message_id=origin_message_id(ctx, record),
@@ -225,9 +228,9 @@ def _fresh(ctx: RouteContext, record: InboundRecord, now_ms: int, failure: BaseE
     )
 
 
-def _next(previous: RetryHeaders, now_ms: int, failure: BaseException) -> RetryHeaders:
+def _next(ctx: RouteContext, previous: RetryHeaders, now_ms: int, failure: BaseException) -> RetryHeaders:
     """The state after one more failure; origin and original coordinates are copied, never recomputed."""
-    described = _describe(failure)
+    described = _describe(failure, ctx.redact)
     return dataclasses.replace(
         previous,
         reconsume_times=previous.reconsume_times + 1,
@@ -278,7 +281,7 @@ class _Described(NamedTuple):
     exception_trace: str
 
 
-def _describe(failure: BaseException) -> _Described:
+def _describe(failure: BaseException, redact: Callable[[str], str]) -> _Described:
     """Write-only diagnostics: type, redacted message and trace, truncated to their header budgets."""
     failure = described_failure(failure)
     cls = type(failure)
