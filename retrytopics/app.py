@@ -22,6 +22,7 @@ for the hand-off between topics).
 
 from __future__ import annotations
 
+import re
 import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -39,6 +40,7 @@ from retrytopics.errors import ConfigError
 from retrytopics.events import Emitter, Hook, LoggingHook, Stats, StatsCollector
 from retrytopics.naming import NamingStrategy, TopicSet, topics_for, validate_topic_name
 from retrytopics.policy import RetryPolicy
+from retrytopics.redaction import Redactor
 from retrytopics.router import RouteContext
 from retrytopics.runtime.dispatch import Binding
 from retrytopics.runtime.lifecycle import Runner
@@ -65,6 +67,8 @@ class RetryApp:
     once instead of leaving its open transaction to time out. A tier record due within `wait_in_memory`
     (default 1 s; "0s": never) waits in the tier consumer's memory, at most `wait_in_memory_records` per
     partition, instead of being fetched again when due (see runtime/pausing.py); longer waits happen in Kafka.
+    `redact_patterns` (regular expressions) hide more than the built-in secret forms in the exception
+    headers of tier and DLQ records: the whole match, or its `secret` group (see retrytopics/redaction.py).
     """
 
     def __init__(
@@ -86,6 +90,7 @@ class RetryApp:
         instance_id: str | None = None,
         wait_in_memory: DurationLike = "1s",
         wait_in_memory_records: int = 2000,
+        redact_patterns: Sequence[str | re.Pattern[str]] = (),
     ) -> None:
         if not isinstance(kafka, KafkaConfig):
             raise ConfigError("kafka", kafka, "expected a KafkaConfig")
@@ -100,6 +105,7 @@ class RetryApp:
         self.naming = NamingStrategy(naming)
         self.id_header = id_header
         self.on_dead_letter = on_dead_letter
+        self._redact = Redactor.with_patterns(redact_patterns)
         for name, value in (("batch_size", batch_size), ("commit_every", commit_every),
                             ("dedupe_capacity", dedupe_capacity), ("wait_in_memory_records", wait_in_memory_records)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -149,7 +155,9 @@ class RetryApp:
             raise ConfigError("topic", topic, f"already handled by {self._bindings[topic].name}")
         topics = topics_for(topic, self.group, policy.tier_delays_ms, strategy=self.naming, dlq=dlq)
         self._check_collisions(topics)
-        ctx = RouteContext(policy=policy, topics=topics, group=self.group, id_header=self.id_header)
+        ctx = RouteContext(
+            policy=policy, topics=topics, group=self.group, id_header=self.id_header, redact=self._redact
+        )
 
         def register(fn: F) -> F:
             if not callable(fn):
