@@ -12,9 +12,11 @@ import re
 
 import pytest
 
+from retrytopics import KafkaConfig, RetryApp, RetryPolicy
 from retrytopics.errors import ConfigError
 from retrytopics.headers import redact
 from retrytopics.redaction import HIDDEN, Redactor
+from retrytopics.testing import make_record, route_for
 from retrytopics.traces import format_trace
 
 # (text, the secret that must not survive)
@@ -134,3 +136,30 @@ def test_long_runs_of_key_like_text_stay_fast() -> None:
     for text in ("token_" * 8000, "a=" * 40000, "x:" * 40000, "password='" * 20000, "secretary" * 20000 + "=x"):
         redact(text)
     assert time.perf_counter() - started < 2.0
+
+
+def _route_twice(app: RetryApp, message: str) -> list[str]:
+    """The exception headers of the first hop (source → tier 0) and of the second (tier 0 → tier 1)."""
+    first = route_for(app, make_record(b"v", topic="orders"), RuntimeError(message))
+    second = route_for(app, make_record(b"v", topic="orders", attempt=2, group="billing"), RuntimeError(message))
+    assert second.retry.reconsume_times == 2
+    return [f"{r.retry.exception_message}\n{r.retry.exception_trace}" for r in (first, second)]
+
+
+def test_retry_app_redacts_exception_headers_with_its_own_patterns() -> None:
+    # setup: an app with one user pattern on top of the built-in ones
+    app = RetryApp(kafka=KafkaConfig(bootstrap="127.0.0.1:9092"), group="billing",
+                   redact_patterns=[r"\bAKIA[0-9A-Z]{16}\b"])  # fmt: skip
+    app.handler("orders", policy=RetryPolicy(delays=["1s", "2s"]))(lambda record: None)
+    # when: the failure's text carries a built-in form and the user's
+    headers = _route_twice(app, "upstream refused access_token=at-1 for key AKIAIOSFODNN7EXAMPLE")
+    # then: both hops hide both, in the message and in the trace's exception line
+    for text in headers:
+        assert "at-1" not in text and "AKIAIOSFODNN7EXAMPLE" not in text
+        assert text.count(HIDDEN) == 4
+
+
+def test_retry_app_refuses_a_bad_pattern() -> None:
+    with pytest.raises(ConfigError) as info:
+        RetryApp(kafka=KafkaConfig(bootstrap="127.0.0.1:9092"), group="billing", redact_patterns=["("])
+    assert info.value.field == "redact_patterns"
