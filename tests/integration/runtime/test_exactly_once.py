@@ -100,3 +100,30 @@ def test_hand_off_and_commit_are_atomic(broker: Any, kafka: KafkaConfig, kit: Ki
     else:
         assert [r.value for r in kit.read_all(tier)] == [b"fail-1"]
         assert healthy.stats.duplicates_suppressed == 0
+
+
+def test_a_batch_that_hands_nothing_off_still_commits(broker: Any, kafka: KafkaConfig, kit: Kit,
+                                                      unique_name: Callable[[str], str],
+                                                      consumer_overrides: dict[str, Any], apps: list[Any]) -> None:
+    """A batch in which every record succeeded produces nothing: its transaction holds offsets only, and
+    Apache Kafka commits it (tansu ignores such a transaction, so there nothing is committed)."""
+    # setup
+    source, group = kit.create(unique_name("orders")), unique_name("billing")
+    calls: list[tuple[bytes, int]] = []
+    app = _app(kafka, group, source, consumer_overrides, calls, crash_on=None)
+    apps.append(app)
+    app.provision()
+    kit.produce(source, [(None, f"ok-{i}".encode(), []) for i in range(20)])
+
+    # when
+    app.start(main=True)
+    wait_until(lambda: len(calls) == 20, 30, "every record to be handled")
+
+    # then: the offsets-only transactions committed every offset, with nothing handed off
+    if broker.is_tansu:
+        assert app.stop()
+        return
+    wait_until(lambda: kit.committed(group, source, 1) == {0: 20}, 30, "the offsets-only transaction to commit")
+    assert app.stop()
+    assert app.stats.retried == 0 and app.error is None
+    assert kit.read_all(app.topics(source).tiers[0].topic) == []

@@ -91,6 +91,22 @@ def test_subscribe_pattern_without_headers_reads_the_same_rows(spark: SparkSessi
     assert len(python) == 70 and python == builtin
 
 
+def test_timestamp_positions_read_the_same_rows(spark: SparkSession, options: dict[str, str], kafka: KafkaConfig,
+                                                unique_name: Callable[[str], str]) -> None:
+    """startingTimestamp / endingOffsetsByTimestamp resolve through offsets_for_times on the broker."""
+    topic = unique_name("stamped")
+    create_topics(kafka, (topic, 2))
+    base = 1_700_000_000_000
+    produce(kafka, topic, [{"value": f"v{i}".encode(), "partition": i % 2, "timestamp": base + i * 1000} for i in range(40)])
+    python, builtin = _both(spark, {
+        **options, "subscribe": topic, "startingTimestamp": str(base + 10_500),
+        "endingOffsetsByTimestamp": json.dumps({topic: {"0": base + 30_000, "1": base + 35_500}}),
+    })  # fmt: skip
+    assert python == builtin
+    stamps = sorted(int(row[5].timestamp() * 1000) - base for row in python)
+    assert stamps == [i * 1000 for i in range(11, 30)] + [i * 1000 for i in range(31, 36, 2)]
+
+
 def test_the_audit_is_the_same_through_either_format(spark: SparkSession, kafka: KafkaConfig,
                                                      unique_name: Callable[[str], str]) -> None:
     topics = build_pipeline(kafka, unique_name("orders"))
