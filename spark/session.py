@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import sys
+import tempfile
 import threading
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,11 +22,29 @@ from retrytopics.connectors.spark_kafka import register
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped]
 
-__all__ = ["builtin_kafka_jars", "get_session", "local_shuffle_partitions", "warm_up_workers"]
+__all__ = ["builtin_kafka_jars", "driver_java_options", "get_session", "local_shuffle_partitions", "warm_up_workers"]
 
 _log = logging.getLogger(__name__)
 
 _SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
+_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+#: Spark's JVM prints errors only, to stderr, as Spark's own template formats them. The root level stays
+#: WARN, the level a PySpark driver (a "shell" to Spark) switches to, announcing the switch on stderr when
+#: the root level differs; the console appender's threshold filter drops the WARN lines instead.
+_LOG4J2_PROPERTIES = """\
+rootLogger.level = warn
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.filter.threshold.type = ThresholdFilter
+appender.console.filter.threshold.level = error
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
+"""
+# pyspark warns on every Python worker start when pandas >= 3 is installed; nothing an operator can act on.
+_PANDAS_WARNING = "ignore:PySpark does not yet fully support pandas:FutureWarning"
+_log4j2_file: list[str] = []  # written once per process, removed at exit
 
 
 def get_session(master: str | None = None, app_name: str = "retrytopics", *, short_job: bool = False) -> SparkSession:
@@ -33,9 +54,9 @@ def get_session(master: str | None = None, app_name: str = "retrytopics", *, sho
     (PYSPARK_PYTHON defaults to sys.executable here); on a cluster, the packed venv (docs/spark.md).
     A new local session gets `local_shuffle_partitions` and `warm_up_workers`; an active session is
     returned untouched. `short_job=True` (the demo: one small audit, then exit) also starts a new local
-    driver JVM with C1-only JIT (`-XX:TieredStopAtLevel=1` in spark.driver.extraJavaOptions, replacing a
-    value from spark-defaults.conf): it starts faster and compiles less; on 2 cores the demo's audit took
-    about a quarter less time. Long jobs on big data want the default JIT."""
+    driver JVM with C1-only JIT (`-XX:TieredStopAtLevel=1`, see `driver_java_options`): it starts faster
+    and compiles less; on 2 cores the demo's audit took about a quarter less time. Long jobs on big data
+    want the default JIT. A new driver JVM logs errors only (`driver_java_options`)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     active = SparkSession.getActiveSession()
     if active is not None:
@@ -46,8 +67,10 @@ def get_session(master: str | None = None, app_name: str = "retrytopics", *, sho
         master = "local[*]"  # not under spark-submit
     if master is not None:
         builder = builder.master(master)
-    if short_job and (master or "").startswith("local"):
-        builder = builder.config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1")
+    quiet_python_warnings()
+    java_options = driver_java_options(short_job=short_job and (master or "").startswith("local"))
+    if java_options:
+        builder = builder.config(_JAVA_OPTIONS, java_options)
     connector = builtin_kafka_jars()
     if connector and not SparkConf().contains("spark.jars"):
         builder = builder.config("spark.jars", ",".join(str(jar) for jar in connector))
@@ -69,6 +92,42 @@ def builtin_kafka_jars() -> list[Path]:
     if folder is None:
         return []
     return spark_kafka_jars(folder, Path(pyspark.__file__).parent / "jars")
+
+
+def driver_java_options(*, short_job: bool) -> str:
+    """`spark.driver.extraJavaOptions` for a driver JVM this process starts: the options already set
+    (spark-submit, the builder), plus C1-only JIT for a short job, plus Spark's logging at ERROR through a
+    log4j2 properties file unless a log4j2 configuration is already named. Without it, every audit and
+    replay printed about a dozen lines (Spark's default log4j profile, WARN lines about the hostname,
+    native Hadoop, the UI port, the data source registration) whatever --log-level said."""
+    current = SparkConf().get(_JAVA_OPTIONS, "") or ""
+    options = current.split()
+    if short_job and "-XX:TieredStopAtLevel=1" not in options:
+        options.append("-XX:TieredStopAtLevel=1")
+    if "log4j2.configurationFile" not in current:
+        options.append(f"-Dlog4j2.configurationFile=file:{_log4j2_properties()}")
+    return " ".join(options)
+
+
+def _log4j2_properties() -> str:
+    """A private copy of the logging configuration (a file in the shared temp folder could be replaced by
+    another user before the JVM reads it)."""
+    if not _log4j2_file:
+        handle, path = tempfile.mkstemp(prefix="retrytopics-log4j2-", suffix=".properties")
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(_LOG4J2_PROPERTIES)
+        atexit.register(os.unlink, path)
+        _log4j2_file.append(path)
+    return _log4j2_file[0]
+
+
+def quiet_python_warnings() -> None:
+    """Silence pyspark's pandas-version FutureWarning here and, through PYTHONWARNINGS (inherited by the
+    JVM and the Python workers it starts), in the workers; a PYTHONWARNINGS the user set is extended."""
+    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
+    current = os.environ.get("PYTHONWARNINGS", "")
+    if _PANDAS_WARNING not in current:
+        os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [current, _PANDAS_WARNING]))
 
 
 def local_shuffle_partitions(session: SparkSession) -> int | None:

@@ -6,13 +6,19 @@
 - to the first tier, with fewer partitions than the source, keyed records are partitioned by key and keyless
   ones by their original partition modulo the tier's count;
 - `--where` is a filter over the typed columns: `reflect`, `java_method`, `raise_error`, casts are refused
-  before anything is read.
+  before anything is read;
+- the `retrytopics replay` command does the same, exits 0, and prints no JVM, log4j or pandas noise on stderr.
 """
 
 from __future__ import annotations
 
+import json
+import re
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
@@ -139,3 +145,32 @@ def test_where_refuses_anything_but_a_filter_over_the_typed_columns(
     with pytest.raises(ConfigError, match="where"):
         replay(spark, kafka, topics, replay_id="w", where=where, dry_run=True)
     assert replay(spark, kafka, topics, replay_id="w", where="original_offset = 0", dry_run=True)["selected"] == 1
+
+
+CLI = str(Path(sys.executable).with_name("retrytopics"))
+_JVM_NOTICE = "WARNING: Using incubator modules: jdk.incubator.vector"
+_NOISE = re.compile(r"log4j|\bWARN\b|\bINFO\b|Warning|NativeCodeLoader|setLogLevel|SPARK_LOCAL_IP")
+
+
+def test_the_replay_command_skips_a_forged_record_finishes_and_prints_no_jvm_noise(
+    kafka: KafkaConfig, unique_name: Callable[[str], str]
+) -> None:
+    # setup: a DLQ with a forged partition among valid records, the replay command as a user runs it
+    source = unique_name("orders")
+    topics = _pipeline(kafka, source, 2, 2)
+    produce(kafka, topics.dlq, [_dlq_record(source, 0, 0), _dlq_record(source, 1, 999), _dlq_record(source, 2, 1)])
+    pipeline = ["--bootstrap", kafka.bootstrap, "--topic", source, "--group", "billing", "--delays", "1s,10s"]
+
+    # when
+    done = subprocess.run([CLI, "replay", *pipeline, "--replay-id", "cli-1", "--json", "--log-level", "ERROR",
+                           "--master", "local[1]"], capture_output=True, text=True, timeout=300)  # fmt: skip
+
+    # then: exit 0, the forged record counted, and nothing on stderr from the JVM, log4j or pandas
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert (result["written"], result["skipped_invalid_by_problem"]) == (2, {"original_partition": 1})
+    noise = [line for line in done.stderr.splitlines() if _NOISE.search(line)]
+    assert noise == [], done.stderr[-3000:]
+    # The one line left is the JVM's own notice for the module Spark adds (`--add-modules`), not a log line.
+    rest = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith(_JVM_NOTICE)]
+    assert rest == [], done.stderr[-3000:]
