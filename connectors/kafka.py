@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -80,8 +81,7 @@ class OutageLog:
         self._quiet_s = quiet_s
         self._clock = clock
         self._last_at: float | None = None
-        self._cause: str | None = None
-        self._started_at = 0.0
+        self._causes: set[str] = set()
 
     def level(self, err: KafkaError) -> int:
         """The level to log `err` at, updating the outage state."""
@@ -94,16 +94,16 @@ class OutageLog:
 
     def _outage_level(self, err: KafkaError) -> int:
         now = self._clock()
-        new_outage = self._last_at is None or now - self._last_at > self._quiet_s
-        cause = "all brokers down" if err.name() == "_ALL_BROKERS_DOWN" else err.name()
+        if self._last_at is None or now - self._last_at > self._quiet_s:
+            self._causes.clear()  # a new outage
         self._last_at = now
-        if new_outage:
-            self._started_at, self._cause = now, cause
-            return logging.WARNING
-        if cause != self._cause and err.name() != "_ALL_BROKERS_DOWN":
-            self._cause = cause
-            return logging.WARNING
-        return logging.DEBUG
+        # each kind of failure once per outage: librdkafka alternates some (a TLS failure comes as _SSL and
+        # as _TRANSPORT), and "all brokers down" only repeats what the outage's first error already said
+        cause, starts = err.name(), not self._causes
+        if cause in self._causes:
+            return logging.DEBUG
+        self._causes.add(cause)
+        return logging.WARNING if starts or cause != "_ALL_BROKERS_DOWN" else logging.DEBUG
 
     def __call__(self, err: KafkaError) -> None:
         _last_error[:] = [err.str()]
@@ -133,8 +133,14 @@ def _outage_log(kafka: KafkaConfig) -> OutageLog:
     return _outages.setdefault(kafka.bootstrap, OutageLog())
 
 
+#: Admin clients serve their error callbacks only when polled; `last_client_error` polls them.
+_admins: weakref.WeakSet[AdminClient] = weakref.WeakSet()
+
+
 def last_client_error() -> str | None:
     """The latest error any client of this process reported in the background, if any."""
+    for admin in list(_admins):
+        admin.poll(0)
     return _last_error[0] if _last_error else None
 
 
@@ -176,7 +182,9 @@ def make_admin(kafka: KafkaConfig, *, overrides: Properties | None = None) -> Ad
     config.setdefault("error_cb", _outage_log(kafka))
     config.setdefault("logger", _librdkafka_log)
     with map_kafka_errors():
-        return AdminClient(config)
+        admin = AdminClient(config)
+    _admins.add(admin)
+    return admin
 
 
 _QUIET = logging.getLogger("retrytopics.librdkafka.check")

@@ -209,3 +209,41 @@ def test_no_command_offers_a_flag_it_ignores() -> None:
     assert "partitions" in vars(create) and "partitions" not in vars(describe), "--partitions only where it is used"
     peek = parser.parse_args(["dlq", "peek"])
     assert set(vars(peek)) - settings_flags <= {"command", "action", "run", "dlq_topic", "last", "follow", "json"}
+
+
+def test_a_tls_handshake_failure_reaches_the_hint() -> None:
+    """A server that does not speak TLS stands in for a broker whose certificate the CA does not sign: the
+    metadata request only says _TRANSPORT, the hint carries the handshake error an admin client saw."""
+    import socket
+    import threading
+
+    from retrytopics.connectors.admin import partition_count
+    from retrytopics.connectors.config import KafkaConfig
+    from retrytopics.connectors.kafka import last_client_error, make_admin
+    from retrytopics.errors import KafkaClientError
+
+    server = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def refuse_tls() -> None:
+        server.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                connection, _ = server.accept()
+            except TimeoutError:
+                continue
+            connection.sendall(b"HTTP/1.0 400 not TLS\r\n\r\n")
+            connection.close()
+
+    thread = threading.Thread(target=refuse_tls, daemon=True)
+    thread.start()
+    try:
+        admin = make_admin(KafkaConfig(bootstrap=f"127.0.0.1:{server.getsockname()[1]}", security_protocol="SSL"))
+        with pytest.raises(KafkaClientError) as info:
+            partition_count(admin, "orders", timeout_s=2)
+        hint = cli.connection_hint(info.value.code, last_client_error())
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        server.close()
+    assert hint is not None and "TLS handshake failed" in hint and "kafka.ssl_ca_location" in hint

@@ -72,3 +72,20 @@ def test_json_lines_carry_event_fields_as_keys() -> None:
     assert entry["event"] == "dlq.dispatched"
     assert (entry["topic"], entry["partition"], entry["offset"], entry["reason"]) == ("orders", 2, 9, "poison")
     assert entry["message"].startswith("dlq.dispatched "), "a field named like a line key does not replace it"
+
+
+def test_a_tls_failure_reported_under_two_codes_is_one_outage() -> None:
+    """librdkafka reports a failed handshake as _SSL, then as _TRANSPORT, at every reconnect."""
+    from confluent_kafka import KafkaError
+
+    from retrytopics.connectors.kafka import OutageLog
+
+    now = [0.0]
+    outage = OutageLog(quiet_s=30, clock=lambda: now[0])
+    levels = []
+    for step in range(10):
+        now[0] = step * 0.5
+        levels += [outage.level(KafkaError(KafkaError._SSL, "SSL handshake failed")),
+                   outage.level(KafkaError(KafkaError._TRANSPORT, "wrong version number"))]  # fmt: skip
+    assert levels[:2] == [logging.WARNING, logging.WARNING]
+    assert set(levels[2:]) == {logging.DEBUG}
