@@ -86,7 +86,8 @@ APP_MODULE = textwrap.dedent(
 
     app = RetryApp(
         kafka=KafkaConfig(bootstrap=os.environ["RT_BOOTSTRAP"]), group=os.environ["RT_GROUP"],
-        consumer_overrides={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500},
+        # statistics every 500 ms instead of 15 s, so that the lag gauge is set before the scrape
+        consumer_overrides={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500, "statistics.interval.ms": 500},
         commit_interval="200ms",
     )
     log = open(os.environ["RT_LOG"], "a", buffering=1)
@@ -136,6 +137,7 @@ def test_run_drains_on_sigterm_commits_what_it_handled_and_serves_metrics(
     scraped = [line for line in body.splitlines() if line.startswith("retrytopics_records_handled_total{")]
     assert scraped and float(scraped[0].rsplit(" ", 1)[1]) > 0
     assert "retrytopics_healthy 1.0" in body.splitlines()
+    assert any(line.startswith(f'retrytopics_consumer_lag{{topic="{topic}"}} ') for line in body.splitlines()), body
 
 
 DEAD_BROKER_APP = textwrap.dedent(
