@@ -23,6 +23,7 @@ from typing import Any, Literal, TypeAlias
 import fastavro
 from confluent_kafka.serialization import MessageField, SerializationContext
 
+from retrytopics.connectors.avro_bounds import DEFAULT_MAX_DEPTH, DEFAULT_MAX_ITEMS, bounds_check
 from retrytopics.errors import ConfigError, PoisonRecordError
 
 __all__ = [
@@ -97,16 +98,26 @@ def avro(
     wire: Literal["plain", "confluent"] = "plain",
     schema_id: int | None = None,
     reader_schema: str | Mapping[str, Any] | None = None,
+    max_items: int = DEFAULT_MAX_ITEMS,
+    max_depth: int = DEFAULT_MAX_DEPTH,
 ) -> Deserializer:
     """An Avro deserializer for one writer schema (fastavro, no registry).
 
     `wire="confluent"` expects Confluent's framing (magic byte 0, a 4-byte big-endian schema id, then the body)
     and, when `schema_id` is given, refuses other ids. Trailing bytes after the body are a decode error: they
     mean the bytes were written with another schema.
+
+    Hostile values are decode errors, found before decoding: with a schema whose arrays hold items that take
+    no bytes (`array<null>`), more than `max_items` of them; with a recursive schema, nesting deeper than
+    `max_depth`; any block count larger than the bytes left can hold (see connectors/avro_bounds.py).
     """
     _check_wire(wire, schema_id)
+    for name, limit in (("max_items", max_items), ("max_depth", max_depth)):
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ConfigError(name, limit, "expected an int >= 1")
     writer = _parse_schema(schema)
     reader = _parse_schema(reader_schema) if reader_schema is not None else None
+    check_bounds = bounds_check(writer, max_items=max_items, max_depth=max_depth)
 
     def deserialize_avro(data: bytes | None, ctx: Any = None) -> Any:
         if data is None:
@@ -121,6 +132,8 @@ def avro(
             if schema_id is not None and found_id != schema_id:
                 raise DecodeError(f"schema id {found_id}, expected {schema_id}")
             body = body[_CONFLUENT_HEADER.size :]
+        if check_bounds is not None:
+            check_bounds(body)
         stream = io.BytesIO(body)
         value = fastavro.schemaless_reader(stream, writer, reader)
         if stream.tell() != len(body):
