@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from retrytopics import cli
+from retrytopics import cli, preflight
 from retrytopics.app import RetryApp
 
 _names = itertools.count()
@@ -149,10 +149,10 @@ def test_an_app_override_librdkafka_refuses_stops_run_instead_of_waiting(
 
 
 def test_unreachable_cluster_hint_names_the_settings() -> None:
-    assert cli.connection_hint("UNKNOWN_TOPIC_OR_PART", None) is None
-    plain = cli.connection_hint("_TRANSPORT", None)
+    assert preflight.connection_hint("UNKNOWN_TOPIC_OR_PART", None) is None
+    plain = preflight.connection_hint("_TRANSPORT", None)
     assert plain is not None and "kafka.bootstrap" in plain and "kafka.ssl_ca_location" in plain
-    tls = cli.connection_hint("_TRANSPORT", "SSL handshake failed: error:0A000086:SSL routines::certificate verify failed")
+    tls = preflight.connection_hint("_TRANSPORT", "SSL handshake failed: error:0A000086:SSL routines::certificate verify failed")
     assert tls is not None and "certificate verify failed" in tls and "kafka.ssl_ca_location" in tls
 
 
@@ -241,7 +241,7 @@ def test_a_tls_handshake_failure_reaches_the_hint() -> None:
         admin = make_admin(KafkaConfig(bootstrap=f"127.0.0.1:{server.getsockname()[1]}", security_protocol="SSL"))
         with pytest.raises(KafkaClientError) as info:
             partition_count(admin, "orders", timeout_s=2)
-        hint = cli.connection_hint(info.value.code, last_client_error())
+        hint = preflight.connection_hint(info.value.code, last_client_error())
     finally:
         stop.set()
         thread.join(timeout=5)
