@@ -118,7 +118,10 @@ def _serve_metrics(app: Any, port: int | None) -> None:
     hook.track_health(lambda: bool(app.healthy))
     for key, value in hook.consumer_properties().items():
         app.consumer_overrides.setdefault(key, value)  # the app's own stats_cb, if any, wins
-    hook.serve(port)
+    try:
+        hook.serve(port)
+    except OSError as exc:  # e.g. the port is taken: a start-up error like any other bad setting
+        raise ConfigError("metrics.port", port, f"cannot serve metrics: {exc.strerror or exc}") from None
     app.add_hook(hook)
     logging.getLogger("retrytopics").info("metrics on http://0.0.0.0:%d/metrics", port)
 

@@ -247,3 +247,15 @@ def test_a_tls_handshake_failure_reaches_the_hint() -> None:
         thread.join(timeout=5)
         server.close()
     assert hint is not None and "TLS handshake failed" in hint and "kafka.ssl_ca_location" in hint
+
+
+def test_a_metrics_port_in_use_is_a_configuration_error(
+    app_module: Callable[..., str], started: list[RetryApp], capsys: pytest.CaptureFixture[str]
+) -> None:
+    import socket
+
+    with socket.create_server(("0.0.0.0", 0)) as taken:  # noqa: S104 - where the metrics server would bind
+        port = taken.getsockname()[1]
+        assert cli.main(["run", app_module(), "--metrics-port", str(port)]) == 2
+    assert started == []
+    assert f"configuration error: metrics.port={port}: cannot serve metrics" in capsys.readouterr().err
