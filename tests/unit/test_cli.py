@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,7 +26,7 @@ def _isolated(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     logger = logging.getLogger("retrytopics")
     saved = (list(logger.handlers), logger.level, logger.propagate)
     monkeypatch.setattr(sys, "path", list(sys.path))
-    for name in [n for n in __import__("os").environ if n.startswith(("RETRYTOPICS_", "KAFKA_"))]:
+    for name in [n for n in os.environ if n.startswith(("RETRYTOPICS_", "KAFKA_"))]:
         monkeypatch.delenv(name)
     yield
     logger.handlers[:], logger.level, logger.propagate = saved
