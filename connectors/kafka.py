@@ -108,9 +108,13 @@ class OutageLog:
     def __call__(self, err: KafkaError) -> None:
         _last_error[:] = [err.str()]
         level = self.level(err)
-        if log.isEnabledFor(level):
-            log.log(level, "kafka client error: %s (librdkafka retries; repeats are logged at DEBUG)", err.str(),
-                    extra={"event": "broker.unreachable" if err.name() in _CONNECTION_CODES else "client.error"})  # fmt: skip
+        if not log.isEnabledFor(level):
+            return
+        if err.name() in _CONNECTION_CODES:
+            log.log(level, "kafka brokers unreachable: %s (check kafka.bootstrap, and with TLS kafka.ssl_ca_location; "
+                    "librdkafka keeps retrying, repeats are logged at DEBUG)", err.str(), extra={"event": "broker.unreachable"})  # fmt: skip
+        else:
+            log.log(level, "kafka client error: %s", err.str(), extra={"event": "client.error"})
 
 
 class _DropConnectFailures(logging.Filter):
