@@ -223,7 +223,7 @@ def _need_spark(missing: str) -> int:
 
 
 def _common(parser: argparse.ArgumentParser, *, pipeline: bool = False) -> None:
-    parser.add_argument("--config", metavar="FILE", help="TOML settings file")
+    parser.add_argument("--config", metavar="FILE", help="TOML settings file (default: $RETRYTOPICS_CONFIG)")
     parser.add_argument("--bootstrap", metavar="HOST:PORT[,...]", help="Kafka bootstrap servers")
     parser.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     parser.add_argument("--log-json", action="store_true", help="log one JSON object per line")
