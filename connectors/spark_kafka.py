@@ -16,13 +16,15 @@ confluent-kafka installed (a packed venv shipped with `spark.archives`).
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
     DataSourceReader,
+    DataSourceStreamArrowWriter,
     DataSourceStreamReader,
     InputPartition,
     WriterCommitMessage,
@@ -80,6 +82,8 @@ class _Settings:
         self.min_partitions = plan.int_option(options, "minPartitions", None)
         self.max_records = plan.int_option(options, "maxRecordsPerPartition", None)
         self.max_offsets_per_trigger = plan.int_option(options, "maxOffsetsPerTrigger", None)
+        self.min_offsets_per_trigger = plan.int_option(options, "minOffsetsPerTrigger", None)
+        self.max_trigger_delay_ms = plan.duration_option(options, "maxTriggerDelay", 15 * 60_000)
         self.poll_timeout_s = (plan.int_option(options, "kafkaConsumer.pollTimeoutMs", 120_000) or 120_000) / 1000
         self.batch_size = plan.int_option(options, "fetch.batchSize", 10_000) or 10_000
         self.strategy = (get_option(options, "startingOffsetsByTimestampStrategy") or "error").lower()
@@ -160,9 +164,11 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Micro-batch reader. Offsets are Spark's JSON shape `{"topic": {"0": 123}}`; nothing is committed to
     Kafka (the checkpoint is the only position, as with the built-in source)."""
 
-    def __init__(self, settings: _Settings) -> None:
+    def __init__(self, settings: _Settings, clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
         self._target: dict[plan.TopicPartitionKey, int] | None = None
+        self._clock = clock
+        self._last_trigger_ms: int | None = None  # the reader lives in one driver process for the whole query
 
     def _latest(self) -> tuple[dict[plan.TopicPartitionKey, int], dict[plan.TopicPartitionKey, tuple[int, int]]]:
         from retrytopics.connectors.spark_kafka_io import OffsetResolver
@@ -190,9 +196,23 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict[str, dict[str, int]], limit: ReadLimit) -> dict[str, dict[str, int]]:
         latest, _ = self._latest() if self._target is None else (self._target, None)
         begin = _from_spark(start)
+        if self._target is None and self._waits(begin, latest):
+            return start  # no new micro-batch yet
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         ends = plan.allocate_limit(begin, latest, max_rows)
         return _as_spark({tp: max(end, begin.get(tp, 0)) for tp, end in ends.items()})
+
+    def _waits(self, begin: Mapping[plan.TopicPartitionKey, int], latest: Mapping[plan.TopicPartitionKey, int]) -> bool:
+        """`minOffsetsPerTrigger`/`maxTriggerDelay` (not with Trigger.AvailableNow, which reads what there is)."""
+        s = self.settings
+        if s.min_offsets_per_trigger is None:
+            return False
+        available = sum(max(0, end - begin.get(tp, 0)) for tp, end in latest.items())
+        now_ms = int(self._clock() * 1000)
+        if plan.delay_batch(available, s.min_offsets_per_trigger, now_ms, self._last_trigger_ms, s.max_trigger_delay_ms):
+            return True
+        self._last_trigger_ms = now_ms
+        return False
 
     def partitions(self, start: dict[str, dict[str, int]], end: dict[str, dict[str, int]]) -> list[InputPartition]:
         begin, stop = _from_spark(start), _from_spark(end)
@@ -219,8 +239,9 @@ class KafkaCommit(WriterCommitMessage):
         self.seconds = seconds
 
 
-class _ArrowWriter(DataSourceArrowWriter):
-    """Each task produces its rows, flushes, and fails on any delivery error (at-least-once, as Spark's)."""
+class _Producing:
+    """What a batch and a streaming writer task share: produce the rows, flush, fail on any delivery error
+    (at-least-once, as Spark's sink)."""
 
     def __init__(self, options: Mapping[str, str]) -> None:
         self.props = plan.client_properties(options)
@@ -244,6 +265,21 @@ class _ArrowWriter(DataSourceArrowWriter):
             self.props, iterator, topic=self.topic, flush_timeout_s=self.flush_timeout_s, rate_per_s=self.rate_per_s
         )
         return KafkaCommit(report.records, report.per_partition, report.seconds)
+
+
+class _ArrowWriter(_Producing, DataSourceArrowWriter):
+    """Batch writes (`df.write`)."""
+
+
+class _StreamArrowWriter(_Producing, DataSourceStreamArrowWriter):
+    """Streaming writes (`df.writeStream`): each micro-batch's tasks produce their rows; nothing to commit
+    or undo afterwards, as with Spark's sink (a retried batch sends its rows again: at-least-once)."""
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803 - Spark's name
+        """Every task's records were acknowledged before it returned."""
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803 - Spark's name
+        """Records already sent cannot be taken back (Spark's sink does the same)."""
 
 
 def validate_sink_schema(schema: StructType, topic_option: str | None) -> None:
@@ -288,8 +324,15 @@ class KafkaDataSource(DataSource):
         return _StreamReader(settings)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
+        if overwrite:  # Kafka cannot truncate a topic: refused, as Spark's kafka sink refuses it
+            raise ConfigError("mode", "overwrite", "save mode Overwrite is not allowed for Kafka: use append")
         validate_sink_schema(schema, get_option(self.options, "topic"))
         return _ArrowWriter(self.options)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamArrowWriter:  # noqa: N802
+        # Every output mode is accepted, as by Spark's sink: complete mode writes the whole result again.
+        validate_sink_schema(schema, get_option(self.options, "topic"))
+        return _StreamArrowWriter(self.options)
 
 
 _registered: weakref.WeakSet[SparkSession] = weakref.WeakSet()

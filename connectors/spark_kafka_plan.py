@@ -21,11 +21,13 @@ from dataclasses import dataclass
 from typing import Final, TypeAlias
 
 from retrytopics.connectors.config import FORBIDDEN_OVERRIDES
+from retrytopics.durations import parse_duration
 from retrytopics.errors import ConfigError
 
 __all__ = [
     "EARLIEST", "LATEST", "OffsetRange", "OffsetSpec", "Subscription", "TopicPartitionKey",
-    "allocate_limit", "bool_option", "client_properties", "get_option", "int_option", "offsets_from_json", "offsets_to_json",
+    "allocate_limit", "bool_option", "client_properties", "delay_batch", "duration_option", "get_option",
+    "int_option", "offsets_from_json", "offsets_to_json",
     "parse_offset_spec", "plan_ranges", "resolve_offsets", "resolve_timestamps", "split_ranges",
     "subscription_from_options", "timestamp_spec",
 ]  # fmt: skip
@@ -70,6 +72,15 @@ def int_option(options: Mapping[str, str], name: str, default: int | None, *, mi
     if value < minimum:
         raise ConfigError(name, raw, f"must be at least {minimum}")
     return value
+
+
+def duration_option(options: Mapping[str, str], name: str, default_ms: int) -> int:
+    """A time option as Spark reads it: a bare number is milliseconds, else e.g. '500ms', '30s', '15m'."""
+    raw = get_option(options, name)
+    if raw is None:
+        return default_ms
+    text = raw.strip().lower().replace("min", "m")
+    return int(text) if text.isdigit() else parse_duration(text, field=name)
 
 
 def bool_option(options: Mapping[str, str], name: str, default: bool) -> bool:
@@ -332,3 +343,12 @@ def allocate_limit(
         share = limit * size / total
         out[tp] = begin[tp] + min(size, math.ceil(share) if share < 1 else math.floor(share))
     return out
+
+
+def delay_batch(available: int, min_rows: int, now_ms: int, last_trigger_ms: int | None, max_delay_ms: int) -> bool:
+    """Should the next micro-batch wait (`minOffsetsPerTrigger` / `maxTriggerDelay`, Spark's rule)? Yes while
+    fewer than `min_rows` records are available and less than `max_delay_ms` has passed since the last
+    batch; the first trigger never waits."""
+    if last_trigger_ms is None or now_ms - last_trigger_ms >= max_delay_ms:
+        return False
+    return available < min_rows

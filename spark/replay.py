@@ -318,7 +318,8 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
                         help="DLQ records at or after this time (ISO-8601 such as 2026-11-23T16:50:00Z, or epoch ms)")
     parser.add_argument("--until", type=instant_argument("--until"), metavar="TIME", help="DLQ records before this time")
     parser.add_argument("--origin-ids", metavar="FILE", help="file with one origin message id per line")
-    parser.add_argument("--where", metavar="SQL", help="SQL predicate over the typed columns")
+    parser.add_argument("--where", metavar="FILTER", help="filter over the typed columns: comparisons, AND/OR/NOT, "
+                        "IN, BETWEEN, LIKE, IS NULL and a few pure functions (docs/spark.md)")  # fmt: skip
     parser.add_argument("--to", dest="destination", choices=DESTINATIONS, default="original",
                         help="original topic (default) or the first retry tier")  # fmt: skip
     parser.add_argument("--keep-reconsume-times", action="store_true", help="to a tier: keep the retry count and "

@@ -6,7 +6,9 @@
   with failOnDataLoss=false;
 - a write round-trips, and a record the broker refuses fails the job;
 - a streaming read with trigger(availableNow) reads everything, and a restart from its checkpoint reads
-  only what arrived since.
+  only what arrived since;
+- a streaming write copies records (key, value, headers, partition) exactly; a batch overwrite is refused
+  and writes nothing, as with Spark's kafka sink (issue 14).
 """
 
 from __future__ import annotations
@@ -143,3 +145,35 @@ def test_streaming_available_now_then_restart_reads_only_new_records(
 
     values = [r.value for r in spark.read.parquet(str(tmp_path / "out")).collect()]
     assert sorted(values) == sorted([f"a{i}" for i in range(50)] + [f"b{i}" for i in range(7)])
+
+
+def test_stream_writes_to_kafka_and_batch_save_modes_are_sparks(
+    spark: SparkSession, kafka: KafkaConfig, options: dict[str, str], unique_name: Callable[[str], str],
+    tmp_path: Path,
+) -> None:
+    # setup: a source topic copied by a streaming query into a target, through this data source both ways
+    source, target = unique_name("ssrc"), unique_name("sdst")
+    create_topics(kafka, (source, 2), (target, 2))
+    produce(kafka, source, _records(40, 2))
+    stream = read_kafka(spark, {**options, "subscribe": source, "startingOffsets": "earliest",
+                                "includeHeaders": "true"}, stream=True)  # fmt: skip
+
+    # when
+    query = (
+        stream.select("key", "value", "headers", "partition").writeStream.format(FORMAT)
+        .options(**options, topic=target).option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True).start()
+    )  # fmt: skip
+    query.awaitTermination(120)
+
+    # then: the copy equals the source, offsets included (one partition each way, written in order)
+    assert query.exception() is None
+    assert read_direct(kafka, target, 2) == read_direct(kafka, source, 2)
+    # Overwrite is refused, as by Spark's sink, and writes nothing; ErrorIfExists (the default) and Ignore
+    # are refused by Spark itself for every Python data source: write_kafka sets append.
+    df = spark.createDataFrame([(b"x",)], "value binary")
+    with pytest.raises(Exception, match="Overwrite is not allowed"):
+        df.write.format(FORMAT).options(**options, topic=target).mode("overwrite").save()
+    with pytest.raises(Exception, match="UNSUPPORTED_DATA_SOURCE_SAVE_MODE"):
+        df.write.format(FORMAT).options(**options, topic=target).save()
+    assert len(read_direct(kafka, target, 2)) == 40
