@@ -16,6 +16,7 @@ from confluent_kafka import TopicPartition as CKTopicPartition
 
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.kafka import delivery_error, make_consumer, make_producer, map_kafka_errors
+from retrytopics.connectors.record_headers import UndecodableHeaderError, headers_after_error
 from retrytopics.errors import KafkaClientError
 from retrytopics.headers import Header
 from retrytopics.ports import DeliveryCallback, Message, PartitionsCallback, TopicPartition
@@ -40,10 +41,14 @@ def _ck(offsets: Mapping[TopicPartition, int]) -> list[CKTopicPartition]:
 def _message(msg: CKMessage) -> Message:
     # positional and without conversions: this runs once per consumed record
     kind, timestamp = msg.timestamp()
-    headers = msg.headers()
+    error: UndecodableHeaderError | None = None
+    try:
+        headers = msg.headers()
+    except (SystemError, UnicodeDecodeError) as exc:  # a header key that is not UTF-8 (see record_headers.py)
+        headers, error = headers_after_error(msg, exc)
     return Message(
         msg.topic(), msg.partition(), msg.offset(), -1 if kind == TIMESTAMP_NOT_AVAILABLE else timestamp,
-        msg.key(), msg.value(), tuple(headers) if headers else (),
+        msg.key(), msg.value(), tuple(headers) if headers else (), error,
     )  # type: ignore[arg-type]  # confluent-kafka's stubs are looser than what it returns for a record
 
 
