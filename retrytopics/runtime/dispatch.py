@@ -57,6 +57,8 @@ def build_record(binding: Binding, msg: Message, state: RetryHeaders | None) -> 
         )  # fmt: skip
     except PoisonRecordError as exc:
         poison = exc
+    if msg.header_error is not None and poison is None:  # a header key the client could not read
+        poison = PoisonRecordError(msg.topic, msg.partition, msg.offset, msg.value, msg.header_error)
     if state is not None:
         origin = state.origin_message_id
     elif binding.ctx.id_header is None:  # the common case, without building an InboundRecord per record
