@@ -33,6 +33,9 @@ class Message(NamedTuple):
     key: bytes | None
     value: bytes | None
     headers: tuple[Header, ...]
+    #: Set when a header key was not UTF-8 (its key in `headers` has U+FFFD for the invalid bytes): the
+    #: runtime dead-letters the record as `poison` instead of handling it.
+    header_error: ValueError | None = None
 
     @property
     def tp(self) -> TopicPartition:

@@ -1,0 +1,84 @@
+"""Reading a consumed record's headers when a header key is not UTF-8.
+
+Kafka header keys are bytes on the wire, and any producer speaking the protocol can write `b"\\xff\\xfe"`
+(confluent-kafka's own producer cannot: it writes the key's `str()`). confluent-kafka's `Message.headers()`
+decodes every key as strict UTF-8 and, on such a key, raises `SystemError` (its C code returns a list with
+an exception set). Unhandled, that crashed every consumer and tool reading the record, on every restart.
+
+A second call returns the list confluent-kafka cached, in which the bad key is a NULL pointer inside its
+tuple: reading that item would crash the interpreter. :func:`read_headers` never touches it. It asks the
+garbage collector for the tuple's members (`gc.get_referents` visits only non-NULL ones), so a header whose
+key is missing is recognised without being read. Such a header keeps its value and its place, with its key
+decoded as Java and Spark decode keys (invalid bytes become U+FFFD); the raw key bytes are known for the
+last bad key only (they travel in the `UnicodeDecodeError`) and are kept, escaped and bounded, in the
+:class:`UndecodableHeaderError` that the runtime dead-letters the record with (reason `poison`).
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import Any, Final
+
+from retrytopics.headers import Header
+
+__all__ = ["UndecodableHeaderError", "headers_after_error", "read_headers"]
+
+_REPLACEMENT: Final = "\ufffd"
+_EXCERPT_BYTES: Final = 64
+
+
+class UndecodableHeaderError(ValueError):
+    """A record has header keys that are not UTF-8. `raw_key` is the last bad key's bytes (None if unknown)."""
+
+    def __init__(self, positions: list[int], total: int, raw_key: bytes | None) -> None:
+        self.positions = positions
+        self.raw_key = raw_key
+        shown = "unknown bytes" if raw_key is None else repr(_excerpt(raw_key))
+        where = ", ".join(map(str, positions)) or "?"
+        super().__init__(
+            f"header key {shown} is not UTF-8 (header {where} of {total}; kept with invalid bytes as U+FFFD)"
+        )
+
+
+def _excerpt(raw: bytes) -> bytes:
+    return raw if len(raw) <= _EXCERPT_BYTES else raw[:_EXCERPT_BYTES] + b"..."
+
+
+def read_headers(message: Any) -> tuple[list[Header], UndecodableHeaderError | None]:
+    """The headers of a confluent-kafka message, and the error describing undecodable keys (else None).
+
+    Call it once per message: after the first call, confluent-kafka returns its cached list, NULL keys
+    included, without an error."""
+    try:
+        found = message.headers()
+    except (SystemError, UnicodeDecodeError) as exc:
+        return headers_after_error(message, exc)
+    return (list(found) if found else []), None
+
+
+def headers_after_error(message: Any, exc: Exception) -> tuple[list[Header], UndecodableHeaderError]:
+    """What `read_headers` returns once `message.headers()` has raised `exc` (re-raised unless it is the
+    undecodable-key failure). For hot paths that call `headers()` themselves."""
+    cause = exc if isinstance(exc, UnicodeDecodeError) else exc.__cause__ or exc.__context__
+    if not isinstance(cause, UnicodeDecodeError):
+        raise exc
+    raw_key = cause.object if isinstance(cause.object, bytes) else None
+    return _salvage(message.headers(), raw_key)
+
+
+def _salvage(cached: Any, raw_key: bytes | None) -> tuple[list[Header], UndecodableHeaderError]:
+    if not isinstance(cached, list) or len(gc.get_referents(cached)) != len(cached):
+        return [], UndecodableHeaderError([], 0, raw_key)  # a slot is NULL too: nothing is safe to read
+    headers: list[Header] = []
+    bad: list[int] = []
+    for position, item in enumerate(cached, start=1):
+        members = gc.get_referents(item)  # safe: never reads a NULL member
+        if len(members) == 2:
+            headers.append((item[0], item[1]))
+            continue
+        value = members[0] if len(members) == 1 and isinstance(members[0], bytes | None) else None
+        headers.append((_REPLACEMENT, value))
+        bad.append(position)
+    if bad and raw_key is not None:  # the error that survived is the last bad key's
+        headers[bad[-1] - 1] = (raw_key.decode("utf-8", "replace"), headers[bad[-1] - 1][1])
+    return headers, UndecodableHeaderError(bad, len(cached), raw_key)
