@@ -17,6 +17,7 @@ import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from retrytopics.connectors.kafka import delivery_error, map_kafka_errors
+from retrytopics.connectors.record_headers import read_headers
 from retrytopics.connectors.spark_kafka_plan import OffsetRange, Subscription, TopicPartitionKey
 from retrytopics.errors import KafkaClientError, PublishError
 
@@ -118,7 +119,7 @@ def _timestamp(message: Any) -> tuple[int | None, int]:
 
 
 def _headers(message: Any) -> list[dict[str, Any]] | None:
-    found = message.headers()
+    found, _ = read_headers(message)  # a key that is not UTF-8 reads as Spark's own source reads it (U+FFFD)
     return [{"key": k, "value": v} for k, v in found] if found else None
 
 
