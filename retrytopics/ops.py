@@ -16,6 +16,7 @@ from retrytopics.connectors.admin import (
 )  # fmt: skip
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.kafka import make_admin, make_consumer, open_tail
+from retrytopics.connectors.record_headers import read_headers
 from retrytopics.errors import ConfigError, HeaderDecodeError
 from retrytopics.headers import decode, user_headers
 from retrytopics.naming import TopicSet, topics_for
@@ -85,9 +86,9 @@ class PeekedRecord:
 
 
 def _peeked(message: object) -> PeekedRecord:
-    headers = list(message.headers() or [])  # type: ignore[attr-defined]
+    headers, unreadable = read_headers(message)
     retry: dict[str, object] | None = None
-    error: str | None = None
+    error: str | None = None if unreadable is None else str(unreadable)
     try:
         decoded = decode(headers)
         retry = {
@@ -99,7 +100,7 @@ def _peeked(message: object) -> PeekedRecord:
             "replay_count": decoded.lineage.replay_count,
         }  # fmt: skip
     except HeaderDecodeError as exc:
-        error = str(exc)
+        error = str(exc) if error is None else f"{error}; {exc}"
     return PeekedRecord(
         topic=message.topic(), partition=message.partition(), offset=message.offset(),  # type: ignore[attr-defined]
         timestamp_ms=message.timestamp()[1],  # type: ignore[attr-defined]
@@ -156,7 +157,7 @@ def _head_state(kafka: KafkaConfig, topic: str, partition: int, offset: int, now
     if message is None:
         return "unknown"
     try:
-        due_at = decode(list(message.headers() or [])).due_at  # type: ignore[attr-defined]
+        due_at = decode(read_headers(message)[0]).due_at
     except HeaderDecodeError:
         return "invalid headers at head"
     if due_at is None:
