@@ -12,6 +12,9 @@ its log) and is deleted by `stop()`::
 Same interface as `EmbeddedBroker` (tansu), so callers pick either by name (`connectors.brokers`).
 Settings a single-node test broker needs: replication factor 1 for every internal topic, no initial
 rebalance delay, a few partitions for the internal topics (fast creation), a small heap.
+
+`ApacheKafkaBroker(security=BrokerSecurity(...))` turns on SASL_SSL with SCRAM-SHA-512 and the standard
+authorizer (`connectors.apache_security`); `kafka_config()` then connects as its super user.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import uuid
 from pathlib import Path
 from types import TracebackType
 
+from retrytopics.connectors.apache_security import BrokerSecurity
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.embedded import free_port
 from retrytopics.connectors.jars import KAFKA_BROKER, KAFKA_VERSION, resolve
@@ -104,7 +108,8 @@ class ApacheKafkaBroker:
 
     `advertised_port` lets a test put a TCP proxy in front of the broker: clients then reconnect through
     the proxy, because Kafka clients always follow the advertised address. `settings` overrides entries of
-    `BROKER_SETTINGS` (e.g. `{"message.max.bytes": "200000"}`)."""
+    `BROKER_SETTINGS` (e.g. `{"message.max.bytes": "200000"}`). `security` makes the client and
+    inter-broker listeners SASL_SSL with SCRAM users and ACLs (see `connectors.apache_security`)."""
 
     kind = "apache"
 
@@ -119,6 +124,7 @@ class ApacheKafkaBroker:
         heap: str = "512m",
         settings: dict[str, str] | None = None,
         log_level: str = "WARN",
+        security: BrokerSecurity | None = None,
     ) -> None:
         self.host = host
         self.port = port
@@ -126,7 +132,12 @@ class ApacheKafkaBroker:
         self.startup_timeout_s = startup_timeout_s
         self.version = version
         self.heap = heap
-        self.settings = {**BROKER_SETTINGS, **(settings or {})}
+        self.security = security
+        # the client listener is named for its protocol, as Kafka's own examples do
+        self.listener = "SASL_SSL" if security else "PLAINTEXT"
+        protocols = {"listener.security.protocol.map": "SASL_SSL:SASL_SSL,INTERNAL:SASL_SSL,CONTROLLER:PLAINTEXT"}
+        secured = {**protocols, **security.server_properties((self.listener, "INTERNAL"))} if security else {}
+        self.settings = {**BROKER_SETTINGS, **secured, **(settings or {})}
         self.log_level = log_level
         self._home = Path(tempfile.mkdtemp(prefix="retrytopics-kafka-"))
         self.log_path = self._home / "broker.log"
@@ -150,7 +161,10 @@ class ApacheKafkaBroker:
         return self._process.pid if self._process else None
 
     def kafka_config(self, **fields: object) -> KafkaConfig:
-        """A KafkaConfig for this broker; Apache Kafka needs no client workaround."""
+        """A KafkaConfig for this broker; Apache Kafka needs no client workaround. A secured broker's connects
+        as its super user unless `fields` say otherwise (`**security.client_fields("billing")`)."""
+        if self.security is not None and "security_protocol" not in fields:
+            fields = {**self.security.client_fields(self.security.admin), **fields}
         return KafkaConfig(bootstrap=self.bootstrap, **fields)  # type: ignore[arg-type]
 
     def start(self) -> ApacheKafkaBroker:
@@ -199,9 +213,9 @@ class ApacheKafkaBroker:
 
     def _write_config(self) -> None:
         listeners = {
-            "listeners": f"PLAINTEXT://{self.host}:{self.port},INTERNAL://{self.host}:{self.internal_port},"
+            "listeners": f"{self.listener}://{self.host}:{self.port},INTERNAL://{self.host}:{self.internal_port},"
             f"CONTROLLER://{self.host}:{self.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://{self.host}:{self.advertised_port or self.port},"
+            "advertised.listeners": f"{self.listener}://{self.host}:{self.advertised_port or self.port},"
             f"INTERNAL://{self.host}:{self.internal_port}",
             "controller.quorum.voters": f"1@{self.host}:{self.controller_port}",
             "log.dirs": str(self._home / "data"),
@@ -223,10 +237,14 @@ class ApacheKafkaBroker:
             f"-Dlog4j2.configurationFile={self._home / 'log4j2.properties'}", "-cp", classpath,
             "kafka.tools.StorageTool", "format", "--config", str(self._home / "server.properties"),
             "--cluster-id", _cluster_id(), "--ignore-formatted",
+            *(self.security.format_arguments() if self.security else []),
         ]  # fmt: skip
         result = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
         if result.returncode != 0:
-            raise BrokerExitedEarly("formatting the KRaft storage failed", (result.stdout + result.stderr)[-3000:])
+            output = result.stdout + result.stderr
+            for password in self.security.users.values() if self.security else ():
+                output = output.replace(password, "[hidden]")  # the tool may echo a --add-scram argument
+            raise BrokerExitedEarly("formatting the KRaft storage failed", output[-3000:])
         self._formatted = True
 
     def _wait_ready(self) -> None:
@@ -235,7 +253,9 @@ class ApacheKafkaBroker:
         assert self._process is not None
         deadline = time.monotonic() + self.startup_timeout_s
         # Straight to the listener, not the advertised port: a proxy in front may not be running yet.
-        admin = AdminClient({"bootstrap.servers": f"{self.host}:{self.port}", "log_level": 0})
+        fields = self.security.client_fields(self.security.admin) if self.security else {}
+        listener = KafkaConfig(bootstrap=f"{self.host}:{self.port}", **fields)  # type: ignore[arg-type]
+        admin = AdminClient({**listener.client_config(), "log_level": 0})
         while True:
             if self._process.poll() is not None:
                 tail = self.log_tail()
