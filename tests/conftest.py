@@ -27,6 +27,7 @@ import re
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -52,7 +53,7 @@ def selected_broker_kind() -> str:
     return kind
 
 
-def pytest_report_header(config: pytest.Config) -> str:
+def describe_selected_broker() -> str:
     kind = selected_broker_kind()
     if kind == "apache":
         from retrytopics.connectors.jars import KAFKA_VERSION
@@ -61,6 +62,15 @@ def pytest_report_header(config: pytest.Config) -> str:
     if kind == "external":
         return f"broker: external cluster at {os.environ['KAFKA_BOOTSTRAP_SERVERS']}"
     return f"broker: {kind} (RETRYTOPICS_TEST_BROKER={kind})"
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return describe_selected_broker()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    # Also under -q, which hides the header: every run says which broker it ran on.
+    terminalreporter.write_line(describe_selected_broker())
 
 
 @dataclass(frozen=True)
