@@ -45,6 +45,8 @@ _VALUE: Final = re.compile(
     r"|(?P<q>['\"])(?:\\.|(?!(?P=q))[^\\\n]){0,256}(?P=q)"  # a quoted value with spaces, escapes allowed
     r"|(?P<open>['\"]?)(?:(?:bearer|basic|digest|token)\s+)?[^\s'\"]+"  # a bare value, or a long quoted one
 )
+#: Every secret word contains one of these (lower case): a text with none of them has no secret key.
+_KEY_HINTS: Final = ("pass", "pwd", "secret", "token", "key", "auth", "credential", "session")
 _SECRET_KEY: Final = re.compile(rf"(?i)(?:{_SECRET_WORDS})s?(?:[_.-][\w.-]*)?")  # a key's last segments
 _COOKIE: Final = re.compile(r"(?im)\b((?:set-)?cookie\s*[:=]\s*)[^\r\n]+")  # every cookie on the line
 _BEARER: Final = re.compile(r"(?i)\b(bearer\s+)[\w.~+/=-]+")  # a token without its header name
@@ -83,11 +85,18 @@ def _hidden(value: re.Match[str]) -> str:
 
 
 def _builtin(text: str) -> str:
-    text = _PRIVATE_KEY.sub(f"-----BEGIN PRIVATE KEY-----{HIDDEN}", text)
-    text = _COOKIE.sub(rf"\g<1>{HIDDEN}", text)
-    text = _hide_key_values(text)
-    text = _BEARER.sub(rf"\g<1>{HIDDEN}", text)
-    return _URL_USERINFO.sub(f"://{HIDDEN}@", text)
+    # Each pattern runs only when a cheap substring test says it may match: most failure texts name no
+    # secret, and this keeps their redaction to about a microsecond (every failure pays it).
+    lowered = text.lower()
+    if "private key" in lowered:
+        text = _PRIVATE_KEY.sub(f"-----BEGIN PRIVATE KEY-----{HIDDEN}", text)
+    if "cookie" in lowered:
+        text = _COOKIE.sub(rf"\g<1>{HIDDEN}", text)
+    if any(hint in lowered for hint in _KEY_HINTS):
+        text = _hide_key_values(text)
+    if "bearer" in lowered:
+        text = _BEARER.sub(rf"\g<1>{HIDDEN}", text)
+    return _URL_USERINFO.sub(f"://{HIDDEN}@", text) if "@" in text else text
 
 
 def _hide_match(m: re.Match[str]) -> str:
