@@ -427,7 +427,9 @@ class ConsumerLoop:
 
     def _on_revoke(self, tps: list[TopicPartition]) -> None:
         assert self._publisher is not None
-        if not self.settings.exactly_once:
+        if self.settings.exactly_once:
+            self._settle_transaction(commit=True)
+        else:
             self._publisher.flush(self.settings.revoke_drain_timeout_s)
             positions = self._tracker.commit_positions(tps)
             if positions:
@@ -436,8 +438,24 @@ class ConsumerLoop:
         self._emit(Event.PARTITIONS_REVOKED, partitions=tps)
 
     def _on_lost(self, tps: list[TopicPartition]) -> None:
+        if self.settings.exactly_once:
+            self._settle_transaction(commit=False)
         self._forget(tps)
         self._emit(Event.PARTITIONS_LOST, partitions=tps)
+
+    def _settle_transaction(self, *, commit: bool) -> None:
+        """Exactly-once: end a transaction still open when partitions go. Records waiting in memory are
+        handed off before `consume()`, so their transaction is open when a rebalance callback runs in it;
+        once the revoked partitions' offsets were dropped, the batch end committed those hand-offs without
+        them and the new owner handled the records again. On revoke the member still belongs to its
+        generation, so the transaction commits with every finished offset, the revoked ones included (a
+        refusal aborts and rewinds); a lost member's offsets would be refused, so its transaction aborts."""
+        if not self._txn_tps:
+            return
+        if commit:
+            self._commit_transaction()
+        else:
+            self._abort(KafkaClientError("partitions lost with a transaction open", code="_ASSIGNMENT_LOST"))
 
     def _forget(self, tps: list[TopicPartition]) -> None:
         assert self._publisher is not None and self._pauses is not None
