@@ -10,8 +10,9 @@ tuple: reading that item would crash the interpreter. :func:`read_headers` never
 garbage collector for the tuple's members (`gc.get_referents` visits only non-NULL ones), so a header whose
 key is missing is recognised without being read. Such a header keeps its value and its place, with its key
 decoded as Java and Spark decode keys (invalid bytes become U+FFFD); the raw key bytes are known for the
-last bad key only (they travel in the `UnicodeDecodeError`) and are kept, escaped and bounded, in the
-:class:`UndecodableHeaderError` that the runtime dead-letters the record with (reason `poison`).
+first bad key only (they travel in the `UnicodeDecodeError`; later bad keys read as a single U+FFFD) and are
+kept, escaped and bounded, in the :class:`UndecodableHeaderError` that the runtime dead-letters the record
+with (reason `poison`).
 """
 
 from __future__ import annotations
@@ -25,16 +26,19 @@ __all__ = ["UndecodableHeaderError", "headers_after_error", "read_headers"]
 
 _REPLACEMENT: Final = "\ufffd"
 _EXCERPT_BYTES: Final = 64
+_POSITIONS_SHOWN: Final = 8
 
 
 class UndecodableHeaderError(ValueError):
-    """A record has header keys that are not UTF-8. `raw_key` is the last bad key's bytes (None if unknown)."""
+    """A record has header keys that are not UTF-8. `raw_key` is the first bad key's bytes (None if unknown)."""
 
     def __init__(self, positions: list[int], total: int, raw_key: bytes | None) -> None:
         self.positions = positions
         self.raw_key = raw_key
         shown = "unknown bytes" if raw_key is None else repr(_excerpt(raw_key))
-        where = ", ".join(map(str, positions)) or "?"
+        where = ", ".join(map(str, positions[:_POSITIONS_SHOWN])) or "?"
+        if len(positions) > _POSITIONS_SHOWN:
+            where += f", … ({len(positions)} in all)"
         super().__init__(
             f"header key {shown} is not UTF-8 (header {where} of {total}; kept with invalid bytes as U+FFFD)"
         )
@@ -59,11 +63,25 @@ def read_headers(message: Any) -> tuple[list[Header], UndecodableHeaderError | N
 def headers_after_error(message: Any, exc: Exception) -> tuple[list[Header], UndecodableHeaderError]:
     """What `read_headers` returns once `message.headers()` has raised `exc` (re-raised unless it is the
     undecodable-key failure). For hot paths that call `headers()` themselves."""
-    cause = exc if isinstance(exc, UnicodeDecodeError) else exc.__cause__ or exc.__context__
-    if not isinstance(cause, UnicodeDecodeError):
+    cause = _first_decode_error(exc)
+    if cause is None:
         raise exc
     raw_key = cause.object if isinstance(cause.object, bytes) else None
     return _salvage(message.headers(), raw_key)
+
+
+def _first_decode_error(exc: BaseException) -> UnicodeDecodeError | None:
+    """The first bad key's error: each later one failed while it was still set, so each is a SystemError
+    whose cause is the error before it, and the first is at the end of the chain (one link per bad key)."""
+    found: UnicodeDecodeError | None = None
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, UnicodeDecodeError):
+            found = current
+        current = current.__cause__ or current.__context__
+    return found
 
 
 def _salvage(cached: Any, raw_key: bytes | None) -> tuple[list[Header], UndecodableHeaderError]:
@@ -79,6 +97,6 @@ def _salvage(cached: Any, raw_key: bytes | None) -> tuple[list[Header], Undecoda
         value = members[0] if len(members) == 1 and isinstance(members[0], bytes | None) else None
         headers.append((_REPLACEMENT, value))
         bad.append(position)
-    if bad and raw_key is not None:  # the error that survived is the last bad key's
-        headers[bad[-1] - 1] = (raw_key.decode("utf-8", "replace"), headers[bad[-1] - 1][1])
+    if bad and raw_key is not None:  # the bytes known are the first bad key's
+        headers[bad[0] - 1] = (raw_key.decode("utf-8", "replace"), headers[bad[0] - 1][1])
     return headers, UndecodableHeaderError(bad, len(cached), raw_key)

@@ -55,17 +55,22 @@ def _good(kafka: KafkaConfig, topic: str, value: bytes) -> None:
 
 
 def test_the_spark_reader_reads_past_a_bad_header_key(kafka: KafkaConfig, unique_name: Callable[[str], str]) -> None:
-    # setup: good, bad, good
+    # setup: good, bad, bad twice, good
     topic = _topic(kafka, unique_name("spark-bad-key"))
     _good(kafka, topic, b"first")
     produce_raw_record(kafka, topic, 0, key=b"k", value=b"bad", headers=[(BAD_KEY, b"v"), (b"user", b"kept")])
+    produce_raw_record(kafka, topic, 0, key=b"k", value=b"two", headers=[(b"\xc3(x", None), (b"u", b"1"), (BAD_KEY, b"w")])
     _good(kafka, topic, b"last")
     # when: the executor-side reader of the Python data source reads the range
-    batches = list(read_range(kafka.client_config(), OffsetRange(topic, 0, 0, 3), include_headers=True))
-    # then: all three rows; the bad header in its place, the key as Spark's own source decodes it
+    batches = list(read_range(kafka.client_config(), OffsetRange(topic, 0, 0, 4), include_headers=True))
+    # then: all rows; the bad headers in their places with their values, the key as Spark's own source decodes
+    # it where its bytes are known (confluent-kafka reports the first bad key's only; later ones read as U+FFFD)
     rows = [row for batch in batches for row in batch.to_pylist()]
-    assert [r["value"] for r in rows] == [b"first", b"bad", b"last"]
+    assert [r["value"] for r in rows] == [b"first", b"bad", b"two", b"last"]
     assert rows[1]["headers"] == [{"key": REPLACED, "value": b"v"}, {"key": "user", "value": b"kept"}]
+    assert rows[2]["headers"] == [
+        {"key": "\ufffd(x", "value": None}, {"key": "u", "value": b"1"}, {"key": "\ufffd", "value": b"w"},
+    ]
 
 
 def test_dlq_peek_reads_past_a_bad_header_key(kafka: KafkaConfig, unique_name: Callable[[str], str]) -> None:
