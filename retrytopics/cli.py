@@ -78,34 +78,58 @@ def _cmd_dlq_peek(args: argparse.Namespace) -> int:
 
     kafka, pipeline = preflight.pipeline_of(getattr(args, "app", None), _settings(args))
     dlq = args.dlq_topic or pipeline_topics(pipeline).dlq
-    for record in peek_dlq(kafka, dlq, last=args.last, follow=args.follow):
-        if args.json:
+    records = peek_dlq(kafka, dlq, last=args.last, follow=args.follow)
+    if args.json:
+        for record in records:
             print(json.dumps(record.as_dict(), sort_keys=True), flush=True)
-        else:
-            retry = record.retry or {}
-            reason = retry.get("reason") or f"(bad headers: {record.header_error})"
-            print(
-                f"{record.topic}[{record.partition}]@{record.offset} {reason} "
-                f"origin={retry.get('origin_message_id')} reconsume={retry.get('reconsume_times')} "
-                f"{retry.get('exception_type')}: {retry.get('exception_message')} key={record.key}",
-                flush=True,
-            )
+    elif args.follow:  # a live tail: each row as it comes, in fixed widths (a longer cell pushes the rest)
+        from retrytopics.reports import cell
+
+        def line(cells: Sequence[str]) -> str:
+            return "  ".join(c.ljust(w) for c, w in zip(cells, _PEEK_WIDTHS, strict=True)).rstrip()
+
+        print(line(_PEEK_COLUMNS), flush=True)
+        for record in records:
+            print(line([cell(c) for c in _peek_row(record)]), flush=True)
+    else:
+        from retrytopics.reports import table
+
+        rows = [_peek_row(record) for record in records]
+        print(table(_PEEK_COLUMNS, rows) if rows else f"no records in {dlq}")
     return 0
+
+
+_PEEK_COLUMNS = ("record", "reason", "failures", "origin id", "exception", "key")
+_PEEK_WIDTHS = (32, 21, 8, 24, 60, 0)
+
+
+def _short(text: str | None, limit: int = 60) -> str | None:
+    return text if text is None or len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _peek_row(record: Any) -> list[Any]:
+    """One DLQ record as a row of `_PEEK_COLUMNS`; undecodable retry headers show their problem instead."""
+    where = f"{record.topic}[{record.partition}]@{record.offset}"
+    retry = record.retry
+    if retry is None:
+        return [where, "bad headers", None, None, _short(record.header_error), record.key]
+    exception = ": ".join(str(part) for part in (retry.get("exception_type"), retry.get("exception_message")) if part)
+    return [where, retry.get("reason"), retry.get("reconsume_times"), retry.get("origin_message_id"),
+            _short(exception or None), record.key]  # fmt: skip
 
 
 def _cmd_topics_describe(args: argparse.Namespace) -> int:
     from retrytopics.ops import describe_pipeline
+    from retrytopics.reports import table
 
     kafka, pipeline = preflight.pipeline_of(getattr(args, "app", None), _settings(args))
     rows = describe_pipeline(kafka, pipeline, grace_ms=args.grace)
     if args.json:
         print(json.dumps([row.as_dict() for row in rows]))
         return 0
-    print(f"{'topic':<48} {'kind':<6} {'part':>4} {'end':>9} {'committed':>9} {'lag':>7}  state")
-    for row in rows:
-        committed = "-" if row.committed is None else row.committed
-        lag = "-" if row.lag is None else row.lag
-        print(f"{row.topic:<48} {row.kind:<6} {row.partition:>4} {row.end_offset:>9} {committed:>9} {lag:>7}  {row.state}")
+    columns = ["topic", "kind", "partition", "end", "committed", "lag", "state"]
+    print(table(columns, [[r.topic, r.kind, r.partition, r.end_offset, r.committed, r.lag, r.state] for r in rows],
+                align="llrrrrl"))  # fmt: skip
     return 0
 
 

@@ -294,21 +294,37 @@ def _chart(facts: list[Row], topics: TopicSet, path: str) -> None:
 
 
 def format_table(summary: Mapping[str, Any]) -> str:
-    """The console view of a summary."""
-    lines = [f"{'stage':<44} {'kind':<7} {'records':>9} {'overdue':>8} {'unhandled':>9}"]
-    for s in summary["stages"]:
-        unhandled = "" if s["unhandled"] is None else s["unhandled"]
-        lines.append(f"{s['topic']:<44} {s['kind']:<7} {s['records']:>9} {s['overdue']:>8} {unhandled:>9}")
+    """The console view of a summary: aligned tables (stages, recovery per tier) and counts in words; no
+    Python reprs. `--json` prints the summary itself."""
+    from retrytopics.reports import counts, duration, table
+
+    stages = [
+        [s["topic"], s["kind"], s["records"], s["overdue"], s["unhandled"], duration(s["age_ms_p50"]),
+         duration(s["age_ms_max"])]
+        for s in summary["stages"]
+    ]  # fmt: skip
     dlq, lineage = summary["dlq"], summary["lineage"]
-    lines += ["", f"DLQ: {dlq['records']} records, {dlq['replayed']} replayed, {dlq['pending']} pending",
-              f"  by reason: {dlq['by_reason']}", f"  by exception type: {dlq['by_exception_type']}",
-              f"reconsume_times: {summary['reconsume_times']}",
-              f"lineage: {lineage['episodes']} episodes {lineage['by_outcome']}; recovered {lineage['recovered']}, "
-              f"attempts p50/p99 {lineage['attempts_p50']}/{lineage['attempts_p99']}, time to recover p50/p99 "
-              f"{lineage['time_to_recover_ms_p50']}/{lineage['time_to_recover_ms_p99']} ms"]  # fmt: skip
-    for t in lineage["tiers"]:
-        lines.append(f"  {t['topic']}: handled {t['handled']}, recovered {t['recovered']}, success rate {t['success_rate']}")
-    return "\n".join(lines)
+    rates = [[t["topic"], t["handled"], t["recovered"],
+              None if t["success_rate"] is None else f"{100 * t['success_rate']:.1f}%"] for t in lineage["tiers"]]  # fmt: skip
+    failures = ", ".join(f"{n} with {k} failure{'' if k == '1' else 's'}" for k, n in summary["reconsume_times"].items())
+    attempts, ttr = (lineage["attempts_p50"], lineage["attempts_p99"]), (
+        lineage["time_to_recover_ms_p50"], lineage["time_to_recover_ms_p99"])  # fmt: skip
+    recovery = "none" if attempts[0] is None else (
+        f"{attempts[0]} / {attempts[1]} attempts, {duration(ttr[0])} / {duration(ttr[1])} after the first failure")  # fmt: skip
+    return "\n".join([
+        f"pipeline {summary['source']} (group {summary['group']})", "",
+        table(["stage", "kind", "records", "overdue", "unhandled", "age p50", "age max"], stages, align="llrrrrr"),
+        "",
+        f"DLQ: {dlq['records']} records, {dlq['replayed']} replayed, {dlq['pending']} pending",
+        f"  by reason: {counts(dlq['by_reason'])}",
+        f"  by exception type: {counts(dlq['by_exception_type'])}",
+        f"retried records: {failures or 'none'}",
+        "",
+        f"failure episodes: {lineage['episodes']} ({counts(lineage['by_outcome'])})",
+        f"  recovery (p50 / p99): {recovery}",
+        "",
+        table(["tier", "handled", "recovered", "success rate"], rates, align="lrrr"),
+    ])  # fmt: skip
 
 
 def add_audit_arguments(parser: argparse.ArgumentParser) -> None:

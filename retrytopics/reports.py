@@ -1,0 +1,128 @@
+"""Text for people at a terminal: aligned tables, durations and counts, and the replay job's result.
+
+Commands print these by default and JSON with `--json`, so nothing here needs to be parsed back.
+
+    >>> print(table(["stage", "records"], [["orders", 2000], ["orders.billing.dlq", 12]]))
+    stage               records
+    orders                 2000
+    orders.billing.dlq       12
+
+Pure: standard library only. A cell is text, a number or None (printed "-"); numeric columns align right.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+__all__ = ["cell", "counts", "duration", "key_values", "replay_text", "table"]
+
+Cell = str | int | float | bool | None
+
+
+def cell(value: Cell) -> str:
+    """One value as people read it: None is "-", booleans are yes/no, floats have at most 4 digits."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _numeric(values: Iterable[Cell]) -> bool:
+    present = [v for v in values if v is not None]
+    return bool(present) and all(isinstance(v, int | float) and not isinstance(v, bool) for v in present)
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Cell]], *, align: str = "", indent: str = "") -> str:
+    """Rows under `headers`, columns padded to their widest cell. `align` has one letter per column, `l` or
+    `r` (`"llrr"`); by default a column of numbers aligns right and any other left."""
+    data = [list(row) for row in rows]
+    for row in data:
+        if len(row) != len(headers):
+            raise ValueError(f"a row has {len(row)} cells for {len(headers)} columns: {row}")
+    if align and (len(align) != len(headers) or set(align) - {"l", "r"}):
+        raise ValueError(f"align={align!r}: one of l or r per column ({len(headers)})")
+    columns = list(zip(*data, strict=True)) if data else [() for _ in headers]
+    right = [a == "r" for a in align] if align else [_numeric(column) for column in columns]
+    text = [[cell(v) for v in row] for row in data]
+    widths = [max([len(h), *(len(row[i]) for row in text)]) for i, h in enumerate(headers)]
+
+    def line(cells: Sequence[str]) -> str:
+        padded = [c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right, strict=True)]
+        return (indent + "  ".join(padded)).rstrip()
+
+    return "\n".join([line(headers), *(line(row) for row in text)])
+
+
+def key_values(pairs: Iterable[tuple[str, Cell]], *, indent: str = "") -> str:
+    """`label  value` lines with the values in one column (aligned right when they are all numbers)."""
+    items = list(pairs)
+    return table(["", ""], [[label, value] for label, value in items], indent=indent).partition("\n")[2]
+
+
+def duration(ms: float | None) -> str:
+    """Milliseconds as `850ms`, `12.3s`, `4m05s` or `2h10m`; None is "-"."""
+    if ms is None:
+        return "-"
+    if abs(ms) < 1000:
+        return f"{ms:.0f}ms"
+    seconds = ms / 1000
+    if abs(seconds) < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+def counts(mapping: Mapping[str, int], *, unknown: str = "unknown") -> str:
+    """`{"exhausted": 10, "poison": 2}` as `exhausted 10, poison 2` ("none" when empty); a key that stands
+    for a missing value ("None") reads as `unknown`."""
+    if not mapping:
+        return "none"
+    return ", ".join(f"{unknown if key in ('None', '') else key} {n}" for key, n in mapping.items())
+
+
+#: The skip counters of a replay result, in the order an operator reads them.
+_SKIPPED = (
+    ("skipped_foreign", "not from this pipeline"),
+    ("skipped_invalid", "invalid headers"),
+    ("skipped_duplicates", "older copy of an origin id"),
+    ("skipped_max_replays", "replayed too often"),
+    ("skipped_already_replayed", "written by an earlier run of this id"),
+)
+
+
+def replay_text(result: Mapping[str, Any]) -> str:
+    """The console view of a replay result (`retrytopics.spark.replay.replay`): what was selected, written
+    or skipped and why, then the dry run's sample as a table."""
+    dry = bool(result.get("dry_run"))
+    written = "nothing written (dry run)" if dry else f"{result.get('written', 0)} written"
+    destinations = ", ".join(result.get("destination_topics") or []) or "none"
+    lines = [f"replay {result.get('replay_id')} to the {str(result.get('destination', '')).replace('_', ' ')} "
+             f"topic: {written}", ""]  # fmt: skip
+    pairs: list[tuple[str, Cell]] = [("selected (match the filters)", result.get("selected", 0))]
+    for key, label in _SKIPPED:
+        if key in result and not (dry and key == "skipped_already_replayed"):
+            pairs.append((f"skipped: {label}", result[key]))
+    pairs.append(("parked", result.get("parked", 0)))
+    if dry:  # every selected record not skipped is written (the parked ones to <dlq>.parked)
+        skipped = sum(int(result.get(key) or 0) for key, _ in _SKIPPED)
+        pairs.append(("would write", int(result.get("selected") or 0) - skipped))
+    else:
+        pairs.append(("written", result.get("written", 0)))
+    lines.append(key_values(pairs))
+    problems = result.get("skipped_invalid_by_problem") or {}
+    if problems:
+        lines.append(f"invalid by problem: {counts(problems)}")
+    lines.append(f"destination topics: {destinations}")
+    sample = result.get("sample") or []
+    if sample:
+        headers = list(sample[0])
+        lines += ["", f"sample ({len(sample)} of {result.get('selected', len(sample))} selected):",
+                  table(headers, [[row.get(h) for h in headers] for row in sample], indent="  ")]  # fmt: skip
+    return "\n".join(lines)
