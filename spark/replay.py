@@ -354,6 +354,7 @@ def run_replay_cli(args: argparse.Namespace, *, kafka: KafkaConfig, topics: Topi
     if args.json:
         print(json.dumps(result, sort_keys=True, default=str))
     else:
-        for key, value in result.items():
-            print(f"{key:>26}: {value}")
+        from retrytopics.reports import replay_text
+
+        print(replay_text(result))
     return 0
