@@ -28,9 +28,12 @@ NOT_A_MEMBER = frozenset(
 class OwnershipCheck:
     """Asked after every handler call (see the module docstring); costs a clock read unless the call was long."""
 
-    def __init__(self, consumer: ConsumerPort, tracker: OffsetTracker) -> None:
+    def __init__(self, consumer: ConsumerPort, tracker: OffsetTracker, *, committed_only: bool = False) -> None:
         self._consumer = consumer
         self._tracker = tracker
+        # exactly-once: offsets finished in an open transaction must not be committed outside it (an abort
+        # would leave them committed without their hand-off), so the question repeats committed positions
+        self._committed_only = committed_only
         # read once: the client's settings do not change while it runs
         self._max_poll_s = float(getattr(consumer, "max_poll_interval_ms", 300_000)) / 1000
         self._session_s = float(getattr(consumer, "session_timeout_ms", 45_000)) / 1000
@@ -48,6 +51,9 @@ class OwnershipCheck:
 
     def _refused_commit(self) -> str | None:
         positions = self._tracker.positions()
+        if self._committed_only:
+            moved = self._tracker.commit_positions()
+            positions = {tp: p for tp, p in positions.items() if tp not in moved}
         if not positions:
             return None  # nothing to commit, so nothing to ask with: act as if still a member
         try:

@@ -227,6 +227,10 @@ class PauseController(Generic[T]):
         self._next.pop(tp, None)
         self._stopped.discard(tp)
 
+    def queue_starts(self) -> dict[TopicPartition, int]:
+        """Where each partition with a queue would be read again from: its head, or after its tail when empty."""
+        return {tp: queue[0][0].offset if queue else self._next[tp] for tp, queue in self._queues.items()}
+
     def next_queued_due_ms(self) -> int | None:
         """The earliest due time among queue heads that can run (None: no queued work)."""
         heads = [q[0][1] or 0 for tp, q in self._queues.items() if q and not self.schedule.is_held(tp)]

@@ -1,0 +1,190 @@
+"""The consumer loop against in-memory client fakes: what it does after a gap in which the process was frozen.
+
+A consumer frozen past its session (SIGSTOP, a VM pause) wakes inside `consume()`, which then returns at once;
+librdkafka delivers `partitions.lost` only some ms later. Records waiting in memory must not be acted on in
+between (issue 12.2): the loop judges the gap from before the wake and asks the coordinator first.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from retrytopics.connectors.serde import bytes_value
+from retrytopics.dedupe import DuplicateAudit
+from retrytopics.errors import KafkaClientError
+from retrytopics.events import Emitter, Event
+from retrytopics.naming import topics_for
+from retrytopics.policy import RetryPolicy
+from retrytopics.ports import Message, PartitionsCallback, TopicPartition
+from retrytopics.record import Record
+from retrytopics.router import InboundRecord, RouteContext, route
+from retrytopics.runtime import loop as loop_module
+from retrytopics.runtime.dispatch import Binding
+from retrytopics.runtime.loop import ConsumerLoop, LoopSettings
+
+POLICY = RetryPolicy(delays=["1s"])
+CTX = RouteContext(policy=POLICY, topics=topics_for("orders", "billing", POLICY.tier_delays_ms), group="billing")
+TIER = CTX.topics.tiers[0].topic
+TP: TopicPartition = (TIER, 0)
+
+
+class Clock:
+    """The loop's view of time: real time plus a jump that stands for a freeze."""
+
+    def __init__(self) -> None:
+        self.jump_s = 0.0
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.jump_s
+
+    def time(self) -> float:
+        return time.time() + self.jump_s
+
+
+class FakeConsumer:
+    """Plays `steps`, one per consume(); each returns a batch. Commits are refused once `expelled` is set."""
+
+    max_poll_interval_ms = 300_000
+    session_timeout_ms = 6_000
+
+    def __init__(self, steps: list[Callable[[FakeConsumer], list[Message]]], stop: threading.Event) -> None:
+        self.steps = steps
+        self.stop = stop
+        self.expelled = False
+        self.seeks: list[tuple[TopicPartition, int]] = []
+        self.commits: list[dict[TopicPartition, int]] = []
+        self.on_assign: PartitionsCallback = lambda tps: None
+        self.on_lost: PartitionsCallback = lambda tps: None
+
+    def subscribe(self, topics: Sequence[str], *, on_assign: PartitionsCallback, on_revoke: PartitionsCallback,
+                  on_lost: PartitionsCallback) -> None:  # fmt: skip
+        self.on_assign, self.on_lost = on_assign, on_lost
+
+    def consume(self, max_records: int, timeout_s: float) -> list[Message]:
+        if not self.steps:
+            self.stop.set()
+            return []
+        return self.steps.pop(0)(self)
+
+    def pause(self, tps: Sequence[TopicPartition]) -> None:
+        pass
+
+    def resume(self, tps: Sequence[TopicPartition]) -> None:
+        pass
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self.seeks.append((tp, offset))
+
+    def commit(self, offsets: Mapping[TopicPartition, int], *, asynchronous: bool) -> None:
+        if self.expelled:
+            raise KafkaClientError("commit refused", code="UNKNOWN_MEMBER_ID")
+        self.commits.append(dict(offsets))
+
+    def group_metadata(self) -> object:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+class FakeProducer:
+    def __init__(self) -> None:
+        self.produced: list[str] = []
+
+    def produce(self, topic: str, *, on_delivery: Callable[[Any], None], **_: Any) -> None:
+        self.produced.append(topic)
+        on_delivery(None)
+
+    def poll(self, timeout_s: float) -> None:
+        pass
+
+    def flush(self, timeout_s: float) -> int:
+        return 0
+
+    def partition_count(self, topic: str) -> int:
+        return 1
+
+    def purge(self) -> None:
+        pass
+
+
+def tier_message(offset: int, *, due_in_ms: int) -> Message:
+    """A tier record whose retry is due `due_in_ms` from now."""
+    failed_at = int(time.time() * 1000) + due_in_ms - 1000
+    source = InboundRecord(topic="orders", partition=0, offset=offset, timestamp_ms=failed_at, key=b"k", headers=())
+    r = route(CTX, source, OSError("down"), now_ms=failed_at, rng=random.Random(0))
+    return Message(TIER, 0, offset, failed_at, b"k", str(offset).encode(), r.headers)
+
+
+def run_loop(steps: list[Callable[[FakeConsumer], list[Message]]], clock: Clock,
+             monkeypatch: pytest.MonkeyPatch) -> tuple[FakeConsumer, FakeProducer, list[int], list[Event]]:  # fmt: skip
+    monkeypatch.setattr(loop_module, "time", SimpleNamespace(monotonic=clock.monotonic, time=clock.time))
+    stop = threading.Event()
+    consumer, producer, calls, events = FakeConsumer(steps, stop), FakeProducer(), [], []
+
+    def handle(record: Record[bytes]) -> None:
+        calls.append(record.offset)
+        raise RuntimeError("fails again")  # a hand-off to the DLQ: what a zombie must not do
+
+    binding = Binding(topic="orders", handler=handle, policy=POLICY, ctx=CTX, value_deserializer=bytes_value)
+    hook = SimpleNamespace(on_event=lambda event, data: events.append(event))
+    loop = ConsumerLoop(
+        LoopSettings(name="tier", group_id=TIER, topics=(TIER,), max_wait_ms=50), {TIER: binding},
+        consumer_factory=lambda: consumer, producer_factory=lambda: producer, emitter=Emitter([hook]), stop=stop,
+        audit=DuplicateAudit(10),
+    )  # fmt: skip
+    loop.run()
+    return consumer, producer, calls, events
+
+
+def test_records_waiting_in_memory_are_not_acted_on_after_a_freeze_that_cost_the_membership(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = Clock()
+
+    def assigned(c: FakeConsumer) -> list[Message]:
+        c.on_assign([TP])
+        return [tier_message(0, due_in_ms=-10), tier_message(1, due_in_ms=400), tier_message(2, due_in_ms=450)]
+
+    def frozen(c: FakeConsumer) -> list[Message]:
+        clock.jump_s += 20  # SIGSTOP inside consume(), SIGCONT 20 s later: the group expelled this member
+        c.expelled = True
+        return []
+
+    def lost(c: FakeConsumer) -> list[Message]:
+        c.on_lost([TP])  # librdkafka tells the loop only now
+        return []
+
+    consumer, producer, calls, events = run_loop([assigned, frozen, lost], clock, monkeypatch)
+
+    # then: offset 0 was handled before the freeze; 1 and 2 waited in memory and were never touched after it
+    assert calls == [0]
+    assert producer.produced == [CTX.topics.dlq]
+    assert (TP, 1) in consumer.seeks  # read again from the queue head, if the partition is still ours
+    assert Event.RECORD_ABANDONED in events
+
+
+def test_a_freeze_that_kept_the_membership_acts_on_the_records_after_asking(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock()
+
+    def assigned(c: FakeConsumer) -> list[Message]:
+        c.on_assign([TP])
+        return [tier_message(0, due_in_ms=-10), tier_message(1, due_in_ms=400)]
+
+    def frozen(c: FakeConsumer) -> list[Message]:
+        clock.jump_s += 20  # the coordinator still counts this member (it accepts the commit)
+        return []
+
+    def idle(c: FakeConsumer) -> list[Message]:
+        return []
+
+    consumer, producer, calls, _ = run_loop([assigned, frozen, idle, idle], clock, monkeypatch)
+    assert calls == [0, 1]
+    assert {TP: 1} in consumer.commits  # the question asked after the gap
