@@ -110,7 +110,11 @@ class OutageLog:
         level = self.level(err)
         if not log.isEnabledFor(level):
             return
-        if err.name() in _CONNECTION_CODES:
+        if err.name() == "_AUTHENTICATION":
+            log.log(level, "kafka brokers refused the credentials: %s (check kafka.sasl_username, kafka.sasl_password "
+                    "and kafka.sasl_mechanism; librdkafka keeps retrying, repeats are logged at DEBUG)", err.str(),
+                    extra={"event": "broker.unreachable"})  # fmt: skip
+        elif err.name() in _CONNECTION_CODES:
             log.log(level, "kafka brokers unreachable: %s (check kafka.bootstrap, and with TLS kafka.ssl_ca_location; "
                     "librdkafka keeps retrying, repeats are logged at DEBUG)", err.str(), extra={"event": "broker.unreachable"})  # fmt: skip
         else:
@@ -227,9 +231,13 @@ def _refusal(properties: Properties, *, producer: bool) -> str | None:
 
 
 def _from_kafka_error(err: KafkaError) -> KafkaClientError:
-    return KafkaClientError(
-        f"{err.name()}: {err.str()}", code=err.name(), retriable=err.retriable(), fatal=err.fatal()
-    )
+    message = f"{err.name()}: {err.str()}"
+    if err.name() in _CONNECTION_CODES - {"_TIMED_OUT", "_RESOLVE"}:
+        # "Broker transport failure" alone hides why: a refused password or an untrusted certificate is only
+        # in the background error the client reported (librdkafka's texts carry no secret)
+        cause = last_client_error()
+        message += f" (the client reported: {cause})" if cause else ""
+    return KafkaClientError(message, code=err.name(), retriable=err.retriable(), fatal=err.fatal())
 
 
 @contextmanager

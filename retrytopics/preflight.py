@@ -122,6 +122,9 @@ def connection_hint(code: str, last_error: str | None) -> str | None:
     """What to check when no broker answered; `last_error` is the latest background client error."""
     if code not in UNREACHABLE:
         return None
+    if last_error and "authentication" in last_error.lower():
+        return (f"the broker refused the credentials ({last_error}): check kafka.sasl_username, kafka.sasl_password "
+                "(or kafka.sasl_password_file) and kafka.sasl_mechanism")
     hint = "no broker answered: check kafka.bootstrap (host:port reachable from here, the broker up)"
     if last_error and any(word in last_error.lower() for word in ("ssl", "certificate", "handshake")):
         return f"{hint}; the TLS handshake failed ({last_error}): check kafka.ssl_ca_location and kafka.security_protocol"
