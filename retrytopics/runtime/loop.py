@@ -62,6 +62,8 @@ class LoopSettings:
     wait_in_memory_ms: int = 1000
     #: at most this many records wait in memory per partition
     wait_in_memory_records: int = 2000
+    #: the loop reports itself unhealthy while its consumer has not joined the group this long after starting
+    join_timeout_s: float = 60.0
 
 
 class ConsumerLoop:
@@ -101,6 +103,9 @@ class ConsumerLoop:
         self._txn_tps: set[TopicPartition] = set()
         self.crash: BaseException | None = None
         self.running = False
+        self._started_at: float | None = None
+        self._joined = False  # set by the first assignment, even an empty one: the group answered
+        self._join_reported = False
         self._consumer: ConsumerPort
         self._publisher: Publisher | TransactionalPublisher | None = None
         self._pauses: PauseController[tuple[RetryHeaders | None, HeaderDecodeError | None]] | None = None
@@ -109,7 +114,21 @@ class ConsumerLoop:
 
     @property
     def healthy(self) -> bool:
-        return self.crash is None and (self._publisher is None or self._publisher.healthy)
+        """False after a crash, while a publish is failing, or while the consumer has not joined its group
+        `join_timeout_s` after starting (an unreachable bootstrap, say: librdkafka retries it forever)."""
+        if self.crash is not None or not self._joined_in_time():
+            return False
+        return self._publisher is None or self._publisher.healthy
+
+    def _joined_in_time(self) -> bool:
+        if self._joined or self._started_at is None:
+            return True
+        late = time.monotonic() - self._started_at > self.settings.join_timeout_s
+        if late and not self._join_reported:
+            self._join_reported = True
+            log.error("%s: not in group %r %.0fs after starting (is the bootstrap reachable?); unhealthy until "
+                      "it joins", self.settings.name, self.settings.group_id, self.settings.join_timeout_s)  # fmt: skip
+        return not late
 
     @property
     def paused_partitions(self) -> int:
@@ -118,7 +137,31 @@ class ConsumerLoop:
     # -- the loop ------------------------------------------------------------------------------------------
 
     def run(self) -> None:
-        """Consume until `stop` is set or a handler raises a BaseException; then drain, commit and close."""
+        """Consume until `stop` is set or a handler raises a BaseException; then drain, commit and close.
+
+        Creating the clients is inside the crash handling: a consumer or producer that cannot be created
+        (bad settings, a transactional producer whose broker never answers) stops the app with `crash` set,
+        rather than ending this thread silently while the app reports itself running and healthy."""
+        self.running = True
+        self._started_at = time.monotonic()
+        try:
+            self._start_clients()
+            self._emit(Event.CONSUMER_STARTED, group=self.settings.group_id, topics=list(self.settings.topics))
+            while not self._stop.is_set():
+                self._iterate()
+        except BaseException as exc:  # noqa: BLE001 - recorded, re-raised by the app after a clean shutdown
+            self.crash = exc
+            if isinstance(exc, Exception):
+                log.error("%s: stopping the app after an unexpected error", self.settings.name, exc_info=exc)
+            else:
+                log.warning("%s: stopping the app: %s raised in a handler", self.settings.name, type(exc).__name__)
+            self._stop.set()
+            if self.settings.exactly_once and self._publisher is not None:
+                self._abort(exc)
+        finally:
+            self._shutdown()
+
+    def _start_clients(self) -> None:
         consumer = self._consumer = self._consumer_factory()
         self._pauses = PauseController(
             consumer, self._emitter, consumer_name=self.settings.name,
@@ -130,22 +173,6 @@ class ConsumerLoop:
         else:
             self._publisher = Publisher(self._producer_factory, self._emitter, consumer=self.settings.name)
         consumer.subscribe(self.settings.topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost)
-        self.running = True
-        self._emit(Event.CONSUMER_STARTED, group=self.settings.group_id, topics=list(self.settings.topics))
-        try:
-            while not self._stop.is_set():
-                self._iterate()
-        except BaseException as exc:  # noqa: BLE001 - recorded, re-raised by the app after a clean shutdown
-            self.crash = exc
-            if isinstance(exc, Exception):
-                log.error("%s: stopping the app after an unexpected error", self.settings.name, exc_info=exc)
-            else:
-                log.warning("%s: stopping the app: %s raised in a handler", self.settings.name, type(exc).__name__)
-            self._stop.set()
-            if self.settings.exactly_once:
-                self._abort(exc)
-        finally:
-            self._shutdown()
 
     def _iterate(self) -> None:
         assert self._publisher is not None and self._pauses is not None
@@ -450,6 +477,7 @@ class ConsumerLoop:
 
     def _on_assign(self, tps: list[TopicPartition]) -> None:
         assert self._pauses is not None
+        self._joined = True
         for tp in tps:
             self._tracker.assign(tp)
         self._pauses.drop(tps)
@@ -509,7 +537,9 @@ class ConsumerLoop:
             log.exception("%s: error while draining", self.settings.name)
         finally:
             try:
-                self._consumer.close()
+                consumer: ConsumerPort | None = getattr(self, "_consumer", None)  # None: its creation failed
+                if consumer is not None:
+                    consumer.close()
             except KafkaClientError as exc:
                 log.warning("%s: close failed: %s", self.settings.name, exc)
             self._invoker.close()

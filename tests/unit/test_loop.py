@@ -1,8 +1,10 @@
-"""The consumer loop against in-memory client fakes: what it does after a gap in which the process was frozen.
+"""The consumer loop against in-memory client fakes.
 
-A consumer frozen past its session (SIGSTOP, a VM pause) wakes inside `consume()`, which then returns at once;
-librdkafka delivers `partitions.lost` only some ms later. Records waiting in memory must not be acted on in
-between (issue 12.2): the loop judges the gap from before the wake and asks the coordinator first.
+- A consumer frozen past its session (SIGSTOP, a VM pause) wakes inside `consume()`, which then returns at
+  once; librdkafka delivers `partitions.lost` only some ms later. Records waiting in memory must not be acted
+  on in between (issue 12.2): the loop judges the gap from before the wake and asks the coordinator first.
+- A client that cannot be created stops the app with the error recorded, and a consumer that never joins its
+  group (an unreachable bootstrap) makes the loop unhealthy within a bounded time (issue 16.6).
 """
 
 from __future__ import annotations
@@ -123,11 +125,14 @@ def tier_message(offset: int, *, due_in_ms: int) -> Message:
     return Message(TIER, 0, offset, failed_at, b"k", str(offset).encode(), r.headers)
 
 
-def run_loop(steps: list[Callable[[FakeConsumer], list[Message]]], clock: Clock,
-             monkeypatch: pytest.MonkeyPatch) -> tuple[FakeConsumer, FakeProducer, list[int], list[Event]]:  # fmt: skip
+def build_loop(steps: list[Callable[[FakeConsumer], list[Message]]], clock: Clock, monkeypatch: pytest.MonkeyPatch,
+               *, consumer_factory: Callable[[], Any] | None = None,
+               ) -> tuple[ConsumerLoop, FakeConsumer, FakeProducer, list[int], list[Event]]:  # fmt: skip
     monkeypatch.setattr(loop_module, "time", SimpleNamespace(monotonic=clock.monotonic, time=clock.time))
     stop = threading.Event()
-    consumer, producer, calls, events = FakeConsumer(steps, stop), FakeProducer(), [], []
+    consumer, producer = FakeConsumer(steps, stop), FakeProducer()
+    calls: list[int] = []
+    events: list[Event] = []
 
     def handle(record: Record[bytes]) -> None:
         calls.append(record.offset)
@@ -136,10 +141,16 @@ def run_loop(steps: list[Callable[[FakeConsumer], list[Message]]], clock: Clock,
     binding = Binding(topic="orders", handler=handle, policy=POLICY, ctx=CTX, value_deserializer=bytes_value)
     hook = SimpleNamespace(on_event=lambda event, data: events.append(event))
     loop = ConsumerLoop(
-        LoopSettings(name="tier", group_id=TIER, topics=(TIER,), max_wait_ms=50), {TIER: binding},
-        consumer_factory=lambda: consumer, producer_factory=lambda: producer, emitter=Emitter([hook]), stop=stop,
-        audit=DuplicateAudit(10),
+        LoopSettings(name="tier", group_id=TIER, topics=(TIER,), max_wait_ms=50, join_timeout_s=30), {TIER: binding},
+        consumer_factory=consumer_factory or (lambda: consumer), producer_factory=lambda: producer,
+        emitter=Emitter([hook]), stop=stop, audit=DuplicateAudit(10),
     )  # fmt: skip
+    return loop, consumer, producer, calls, events
+
+
+def run_loop(steps: list[Callable[[FakeConsumer], list[Message]]], clock: Clock,
+             monkeypatch: pytest.MonkeyPatch) -> tuple[FakeConsumer, FakeProducer, list[int], list[Event]]:  # fmt: skip
+    loop, consumer, producer, calls, events = build_loop(steps, clock, monkeypatch)
     loop.run()
     return consumer, producer, calls, events
 
@@ -188,3 +199,39 @@ def test_a_freeze_that_kept_the_membership_acts_on_the_records_after_asking(monk
     consumer, producer, calls, _ = run_loop([assigned, frozen, idle, idle], clock, monkeypatch)
     assert calls == [0, 1]
     assert {TP: 1} in consumer.commits  # the question asked after the gap
+
+
+def test_a_client_that_cannot_be_created_stops_the_app_with_the_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse() -> Any:
+        raise KafkaClientError("init_transactions timed out", code="_TIMED_OUT")
+
+    loop, *_ = build_loop([], Clock(), monkeypatch, consumer_factory=refuse)
+    loop.run()  # returns: the thread ends with the error recorded, not with an uncaught exception
+    assert isinstance(loop.crash, KafkaClientError)
+    assert loop._stop.is_set()  # every other loop of the app stops too, and run() re-raises the crash
+    assert not loop.running and not loop.healthy
+
+
+def test_a_consumer_that_never_joins_its_group_is_unhealthy_within_the_join_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = Clock()
+    health: list[bool] = []
+    loop: ConsumerLoop
+
+    def waiting(seconds: float) -> Callable[[FakeConsumer], list[Message]]:
+        def step(c: FakeConsumer) -> list[Message]:
+            clock.jump_s += seconds  # librdkafka keeps trying an unreachable bootstrap: no assignment ever
+            health.append(loop.healthy)
+            return []
+
+        return step
+
+    def joins(c: FakeConsumer) -> list[Message]:
+        c.on_assign([])
+        health.append(loop.healthy)
+        return []
+
+    loop, *_ = build_loop([waiting(10), waiting(25), waiting(60), joins], clock, monkeypatch)
+    loop.run()
+    assert health == [True, False, False, True]  # 10 s: joining; 35 s, 95 s: past the 30 s bound; joined: fine
