@@ -113,7 +113,7 @@ def test_write_round_trip_and_a_refused_record_fails_the_job(
 
     assert _rows(read_kafka(spark, {**options, "subscribe": target, "includeHeaders": "true"})) == _rows(df)
     bad = df.limit(5).selectExpr("value", "99 AS partition")
-    with pytest.raises(Exception, match="UNKNOWN_PARTITION"):
+    with pytest.raises(Exception, match=r"(?i)unknown.partition"):  # broker code (tansu) or librdkafka's own (Apache)
         write_kafka(bad, {**options, "topic": target})
     with pytest.raises(Exception, match="needs a value column"):
         write_kafka(df.select("key"), {**options, "topic": target})
