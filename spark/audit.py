@@ -258,39 +258,27 @@ def _write_parquet(records: DataFrame, eps: DataFrame, summary: Mapping[str, Any
 
 
 def _chart(facts: list[Row], topics: TopicSet, path: str) -> None:
-    """Stacked bars: records per stage, split by exception type (top 8, the rest as "other")."""
-    import matplotlib
+    """Records per stage in flow order (source, each tier, the DLQ), with what still waits or is overdue,
+    and tier and DLQ records by exception type (top 8, then "other"): `retrytopics.charts`."""
+    from retrytopics.charts import Bar, pipeline_chart
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    by_stage: dict[tuple[str, str], int] = Counter()
+    coarse = {r.topic: r for r in facts if r.coarse}
+    stages = []
+    for topic, kind in [(topics.source, "source"), *((t.topic, "tier") for t in topics.tiers), (topics.dlq, "dlq")]:
+        row = coarse.get(topic)
+        overdue, unhandled = (int(row.overdue or 0), int(row.unhandled or 0)) if row else (0, 0)
+        notes = [f"{overdue:,} overdue"] if overdue else []
+        if kind != "dlq" and unhandled > overdue:  # a DLQ has no consumer: nothing there waits
+            notes.insert(0, f"{unhandled - overdue:,} {'not yet consumed' if kind == 'source' else 'waiting'}")
+        stages.append(Bar(label=topic, value=row.records if row else 0, kind=kind, note=", ".join(notes)))
+    failures: Counter[str] = Counter()
     for r in facts:
-        if not r.coarse:
-            by_stage[(r.topic, str(r.exception_type))] += r.records
-    stages = [topics.source, *(t.topic for t in topics.tiers), topics.dlq]
-    totals: Counter[str] = Counter()
-    for (_, label), n in by_stage.items():
-        totals[label] += n
-    top = [k for k, _ in sorted(totals.items(), key=lambda kv: -kv[1])][:8]
-    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(stages)), 4.5))
-    bottoms = [0] * len(stages)
-    for label in [*top, "other"]:
-        heights = [
-            sum(n for (topic, exc), n in by_stage.items() if topic == s and (exc == label or
-                (label == "other" and exc not in top)))
-            for s in stages
-        ]  # fmt: skip
-        if any(heights):
-            ax.bar(range(len(stages)), heights, bottom=bottoms, label="(none)" if label == "None" else label)
-            bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
-    ax.set_xticks(range(len(stages)), [s.removeprefix(f"{topics.source}.") for s in stages], rotation=20, ha="right")
-    ax.set_ylabel("records")
-    ax.set_title(f"{topics.source} / {topics.group}: records per stage and exception type")
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        if not r.coarse and r.topic != topics.source:
+            failures["unknown" if r.exception_type is None else str(r.exception_type)] += r.records
+    ranked = failures.most_common()
+    shown = ranked[:8] + ([("other", sum(n for _, n in ranked[8:]))] if len(ranked) > 8 else [])
+    pipeline_chart(path, title=f"{topics.source}, group {topics.group}", stages=stages,
+                   failures=[Bar(label=name, value=n, kind="failure") for name, n in shown])  # fmt: skip
 
 
 def format_table(summary: Mapping[str, Any]) -> str:
