@@ -173,6 +173,11 @@ def _plan(
     problems = {k.removeprefix("invalid:"): int(found.pop(k)) for k in list(found) if k.startswith("invalid:")}
     counts: dict[str, Any] = {k: v if k == "destination_topics" else int(v or 0) for k, v in found.items()}
     counts["skipped_invalid_by_problem"] = {k: v for k, v in problems.items() if v}
+    # Where the operator finds them: DLQ coordinates of the first few (a small job, only when there are any).
+    invalid_rows = planned.where(F.col("problem").isNotNull()).orderBy("partition", "offset")
+    sample = invalid_rows.select("partition", "offset", "problem").limit(10).collect() if problems and any(
+        problems.values()) else []  # fmt: skip
+    counts["invalid_sample"] = [row.asDict() for row in sample]
     return planned.where(F.col("destination").isNotNull()), counts, (to_write, tasks)
 
 

@@ -96,6 +96,8 @@ def test_forged_dlq_records_are_skipped_with_their_problem_and_a_stopped_run_is_
         "skipped_duplicates": 0,
     }  # fmt: skip
     assert _origins(kafka, source, 2, "fix-1") == Counter({(i % 2, f"{source}-0-{i}".encode()): 1 for i in range(6)})
+    assert [(r["offset"], r["problem"]) for r in result["invalid_sample"]] == [
+        (1, "original_partition"), (2, "replay_count"), (6, "original_partition"), (7, "tier")]  # fmt: skip
 
 
 def test_to_a_smaller_first_tier_keyed_records_go_by_key_and_keyless_ones_modulo(
