@@ -73,7 +73,11 @@ class KafkaConsumer:
         merged = {**kafka.consumer_config(), **(overrides or {})}
         self.max_poll_interval_ms = int(merged.get("max.poll.interval.ms", DEFAULT_MAX_POLL_INTERVAL_MS))
         self.session_timeout_ms = int(merged.get("session.timeout.ms", DEFAULT_SESSION_TIMEOUT_MS))
-        self._cooperative = "cooperative" in str(merged.get("partition.assignment.strategy", ""))
+        # Incremental assignment: cooperative assignors, and KIP-848's consumer group protocol, where the
+        # broker assigns and a plain assign() fails with _STATE.
+        self._cooperative = "cooperative" in str(merged.get("partition.assignment.strategy", "")) or (
+            str(merged.get("group.protocol", "classic")).lower() == "consumer"
+        )
 
     def subscribe(
         self,
