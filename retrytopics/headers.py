@@ -85,6 +85,9 @@ class DlqReason(StrEnum):
     """The next retry would be due after ``first_failed_at + timeout``."""
     INVALID_RETRY_HEADERS = "invalid_retry_headers"
     """A tier record's retry headers were missing, malformed, out of range or inconsistent with its topic."""
+    TOO_LARGE = "too_large"
+    """Its republish was refused as too large (retry headers pushed it over the size limit); the DLQ record has
+    no exception message or trace, and if even that is too large, a reference instead of the value."""
 
 
 _REASONS: Final = frozenset(r.value for r in DlqReason)

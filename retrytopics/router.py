@@ -15,6 +15,7 @@ record allowed N retries fails N + 1 times and lands in the DLQ with ``reconsume
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import random
 from collections.abc import Callable
@@ -35,7 +36,7 @@ from retrytopics.traces import format_trace
 
 __all__ = [
     "InboundRecord", "Route", "RouteContext", "RouteKind", "described_failure", "origin_message_id",
-    "read_retry_state", "route",
+    "read_retry_state", "route", "too_large_reference", "too_large_route",
 ]  # fmt: skip
 
 _ID_LIMIT_BYTES: Final = 512
@@ -295,6 +296,29 @@ def _describe(failure: BaseException, redact: Callable[[str], str]) -> _Describe
         exception_message=truncate_utf8(redact(message), MESSAGE_LIMIT_BYTES),
         exception_trace=truncate_utf8(trace, TRACE_LIMIT_BYTES, keep="tail"),
     )
+
+
+def too_large_route(ctx: RouteContext, refused: Route, *, keep_user_headers: bool) -> Route:
+    """The DLQ route for a record whose republish (``refused``, to a tier or the DLQ) was too large: reason
+    ``too_large``, no exception message or trace (the part of the headers that grows with the failure), the
+    failure's type kept. ``keep_user_headers=False`` is the last resort, which the runtime pairs with a value
+    replaced by :func:`too_large_reference`."""
+    retry = dataclasses.replace(
+        refused.retry, tier=None, due_at=None, dlq_reason=DlqReason.TOO_LARGE, exception_message="",
+        exception_trace="",
+    )  # fmt: skip
+    users = tuple(user_headers(refused.headers)) if keep_user_headers else ()
+    return dataclasses.replace(
+        refused, kind=RouteKind.DLQ, topic=ctx.topics.dlq, due_at_ms=None, reason=DlqReason.TOO_LARGE, retry=retry,
+        headers=(*users, *encode(retry)),
+    )  # fmt: skip
+
+
+def too_large_reference(topic: str, partition: int, offset: int, value: bytes | None) -> bytes:
+    """The value a too-large DLQ record carries instead of its own: where the consumed record still is."""
+    size = -1 if value is None else len(value)
+    ref = {"too_large": True, "topic": topic, "partition": partition, "offset": offset, "value_bytes": size}
+    return json.dumps(ref, separators=(",", ":")).encode()
 
 
 def _dead_letter(ctx: RouteContext, record: InboundRecord, state: RetryHeaders, reason: DlqReason) -> Route:

@@ -33,7 +33,7 @@ from retrytopics.ports import ConsumerPort, Message, ProducerPort
 from retrytopics.router import RouteKind, described_failure, read_retry_state, route
 from retrytopics.runtime.dispatch import Binding, Invoker, build_record, inbound
 from retrytopics.runtime.ownership import OwnershipCheck
-from retrytopics.runtime.publish import Publisher, PublishJob, TransactionalPublisher
+from retrytopics.runtime.publish import Publisher, PublishJob, TransactionalPublisher, too_large_fallback
 from retrytopics.runtime.pausing import PauseController
 
 __all__ = ["ConsumerLoop", "DeadLetterCallback", "LoopSettings"]
@@ -285,7 +285,7 @@ class ConsumerLoop:
         decision = route(binding.ctx, inbound(msg), failure, now_ms=_now_ms(), rng=self._rng)
         job = PublishJob(
             route=decision, key=msg.key, value=msg.value, source=msg.tp, offset=msg.offset,
-            on_acked=lambda j: self._acked(j, epoch), context=record,
+            on_acked=lambda j: self._acked(j, epoch), context=record, shrink=too_large_fallback(binding.ctx),
         )  # fmt: skip
         assert self._publisher is not None
         self._publisher.send(job)

@@ -27,9 +27,9 @@ from retrytopics.errors import KafkaClientError, PublishError
 from retrytopics.events import Emitter, Event
 from retrytopics.offsets import TopicPartition
 from retrytopics.ports import ProducerPort
-from retrytopics.router import Route
+from retrytopics.router import Route, RouteContext, too_large_reference, too_large_route
 
-__all__ = ["PublishJob", "Publisher", "TransactionalPublisher"]
+__all__ = ["PublishJob", "Publisher", "TransactionalPublisher", "too_large_fallback"]
 
 log = logging.getLogger("retrytopics.publish")
 
@@ -40,6 +40,10 @@ _RESTART_CODES = frozenset(
     {"_MSG_TIMED_OUT", "_TIMED_OUT", "_FENCED", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH",
      "UNKNOWN_PRODUCER_ID", "OUT_OF_ORDER_SEQUENCE_NUMBER", "INVALID_PRODUCER_ID_MAPPING"}
 )  # fmt: skip
+
+#: Delivery errors no retry can fix: the record itself is too large for the producer or the broker. Retried,
+#: it wedged its partition forever (never acknowledged, never committed); it goes to the DLQ instead.
+_TOO_LARGE_CODES = frozenset({"MSG_SIZE_TOO_LARGE", "RECORD_LIST_TOO_LARGE"})
 
 #: Back-off between attempts to publish a record whose delivery failed (seconds).
 DEFAULT_RETRY_WAIT = tenacity.wait_exponential(multiplier=0.2, max=10.0) + tenacity.wait_random(0, 0.2)
@@ -57,7 +61,35 @@ class PublishJob:
     on_acked: Callable[[PublishJob], None]
     attempt: int = 0
     context: Any = None  # the handler's Record, for callbacks
+    #: makes the job smaller after a too-large refusal (see `too_large_fallback`); False when it cannot
+    shrink: Callable[[PublishJob], bool] | None = None
     partition: int | None = field(default=None, init=False)
+
+
+def too_large_fallback(ctx: RouteContext) -> Callable[[PublishJob], bool]:
+    """A job's two steps down after a too-large refusal: to the DLQ (reason `too_large`) without exception
+    message and trace; then with the value replaced by a reference to the consumed record, no user headers
+    and no key longer than 1 KiB. Each step is logged; after the second there is nothing left to drop."""
+    steps = 0
+
+    def shrink(job: PublishJob) -> bool:
+        nonlocal steps
+        steps += 1
+        if steps > 2:
+            return False
+        job.route = too_large_route(ctx, job.route, keep_user_headers=steps == 1)
+        if steps == 2:
+            job.value = too_large_reference(job.source[0], job.source[1], job.offset, job.value)
+            job.key = job.key if job.key is None or len(job.key) <= _MAX_REFERENCE_KEY else None
+        log.warning("%s[%d]@%d: republish refused as too large; %s", job.source[0], job.source[1], job.offset,
+                    "dead-lettering it as too_large without exception details" if steps == 1
+                    else "dead-lettering a reference to it instead of its value")  # fmt: skip
+        return True
+
+    return shrink
+
+
+_MAX_REFERENCE_KEY = 1024
 
 
 def _partition(producer: ProducerPort, route: Route) -> int | None:
@@ -75,6 +107,20 @@ def _produce_job(producer: ProducerPort, job: PublishJob, on_delivery: Callable[
         job.route.topic, key=job.key, value=job.value, headers=job.route.headers,
         partition=job.partition, on_delivery=on_delivery,
     )  # fmt: skip
+
+
+def _produce_job_shrinking(
+    producer: ProducerPort, job: PublishJob, on_delivery: Callable[[PublishError | None], None]
+) -> None:
+    """`_produce_job`, stepping the job down while the producer refuses it at once as too large (its local
+    `message.max.bytes` check). A broker's later refusal is not handled here: it fails the transaction."""
+    while True:
+        try:
+            _produce_job(producer, job, on_delivery)
+            return
+        except KafkaClientError as exc:
+            if exc.code not in _TOO_LARGE_CODES or job.shrink is None or not job.shrink(job):
+                raise
 
 
 def _wait_s(wait: tenacity.wait.wait_base, attempt: int) -> float:
@@ -141,6 +187,9 @@ class Publisher:
         job = self._jobs.get(job_id)
         if job is None or generation != self._generation:
             return  # a report from a replaced producer; the job was produced again
+        if error is not None and error.code in _TOO_LARGE_CODES and job.shrink is not None and job.shrink(job):
+            self._produce(job_id, job)  # at once: a smaller record is a new record, not a retry
+            return
         if error is None:
             del self._jobs[job_id]
             if job.attempt:
@@ -245,7 +294,7 @@ class TransactionalPublisher:
                 self._error = error
 
         try:
-            _produce_job(self._producer, job, delivered)
+            _produce_job_shrinking(self._producer, job, delivered)
         except KafkaClientError as exc:
             # A fenced producer refuses records at once (_FATAL) once it learnt of the fencing. Raising here
             # stopped the whole app; recorded instead, it fails this transaction's commit, which aborts it,

@@ -1,0 +1,74 @@
+"""A republish too large for the producer never wedges its partition (issue 16.2).
+
+Guarantee: a 999,000-byte value whose handler fails cannot be republished to a tier once the retry headers
+are added (librdkafka's `message.max.bytes` is 1,000,000). It is dead-lettered with reason `too_large`
+(without exception message and trace, or, when even that is too large, as a reference to the consumed
+record), the partition's offset is committed past it, and the records behind it are handled. The same holds
+when the oversized publish is the DLQ record of a poison value.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from retrytopics import Record, RetryApp, RetryPolicy, json_value
+from retrytopics.connectors.config import KafkaConfig
+from retrytopics.headers import DlqReason, decode
+
+from .conftest import Kit, wait_until
+
+pytestmark = pytest.mark.broker
+
+BIG = 999_000
+
+
+def test_an_oversized_republish_goes_to_the_dlq_and_the_partition_moves_on(
+    kafka: KafkaConfig, kit: Kit, unique_name: Callable[[str], str], consumer_overrides: dict[str, Any],
+    apps: list[RetryApp],
+) -> None:  # fmt: skip
+    # setup: a big record that fails (tier republish too large), a big undecodable one (poison DLQ record too
+    # large), then a small one that must still be handled
+    source = kit.create(unique_name("orders"), 1)
+    group = unique_name("billing")
+    app = RetryApp(kafka=kafka, group=group, consumer_overrides=consumer_overrides)
+    apps.append(app)
+    handled: list[int] = []
+    lock = threading.Lock()
+
+    @app.handler(source, policy=RetryPolicy(delays=["5s"]), value_deserializer=json_value)
+    def handle(record: Record[Any]) -> None:
+        with lock:
+            handled.append(record.offset)
+        if record.value["fail"]:
+            raise RuntimeError("fails with a long message " + "x" * 900)
+
+    app.provision()
+    big_ok_json = json.dumps({"fail": True, "pad": "p" * (BIG - 30)}).encode()
+    poison = b"\xff" * BIG
+    kit.produce(source, [(b"k", big_ok_json, [("trace-id", b"t" * 600)]), (b"k", poison, []),
+                         (b"k", json.dumps({"fail": False}).encode(), [])])  # fmt: skip
+
+    # when
+    app.start(main=True)
+    wait_until(lambda: kit.committed(group, source, 1) == {0: 3}, 30, "every offset committed")
+    assert app.stop()
+
+    # then: both big records are in the DLQ as too_large, nothing in the tier, the small record was handled
+    assert handled == [0, 2]
+    assert kit.read_all(app.topics(source).tiers[0].topic) == []
+    dlq = kit.read_all(app.topics(source).dlq)
+    states = [decode(list(r.headers)) for r in dlq]
+    assert [(s.original_offset, s.dlq_reason) for s in states] == [(0, DlqReason.TOO_LARGE), (1, DlqReason.TOO_LARGE)]
+    assert states[0].exception_type == "builtins.RuntimeError" and states[0].exception_message == ""
+    assert states[1].exception_type == "retrytopics.errors.PoisonRecordError"
+    for offset, (read, original) in enumerate(zip(dlq, (big_ok_json, poison), strict=True)):
+        if read.value != original:  # the last resort: a reference to where the record still is
+            reference = json.loads(read.value or b"")
+            assert reference == {"too_large": True, "topic": source, "partition": 0, "offset": offset,
+                                 "value_bytes": len(original)}  # fmt: skip
+    assert app.stats.dead_lettered.get("too_large") == 2

@@ -1,0 +1,87 @@
+"""Publishing a record too large for the producer: two steps down to the DLQ, never a retry loop (issue 16.2)."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Sequence
+import pytest
+
+from retrytopics.errors import KafkaClientError, PublishError
+from retrytopics.events import Emitter
+from retrytopics.headers import DlqReason, Header
+from retrytopics.naming import topics_for
+from retrytopics.policy import RetryPolicy
+from retrytopics.router import InboundRecord, RouteContext, RouteKind, route
+from retrytopics.runtime.publish import Publisher, PublishJob, too_large_fallback
+
+CTX = RouteContext(policy=RetryPolicy(delays=["5s"]), topics=topics_for("orders", "billing", (5_000,)),
+                   group="billing")  # fmt: skip
+T0 = 1_700_000_000_000
+
+
+class SizeLimitedProducer:
+    """Refuses at once, like librdkafka's local `message.max.bytes` check, records larger than `limit`."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.written: list[tuple[str, bytes | None, bytes | None, tuple[Header, ...]]] = []
+
+    def produce(self, topic: str, *, key: bytes | None, value: bytes | None, headers: Sequence[Header],
+                partition: int | None, on_delivery: Callable[[PublishError | None], None]) -> None:  # fmt: skip
+        size = len(key or b"") + len(value or b"") + sum(len(k) + len(v or b"") for k, v in headers)
+        if size > self.limit:
+            raise KafkaClientError("Broker: Message size too large", code="MSG_SIZE_TOO_LARGE")
+        self.written.append((topic, key, value, tuple(headers)))
+        on_delivery(None)
+
+    def poll(self, timeout_s: float) -> None:
+        pass
+
+    def partition_count(self, topic: str) -> int:
+        return 1
+
+
+def _job(value: bytes, user: tuple[Header, ...], acked: list[PublishJob]) -> PublishJob:
+    record = InboundRecord(topic="orders", partition=0, offset=7, timestamp_ms=T0, key=b"k", headers=user)
+    r = route(CTX, record, RuntimeError("m" * 1000), now_ms=T0, rng=random.Random(0))
+    assert r.kind is RouteKind.TIER
+    return PublishJob(route=r, key=b"k", value=value, source=("orders", 0), offset=7, on_acked=acked.append,
+                      shrink=too_large_fallback(CTX))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("value_size", "user", "step"),
+    [(99_000, (("trace", b"t" * 100),), 1), (99_500, (("trace", b"t" * 2_000),), 2)],
+)
+def test_a_too_large_republish_is_dead_lettered_in_at_most_two_steps(
+    value_size: int, user: tuple[Header, ...], step: int
+) -> None:
+    # setup: a 100,000-byte limit; the retry headers (with a 1 KB message and a trace) push the record over it
+    producer, acked = SizeLimitedProducer(100_000), []
+    publisher = Publisher(lambda: producer, Emitter(), wait=lambda _: 0.0)  # type: ignore[arg-type,return-value]
+    value = b"v" * value_size
+
+    # when
+    publisher.send(_job(value, user, acked))
+
+    # then: acknowledged at once, in the DLQ as too_large, the partition is not held
+    assert len(acked) == 1 and publisher.healthy and not publisher.is_failing(("orders", 0))
+    topic, key, written, headers = producer.written[0]
+    assert (topic, acked[0].route.reason) == (CTX.topics.dlq, DlqReason.TOO_LARGE)
+    names = dict(headers)
+    assert names["retry.dlq_reason"] == b"too_large" and names["retry.exception_type"] == b"builtins.RuntimeError"
+    assert names["retry.exception_message"] == b"" and names["retry.exception_trace"] == b""
+    if step == 1:  # the exception details were enough: value and user headers kept
+        assert (written, key, names["trace"]) == (value, b"k", user[0][1])
+    else:  # the value became a reference, the user headers went
+        assert json.loads(written or b"") == {"too_large": True, "topic": "orders", "partition": 0, "offset": 7,
+                                              "value_bytes": value_size}  # fmt: skip
+        assert "trace" not in names
+
+
+def test_a_record_too_large_even_as_a_reference_is_retried_not_dropped() -> None:
+    producer, acked = SizeLimitedProducer(10), []
+    publisher = Publisher(lambda: producer, Emitter(), wait=lambda _: 60.0)  # type: ignore[arg-type,return-value]
+    publisher.send(_job(b"v", (), acked))
+    assert acked == [] and publisher.is_failing(("orders", 0)) and publisher.in_flight == 1
