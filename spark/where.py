@@ -54,12 +54,17 @@ _COMPARISONS: Final = {"=": "=", "==": "=", "<=>": "<=>", "!=": "!=", "<>": "!="
 @dataclass(frozen=True, slots=True)
 class _Token:
     kind: str  # number, string, name, keyword, op, end
-    text: str  # the normalised text: a string's value, a lower-cased name or keyword
+    text: str  # the normalised text: a string's Spark body (see _spark_body), a lower-cased name or keyword
 
 
-def _unquote(literal: str) -> str:
+def _spark_body(literal: str) -> str:
+    """The body of a quoted literal as Spark reads it between single quotes: backslash escapes kept as
+    written (Spark decodes them: `\\n`, `\\u00e9`), a doubled quote as one, a single quote as `\\'`. The
+    body always ends on a whole escape, so the rebuilt literal cannot end early."""
     quote, body = literal[0], literal[1:-1]
-    return re.sub(r"\\(.)|" + quote * 2, lambda m: m.group(1) if m.group(1) is not None else quote, body, flags=re.DOTALL)
+    parts = re.findall(r"\\.|" + quote * 2 + r"|.", body, flags=re.DOTALL)
+    quoted = {quote * 2: "\\'" if quote == "'" else '"', "'": "\\'"}
+    return "".join(quoted.get(part, part) for part in parts)
 
 
 def _tokens(text: str) -> list[_Token]:
@@ -72,7 +77,7 @@ def _tokens(text: str) -> list[_Token]:
         kind = match.lastgroup or ""
         raw = match.group(kind)
         if kind == "string":
-            out.append(_Token("string", _unquote(raw)))
+            out.append(_Token("string", _spark_body(raw)))
         elif kind == "name":
             word = raw.strip("`").lower()
             out.append(_Token("keyword" if word in _KEYWORDS and not raw.startswith("`") else "name", word))
@@ -86,8 +91,8 @@ _RULE = "a --where filter may use the typed columns, literals, comparisons, AND/
         "BETWEEN, LIKE and the functions " + ", ".join(sorted(FUNCTIONS))  # fmt: skip
 
 
-def _quote(value: str) -> str:
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+def _quote(body: str) -> str:
+    return f"'{body}'"
 
 
 class _Parser:

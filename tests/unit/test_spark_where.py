@@ -21,6 +21,8 @@ from retrytopics.spark.where import ALLOWED_COLUMNS, FUNCTIONS, MAX_DEPTH, MAX_L
          "((`dlq_reason` = 'exhausted') OR (NOT (`replay_count` > 0)))"),
         ("lower(exception_type) LIKE '%time''out%'", "(lower(`exception_type`) LIKE '%time\\'out%')"),
         ('exception_message = "it\'s"', "(`exception_message` = 'it\\'s')"),
+        ('exception_message = "say ""hi"""', "(`exception_message` = 'say \"hi\"')"),
+        ("exception_message = 'a\\nb\\\\'", "(`exception_message` = 'a\\nb\\\\')"),  # Spark's escapes kept
         ("original_offset NOT IN (1, 2) AND tier IS NOT NULL",
          "((`original_offset` NOT IN (1, 2)) AND (`tier` IS NOT NULL))"),
         ("`partition` between 0 and -1", "(`partition` BETWEEN 0 AND (- 1))"),
@@ -79,7 +81,7 @@ _columns = st.sampled_from(sorted(ALLOWED_COLUMNS))
 _literals = st.one_of(
     st.integers(0, 10**12).map(str),
     st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=8).map(
-        lambda s: "'" + s.replace("'", "''") + "'"
+        lambda s: "'" + s.replace("\\", "\\\\").replace("'", "''") + "'"
     ),
     st.sampled_from(["NULL", "true", "FALSE"]),
 )

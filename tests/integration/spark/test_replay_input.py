@@ -146,7 +146,8 @@ def test_where_refuses_anything_but_a_filter_over_the_typed_columns(
 
     with pytest.raises(ConfigError, match="where"):
         replay(spark, kafka, topics, replay_id="w", where=where, dry_run=True)
-    assert replay(spark, kafka, topics, replay_id="w", where="original_offset = 0", dry_run=True)["selected"] == 1
+    allowed = "original_offset = 0 AND exception_message IN ('boom', 'it''s') AND lower(dlq_reason) LIKE 'exh%'"
+    assert replay(spark, kafka, topics, replay_id="w", where=allowed, dry_run=True)["selected"] == 1
 
 
 CLI = str(Path(sys.executable).with_name("retrytopics"))
