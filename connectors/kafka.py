@@ -246,10 +246,28 @@ def map_kafka_errors() -> Iterator[None]:
     try:
         yield
     except KafkaException as exc:
+        _drop_foreign_links(exc)
         err = exc.args[0] if exc.args else None
         if isinstance(err, KafkaError):
             raise _from_kafka_error(err) from exc
         raise KafkaClientError(str(exc)) from exc
+
+
+def _drop_foreign_links(exc: BaseException) -> None:
+    """confluent-kafka can leave a bare `KafkaError` (not an exception) as the `__context__` of the exception
+    it raises (seen when a rebalance callback failed). Python's traceback code then fails on it, and with it
+    every `log.exception` and pytest's report of the failure; cut such links, keep the real chain."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if current.__cause__ is not None and not isinstance(current.__cause__, BaseException):
+            current.__cause__ = None
+        context = current.__context__
+        if context is not None and not isinstance(context, BaseException):
+            current.__context__ = None
+            context = None
+        current = current.__cause__ or context
 
 
 def delivery_error(err: KafkaError, topic: str) -> PublishError:
