@@ -73,6 +73,16 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     terminalreporter.write_line(describe_selected_broker())
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> None:
+    # A confluent-kafka error raised straight from a client (not through map_kafka_errors) can carry a bare
+    # KafkaError as its context; formatting it would end the whole session as INTERNALERROR.
+    if call.excinfo is not None:
+        from retrytopics.connectors.kafka import _drop_foreign_links
+
+        _drop_foreign_links(call.excinfo.value)
+
+
 @dataclass(frozen=True)
 class TestBroker:
     """The broker the session runs against."""
