@@ -9,9 +9,10 @@ fastavro trusts what a value says about itself, and two schema shapes turn that 
 
 Every other block of items is bounded by the bytes left (each item takes at least one byte, so fastavro stops
 at the end of the value), so :func:`bounds_check` returns None for such schemas and they cost nothing per
-record. For the two shapes above, the check walks the value without building it (no recursion, no
-allocation per item) and raises :class:`AvroBoundsError` on a block count larger than the bytes left allow,
-more than `max_items` zero-byte items, or nesting deeper than `max_depth`.
+record. For the two shapes above, the check walks the value without building it (no recursion; items
+that take no bytes are counted, not walked) and raises :class:`AvroBoundsError` on a block count larger
+than the bytes left allow, more than `max_items` zero-byte items, or records nested deeper than
+`max_depth`. It costs about as much as fastavro's own decoding (a 90 kB tree of 10,000 records: 30 ms).
 """
 
 from __future__ import annotations
@@ -24,10 +25,13 @@ __all__ = ["DEFAULT_MAX_DEPTH", "DEFAULT_MAX_ITEMS", "AvroBoundsError", "bounds_
 
 #: Zero-byte items (e.g. the nulls of an `array<null>`) one value may hold.
 DEFAULT_MAX_ITEMS: Final = 1_000_000
-#: Nesting of records, unions, arrays and maps in one value (a linked-list level is a record and a union).
-DEFAULT_MAX_DEPTH: Final = 256
+#: Records nested in one value (fastavro 1.13 read 1,000 levels of a linked list and crashed at 10,000).
+DEFAULT_MAX_DEPTH: Final = 200
 
 _FIXED_SIZE: Final = {"null": 0, "boolean": 1, "float": 4, "double": 8}
+_SKIP, _VARINT, _UNION, _SIZED, _RECORD, _BLOCKS = range(6)
+_CODES: Final = {"skip": _SKIP, "varint": _VARINT, "enum": _VARINT, "union": _UNION, "sized": _SIZED,
+                 "record": _RECORD, "array": _BLOCKS, "map": _BLOCKS}  # fmt: skip
 _NAMED: Final = ("record", "error", "enum", "fixed")
 
 
@@ -43,7 +47,8 @@ class _Node:
     size: int = 0  # skip: the byte count; enum: the number of symbols
     children: list[_Node] = field(default_factory=list)  # record: fields; union: branches; array/map: the item
     min_size: int = -1  # fewest bytes a value takes; -1 until computed
-
+    code: int = 0  # `kind` as one of the _SKIP... codes, for the walk
+    reversed_children: tuple[_Node, ...] = ()  # record: its fields last to first, for the walk
 
 def bounds_check(
     schema: Any, *, max_items: int = DEFAULT_MAX_ITEMS, max_depth: int = DEFAULT_MAX_DEPTH
@@ -53,6 +58,8 @@ def bounds_check(
     nodes = _all_nodes(root)
     for node in nodes:
         _min_size(node, set())
+        node.code = _CODES[node.kind]
+        node.reversed_children = tuple(reversed(node.children))
     zero_items = any(n.kind == "array" and n.children[0].min_size == 0 for n in nodes)
     if not zero_items and not _is_recursive(root):
         return None
@@ -162,7 +169,7 @@ def _is_recursive(root: _Node) -> bool:
     return False
 
 
-def _varint(data: memoryview, pos: int) -> tuple[int, int]:
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
     """A zigzag varint (Avro int/long, at most 10 bytes) at `pos`, and the position after it."""
     result = shift = 0
     for i in range(pos, min(pos + 10, len(data))):
@@ -175,48 +182,60 @@ def _varint(data: memoryview, pos: int) -> tuple[int, int]:
 
 
 def _walk(root: _Node, data: memoryview, *, max_items: int, max_depth: int) -> None:
-    """Walk one value as fastavro would read it, without building it (see the module docstring)."""
-    pos, end, zero_items = 0, len(data), 0
+    """Walk one value as fastavro would read it, without building it (see the module docstring).
+
+    Depth counts nested records: every cycle of a schema goes through a record, so that bounds recursion."""
+    raw = data.tobytes()  # indexing bytes is faster than a memoryview, and values are small
+    pos, end, zero_items = 0, len(raw), 0
     stack: list[tuple[_Node, int, int]] = [(root, 0, 1)]  # node, depth, how many values of it follow
     while stack:
         node, depth, repeat = stack.pop()
         if repeat > 1:
             stack.append((node, depth, repeat - 1))
-        if depth > max_depth:
-            raise AvroBoundsError(f"nested deeper than {max_depth} levels")
-        kind = node.kind
-        if kind == "skip":
+        kind = node.code
+        if kind == _SKIP:
             pos += node.size
-        elif kind in ("varint", "enum", "union"):
-            value, pos = _varint(data, pos)
-            if kind == "union":
-                if not 0 <= value < len(node.children):
-                    raise AvroBoundsError(f"union branch {value} of {len(node.children)} at byte {pos}")
-                stack.append((node.children[value], depth + 1, 1))
-        elif kind == "sized":
-            length, pos = _varint(data, pos)
-            if not 0 <= length <= end - pos:
-                raise AvroBoundsError(f"a length of {length} bytes at byte {pos}, {end - pos} left")
-            pos += length
-        elif kind == "record":
-            stack.extend((child, depth + 1, 1) for child in reversed(node.children))
-        else:  # array or map: one block of items, then this node again for the next block
-            count, pos = _varint(data, pos)
-            if count == 0:
-                continue
-            if count < 0:  # a negative count is followed by the block's size in bytes
-                count = -count
-                _, pos = _varint(data, pos)
+            continue
+        if kind == _RECORD:
+            if depth >= max_depth:
+                raise AvroBoundsError(f"records nested deeper than {max_depth} levels")
+            stack.extend([(child, depth + 1, 1) for child in node.reversed_children])
+            continue
+        if pos < end and raw[pos] < 0x80:  # a one-byte varint: the common case
+            value = (raw[pos] >> 1) ^ -(raw[pos] & 1)
+            pos += 1
+        else:
+            value, pos = _varint(raw, pos)
+        if kind == _UNION:
+            if not 0 <= value < len(node.children):
+                raise AvroBoundsError(f"union branch {value} of {len(node.children)} at byte {pos}")
+            stack.append((node.children[value], depth, 1))
+        elif kind == _SIZED:
+            if not 0 <= value <= end - pos:
+                raise AvroBoundsError(f"a length of {value} bytes at byte {pos}, {end - pos} left")
+            pos += value
+        elif kind == _BLOCKS and value != 0:  # one block of items, then this node again for the next block
+            pos = _block(node, value, raw, pos, stack, depth)
             item = node.children[0]
             if item.min_size == 0:
-                zero_items += count
+                zero_items += abs(value)
                 if zero_items > max_items:
-                    raise AvroBoundsError(f"more than {max_items} items that take no bytes (a block of {count})")
-            elif count * item.min_size > end - pos:
-                raise AvroBoundsError(f"a block of {count} items at byte {pos}, more than {end - pos} bytes left can hold")
-            stack.append((node, depth, 1))
-            if item.min_size > 0:
-                stack.append((item, depth + 1, count))
+                    raise AvroBoundsError(f"more than {max_items} items that take no bytes (a block of {abs(value)})")
         if pos > end:
             raise AvroBoundsError(f"the value ends after {end} bytes, in the middle of an item")
+    if pos > end:
+        raise AvroBoundsError(f"the value ends after {end} bytes, in the middle of an item")
 
+
+def _block(node: _Node, count: int, raw: bytes, pos: int, stack: list[tuple[_Node, int, int]], depth: int) -> int:
+    """Check one block of `count` items and queue them (items that take no bytes need no walking)."""
+    if count < 0:  # a negative count is followed by the block's size in bytes
+        count = -count
+        _, pos = _varint(raw, pos)
+    item = node.children[0]
+    if item.min_size > 0 and count * item.min_size > len(raw) - pos:
+        raise AvroBoundsError(f"a block of {count} items at byte {pos}, more than {len(raw) - pos} bytes left can hold")
+    stack.append((node, depth, 1))
+    if item.min_size > 0:
+        stack.append((item, depth, count))
+    return pos
