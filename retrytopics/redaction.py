@@ -11,7 +11,8 @@ whole user-info part is hidden, a private key block to its END line (or to the e
 add their own with :class:`Redactor` (``RetryApp(redact_patterns=[...])``); a pattern hides its whole match,
 or only its ``secret`` group when it has one::
 
-    Redactor.with_patterns([r"ssn=(?P<secret>\\d+)", r"\\bAKIA[0-9A-Z]{16}\\b"])("ssn=123 key AKIA...")
+    hide = Redactor.with_patterns([r"ssn=(?P<secret>\\d+)", r"\\bAKIA[0-9A-Z]{16}\\b"])
+    hide("ssn=123 key AKIAIOSFODNN7EXAMPLE")   # 'ssn=[hidden] key [hidden]'
 """
 
 from __future__ import annotations
