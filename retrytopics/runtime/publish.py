@@ -45,6 +45,9 @@ _RESTART_CODES = frozenset(
 #: it wedged its partition forever (never acknowledged, never committed); it goes to the DLQ instead.
 _TOO_LARGE_CODES = frozenset({"MSG_SIZE_TOO_LARGE", "RECORD_LIST_TOO_LARGE"})
 
+#: Errors that say another producer took over this transactional id (fatal on Apache Kafka).
+_FENCED_CODES = frozenset({"_FENCED", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH"})
+
 #: Back-off between attempts to publish a record whose delivery failed (seconds).
 DEFAULT_RETRY_WAIT = tenacity.wait_exponential(multiplier=0.2, max=10.0) + tenacity.wait_random(0, 0.2)
 
@@ -341,20 +344,27 @@ class TransactionalPublisher:
             raise
 
     def abort(self, cause: BaseException | None = None) -> None:
-        """Abort the open transaction; a producer that cannot abort is replaced."""
+        """Abort the open transaction; a producer that cannot abort is replaced, and so is a fenced one."""
         self._error = None
         if not self._open:
             return
         self._open = False
         self._emitter.emit(Event.TRANSACTION_ABORTED, consumer=self._consumer, error=str(cause))
+        if isinstance(cause, KafkaClientError) and (cause.fatal or cause.code in _FENCED_CODES):
+            # A fenced producer's epoch is stale: its abort can only fail, and a broker that reports the
+            # fencing as abortable (tansu: PRODUCER_FENCED without the fatal flag) let it hang for the whole
+            # timeout (30 s) first. The producer that fenced it has aborted its transaction already.
+            self._replace(cause)
+            return
         try:
             self._producer.abort_transaction(self._timeout_s)
         except KafkaClientError as exc:
             self._replace(exc)
 
     def _replace(self, error: KafkaClientError) -> None:
-        log.error("transactional producer failed (%s); replacing it (its open transaction is aborted)", error)
-        self._emitter.emit(Event.PRODUCER_RECREATED, consumer=self._consumer, error=str(error))
+        text = str(error) if not error.code or error.code in str(error) else f"{error.code}: {error}"
+        log.error("transactional producer failed (%s); replacing it (its open transaction is aborted)", text)
+        self._emitter.emit(Event.PRODUCER_RECREATED, consumer=self._consumer, error=text)
         self._producer = self._start()
 
     def flush(self, timeout_s: float) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Callable, Sequence
+from typing import Any
 import pytest
 
 from retrytopics.errors import KafkaClientError, PublishError
@@ -13,7 +14,7 @@ from retrytopics.headers import DlqReason, Header
 from retrytopics.naming import topics_for
 from retrytopics.policy import RetryPolicy
 from retrytopics.router import InboundRecord, RouteContext, RouteKind, route
-from retrytopics.runtime.publish import Publisher, PublishJob, too_large_fallback
+from retrytopics.runtime.publish import Publisher, PublishJob, TransactionalPublisher, too_large_fallback
 
 CTX = RouteContext(policy=RetryPolicy(delays=["5s"]), topics=topics_for("orders", "billing", (5_000,)),
                    group="billing")  # fmt: skip
@@ -85,3 +86,50 @@ def test_a_record_too_large_even_as_a_reference_is_retried_not_dropped() -> None
     publisher = Publisher(lambda: producer, Emitter(), wait=lambda _: 60.0)  # type: ignore[arg-type,return-value]
     publisher.send(_job(b"v", (), acked))
     assert acked == [] and publisher.is_failing(("orders", 0)) and publisher.in_flight == 1
+
+
+class FencedAbortableProducer(SizeLimitedProducer):
+    """A transactional producer fenced the way tansu reports it: PRODUCER_FENCED without the fatal flag, so
+    librdkafka treats it as abortable, and an abort then hangs until its timeout (issue 12.5)."""
+
+    def __init__(self, made: list[FencedAbortableProducer]) -> None:
+        super().__init__(10**9)
+        self.fenced = not made  # the first producer is the one another producer fenced
+        self.aborts = 0
+        made.append(self)
+
+    def produce(self, topic: str, *, on_delivery: Callable[[PublishError | None], None], **kwargs: Any) -> None:
+        if self.fenced:
+            on_delivery(PublishError(topic, "There is a newer producer with the same transactionalId",
+                                     code="PRODUCER_FENCED"))  # fmt: skip
+            return
+        super().produce(topic, on_delivery=on_delivery, **kwargs)
+
+    def init_transactions(self, timeout_s: float) -> None:
+        pass
+
+    def begin_transaction(self) -> None:
+        pass
+
+    def send_offsets_to_transaction(self, offsets: Any, group_metadata: object, timeout_s: float) -> None:
+        pass
+
+    def commit_transaction(self, timeout_s: float) -> None:
+        pass
+
+    def abort_transaction(self, timeout_s: float) -> None:
+        self.aborts += 1
+        raise KafkaClientError("Timed out waiting for operation to finish", code="_TIMED_OUT", retriable=True)
+
+
+def test_a_fenced_transactional_producer_is_replaced_without_a_hanging_abort() -> None:
+    made: list[FencedAbortableProducer] = []
+    publisher = TransactionalPublisher(lambda: FencedAbortableProducer(made), Emitter())  # type: ignore[arg-type,return-value]
+    publisher.send(_job(b"v", (), []))
+    with pytest.raises(KafkaClientError, match="newer producer"):
+        publisher.commit({("orders", 0): 8}, None)
+    assert made[0].aborts == 0  # never asked to abort: it would wait out its whole timeout
+    assert len(made) == 2 and publisher.healthy  # replaced; the batch is read again by the loop
+    publisher.send(_job(b"v", (), []))
+    publisher.commit({("orders", 0): 8}, None)
+    assert [w[0] for w in made[1].written] == [CTX.topics.tiers[0].topic]
