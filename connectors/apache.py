@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import base64
 import ctypes
-import os
 import shutil
 import signal
 import subprocess
@@ -100,7 +99,11 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
 
 
 def _cluster_id() -> str:
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    # base64url may start with "-", which the storage tool's argument parser reads as an option (1 in 64)
+    while True:
+        candidate = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not candidate.startswith("-"):
+            return candidate
 
 
 class ApacheKafkaBroker:

@@ -73,3 +73,14 @@ def test_spark_gets_only_the_jars_it_does_not_ship(tmp_path: Path) -> None:
         (spark_home / name).write_bytes(b"")
     chosen = [p.name for p in jars.spark_kafka_jars(connector, spark_home)]
     assert chosen == ["commons-pool2-2.13.1.jar", "kafka-clients-3.9.2.jar", "spark-sql-kafka-0-10_2.13-4.2.0.jar"]
+
+
+def test_cluster_ids_never_look_like_an_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    import uuid
+
+    from retrytopics.connectors import apache
+
+    leading_dash = uuid.UUID(bytes=b"\xfb" + bytes(15))  # base64url of 0xfb... starts with "-"
+    ids = iter([leading_dash, uuid.UUID(int=1)])
+    monkeypatch.setattr(apache.uuid, "uuid4", lambda: next(ids))
+    assert not apache._cluster_id().startswith("-")
