@@ -134,7 +134,7 @@ def _plan(
     source_partitions: int,
 ) -> tuple[DataFrame, dict[str, Any], tuple[int, int]]:
     """Assign each selected record its destination topic (or drop it). Returns the records to write, the
-    counts of what was skipped, and (records to write, destination partitions): one Spark job in all.
+    counts of what was skipped, and (records to write, destination partitions) (see `_tally`).
 
     Foreign and invalid records (`retrytopics.spark.checks`) are skipped, each counted with its reason;
     one per origin id is kept among the valid ones, so a forged copy never hides a valid record."""
@@ -147,7 +147,6 @@ def _plan(
     latest = checked.withColumn("rank", F.row_number().over(newest_first))
     target = topics.source if destination == "original" else topics.tiers[0].topic
     duplicate = usable & (F.col("rank") > 1)
-    invalid = F.col("problem").isNotNull()
     looped = usable & ~duplicate & (F.coalesce("replay_count", F.lit(0)) >= max_replays) & F.lit(not allow_replayed)
     dest = (
         F.when(~usable | duplicate, None)
@@ -155,30 +154,39 @@ def _plan(
         .otherwise(F.lit(target))
     )
     planned = latest.withColumn("destination", dest).cache()
+    counts, sizes = _tally(planned, duplicate=duplicate, foreign=foreign, skipped_looped=looped & F.lit(not park),
+                           parked_topic=f"{topics.dlq}.parked")  # fmt: skip
+    return planned.where(F.col("destination").isNotNull()), counts, sizes
+
+
+def _tally(
+    planned: DataFrame, *, duplicate: Column, foreign: Column, skipped_looped: Column, parked_topic: str
+) -> tuple[dict[str, Any], tuple[int, int]]:
+    """The `--json` counts of a plan, and (records to write, destination partitions): one Spark job, plus a
+    small one listing the first invalid records when there are any."""
     row = planned.agg(
         F.count("*").alias("selected"),
         F.count_if(duplicate).alias("skipped_duplicates"),
         F.count_if(foreign).alias("skipped_foreign"),
-        F.count_if(invalid).alias("skipped_invalid"),
+        F.count_if(F.col("problem").isNotNull()).alias("skipped_invalid"),
         *[F.count_if(F.col("problem") == name).alias(f"invalid:{name}") for name in checks.PROBLEMS],
-        F.count_if(looped & F.lit(not park)).alias("skipped_max_replays"),
-        F.count_if(F.col("destination") == f"{topics.dlq}.parked").alias("parked"),
+        F.count_if(skipped_looped).alias("skipped_max_replays"),
+        F.count_if(F.col("destination") == parked_topic).alias("parked"),
         F.array_sort(F.collect_set("destination")).alias("destination_topics"),
         F.count("destination").alias("to_write"),
         F.count_distinct("destination", "original_partition").alias("tasks"),
     ).first()
     assert row is not None  # an aggregate without grouping always has one row
     found = row.asDict()
-    to_write, tasks = int(found.pop("to_write")), int(found.pop("tasks"))
+    sizes = int(found.pop("to_write")), int(found.pop("tasks"))
     problems = {k.removeprefix("invalid:"): int(found.pop(k)) for k in list(found) if k.startswith("invalid:")}
     counts: dict[str, Any] = {k: v if k == "destination_topics" else int(v or 0) for k, v in found.items()}
     counts["skipped_invalid_by_problem"] = {k: v for k, v in problems.items() if v}
-    # Where the operator finds them: DLQ coordinates of the first few (a small job, only when there are any).
-    invalid_rows = planned.where(F.col("problem").isNotNull()).orderBy("partition", "offset")
-    sample = invalid_rows.select("partition", "offset", "problem").limit(10).collect() if problems and any(
-        problems.values()) else []  # fmt: skip
-    counts["invalid_sample"] = [row.asDict() for row in sample]
-    return planned.where(F.col("destination").isNotNull()), counts, (to_write, tasks)
+    # Where the operator finds them: the DLQ coordinates of the first few.
+    invalid = planned.where(F.col("problem").isNotNull()).orderBy("partition", "offset")
+    sample = invalid.select("partition", "offset", "problem").limit(10).collect() if counts["skipped_invalid"] else []
+    counts["invalid_sample"] = [r.asDict() for r in sample]
+    return counts, sizes
 
 
 def replay(
