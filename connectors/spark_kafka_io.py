@@ -14,6 +14,7 @@ from types import TracebackType
 from typing import Any, Final
 
 import pyarrow as pa
+import tenacity
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from retrytopics.connectors.kafka import delivery_error, map_kafka_errors
@@ -50,6 +51,13 @@ def _consumer(props: Mapping[str, str], **extra: Any) -> Consumer:
     config.setdefault("log_level", 3)
     with map_kafka_errors():
         return Consumer(config)
+
+
+_COORDINATOR_MOVING: Final = frozenset({"NOT_COORDINATOR", "COORDINATOR_LOAD_IN_PROGRESS", "COORDINATOR_NOT_AVAILABLE"})
+
+
+def _coordinator_moving(exc: BaseException) -> bool:
+    return isinstance(exc, KafkaClientError) and exc.code in _COORDINATOR_MOVING
 
 
 class OffsetResolver:
@@ -95,9 +103,16 @@ class OffsetResolver:
         if not tps:
             return {}
         probe = _consumer(self._props, **{"group.id": group})
+        # A group coordinator that is still loading (a broker just started or moved the group) answers
+        # NOT_COORDINATOR / COORDINATOR_LOAD_IN_PROGRESS: ask again until the resolver's timeout.
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception(_coordinator_moving), stop=tenacity.stop_after_delay(self._timeout_s),
+            wait=tenacity.wait_exponential(multiplier=0.05, max=1.0), reraise=True,
+        )  # fmt: skip
         try:
-            with map_kafka_errors():
-                found = probe.committed([TopicPartition(t, p) for t, p in tps], timeout=self._timeout_s)
+            for attempt in retrying:
+                with attempt, map_kafka_errors():
+                    found = probe.committed([TopicPartition(t, p) for t, p in tps], timeout=self._timeout_s)
         finally:
             probe.close()
         return {(c.topic, c.partition): int(c.offset) for c in found}
