@@ -362,12 +362,14 @@ class ConsumerLoop:
         records and `batch` are read again by whoever owns their partitions now. Costs a clock read unless
         the gap was long enough for the session to lapse."""
         assert self._ownership is not None and self._pauses is not None
-        why = self._ownership.lost(gap_s)
-        if why is None:
-            return False
         starts = self._pauses.queue_starts()
         for msg in batch:
             starts[msg.tp] = min(starts.get(msg.tp, msg.offset), msg.offset)
+        if not starts:
+            return False  # nothing kept from before the gap: nothing to protect, nothing to ask
+        why = self._ownership.lost(gap_s, unsure_is_lost=True)
+        if why is None:
+            return False
         log.warning(
             "%s: woke after a %.1fs gap in polling (%s); the records of %d partitions in memory are not acted on "
             "here and are read again by whoever owns their partitions now", self.settings.name, gap_s, why,

@@ -24,6 +24,9 @@ NOT_A_MEMBER = frozenset(
     {"UNKNOWN_MEMBER_ID", "ILLEGAL_GENERATION", "FENCED_INSTANCE_ID", "STALE_MEMBER_EPOCH", "_ASSIGNMENT_LOST"}
 )
 
+#: `_refused_commit`'s answer when it had nothing to ask with
+_UNSURE = "<nothing to ask with>"
+
 
 class OwnershipCheck:
     """Asked after every handler call (see the module docstring); costs a clock read unless the call was long."""
@@ -38,14 +41,18 @@ class OwnershipCheck:
         self._max_poll_s = float(getattr(consumer, "max_poll_interval_ms", 300_000)) / 1000
         self._session_s = float(getattr(consumer, "session_timeout_ms", 45_000)) / 1000
 
-    def lost(self, elapsed_s: float) -> str | None:
+    def lost(self, elapsed_s: float, *, unsure_is_lost: bool = False) -> str | None:
         """Why this consumer may no longer act on a record whose call ended `elapsed_s` after the last poll;
-        None when it may."""
+        None when it may. With nothing to commit there is nothing to ask with: after a handler call that
+        counts as still a member; `unsure_is_lost` (after a freeze, before touching kept records) as lost,
+        since reading the records again costs only a fetch and gives librdkafka the time to report the loss."""
         if elapsed_s > self._max_poll_s:
             return "outlived max.poll.interval.ms"
         if elapsed_s > self._session_s / 2:
             code = self._refused_commit()
-            if code is not None:
+            if code is _UNSURE and unsure_is_lost:
+                return f"took {elapsed_s:.1f}s and there was nothing to ask the group coordinator with"
+            if code is not None and code is not _UNSURE:
                 return f"took {elapsed_s:.1f}s and the group no longer counts this consumer as a member ({code})"
         return None
 
@@ -55,7 +62,7 @@ class OwnershipCheck:
             moved = self._tracker.commit_positions()
             positions = {tp: p for tp, p in positions.items() if tp not in moved}
         if not positions:
-            return None  # nothing to commit, so nothing to ask with: act as if still a member
+            return _UNSURE  # nothing to commit, so nothing to ask with
         try:
             self._consumer.commit(positions, asynchronous=False)
         except KafkaClientError as exc:

@@ -235,3 +235,26 @@ def test_a_consumer_that_never_joins_its_group_is_unhealthy_within_the_join_time
     loop, *_ = build_loop([waiting(10), waiting(25), waiting(60), joins], clock, monkeypatch)
     loop.run()
     assert health == [True, False, False, True]  # 10 s: joining; 35 s, 95 s: past the 30 s bound; joined: fine
+
+
+def test_a_freeze_before_anything_was_handled_reads_the_kept_records_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing handled yet, so nothing to commit: the coordinator cannot be asked. The records kept from before
+    the freeze are read again rather than acted on (librdkafka reports the loss before they arrive again)."""
+    clock = Clock()
+
+    def assigned(c: FakeConsumer) -> list[Message]:
+        c.on_assign([TP])
+        return [tier_message(1, due_in_ms=400), tier_message(2, due_in_ms=450)]
+
+    def frozen(c: FakeConsumer) -> list[Message]:
+        clock.jump_s += 20
+        c.expelled = True
+        return []
+
+    def lost(c: FakeConsumer) -> list[Message]:
+        c.on_lost([TP])
+        return []
+
+    consumer, producer, calls, _ = run_loop([assigned, frozen, lost], clock, monkeypatch)
+    assert calls == [] and producer.produced == []
+    assert (TP, 1) in consumer.seeks
