@@ -66,6 +66,7 @@ class PublishJob:
     context: Any = None  # the handler's Record, for callbacks
     #: makes the job smaller after a too-large refusal (see `too_large_fallback`); False when it cannot
     shrink: Callable[[PublishJob], bool] | None = None
+    shrunk: int = 0  # steps `shrink` took
     partition: int | None = field(default=None, init=False)
 
 
@@ -73,13 +74,12 @@ def too_large_fallback(ctx: RouteContext) -> Callable[[PublishJob], bool]:
     """A job's two steps down after a too-large refusal: to the DLQ (reason `too_large`) without exception
     message and trace; then with the value replaced by a reference to the consumed record, no user headers
     and no key longer than 1 KiB. Each step is logged; after the second there is nothing left to drop."""
-    steps = 0
 
     def shrink(job: PublishJob) -> bool:
-        nonlocal steps
-        steps += 1
-        if steps > 2:
+        if job.shrunk >= 2:
             return False
+        job.shrunk += 1
+        steps = job.shrunk
         job.route = too_large_route(ctx, job.route, keep_user_headers=steps == 1)
         if steps == 2:
             job.value = too_large_reference(job.source[0], job.source[1], job.offset, job.value)
@@ -93,6 +93,8 @@ def too_large_fallback(ctx: RouteContext) -> Callable[[PublishJob], bool]:
 
 
 _MAX_REFERENCE_KEY = 1024
+#: records whose too-large publish is remembered for their next attempt (exactly-once); a bound, not a budget
+_MAX_REMEMBERED_SHRINKS = 10_000
 
 
 def _partition(producer: ProducerPort, route: Route) -> int | None:
@@ -278,6 +280,7 @@ class TransactionalPublisher:
         self._producer = self._start()
         self._open = False
         self._error: KafkaClientError | None = None
+        self._shrinks: dict[tuple[TopicPartition, int], int] = {}  # source record -> steps its next publish takes
 
     def _start(self) -> ProducerPort:
         producer = self._make_producer()
@@ -291,8 +294,18 @@ class TransactionalPublisher:
     def send(self, job: PublishJob) -> None:
         """Produce `job` inside the current transaction (opened on first use)."""
         self.begin()
+        source = (job.source, job.offset)
+        for _ in range(self._shrinks.pop(source, 0)):
+            if job.shrink is None or not job.shrink(job):
+                break
 
         def delivered(error: PublishError | None) -> None:
+            if error is not None and error.code in _TOO_LARGE_CODES and job.shrink is not None:
+                # The broker refused it (its own, smaller limit) after the producer let it through. The
+                # transaction fails and the batch is read again; this record's next publish starts smaller.
+                if len(self._shrinks) >= _MAX_REMEMBERED_SHRINKS:
+                    self._shrinks.clear()
+                self._shrinks[source] = job.shrunk + 1
             if error is not None and self._error is None:
                 self._error = error
 

@@ -4,7 +4,8 @@ Guarantee: a 999,000-byte value whose handler fails cannot be republished to a t
 are added (librdkafka's `message.max.bytes` is 1,000,000). It is dead-lettered with reason `too_large`
 (without exception message and trace, or, when even that is too large, as a reference to the consumed
 record), the partition's offset is committed past it, and the records behind it are handled. The same holds
-when the oversized publish is the DLQ record of a poison value.
+when the oversized publish is the DLQ record of a poison value, and when the producer lets a record through
+that the broker then refuses (a tier topic with a smaller `max.message.bytes`), in both modes.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
 from retrytopics import Record, RetryApp, RetryPolicy, json_value
 from retrytopics.connectors.config import KafkaConfig
@@ -72,3 +74,43 @@ def test_an_oversized_republish_goes_to_the_dlq_and_the_partition_moves_on(
             assert reference == {"too_large": True, "topic": source, "partition": 0, "offset": offset,
                                  "value_bytes": len(original)}  # fmt: skip
     assert app.stats.dead_lettered.get("too_large") == 2
+
+
+@pytest.mark.parametrize("exactly_once", [False, True], ids=["at_least_once", "exactly_once"])
+def test_a_republish_the_broker_refuses_as_too_large_goes_to_the_dlq(
+    broker: Any, kafka: KafkaConfig, kit: Kit, unique_name: Callable[[str], str], consumer_overrides: dict[str, Any],
+    apps: list[RetryApp], exactly_once: bool,
+) -> None:  # fmt: skip
+    if broker.is_tansu:
+        pytest.skip("tansu does not enforce a topic's max.message.bytes")
+    # setup: the tier topic accepts at most 20,000 bytes a record; a failing 30,000-byte record
+    source = kit.create(unique_name("orders"), 1)
+    group = unique_name("billing")
+    app = RetryApp(kafka=kafka, group=group, consumer_overrides=consumer_overrides, exactly_once=exactly_once)
+    apps.append(app)
+    handled: list[int] = []
+
+    @app.handler(source, policy=RetryPolicy(delays=["5s"]))
+    def handle(record: Record[bytes]) -> None:
+        handled.append(record.offset)
+        if record.value and len(record.value) > 100:
+            raise RuntimeError("too big to succeed")
+
+    app.provision()
+    tier = app.topics(source).tiers[0].topic
+    limit = ConfigEntry("max.message.bytes", "20000", incremental_operation=AlterConfigOpType.SET)
+    for future in kit.admin.incremental_alter_configs([ConfigResource(ResourceType.TOPIC, tier, incremental_configs=[limit])]).values():
+        future.result(timeout=30)
+    kit.produce(source, [(b"k", b"v" * 30_000, []), (b"k", b"small", [])])
+
+    # when
+    app.start(main=True)
+    wait_until(lambda: kit.committed(group, source, 1) == {0: 2}, 60, "every offset committed")
+    assert app.stop()
+
+    # then: the big record is in the DLQ as too_large with its value, nothing in the tier, the small one handled
+    assert 1 in handled
+    assert kit.read_all(tier) == []
+    dlq = kit.read_all(app.topics(source).dlq)
+    assert [(r.value, decode(list(r.headers)).dlq_reason) for r in dlq] == [(b"v" * 30_000, DlqReason.TOO_LARGE)]
+    assert app.stats.dead_lettered.get("too_large") == 1
