@@ -1,12 +1,6 @@
-"""TLS, SASL/SCRAM and ACLs on a real path (issue 15 item 4), on one Apache Kafka broker for the module.
-
-The broker has a SASL_SSL listener (SCRAM-SHA-512, a certificate signed by a CA this module generates, PEM)
-and the standard authorizer: no ACL, no access. Principals and the ACLs docs/operations.md recommends:
-- `upstream` WRITEs the source topic, nothing else;
-- `billing` (the framework: main and tier consumers) READs the source and every tier, and its groups (the
-  app's group, and each tier's group, named after the tier topic); WRITEs every tier and the DLQ. No CREATE:
-  the topics are provisioned by `admin`, the super user;
-- `replay` READs the DLQ and its ledger, WRITEs the source (its allowlisted original topic) and the ledger.
+"""TLS, SASL/SCRAM and ACLs on a real path (issue 15 item 4), on the package's Apache Kafka broker: a SASL_SSL
+listener (SCRAM-SHA-512, a certificate from a CA made by the tests, PEM) and the standard authorizer, with the
+principals and ACLs docs/operations.md recommends (see conftest.py).
 
 Guarantees: the app runs end to end under exactly those ACLs, configured only through `KafkaConfig` fields;
 a wrong CA or a wrong password fails at start-up with an error that names the cause and what to check, and no
@@ -21,90 +15,24 @@ import logging
 import secrets
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from confluent_kafka import KafkaError
-from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
 
-from retrytopics import NonRetryable, Record, RetryApp, RetryPolicy
-from retrytopics.connectors.admin import TopicSpec, ensure_topics
-from retrytopics.connectors.apache import ApacheKafkaBroker
-from retrytopics.connectors.apache_security import BrokerSecurity
+from retrytopics import NonRetryable, Record, RetryPolicy
 from retrytopics.connectors.config import KafkaConfig
-from retrytopics.connectors.kafka import last_client_error, make_admin, make_producer
+from retrytopics.connectors.kafka import last_client_error, make_producer
 from retrytopics.errors import KafkaClientError
 from retrytopics.headers import DlqReason, decode
 from retrytopics.preflight import connection_hint
 
 from ..runtime.conftest import Kit, wait_until
-from .pki import Pki, make_pki
+from .conftest import Secured, pipeline
 
 pytestmark = pytest.mark.broker
 
-USERS = ("admin", "billing", "upstream", "replay")
 POLICY = RetryPolicy(delays=["200ms", "400ms"], non_retryable=(ValueError,))
-
-
-class Secured:
-    """The module's broker, its PKI and its users' passwords."""
-
-    def __init__(self, broker: ApacheKafkaBroker, security: BrokerSecurity, pki: Pki) -> None:
-        self.broker = broker
-        self.security = security
-        self.pki = pki
-        self.admin = make_admin(broker.kafka_config())
-
-    def kafka(self, user: str, **fields: str) -> KafkaConfig:
-        """`user`'s KafkaConfig over SASL_SSL; `fields` replace some (a wrong password, another CA)."""
-        return self.broker.kafka_config(**{**self.security.client_fields(user), **fields})
-
-    @property
-    def secrets(self) -> list[str]:
-        return [*self.security.users.values(), self.pki.key_password]
-
-    def allow(self, principal: str, resource: ResourceType, name: str, *operations: AclOperation) -> None:
-        bindings = [AclBinding(resource, name, ResourcePatternType.LITERAL, f"User:{principal}", "*", op,
-                               AclPermissionType.ALLOW) for op in operations]  # fmt: skip
-        for future in self.admin.create_acls(bindings, request_timeout=15).values():
-            future.result()
-
-
-@pytest.fixture(scope="module")
-def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
-    pki = make_pki(tmp_path_factory.mktemp("pki"))
-    users = {name: secrets.token_urlsafe(18) for name in USERS}
-    security = BrokerSecurity(keystore=pki.keystore, truststore=pki.ca, users=users, admin="admin",
-                              key_password=pki.key_password)  # fmt: skip
-    with ApacheKafkaBroker(security=security) as broker:
-        yield Secured(broker, security, pki)
-
-
-def _pipeline(
-    secured: Secured, unique_name: Callable[[str], str], kafka: KafkaConfig,
-    handle: Callable[[Record[bytes]], None] = lambda record: None,
-) -> tuple[RetryApp, str]:  # fmt: skip
-    """An app for a fresh source topic whose topics `admin` provisioned and whose ACLs are granted."""
-    source = unique_name("orders")
-    app = RetryApp(kafka=kafka, group=unique_name("billing"),
-                   consumer_overrides={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500})  # fmt: skip
-    app.handler(source, policy=POLICY)(handle)
-    topics = app.topics(source)
-    ensure_topics(secured.admin, [TopicSpec(name=t, partitions=2) for t in (source, *topics.all_topics)])
-    tiers = [tier.topic for tier in topics.tiers]
-    secured.allow("upstream", ResourceType.TOPIC, source, AclOperation.WRITE)
-    for topic in (source, *tiers):
-        secured.allow("billing", ResourceType.TOPIC, topic, AclOperation.READ)
-    for topic in (*tiers, topics.dlq):
-        secured.allow("billing", ResourceType.TOPIC, topic, AclOperation.WRITE)
-    for group in (app.group, *tiers):  # a tier consumer's group is its topic's name
-        secured.allow("billing", ResourceType.GROUP, group, AclOperation.READ)
-    ledger = f"{topics.dlq}.replays"
-    ensure_topics(secured.admin, [TopicSpec(name=ledger, partitions=1)])
-    secured.allow("replay", ResourceType.TOPIC, topics.dlq, AclOperation.READ)
-    secured.allow("replay", ResourceType.TOPIC, ledger, AclOperation.READ, AclOperation.WRITE)
-    secured.allow("replay", ResourceType.TOPIC, source, AclOperation.WRITE)
-    return app, source
 
 
 def _produce(kafka: KafkaConfig, topic: str, values: list[bytes]) -> list[KafkaError | None]:
@@ -144,7 +72,7 @@ def test_the_app_runs_end_to_end_over_sasl_ssl_under_least_privilege_acls(
         if kind == b"broken" or (kind == b"flaky" and record.attempt == 1):
             raise RuntimeError(f"failed on attempt {record.attempt}")
 
-    app, source = _pipeline(secured, unique_name, secured.kafka("billing"), handle)
+    app, source = pipeline(secured, unique_name, secured.kafka("billing"), POLICY, handle)
     values = [f"{kind}-{i}".encode() for kind in ("ok", "flaky", "broken", "bad") for i in range(6)]
     assert _produce(secured.kafka("upstream"), source, values) == [None] * len(values)
 
@@ -180,7 +108,7 @@ def test_a_wrong_password_or_ca_fails_at_start_up_with_a_clear_error_and_no_secr
     fields = ({"sasl_password": secrets.token_urlsafe(18)} if wrong == "password"
               else {"ssl_ca_location": str(secured.pki.other_ca)})  # fmt: skip
     kafka = secured.kafka("billing", **fields).with_overrides({"debug": "security,broker"})
-    app, _source = _pipeline(secured, unique_name, kafka)
+    app, _source = pipeline(secured, unique_name, kafka, POLICY)
 
     # when: the app's first contact with the cluster
     with pytest.raises(KafkaClientError) as failure:
@@ -207,7 +135,7 @@ def test_upstream_and_replay_principals_cannot_write_a_tier_or_the_dlq(
     secured: Secured, unique_name: Callable[[str], str]
 ) -> None:
     # setup
-    app, source = _pipeline(secured, unique_name, secured.kafka("billing"))
+    app, source = pipeline(secured, unique_name, secured.kafka("billing"), POLICY)
     topics = app.topics(source)
     refused = KafkaError.TOPIC_AUTHORIZATION_FAILED
 
