@@ -4,10 +4,8 @@ with a clear error that says what to do."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
-import time
 
 import pytest
 from confluent_kafka import Producer
@@ -16,30 +14,9 @@ from retrytopics.connectors import apache
 from retrytopics.connectors.apache import ApacheKafkaBroker
 from retrytopics.connectors.kafka import make_admin
 
+from .processes import gone
+
 pytestmark = pytest.mark.broker
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(0.2)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def _gone(pid: int, *ports: int, timeout_s: float = 20) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while _alive(pid) or any(_listening(p) for p in ports):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def test_lifecycle_transactions_and_a_crash_restart_keep_the_log() -> None:
@@ -59,7 +36,7 @@ def test_lifecycle_transactions_and_a_crash_restart_keep_the_log() -> None:
         # a SIGKILLed broker comes back on the same ports with its data
         first_pid = broker.pid
         broker.kill()
-        assert _gone(first_pid, *ports)
+        assert gone(first_pid, *ports)
         broker.start()
         assert broker.port == ports[0]
         topics = make_admin(broker.kafka_config()).list_topics(timeout=10).topics
@@ -68,7 +45,7 @@ def test_lifecycle_transactions_and_a_crash_restart_keep_the_log() -> None:
         assert pid is not None
     finally:
         broker.stop()
-    assert _gone(pid, *ports)
+    assert gone(pid, *ports)
 
 
 def test_sigkill_of_the_owner_takes_the_broker_down() -> None:
@@ -81,7 +58,7 @@ def test_sigkill_of_the_owner_takes_the_broker_down() -> None:
     pid, port = map(int, child.stdout.readline().split())
     child.kill()
     child.wait(timeout=5)
-    assert _gone(pid, port), "the broker JVM outlived its owner"
+    assert gone(pid, port), "the broker JVM outlived its owner"
 
 
 def test_a_bad_setting_fails_start_up_with_the_log_tail() -> None:

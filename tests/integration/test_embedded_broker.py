@@ -3,12 +3,10 @@ start-up failures come with a clear error."""
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
@@ -16,24 +14,9 @@ from retrytopics.connectors.embedded import EmbeddedBroker, free_port
 from retrytopics.connectors.kafka import make_admin
 from retrytopics.errors import BrokerExitedEarly, BrokerPortInUse
 
-
-def _listening(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(0.2)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie still has a pid; /proc tells whether it is reaped or defunct
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
+from .processes import alive as _alive
+from .processes import gone
+from .processes import listening as _listening
 
 
 def test_lifecycle_leaves_nothing_behind() -> None:
@@ -79,7 +62,7 @@ def test_early_exit_shows_the_log_tail(tmp_path) -> None:
 def test_sigint_to_the_owner_stops_the_broker(tmp_path) -> None:
     """Ctrl-C in the process that owns the broker stops it: no orphan, port closed."""
     script = textwrap.dedent(
-        f"""
+        """
         import sys, time
         from retrytopics.connectors.embedded import EmbeddedBroker
         with EmbeddedBroker() as broker:
@@ -92,11 +75,7 @@ def test_sigint_to_the_owner_stops_the_broker(tmp_path) -> None:
     pid, port = map(int, child.stdout.readline().split())
     child.send_signal(2)
     child.wait(timeout=15)
-    deadline = time.monotonic() + 5
-    while (_alive(pid) or _listening(port)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _alive(pid)
-    assert not _listening(port)
+    assert gone(pid, port, timeout_s=5)
 
 
 def test_sigkill_of_the_owner_takes_the_broker_down() -> None:
@@ -109,11 +88,7 @@ def test_sigkill_of_the_owner_takes_the_broker_down() -> None:
     pid, port = map(int, child.stdout.readline().split())
     child.kill()
     child.wait(timeout=5)
-    deadline = time.monotonic() + 5
-    while (_alive(pid) or _listening(port)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _alive(pid)
-    assert not _listening(port)
+    assert gone(pid, port, timeout_s=5)
 
 
 def test_free_port_is_bindable() -> None:
