@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import secrets
+import subprocess
+import sys
 import threading
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from confluent_kafka import KafkaError
@@ -129,6 +133,35 @@ def test_a_wrong_password_or_ca_fails_at_start_up_with_a_clear_error_and_no_secr
         assert [w for w in warnings if "certificate verify failed" in w and "kafka.ssl_ca_location" in w]
     assert [r for r in caplog.records if r.name == "retrytopics.librdkafka"], "librdkafka's debug lines were checked too"
     _assert_no_secret(secured, caplog, message, hint, also=tuple(fields.values()) if wrong == "password" else ())
+
+
+def test_the_cli_with_a_wrong_password_file_exits_with_a_hint_and_prints_no_secret(
+    secured: Secured, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
+    # setup: an operator's settings, the password in a file (never argv), DEBUG logging on stderr
+    _app, source = pipeline(secured, unique_name, secured.kafka("billing"), POLICY)
+    wrong = secrets.token_urlsafe(18)
+    password_file = tmp_path / "kafka-password"
+    password_file.write_text(wrong)
+    env = {**os.environ, "RETRYTOPICS_KAFKA_BOOTSTRAP": secured.broker.bootstrap,
+           "RETRYTOPICS_KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "RETRYTOPICS_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+           "RETRYTOPICS_KAFKA_SASL_USERNAME": "billing", "RETRYTOPICS_KAFKA_SASL_PASSWORD_FILE": str(password_file),
+           "RETRYTOPICS_KAFKA_SSL_CA_LOCATION": str(secured.pki.ca)}  # fmt: skip
+
+    # when
+    result = subprocess.run(
+        [sys.executable, "-m", "retrytopics.cli", "topics", "describe", "--topic", source, "--group", "billing",
+         "--delays", "200ms,400ms", "--log-level", "DEBUG"],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+    # then: exit 1, the cause and the settings to check on stderr, no password anywhere
+    assert result.returncode == 1, result.stderr[-2000:]
+    hints = [line for line in result.stderr.splitlines() if line.startswith("retrytopics: hint:")]
+    assert len(hints) == 1 and "refused the credentials" in hints[0] and "kafka.sasl_password" in hints[0], hints
+    assert "DEBUG" in result.stderr, "DEBUG lines were printed, so the check covers them"
+    for secret in (*secured.secrets, wrong):
+        assert secret not in result.stdout + result.stderr
 
 
 def test_upstream_and_replay_principals_cannot_write_a_tier_or_the_dlq(
