@@ -15,6 +15,9 @@ rebalance delay, a few partitions for the internal topics (fast creation), a sma
 
 `ApacheKafkaBroker(security=BrokerSecurity(...))` turns on SASL_SSL with SCRAM-SHA-512 and the standard
 authorizer (`connectors.apache_security`); `kafka_config()` then connects as its super user.
+
+Slightly over the 300-line budget: one broker process's lifecycle (ports, config, format, start, readiness,
+crash and stop) reads best in one class; what security adds to it is rendered in `apache_security`.
 """
 
 from __future__ import annotations
