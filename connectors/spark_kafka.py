@@ -15,8 +15,10 @@ confluent-kafka installed (a packed venv shipped with `spark.archives`).
 
 from __future__ import annotations
 
-import weakref
+import logging
+import re
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
@@ -348,9 +350,34 @@ def register(spark: SparkSession) -> None:
     _registered.add(spark)
 
 
+class Py4jSecretFilter(logging.Filter):
+    """Hides the value of a secret option in py4j's DEBUG lines. py4j logs every command it sends to the JVM
+    ("Command to send: ...", one argument a line, strings prefixed with "s"), so an option such as
+    `kafka.sasl.password` passed to a reader or writer would be logged in clear."""
+
+    _SECRET_VALUE = re.compile(r"(\ns[^\n]*(?:password|secret|jaas\.config|private\.key)[^\n]*\n)s[^\n]*", re.IGNORECASE)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        hidden = self._SECRET_VALUE.sub(r"\1s[hidden]", message)
+        if hidden != message:
+            record.msg, record.args = hidden, ()
+        return True
+
+
+def _guard_py4j_logs() -> None:
+    # Filters on a logger do not see its children's records: attach to the loggers py4j writes commands to.
+    for name in ("py4j.clientserver", "py4j.java_gateway"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, Py4jSecretFilter) for f in logger.filters):
+            logger.addFilter(Py4jSecretFilter())
+
+
 def kafka_options(kafka: Any, **extra: str) -> dict[str, str]:
     """`kafka.*` options from a :class:`~retrytopics.connectors.config.KafkaConfig` (secrets included:
-    never log the result), plus `extra` options."""
+    never log the result), plus `extra` options. From the first call on, py4j's command log hides secret
+    option values (`Py4jSecretFilter`)."""
+    _guard_py4j_logs()
     # Producer and consumer overrides both go in: librdkafka ignores the other kind's properties.
     props = {**kafka.client_config(), **kafka.consumer_overrides, **kafka.producer_overrides}
     props.pop("client.id", None)

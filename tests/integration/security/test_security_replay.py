@@ -6,8 +6,9 @@ and WRITE the original topic and the ledger, DESCRIBE on the reader group prefix
 writes each DLQ record back to its original topic once, a rerun of the same replay id writes none of them
 twice, and no password appears in retrytopics' or librdkafka's log lines at DEBUG or in the job's output.
 
-Known leak, pinned by a strict xfail: py4j logs every command it sends to the JVM at DEBUG, and the Spark
-Kafka data source's options (`kafka.sasl.password` among them) travel as such commands.
+py4j logs every command it sends to the JVM at DEBUG, and the Spark Kafka data source's options
+(`kafka.sasl.password` among them) travel as such commands: `kafka_options` installs a filter that hides
+secret option values there (this leak was found by the test below, first pinned as a strict xfail).
 """
 
 from __future__ import annotations
@@ -70,8 +71,6 @@ def test_the_replay_job_runs_as_the_replay_principal_and_a_rerun_writes_nothing_
         assert not [line for line in lines if secret in line], "a secret reached a log line or the output"
 
 
-@pytest.mark.xfail(strict=True, reason="py4j logs each JVM command at DEBUG, the data source's kafka.sasl.password "
-                   "option included: the Spark connector should filter py4j's log or pass secrets another way")
 def test_py4j_debug_lines_carry_no_kafka_password(secured: Secured, caplog: pytest.LogCaptureFixture) -> None:
     # setup
     caplog.set_level(logging.DEBUG)
