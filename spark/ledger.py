@@ -3,9 +3,14 @@
 The ledger topic (`<dlq>.replays`, one partition) holds small JSON records keyed by replay id. Before its
 first write a replay appends `{"event": "started", "marks": {topic: {partition: high watermark}}}`; at the
 end `{"event": "finished", ...counts}`. A rerun of the same replay id reads its earliest `started` marks and
-scans the destination topics from there for records carrying `retry.replay_id = <id>`: those DLQ records
-are already replayed. A record that reached the log counts, acknowledged or not, so a crash at any point
-leaves nothing written twice; a record lost in a crashed producer's buffer is simply written by the rerun.
+scans the destination topics from there for records carrying `retry.replay_id = <id>` (`written_by`): the
+source records named by their `retry.replay_original` are already replayed. A record that reached the log
+counts, acknowledged or not, so a crash at any point leaves nothing written twice; a record lost in a
+crashed producer's buffer is simply written by the rerun.
+
+`retry.replay_original` is `<original_topic>-<original_partition>-<original_offset>` of the replayed DLQ
+record: the one source record it stands for. The origin id cannot serve: with `id_header` a producer
+chooses it, and two different records sharing one made a rerun skip the second (issue 15.1).
 """
 
 from __future__ import annotations
@@ -13,18 +18,28 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 from confluent_kafka import KafkaError, TopicPartition
+from pyspark.sql import DataFrame, SparkSession
 
 from retrytopics.connectors.admin import TopicSpec, ensure_topics
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.kafka import make_admin, make_consumer, make_producer, map_kafka_errors
+from retrytopics.connectors.spark_kafka import kafka_options, read_kafka
 from retrytopics.errors import KafkaClientError, PublishError
+from retrytopics.headers import REPLAY_ID
+from retrytopics.spark.columns import header_text
 
-__all__ = ["append", "ledger_topic", "partition_counts", "read_entries", "watermarks"]
+__all__ = [
+    "REPLAY_ORIGINAL", "append", "ledger_topic", "partition_counts", "read_entries", "watermarks", "written_by",
+]  # fmt: skip
 
 Marks = dict[str, dict[str, int]]
+
+#: Lineage header of a replayed record: the source record its DLQ record stood for (see the module docstring).
+#: Written by the replay only; the runtime drops it at the record's next hop, as any `retry.*` header.
+REPLAY_ORIGINAL: Final = "retry.replay_original"
 
 
 def ledger_topic(dlq: str) -> str:
@@ -60,6 +75,21 @@ def partition_counts(kafka: KafkaConfig, topics: Sequence[str]) -> dict[str, int
         consumer.close()
     found = {t: metadata.topics.get(t) for t in topics}
     return {t: len(meta.partitions) for t, meta in found.items() if meta is not None and meta.error is None}
+
+
+def written_by(spark: SparkSession, kafka: KafkaConfig, marks: Marks, replay_id: str, kafka_format: str) -> DataFrame:
+    """(topic, source_record) of every record `replay_id` wrote since its first start `marks`; `source_record`
+    is the record's `retry.replay_original` (NULL for one written before that header existed)."""
+    schema = "topic string, source_record string"
+    marks = {t: parts for t, parts in marks.items() if parts}
+    if not marks:
+        return spark.createDataFrame([], schema)
+    options = kafka_options(
+        kafka, assign=json.dumps({t: [int(p) for p in parts] for t, parts in marks.items()}),
+        startingOffsets=json.dumps(marks), endingOffsets="latest", includeHeaders="true",
+    )  # fmt: skip
+    written = read_kafka(spark, options, kafka_format=kafka_format).where(header_text(REPLAY_ID) == replay_id)
+    return written.select("topic", header_text(REPLAY_ORIGINAL).alias("source_record")).distinct()
 
 
 def append(kafka: KafkaConfig, dlq: str, replay_id: str, entry: Mapping[str, Any]) -> None:

@@ -5,15 +5,17 @@
 
 - Selection: reason, exception type, DLQ record time range, origin ids, and any SQL predicate over the
   typed columns (`retrytopics.spark.columns.RETRY_COLUMNS` plus key, value, topic, partition, offset,
-  timestamp). One record per origin id is replayed (the latest episode).
+  timestamp). One record per source record is replayed (the latest episode): a DLQ record stands for the
+  record at its original topic, partition and offset, not for its origin id, which two records may share.
 - Safety: a destination is never taken from the user. It is the record's own `retry.original_topic`, which
   must be this pipeline's source, or the pipeline's first tier; other records are skipped as foreign.
   Records already replayed `max_replays` times (default 1) are skipped, or parked in `<dlq>.parked`.
 - Idempotent per replay id: see `retrytopics.spark.ledger`. Write tasks are never retried within a run
   (a retried task could resend what its failed attempt delivered): a failed run is rerun with the same id.
 - Output headers: the user headers byte for byte, then `retry.replay_id`, `retry.replayed_at`,
-  `retry.replay_count` (+1) and `retry.replay_origin_id` (the DLQ record's origin id). To a tier, also the
-  retry state, with reconsume_times and the failure times reset (default) or kept.
+  `retry.replay_count` (+1), `retry.replay_origin_id` (the DLQ record's origin id) and `retry.replay_original`
+  (its original coordinates, what a rerun matches on). To a tier, also the retry state, with reconsume_times
+  and the failure times reset (default) or kept.
 """
 
 from __future__ import annotations
@@ -90,6 +92,7 @@ def _output_headers(destination: str, *, replay_id: str, now_ms: int, reset: boo
         _header(H.REPLAY_ID, F.lit(replay_id)), _header(H.REPLAYED_AT, F.lit(now_ms)),
         _header(H.REPLAY_COUNT, F.coalesce("replay_count", F.lit(0)) + 1),
         _header(H.REPLAY_ORIGIN_ID, F.col("origin_message_id")),
+        _header(ledger.REPLAY_ORIGINAL, F.col("source_record")),
     ]  # fmt: skip
     if destination == "original":
         return F.concat(user, F.array(*lineage))
@@ -113,20 +116,11 @@ def _output_headers(destination: str, *, replay_id: str, now_ms: int, reset: boo
     return F.concat(user, F.array(*state, *lineage))
 
 
-def _already_replayed(
-    spark: SparkSession, kafka: KafkaConfig, marks: ledger.Marks, replay_id: str, kafka_format: str
-) -> DataFrame:
-    """(topic, origin_message_id) of records this replay id wrote since its first start marks."""
-    schema = "topic string, origin_message_id string"
-    marks = {t: parts for t, parts in marks.items() if parts}
-    if not marks:
-        return spark.createDataFrame([], schema)
-    options = kafka_options(
-        kafka, assign=json.dumps({t: [int(p) for p in parts] for t, parts in marks.items()}),
-        startingOffsets=json.dumps(marks), endingOffsets="latest", includeHeaders="true",
-    )  # fmt: skip
-    written = with_retry_columns(read_kafka(spark, options, kafka_format=kafka_format)).where(F.col("replay_id") == replay_id)
-    return written.select("topic", F.col("replay_origin_id").alias("origin_message_id")).distinct()
+def _source_record() -> Column:
+    """`<original_topic>-<original_partition>-<original_offset>`: the one source record a DLQ record stands
+    for (NULL if a part is missing); partition and offset are numbers, so it reads back unambiguously."""
+    partition, offset = F.col("original_partition").cast("string"), F.col("original_offset").cast("string")
+    return F.concat(F.col("original_topic"), F.lit("-"), partition, F.lit("-"), offset)
 
 
 def _plan(
@@ -136,12 +130,16 @@ def _plan(
     """Assign each selected record its destination topic (or drop it). Returns the records to write, the
     counts of what was skipped, and (records to write, destination partitions) (see `_tally`).
 
-    Foreign and invalid records (`retrytopics.spark.checks`) are skipped, each counted with its reason;
-    one per origin id is kept among the valid ones, so a forged copy never hides a valid record."""
+    Foreign and invalid records (`retrytopics.spark.checks`) are skipped, each counted with its reason.
+    Among the valid ones, one per source record is kept (`source_record`: its original topic, partition and
+    offset), the latest episode: a true duplicate (a DLQ publish repeated after a crash) and an earlier
+    episode of a record replayed to a tier count as duplicates, but two records sharing an origin id (which
+    `id_header` allows) are two records. A forged copy never hides a valid record."""
     foreign = F.col("original_topic").isNull() | (F.col("original_topic") != topics.source)
     checked = dlq.withColumn("problem", F.when(foreign, None).otherwise(checks.problem(source_partitions)))
+    checked = checked.withColumn("source_record", _source_record())
     usable = ~foreign & F.col("problem").isNull()
-    newest_first = Window.partitionBy("origin_message_id").orderBy(
+    newest_first = Window.partitionBy("source_record").orderBy(
         usable.desc(), F.coalesce("replay_count", F.lit(0)).desc(), F.col("partition").desc(), F.col("offset").desc()
     )
     latest = checked.withColumn("rank", F.row_number().over(newest_first))
@@ -308,7 +306,9 @@ def _not_yet_written(
 
     A first run writes its start marks now, before its first record, so nothing of this replay id can be in
     the destinations yet: every planned record is to write, without a scan. A rerun scans the destinations
-    from its first run's marks (see `retrytopics.spark.ledger`)."""
+    from its first run's marks (see `retrytopics.spark.ledger`) and skips the source records found there,
+    and DLQ records whose lineage names this replay id: a record it replayed that failed back into the DLQ
+    (to the source topic a replayed record is a new record, with new coordinates)."""
     parked_topic = f"{topics.dlq}.parked"
     if parked:  # exists before the marks are taken, so that a rerun scans it too
         ensure_topics(make_admin(kafka), [TopicSpec(name=parked_topic, partitions=1)])
@@ -317,9 +317,11 @@ def _not_yet_written(
         targets = sorted({topics.source if destination == "original" else topics.tiers[0].topic, parked_topic})
         ledger.append(kafka, topics.dlq, replay_id, {"event": "started", "marks": ledger.watermarks(kafka, targets)})
         return planned
-    done = _already_replayed(spark, kafka, started[0]["marks"], replay_id, kafka_format)
+    done = ledger.written_by(spark, kafka, started[0]["marks"], replay_id, kafka_format)
     done = done.withColumnRenamed("topic", "destination")
-    return planned.join(F.broadcast(done), ["destination", "origin_message_id"], "left_anti").cache()
+    descendant = F.coalesce(F.col("replay_id") == replay_id, F.lit(False))
+    todo = planned.where(~descendant).join(F.broadcast(done), ["destination", "source_record"], "left_anti")
+    return todo.cache()
 
 
 def add_replay_arguments(parser: argparse.ArgumentParser) -> None:

@@ -81,7 +81,8 @@ def test_forged_dlq_records_are_skipped_with_their_problem_and_a_stopped_run_is_
     ledger.append(kafka, topics.dlq, "fix-1", {"event": "started", "marks": ledger.watermarks(kafka, [source])})
     produce(kafka, source, [
         {"key": b"k", "value": f"v{i}".encode(), "partition": i % 2,
-         "headers": [("retry.replay_id", b"fix-1"), ("retry.replay_origin_id", f"{source}-0-{i}".encode())]}
+         "headers": [("retry.replay_id", b"fix-1"), ("retry.replay_origin_id", f"{source}-0-{i}".encode()),
+                     ("retry.replay_original", f"{source}-{i % 2}-{i}".encode())]}
         for i in range(3)
     ])  # fmt: skip
 
