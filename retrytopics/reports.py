@@ -91,7 +91,7 @@ def counts(mapping: Mapping[str, int], *, unknown: str = "unknown") -> str:
 _SKIPPED = (
     ("skipped_foreign", "not from this pipeline"),
     ("skipped_invalid", "invalid headers"),
-    ("skipped_duplicates", "older copy of an origin id"),
+    ("skipped_duplicates", "older copy of a source record"),
     ("skipped_max_replays", "replayed too often"),
     ("skipped_already_replayed", "written by an earlier run of this id"),
 )
