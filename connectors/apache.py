@@ -15,29 +15,23 @@ rebalance delay, a few partitions for the internal topics (fast creation), a sma
 
 `ApacheKafkaBroker(security=BrokerSecurity(...))` turns on SASL_SSL with SCRAM-SHA-512 and the standard
 authorizer (`connectors.apache_security`); `kafka_config()` then connects as its super user.
-
-Slightly over the 300-line budget: one broker process's lifecycle (ports, config, format, start, readiness,
-crash and stop) reads best in one class; what security adds to it is rendered in `apache_security`.
+The process lifecycle shared with tansu (spawn, readiness, stop, kill) is in `connectors.broker_process`.
 """
 
 from __future__ import annotations
 
 import base64
-import ctypes
 import shutil
-import signal
 import subprocess
 import tempfile
-import time
 import uuid
 from pathlib import Path
-from types import TracebackType
 
 from retrytopics.connectors.apache_security import BrokerSecurity
+from retrytopics.connectors.broker_process import BrokerProcess
 from retrytopics.connectors.config import KafkaConfig
-from retrytopics.connectors.embedded import free_port
 from retrytopics.connectors.jars import KAFKA_BROKER, KAFKA_VERSION, resolve
-from retrytopics.errors import BrokerBinaryMissing, BrokerExitedEarly, BrokerPortInUse, EmbeddedBrokerError
+from retrytopics.errors import BrokerBinaryMissing, BrokerExitedEarly, EmbeddedBrokerError
 
 __all__ = ["BROKER_SETTINGS", "ApacheKafkaBroker", "java_major_version"]
 
@@ -80,8 +74,6 @@ logger.state.name = state.change.logger
 logger.state.level = WARN
 """
 
-_PR_SET_PDEATHSIG = 1
-
 
 def java_major_version(java: str = "java") -> int:
     """The major version of `java` on PATH, 0 when there is none."""
@@ -95,12 +87,6 @@ def java_major_version(java: str = "java") -> int:
     return 0
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    # If the Python process is SIGKILLed, the kernel sends the JVM SIGTERM: no orphan brokers.
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
 def _cluster_id() -> str:
     # base64url may start with "-", which the storage tool's argument parser reads as an option (1 in 64)
     while True:
@@ -109,7 +95,7 @@ def _cluster_id() -> str:
             return candidate
 
 
-class ApacheKafkaBroker:
+class ApacheKafkaBroker(BrokerProcess):
     """Start Apache Kafka (KRaft), wait until it answers metadata, stop it on exit, also on exceptions.
 
     `advertised_port` lets a test put a TCP proxy in front of the broker: clients then reconnect through
@@ -118,6 +104,7 @@ class ApacheKafkaBroker:
     inter-broker listeners SASL_SSL with SCRAM users and ACLs (see `connectors.apache_security`)."""
 
     kind = "apache"
+    product = "Apache Kafka"
 
     def __init__(
         self,
@@ -132,10 +119,9 @@ class ApacheKafkaBroker:
         log_level: str = "WARN",
         security: BrokerSecurity | None = None,
     ) -> None:
-        self.host = host
-        self.port = port
-        self.advertised_port = advertised_port
-        self.startup_timeout_s = startup_timeout_s
+        self._home = Path(tempfile.mkdtemp(prefix="retrytopics-kafka-"))
+        super().__init__(host=host, port=port, advertised_port=advertised_port,
+                         startup_timeout_s=startup_timeout_s, log_path=self._home / "broker.log")  # fmt: skip
         self.version = version
         self.heap = heap
         self.security = security
@@ -145,26 +131,13 @@ class ApacheKafkaBroker:
         secured = {**protocols, **security.server_properties((self.listener, "INTERNAL"))} if security else {}
         self.settings = {**BROKER_SETTINGS, **secured, **(settings or {})}
         self.log_level = log_level
-        self._home = Path(tempfile.mkdtemp(prefix="retrytopics-kafka-"))
-        self.log_path = self._home / "broker.log"
         self.controller_port: int | None = None
         self.internal_port: int | None = None
         self._formatted = False
-        self._process: subprocess.Popen[bytes] | None = None
 
     @property
     def description(self) -> str:
         return f"Apache Kafka {self.version} (KRaft, one node, on this machine)"
-
-    @property
-    def bootstrap(self) -> str:
-        if self.port is None:
-            raise EmbeddedBrokerError("the broker has not been started")
-        return f"{self.host}:{self.advertised_port or self.port}"
-
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid if self._process else None
 
     def kafka_config(self, **fields: object) -> KafkaConfig:
         """A KafkaConfig for this broker; Apache Kafka needs no client workaround. A secured broker's connects
@@ -184,18 +157,11 @@ class ApacheKafkaBroker:
         classpath = str(jars / "*")
         if not self._formatted:
             self._format(java, classpath)
-        log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed when the process is reaped
-        self._process = subprocess.Popen(
-            [java, *self._jvm_options(), "-cp", classpath, "kafka.Kafka", str(self._home / "server.properties")],
-            stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent, start_new_session=True,
-        )  # fmt: skip
-        log_file.close()
-        try:
-            self._wait_ready()
-        except BaseException:
-            self.kill()
-            raise
+        self._spawn([java, *self._jvm_options(), "-cp", classpath, "kafka.Kafka", str(self._home / "server.properties")])
+        # Straight to the listener, not the advertised port: a proxy in front may not be running yet.
+        fields = self.security.client_fields(self.security.admin) if self.security else {}
+        listener = KafkaConfig(bootstrap=f"{self.host}:{self.port}", **fields)  # type: ignore[arg-type]
+        self._await_metadata(listener.client_config(), f"{self.host}:{self.port} or {self.controller_port}")
         return self
 
     def _java(self) -> str:
@@ -207,15 +173,9 @@ class ApacheKafkaBroker:
         return "java"
 
     def _choose_ports(self) -> None:
-        if self.port is None:
-            self.port = free_port(self.host)
-        if self.controller_port is None:
-            self.controller_port = free_port(self.host)
-        if self.internal_port is None:
-            self.internal_port = free_port(self.host)
-        for port in (self.port, self.controller_port, self.internal_port):
-            if not _port_is_free(self.host, port):
-                raise BrokerPortInUse(f"{self.host}:{port} is already in use; pick another port or leave it unset")
+        self.port = self._claim_port(self.port)
+        self.controller_port = self._claim_port(self.controller_port)
+        self.internal_port = self._claim_port(self.internal_port)
 
     def _write_config(self) -> None:
         listeners = {
@@ -253,73 +213,13 @@ class ApacheKafkaBroker:
             raise BrokerExitedEarly("formatting the KRaft storage failed", output[-3000:])
         self._formatted = True
 
-    def _wait_ready(self) -> None:
-        from confluent_kafka.admin import AdminClient
-
-        assert self._process is not None
-        deadline = time.monotonic() + self.startup_timeout_s
-        # Straight to the listener, not the advertised port: a proxy in front may not be running yet.
-        fields = self.security.client_fields(self.security.admin) if self.security else {}
-        listener = KafkaConfig(bootstrap=f"{self.host}:{self.port}", **fields)  # type: ignore[arg-type]
-        admin = AdminClient({**listener.client_config(), "log_level": 0})
-        while True:
-            if self._process.poll() is not None:
-                tail = self.log_tail()
-                if "Address already in use" in tail:
-                    raise BrokerPortInUse(f"{self.host}:{self.port} or {self.controller_port} is already in use")
-                raise BrokerExitedEarly(f"Apache Kafka exited with status {self._process.returncode} during start-up", tail)
-            try:
-                if admin.list_topics(timeout=0.5).brokers:
-                    return
-            except Exception:  # noqa: BLE001 - not ready yet; the deadline bounds the loop
-                pass
-            if time.monotonic() > deadline:
-                raise BrokerExitedEarly(f"Apache Kafka did not answer within {self.startup_timeout_s}s", self.log_tail())
-            time.sleep(0.05)
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no broker log)"
-
     def stop(self, timeout_s: float = 20.0) -> None:
         """Stop the broker (controlled shutdown), reap it and delete its storage; idempotent."""
-        process, self._process = self._process, None
-        if process is not None and process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=timeout_s)
+        self._terminate(timeout_s)
         shutil.rmtree(self._home, ignore_errors=True)
         self._formatted = False
 
     def kill(self) -> None:
         """SIGKILL the broker (for fault tests). Its log stays on disk: `start()` brings it back with its data
         on the same ports."""
-        process, self._process = self._process, None
-        if process is not None and process.poll() is None:
-            process.kill()
-            process.wait()
-
-    def __enter__(self) -> ApacheKafkaBroker:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
-
-def _port_is_free(host: str, port: int) -> bool:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
+        super().kill()
