@@ -202,14 +202,16 @@ def render_markdown(
 _HOW_TO = """## How to run
 
 ```
-python -m bench --quick             # smaller N, under 3 minutes on a 2-core machine
+python -m bench --quick             # smaller N, a few minutes on a 2-core machine, on Apache Kafka
 python -m bench                     # full sizes (1M-record scenarios; several minutes)
 python -m bench --only 3.lateness   # one scenario (repeatable; prefix match: --only 1 --only 4)
+python -m bench --broker tansu      # on the embedded tansu broker instead
 ```
 
-The command starts its own embedded broker (tansu, in memory), fills every topic itself, runs each
-measured runtime in a child process, prints one line per figure and writes `bench/results.json` and this
-file. It needs the `embedded` extra (and `spark` for scenario 7).
+The command starts its own local broker (Apache Kafka 4.1.1 from the Maven cache by default, or tansu with
+`--broker tansu`; the Machine section names it), fills every topic itself, runs each measured runtime in a
+child process, prints one line per figure and writes `bench/results.json` and this file. Scenario 7 needs
+the `spark` extra, and Spark's own Kafka connector in the cache for its `builtin` rows.
 
 ## How to read
 
@@ -227,6 +229,7 @@ file. It needs the `embedded` extra (and `spark` for scenario 7).
   as a percentage of one core.
 - Growth rows: the baseline is the smallest N's figure scaled linearly (wall time) or unchanged (RSS), so a
   ratio near 1 means linear time and flat memory.
-- The embedded broker is a single in-memory process sharing the 2 cores with the client under test; absolute
-  throughputs are therefore lower than on a real cluster, and both sides of each ratio pay the same cost.
+- The broker is a single local process (a JVM for Apache Kafka) sharing the 2 cores with the client under
+  test; absolute throughputs are therefore lower than on a real cluster, and both sides of each ratio pay
+  the same cost.
 """
