@@ -216,7 +216,11 @@ def _cmd_spark_job(args: argparse.Namespace) -> int:
     if getattr(args, "chart", None):
         preflight.require_extra("chart", args.chart, "matplotlib", "spark")
     kafka, pipeline = preflight.pipeline_of(getattr(args, "app", None), _settings(args))
-    return int(args.spark_job(args, kafka=kafka, topics=pipeline_topics(pipeline)))
+    from retrytopics.spark.session import spark_progress
+
+    # progress on a terminal only: never in --json output, a pipe or a log file
+    with spark_progress(sys.stderr, enabled=not (args.json or args.no_progress)):
+        return int(args.spark_job(args, kafka=kafka, topics=pipeline_topics(pipeline)))
 
 
 def _add_spark_jobs(commands: Any) -> None:
@@ -239,6 +243,8 @@ def _add_spark_jobs(commands: Any) -> None:
     _common(replay, pipeline=True)
     add_replay_arguments(replay)
     replay.set_defaults(run=_cmd_spark_job, spark_job=run_replay_cli)
+    for job in (audit, replay):
+        job.add_argument("--no-progress", action="store_true", help="no progress line (shown on a terminal only)")
 
 
 def _need_spark(missing: str) -> int:

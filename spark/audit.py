@@ -38,7 +38,9 @@ from retrytopics.connectors.spark_kafka_io import OffsetResolver
 from retrytopics.connectors.spark_kafka_plan import Subscription, client_properties
 from retrytopics.durations import parse_duration
 from retrytopics.naming import TopicSet
+from retrytopics.progress import finish, note, rate
 from retrytopics.spark.columns import with_retry_columns
+from retrytopics.spark.session import job_step
 
 __all__ = [
     "add_audit_arguments", "audit", "episodes", "format_table", "pipeline_records", "record_facts", "run_audit_cli",
@@ -222,13 +224,15 @@ def audit(
     Three Spark jobs make the summary: the per-record pass (which also reads Kafka once, into the cache),
     the episode pass and the replayed count; the chart needs none, the Parquet output one per dataset."""
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    job_step(spark, "audit: reading committed offsets, planning the read")
     records = pipeline_records(spark, kafka, topics, now_ms=now_ms, grace_ms=grace_ms, kafka_format=kafka_format)
     records = records.drop("key", "value", "headers").cache()
     eps = episodes(records)
     if out:
         eps = eps.cache()  # written as Parquet after the summary
     try:
-        facts = record_facts(records)
+        facts = _timed_facts(spark, records, topics)
+        job_step(spark, "audit: following failure episodes and replays")
         hop: Callable[[Row], bool] = lambda r: r.topic != topics.source  # noqa: E731
         summary = {
             "source": topics.source, "group": topics.group, "now_ms": now_ms, "grace_ms": grace_ms,
@@ -238,14 +242,29 @@ def audit(
                                        where=lambda r: hop(r) and r.reconsume_times is not None),
             "lineage": _lineage(facts, eps, topics),
         }  # fmt: skip
+        note(f"{summary['lineage']['episodes']:,} failure episodes, {summary['dlq']['records']:,} DLQ records")
         if out:
+            job_step(spark, f"audit: writing Parquet to {out}")
             _write_parquet(records, eps, summary, out)
         if chart:
+            job_step(spark, f"audit: drawing {chart}")
             _chart(facts, topics, chart)
         return summary
     finally:
+        spark.sparkContext.setJobDescription(None)  # type: ignore[arg-type]  # py4j passes None as null
         eps.unpersist()
         records.unpersist()
+
+
+def _timed_facts(spark: SparkSession, records: DataFrame, topics: TopicSet) -> list[Row]:
+    """`record_facts`, reported on the progress line: its job reads every topic of the pipeline."""
+    started = time.monotonic()
+    job_step(spark, f"audit: reading and counting the records of {len(topics.tiers) + 2} topics")
+    facts = record_facts(records)
+    seconds = time.monotonic() - started
+    total = sum(r.records for r in facts if r.coarse)
+    note(f"read {len(topics.tiers) + 2} topics: {total:,} records in {seconds:.1f}s ({rate(total, seconds)})")
+    return facts
 
 
 def _write_parquet(records: DataFrame, eps: DataFrame, summary: Mapping[str, Any], out: str) -> None:
@@ -336,5 +355,6 @@ def run_audit_cli(args: argparse.Namespace, *, kafka: KafkaConfig, topics: Topic
         spark, kafka, topics, grace_ms=parse_duration(args.grace, field="--grace"), out=args.out, chart=args.chart,
         kafka_format=args.kafka_format,
     )  # fmt: skip
+    finish()  # the progress line, if any, ends before the result
     print(json.dumps(summary, sort_keys=True) if args.json else format_table(summary))
     return 0

@@ -8,21 +8,27 @@ import os
 import sys
 import tempfile
 import threading
+import time
 import warnings
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 from pyspark import SparkConf
 from pyspark.sql import SparkSession
 
 from retrytopics.connectors.jars import SPARK_SQL_KAFKA, cached, spark_connector_version, spark_kafka_jars
 from retrytopics.connectors.spark_kafka import register
+from retrytopics.progress import JobStatus, StatusLine, note, step
 
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped]
 
-__all__ = ["builtin_kafka_jars", "driver_java_options", "get_session", "local_shuffle_partitions", "warm_up_workers"]
+__all__ = [
+    "builtin_kafka_jars", "driver_java_options", "get_session", "job_status", "job_step", "local_shuffle_partitions",
+    "spark_progress", "warm_up_workers",
+]  # fmt: skip
 
 _log = logging.getLogger(__name__)
 
@@ -68,6 +74,8 @@ def get_session(master: str | None = None, app_name: str = "retrytopics", *, sho
     if master is not None:
         builder = builder.master(master)
     quiet_python_warnings()
+    started = time.monotonic()
+    step("starting the Spark session")
     java_options = driver_java_options(short_job=short_job and (master or "").startswith("local"))
     if java_options:
         builder = builder.config(_JAVA_OPTIONS, java_options)
@@ -78,7 +86,48 @@ def get_session(master: str | None = None, app_name: str = "retrytopics", *, sho
     local_shuffle_partitions(session)
     register(session)
     warm_up_workers(session)
+    note(f"Spark session started ({session.sparkContext.master}, {time.monotonic() - started:.1f}s)")
+    step(f"{app_name}: running")
     return session
+
+
+def job_step(spark: SparkSession, text: str) -> None:
+    """Name what the driver does next: the description of the Spark jobs this thread starts from now on
+    (shown in Spark's UI) and the step of the terminal's progress line (`spark_progress`)."""
+    spark.sparkContext.setJobDescription(text)
+    step(text)
+
+
+def job_status() -> JobStatus | None:
+    """Stage and task counts of the active Spark jobs of this driver, from Spark's status tracker; None
+    before a session exists. Safe to call from any thread."""
+    from pyspark import SparkContext
+
+    context = SparkContext._active_spark_context
+    if context is None:
+        return None
+    tracker = context.statusTracker()
+    jobs = [job for job in map(tracker.getJobInfo, tracker.getActiveJobsIds()) if job is not None]
+    stages = [stage for job in jobs for stage in map(tracker.getStageInfo, job.stageIds)]
+    known = [stage for stage in stages if stage is not None]
+    return JobStatus(
+        jobs=len(jobs), stages=len(stages),
+        stages_done=sum(1 for s in known if s.numTasks and s.numCompletedTasks >= s.numTasks),
+        tasks=sum(s.numTasks for s in known), tasks_done=sum(s.numCompletedTasks for s in known),
+        tasks_running=sum(s.numActiveTasks for s in known),
+    )  # fmt: skip
+
+
+@contextmanager
+def spark_progress(out: TextIO | None, *, enabled: bool = True) -> Iterator[None]:
+    """While the block runs, one progress line on `out` (a terminal) with the step the job code names
+    (`job_step`, `retrytopics.progress.step`/`note`) and the stage and task counts of the active Spark
+    jobs; nothing at all when `enabled` is false or `out` is not a terminal (piped, redirected, `--json`)."""
+    if out is None or not enabled or not out.isatty():
+        yield
+        return
+    with StatusLine(out, poll=job_status).active():
+        yield
 
 
 def builtin_kafka_jars() -> list[Path]:
