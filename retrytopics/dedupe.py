@@ -14,6 +14,11 @@ The key never holds ``origin_message_id``: with ``id_header`` that is a value a 
 different source records sharing it are not copies of each other (suppressing the second lost it). The
 coordinates name one source record, whatever its headers say.
 
+A second audit, seeded from the recent tail of a record's destinations (the tiers and the DLQ) when its
+partition is assigned, holds the keys of hops already written downstream: a record whose `hand_off_key` is
+there was handed off by a previous owner that died before committing it, and is suppressed rather than
+handled and handed off again.
+
 The audit is an LRU of `capacity` keys: memory stays bounded whatever the headers say, and a duplicate
 further back than `capacity` handled records is handled again (at-least-once, never lost).
 """
@@ -25,7 +30,7 @@ from typing import TypeAlias
 
 from retrytopics.headers import RetryHeaders
 
-__all__ = ["DEFAULT_CAPACITY", "AuditKey", "DuplicateAudit", "audit_key"]
+__all__ = ["DEFAULT_CAPACITY", "AuditKey", "DuplicateAudit", "audit_key", "hand_off_key"]
 
 #: (original_topic, original_partition, original_offset, lineage.replay_count, reconsume_times)
 AuditKey: TypeAlias = tuple[str, int, int, int, int]
@@ -40,6 +45,21 @@ def audit_key(state: RetryHeaders) -> AuditKey:
         state.original_topic, state.original_partition, state.original_offset,
         state.lineage.replay_count, state.reconsume_times,
     )  # fmt: skip
+
+
+def hand_off_key(
+    state: RetryHeaders | None, coords: tuple[str, int, int], replay_count: int
+) -> AuditKey:
+    """The audit key of the hop that handing off a record writes downstream (next tier or DLQ): the record's
+    own key with one more failure; for a source record (`state` None), its `coords` (topic, partition,
+    offset) with `replay_count` and one failure. Seen in a destination's tail, it says the record was handed
+    off already (see `runtime/seeding.py`)::
+
+        hand_off_key(None, ("orders", 0, 42), 0)   # ("orders", 0, 42, 0, 1)
+    """
+    if state is None:
+        return (*coords, replay_count, 1)
+    return (*audit_key(state)[:4], state.reconsume_times + 1)
 
 
 class DuplicateAudit:

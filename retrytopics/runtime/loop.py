@@ -24,17 +24,18 @@ from types import MappingProxyType
 from dataclasses import dataclass
 from typing import Any
 
-from retrytopics.dedupe import AuditKey, DuplicateAudit, audit_key
+from retrytopics.dedupe import AuditKey, DuplicateAudit, audit_key, hand_off_key
 from retrytopics.errors import HeaderDecodeError, KafkaClientError
 from retrytopics.events import Emitter, Event
-from retrytopics.headers import RetryHeaders
+from retrytopics.headers import RetryHeaders, decode_lineage
 from retrytopics.offsets import OffsetTracker, TopicPartition
 from retrytopics.ports import ConsumerPort, Message, ProducerPort
-from retrytopics.router import RouteKind, described_failure, read_retry_state, route
+from retrytopics.router import RouteKind, described_failure, origin_message_id, read_retry_state, route
 from retrytopics.runtime.dispatch import Binding, Invoker, build_record, inbound
 from retrytopics.runtime.ownership import OwnershipCheck
 from retrytopics.runtime.publish import Publisher, PublishJob, TransactionalPublisher, too_large_fallback
 from retrytopics.runtime.pausing import PauseController
+from retrytopics.runtime.seeding import TailReader, destinations, seed
 
 __all__ = ["ConsumerLoop", "DeadLetterCallback", "LoopSettings"]
 
@@ -64,6 +65,12 @@ class LoopSettings:
     wait_in_memory_records: int = 2000
     #: the loop reports itself unhealthy while its consumer has not joined the group this long after starting
     join_timeout_s: float = 60.0
+    #: records read per partition of each destination when partitions are assigned (0: no seeding; see
+    #: runtime/seeding.py), and for at most this long
+    seed_last: int = 1000
+    seed_timeout_s: float = 5.0
+    #: at-least-once: commit as soon as a poll delivered acknowledgements of hand-offs (see `_commit_acked`)
+    commit_on_ack: bool = True
 
 
 class ConsumerLoop:
@@ -80,6 +87,7 @@ class ConsumerLoop:
         stop: threading.Event,
         audit: DuplicateAudit,
         on_dead_letter: DeadLetterCallback | None = None,
+        tail_reader: TailReader | None = None,
     ) -> None:
         self.settings = settings
         self._bindings = dict(bindings)
@@ -89,6 +97,9 @@ class ConsumerLoop:
         self._stop = stop
         self._audit = audit
         self._on_dead_letter = on_dead_letter
+        self._tail_reader = tail_reader if not settings.exactly_once else None
+        self._handed_off = DuplicateAudit()  # hops found downstream when partitions were assigned
+        self._acked_since_commit = False
         self._tracker = OffsetTracker()
         self._invoker = Invoker(stop)
         self._rng = random.Random()
@@ -177,12 +188,15 @@ class ConsumerLoop:
     def _iterate(self) -> None:
         assert self._publisher is not None and self._pauses is not None
         self._publisher.poll(0)
+        self._commit_acked()
         self._update_holds()
         now = _now_ms()
         self._pauses.resume_due(now)
         if not self._woke_expelled(time.monotonic() - self._polled_at, []):
             self._act_on_queued(now)
         wait_ms = self._pauses.wait_ms(_now_ms(), self.settings.max_wait_ms)
+        if self._publisher.in_flight and self.settings.commit_on_ack and not self.settings.exactly_once:
+            wait_ms = min(wait_ms, _ACK_WAIT_MS)  # serve the acks soon: their commit follows at once
         asked = time.monotonic()
         batch = self._consumer.consume(self.settings.batch_size, wait_ms / 1000)
         self._polled_at = time.monotonic()
@@ -203,6 +217,8 @@ class ConsumerLoop:
                 break
             if self._publisher.in_flight:  # delivery reports free offsets; nothing to serve when none are pending
                 self._publisher.poll(0)
+                if time.monotonic() - self._last_commit >= _ACK_COMMIT_SPACING_S:  # a bound on commits per second
+                    self._commit_acked()
             if not (i + 1) % _DUE_CHECK_EVERY and pauses.any_queued_due(now := _now_ms()):
                 # Records waiting in memory fall due while a large batch is read: serve them in between.
                 self._act_on_queued(now, refill=False)
@@ -242,6 +258,8 @@ class ConsumerLoop:
         binding = self._bindings[msg.topic]
         if not queued and self._pauses.queued(msg.tp):  # earlier records of its partition wait in memory
             self._pauses.enqueue(msg, state.due_at if state is not None else None, (state, bad), _now_ms())
+            return
+        if self._handed_off_already(msg, state, bad):
             return
         key: AuditKey | None = None
         if state is not None:
@@ -297,6 +315,7 @@ class ConsumerLoop:
     def _acked(self, job: PublishJob, epoch: int) -> None:
         if self._tracker.finish(job.source, job.offset, epoch):
             self._finished_since_commit += 1
+            self._acked_since_commit = True
         self._announce(job)
 
     def _announce(self, job: PublishJob) -> None:
@@ -322,6 +341,27 @@ class ConsumerLoop:
         )  # fmt: skip
         self._emit(Event.DUPLICATE_SUPPRESSED, topic=msg.topic, partition=msg.partition, offset=msg.offset,
                    origin_message_id=state.origin_message_id, reconsume_times=state.reconsume_times)  # fmt: skip
+
+    def _handed_off_already(self, msg: Message, state: RetryHeaders | None, bad: HeaderDecodeError | None) -> bool:
+        """True (the record is finished and counted as a suppressed duplicate) when its hand-off is among the
+        hops found downstream at assignment: a previous owner handled it and handed it off, then died before
+        committing it (see runtime/seeding.py)."""
+        if not self._handed_off or bad is not None:
+            return False
+        lineage = state.lineage if state is not None else decode_lineage(list(msg.headers))
+        if hand_off_key(state, (msg.topic, msg.partition, msg.offset), lineage.replay_count) not in self._handed_off:
+            return False
+        epoch = self._track(msg)
+        self._finish(msg.tp, msg.offset, epoch)
+        log.info("%s: duplicate suppressed: %s[%d]@%d was handed off already (found downstream at assignment)",
+                 self.settings.name, msg.topic, msg.partition, msg.offset)  # fmt: skip
+        if state is None:
+            origin, attempt = origin_message_id(self._bindings[msg.topic].ctx, inbound(msg)), 0
+        else:
+            origin, attempt = state.origin_message_id, state.reconsume_times
+        self._emit(Event.DUPLICATE_SUPPRESSED, topic=msg.topic, partition=msg.partition, offset=msg.offset,
+                   origin_message_id=origin, reconsume_times=attempt)  # fmt: skip
+        return True
 
     def _track(self, msg: Message) -> int:
         if self.settings.exactly_once:
@@ -423,10 +463,21 @@ class ConsumerLoop:
         due = time.monotonic() - self._last_commit >= self.settings.commit_interval_ms / 1000
         if self._finished_since_commit >= self.settings.commit_every or (due and self._finished_since_commit):
             self._commit(self._tracker.commit_positions(), asynchronous=True)
+        else:
+            self._commit_acked()
+
+    def _commit_acked(self) -> None:
+        """Commit (asynchronously) as soon as a poll delivered acknowledgements of hand-offs: a consumer
+        killed between an ack and the commit covering it leaves the record to be handed off again by the
+        next owner, so that window is kept to one poll. Successes still commit by count or time."""
+        if self._acked_since_commit and self.settings.commit_on_ack and not self.settings.exactly_once:
+            self._acked_since_commit = False
+            self._commit(self._tracker.commit_positions(), asynchronous=True)
 
     def _commit(self, positions: Mapping[TopicPartition, int], *, asynchronous: bool) -> None:
         self._last_commit = time.monotonic()
         self._finished_since_commit = 0
+        self._acked_since_commit = False
         if not positions:
             return
         try:
@@ -484,6 +535,9 @@ class ConsumerLoop:
             self._tracker.assign(tp)
         self._pauses.drop(tps)
         self._assigned.update(tps)
+        if self._tail_reader is not None:
+            seed(self._handed_off, self._tail_reader, destinations(self._bindings, tps),
+                 last=self.settings.seed_last, timeout_s=self.settings.seed_timeout_s)  # fmt: skip
         self._emit(Event.PARTITIONS_ASSIGNED, partitions=tps)
 
     def _on_revoke(self, tps: list[TopicPartition]) -> None:
@@ -551,6 +605,12 @@ class ConsumerLoop:
     def _emit(self, event: Event, **data: object) -> None:
         self._emitter.emit(event, consumer=self.settings.name, **data)
 
+
+#: the longest `consume()` wait while hand-offs are unacknowledged (at-least-once): their commit follows the ack
+_ACK_WAIT_MS = 20
+
+#: within a batch, acknowledged hand-offs are committed at most this often (the batch's end commits them anyway)
+_ACK_COMMIT_SPACING_S = 0.01
 
 #: how many records of a batch are read between two checks for records waiting in memory that fell due
 _DUE_CHECK_EVERY = 32

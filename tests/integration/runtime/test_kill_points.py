@@ -9,11 +9,11 @@ whole scenario. The worker first handles and commits records 0-4, then record 5 
 - `after_dlq_ack`: the same, for a non-retryable record's DLQ publish.
 
 Guarantees: the kill never moved the commit past record 5; the restart starts from the last commit (5: records
-0-4 are not handled again); nothing is lost. A republish repeated by the restart reaches the tier twice, and
-the tier's duplicate audit (which lives in the tier consumer's process) suppresses the second copy, so the
-record is dead-lettered at most once. The main consumer has no audit for source records: a DLQ publish
-repeated by the restart is a second DLQ record with the same origin id, attempt and reason (documented in
-docs/architecture.md, "Duplicates"; exactly-once mode closes it on Apache Kafka).
+0-4 are not handled again); nothing is lost; and nothing is written downstream twice. The restart, seeded
+from the tail of the tier and the DLQ when its partition is assigned (runtime/seeding.py), finds the hop the
+killed worker wrote and suppresses record 5 (neither handled nor handed off again): one copy in the tier,
+one DLQ record. Before the seeding (issue 12.4) the restart wrote a second copy to the tier (suppressed by
+the tier's in-memory audit) and a second, identical DLQ record.
 
 The three scenarios run side by side (one source and group each), so the slow part, the dead member's
 session running out before the restart can join, is paid once.
@@ -103,8 +103,8 @@ def _finished(run: Run, kit: Kit) -> bool:
     if name == "in_handler":
         return (str(KILLED), 2) in run.calls("tiers")
     if name == "after_retry_ack":
-        return run.tiers.stats.duplicates_suppressed >= 1 and len(run.topic("dlq")) >= 1
-    return len(run.topic("dlq")) >= 2
+        return run.restarted.stats.duplicates_suppressed >= 1 and len(run.topic("dlq")) >= 1
+    return run.restarted.stats.duplicates_suppressed >= 1
 
 
 @pytest.fixture(scope="module")
@@ -141,18 +141,21 @@ def runs(kafka: KafkaConfig, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             run.tiers.stop()
 
 
-def _assert_killed_then_resumed_from_the_last_commit(run: Run) -> None:
+def _assert_killed_then_resumed_from_the_last_commit(run: Run, *, handed_off: bool) -> None:
     assert run.worker_status == -signal.SIGKILL, Path(run.settings["log"]).read_text()
     assert run.committed_after_kill == {0: KILLED}  # never past the record whose hand-off was interrupted
     worker_ids = [i for i, _ in run.calls("worker")]
     assert worker_ids[: KILLED + 1] == [str(i) for i in range(KILLED + 1)]
-    # the restart starts at the last commit: records 0-4 are not handled again, 5-7 are
-    assert run.calls("restarted") == [(str(KILLED), 1), ("6", 1), ("7", 1)]
+    # the restart starts at the last commit: records 0-4 are not handled again, 6-7 are, and 5 too unless
+    # the killed worker's hand-off of it is downstream already (then it is suppressed)
+    again = [] if handed_off else [(str(KILLED), 1)]
+    assert run.calls("restarted") == [*again, ("6", 1), ("7", 1)]
+    assert run.restarted.stats.duplicates_suppressed == int(handed_off)
 
 
 def test_sigkill_inside_a_failing_handler_loses_nothing(runs: dict[str, Run]) -> None:
     run = runs["in_handler"]
-    _assert_killed_then_resumed_from_the_last_commit(run)
+    _assert_killed_then_resumed_from_the_last_commit(run, handed_off=False)
     assert run.calls("worker") == [(str(i), 1) for i in range(KILLED + 1)]  # killed before raising
     # then: one republish (the restart's), handled once by the tier, where it succeeds; no DLQ
     (hop,) = run.headers("tier")
@@ -161,29 +164,26 @@ def test_sigkill_inside_a_failing_handler_loses_nothing(runs: dict[str, Run]) ->
     assert run.topic("dlq") == []
 
 
-def test_sigkill_after_the_retry_ack_duplicates_the_hop_and_the_tier_suppresses_it(runs: dict[str, Run]) -> None:
+def test_sigkill_after_the_retry_ack_writes_the_hop_once(runs: dict[str, Run]) -> None:
     run = runs["after_retry_ack"]
-    _assert_killed_then_resumed_from_the_last_commit(run)
-    # then: two copies of the same hop in the tier (the worker's, acknowledged, and the restart's) ...
-    hops = run.headers("tier")
-    assert len(hops) == 2
-    assert {(h.origin_message_id, h.lineage.replay_count, h.reconsume_times) for h in hops} == {
-        (f"{run.source}-0-{KILLED}", 0, 1)}  # fmt: skip
-    # ... the tier handled the first once and suppressed the second: one DLQ record for the id
+    _assert_killed_then_resumed_from_the_last_commit(run, handed_off=True)
+    # then: one copy of the hop in the tier (the worker's, acknowledged; the restart suppressed record 5) ...
+    (hop,) = run.headers("tier")
+    assert (hop.origin_message_id, hop.lineage.replay_count, hop.reconsume_times) == (f"{run.source}-0-{KILLED}", 0, 1)
+    # ... handled once by the tier: one DLQ record for the id
     assert run.calls("tiers") == [(str(KILLED), 2)]
-    assert run.tiers.stats.duplicates_suppressed == 1
+    assert run.tiers.stats.duplicates_suppressed == 0
     (dead,) = run.headers("dlq")
     assert (dead.origin_message_id, dead.dlq_reason, dead.reconsume_times) == (
         f"{run.source}-0-{KILLED}", DlqReason.EXHAUSTED, 2)  # fmt: skip
 
 
-def test_sigkill_after_the_dlq_ack_writes_a_second_identical_dlq_record(runs: dict[str, Run]) -> None:
+def test_sigkill_after_the_dlq_ack_writes_one_dlq_record(runs: dict[str, Run]) -> None:
     run = runs["after_dlq_ack"]
-    _assert_killed_then_resumed_from_the_last_commit(run)
-    # then: the documented at-least-once duplicate: two DLQ records, identical in origin, attempt and reason
-    dead = run.headers("dlq")
-    assert len(dead) == 2
-    assert {(h.origin_message_id, h.lineage.replay_count, h.reconsume_times, h.dlq_reason) for h in dead} == {
-        (f"{run.source}-0-{KILLED}", 0, 1, DlqReason.NON_RETRYABLE)}  # fmt: skip
+    _assert_killed_then_resumed_from_the_last_commit(run, handed_off=True)
+    # then: one DLQ record (before issue 12.4: a second, identical one written by the restart)
+    (dead,) = run.headers("dlq")
+    assert (dead.origin_message_id, dead.lineage.replay_count, dead.reconsume_times, dead.dlq_reason) == (
+        f"{run.source}-0-{KILLED}", 0, 1, DlqReason.NON_RETRYABLE)  # fmt: skip
     assert [r.value for r in run.topic("tier")] == []
     assert run.calls("tiers") == []

@@ -1,0 +1,68 @@
+"""Seeding the hand-off audit of newly assigned partitions from the recent tail of their destinations.
+
+A consumer killed after a hand-off (to a tier or the DLQ) was acknowledged, but before the commit covering
+it, leaves the record to the partition's next owner, which used to handle it again and write a second copy
+downstream (a second DLQ record at the last hop). The hop the dead owner wrote is in the destination topic,
+carrying the record's audit key (`dedupe.hand_off_key`). So when partitions are assigned, the loop reads the
+last `seed_last` records of every partition of their destinations (every tier of their handler and its DLQ:
+a retry-after hint may pick any tier), for at most `seed_timeout_s`, assign()-only and read_committed, and
+remembers their keys; a record whose hand-off is among them is suppressed, neither handled nor handed off.
+
+Cost per assignment: at most `seed_last` × (tiers + 1) × partitions-per-destination records read, inside the
+rebalance callback (so before any record of the assigned partitions), and never longer than
+`seed_timeout_s`. A hand-off older than that tail is not recognised: the record is handled again
+(at-least-once, never lost). Not used in exactly-once mode: the transaction covers the hand-off there, and a
+broker that shows aborted records (tansu) would make an aborted hand-off look done and lose the record.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+from retrytopics.dedupe import DuplicateAudit, audit_key
+from retrytopics.errors import HeaderDecodeError, KafkaClientError
+from retrytopics.headers import decode
+from retrytopics.offsets import TopicPartition
+from retrytopics.ports import Message
+from retrytopics.runtime.dispatch import Binding
+
+__all__ = ["TailReader", "destinations", "seed"]
+
+log = logging.getLogger("retrytopics.runtime")
+
+#: `read(topics, last, timeout_s)`: the last `last` records of every partition of `topics`, read within
+#: `timeout_s` (`connectors.clients.read_tails`)
+TailReader = Callable[[Sequence[str], int, float], Iterable[Message]]
+
+
+def destinations(bindings: Mapping[str, Binding], tps: Iterable[TopicPartition]) -> list[str]:
+    """Every topic a record of `tps` can be handed off to: its handler's tiers and DLQ."""
+    topics: dict[str, None] = {}
+    for topic, _ in tps:
+        binding = bindings.get(topic)
+        if binding is not None:
+            topics.update(dict.fromkeys([*(t.topic for t in binding.ctx.topics.tiers), binding.ctx.topics.dlq]))
+    return list(topics)
+
+
+def seed(audit: DuplicateAudit, read: TailReader, topics: Sequence[str], *, last: int, timeout_s: float) -> int:
+    """Remember the audit key of each record in the tails of `topics`; returns how many records were read.
+    A failed read seeds nothing (logged): the records are then handled as before, at-least-once."""
+    if not topics or last <= 0:
+        return 0
+    started = time.monotonic()
+    try:
+        tail = list(read(topics, last, timeout_s))
+    except KafkaClientError as exc:
+        log.warning("could not read the tails of %s to recognise earlier hand-offs (%s); a record a previous "
+                    "owner handed off without committing it is handled again", topics, exc)  # fmt: skip
+        return 0
+    for msg in tail:
+        try:
+            audit.remember(audit_key(decode(list(msg.headers))))
+        except HeaderDecodeError:
+            continue  # not a hop this library wrote
+    log.debug("seeded the hand-off audit from %d records of %s in %.2fs", len(tail), topics, time.monotonic() - started)
+    return len(tail)

@@ -1,0 +1,82 @@
+"""The hand-off audit seeded from the destinations' tails (dedupe.hand_off_key, runtime/seeding.py).
+
+The key a consumer looks up for a record must be exactly the audit key of the hop that `route()` writes for
+it downstream: the first republish of a source record, the DLQ record of a tier record. Seeding reads every
+tier and the DLQ of the assigned partitions' handlers, skips records that carry no retry headers, and a
+failed read seeds nothing rather than stopping the consumer.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+from retrytopics.connectors.serde import bytes_value
+from retrytopics.dedupe import DuplicateAudit, audit_key, hand_off_key
+from retrytopics.errors import KafkaClientError, NonRetryable
+from retrytopics.headers import decode
+from retrytopics.naming import topics_for
+from retrytopics.policy import RetryPolicy
+from retrytopics.ports import Message
+from retrytopics.router import InboundRecord, RouteContext, route
+from retrytopics.runtime.dispatch import Binding
+from retrytopics.runtime.seeding import destinations, seed
+
+POLICY = RetryPolicy(delays=["1s", "5s"])
+CTX = RouteContext(policy=POLICY, topics=topics_for("orders", "billing", POLICY.tier_delays_ms), group="billing")
+NOW = 1_700_000_000_000
+
+
+def _hop(topic: str, offset: int, headers: Sequence[tuple[str, bytes]], failure: BaseException) -> tuple[str, tuple]:
+    record = InboundRecord(topic=topic, partition=0, offset=offset, timestamp_ms=NOW, key=None, headers=tuple(headers))
+    r = route(CTX, record, failure, now_ms=NOW, rng=random.Random(1))
+    return r.topic, tuple(r.headers)
+
+
+def test_the_key_looked_up_is_the_key_of_the_hop_route_writes() -> None:
+    # given: a source record failing into the first tier, then that copy failing into the second, then the DLQ
+    tier1, first = _hop("orders", 42, [], RuntimeError("boom"))
+    tier2, second = _hop(tier1, 7, first, RuntimeError("boom"))
+    dlq, dead = _hop(tier2, 3, second, NonRetryable(ValueError("bad")))
+    assert (tier1, tier2, dlq) == (CTX.topics.tiers[0].topic, CTX.topics.tiers[1].topic, CTX.topics.dlq)
+    # then: each record's hand-off key is the audit key of the next hop
+    assert hand_off_key(None, ("orders", 0, 42), 0) == audit_key(decode(list(first))) == ("orders", 0, 42, 0, 1)
+    assert hand_off_key(decode(list(first)), (tier1, 0, 7), 0) == audit_key(decode(list(second)))
+    assert hand_off_key(decode(list(second)), (tier2, 0, 3), 0) == audit_key(decode(list(dead)))
+
+
+def test_destinations_are_every_tier_and_the_dlq_of_the_assigned_topics() -> None:
+    binding = Binding(topic="orders", handler=lambda r: None, policy=POLICY, ctx=CTX, value_deserializer=bytes_value)
+    bindings = {"orders": binding, **{t.topic: binding for t in CTX.topics.tiers}}
+    expected = [*(t.topic for t in CTX.topics.tiers), CTX.topics.dlq]
+    assert destinations(bindings, [("orders", 0), ("orders", 1), (CTX.topics.tiers[0].topic, 0)]) == expected
+    assert destinations(bindings, []) == []
+
+
+def _message(topic: str, headers: Sequence[tuple[str, bytes]]) -> Message:
+    return Message(topic, 0, 0, NOW, None, b"v", tuple(headers), None)
+
+
+def test_seed_remembers_the_keys_of_the_tails_and_skips_foreign_records() -> None:
+    tier1, first = _hop("orders", 42, [], RuntimeError("boom"))
+    asked: list[tuple[Sequence[str], int, float]] = []
+
+    def read(topics: Sequence[str], last: int, timeout_s: float) -> list[Message]:
+        asked.append((topics, last, timeout_s))
+        return [_message(tier1, first), _message(tier1, [("user", b"x")])]  # the second carries no retry state
+
+    audit = DuplicateAudit()
+    assert seed(audit, read, [tier1, CTX.topics.dlq], last=100, timeout_s=2.0) == 2
+    assert asked == [([tier1, CTX.topics.dlq], 100, 2.0)]
+    assert list(audit._keys) == [("orders", 0, 42, 0, 1)]
+
+
+def test_a_failed_or_disabled_read_seeds_nothing() -> None:
+    def broken(topics: Sequence[str], last: int, timeout_s: float) -> list[Message]:
+        raise KafkaClientError("no broker", code="_TRANSPORT")
+
+    audit = DuplicateAudit()
+    assert seed(audit, broken, ["t"], last=100, timeout_s=1.0) == 0
+    assert seed(audit, broken, ["t"], last=0, timeout_s=1.0) == 0  # seed_last=0: not even asked
+    assert seed(audit, broken, [], last=100, timeout_s=1.0) == 0
+    assert len(audit) == 0
