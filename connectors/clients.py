@@ -8,6 +8,7 @@ commits, idempotence, acks=all, read_committed) applies; every call translates c
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -21,7 +22,7 @@ from retrytopics.errors import KafkaClientError
 from retrytopics.headers import Header
 from retrytopics.ports import DeliveryCallback, Message, PartitionsCallback, TopicPartition
 
-__all__ = ["DEFAULT_MAX_POLL_INTERVAL_MS", "DEFAULT_SESSION_TIMEOUT_MS", "KafkaConsumer", "KafkaProducer"]
+__all__ = ["DEFAULT_MAX_POLL_INTERVAL_MS", "DEFAULT_SESSION_TIMEOUT_MS", "KafkaConsumer", "KafkaProducer", "read_tails"]
 
 log = logging.getLogger("retrytopics.kafka")
 
@@ -254,3 +255,35 @@ class KafkaProducer:
     def abort_transaction(self, timeout_s: float) -> None:
         with map_kafka_errors():
             self._producer.abort_transaction(timeout_s)
+
+
+def read_tails(kafka: KafkaConfig, topics: Sequence[str], *, last: int, timeout_s: float) -> list[Message]:
+    """The last `last` records of every partition of `topics` (read_committed, assign()-only: no group, no
+    commits), read for at most `timeout_s`; a topic that does not exist is skipped. The duplicate check of a
+    newly assigned partition is seeded from these (`retrytopics/runtime/seeding.py`)."""
+    consumer = make_consumer(kafka, group_id=None, overrides={"enable.partition.eof": True})
+    deadline = time.monotonic() + timeout_s
+    try:
+        with map_kafka_errors():
+            assignment: list[CKTopicPartition] = []
+            for topic in topics:  # one topic per metadata request: a large cluster's full metadata is not needed
+                described = consumer.list_topics(topic, timeout=max(0.1, deadline - time.monotonic())).topics.get(topic)
+                for partition in sorted(described.partitions) if described is not None and not described.error else ():
+                    left = max(0.1, deadline - time.monotonic())
+                    low, high = consumer.get_watermark_offsets(CKTopicPartition(topic, partition), timeout=left,
+                                                               cached=False)  # fmt: skip
+                    if high > low:
+                        assignment.append(CKTopicPartition(topic, partition, max(low, high - last)))
+            consumer.assign(assignment)
+            pending = {(p.topic, p.partition) for p in assignment}
+            read: list[Message] = []
+            while pending and time.monotonic() < deadline:
+                for msg in consumer.consume(500, timeout=min(0.1, max(0.0, deadline - time.monotonic()))):
+                    error = msg.error()
+                    if error is None:
+                        read.append(_message(msg))
+                    else:  # its end, or an error (e.g. no READ on the topic): what was read so far is the tail
+                        pending.discard((msg.topic(), msg.partition()))
+            return read
+    finally:
+        consumer.close()

@@ -30,7 +30,7 @@ from types import MappingProxyType
 from typing import Any, TypeVar
 
 from retrytopics.connectors.admin import ProvisionOutcome, TopicSpec, ensure_topics, partition_count
-from retrytopics.connectors.clients import DEFAULT_MAX_POLL_INTERVAL_MS, KafkaConsumer, KafkaProducer
+from retrytopics.connectors.clients import DEFAULT_MAX_POLL_INTERVAL_MS, KafkaConsumer, KafkaProducer, read_tails
 from retrytopics.connectors.config import KafkaConfig, validate_overrides
 from retrytopics.connectors.kafka import make_admin
 from retrytopics.connectors.serde import Deserializer, bytes_value
@@ -69,6 +69,10 @@ class RetryApp:
     partition, instead of being fetched again when due (see runtime/pausing.py); longer waits happen in Kafka.
     `redact_patterns` (regular expressions) hide more than the built-in secret forms in the exception
     headers of tier and DLQ records: the whole match, or its `secret` group (see retrytopics/redaction.py).
+    At-least-once, a consumer commits as soon as hand-offs are acknowledged (`commit_on_ack`), and when
+    partitions are assigned it reads the last `dedupe_seed` records (default 1000; 0: off) of every partition
+    of their tiers and DLQ, for at most 5 s, so that a record a previous owner handed off without committing
+    it is suppressed, not handled and handed off again (see retrytopics/runtime/seeding.py).
     """
 
     def __init__(
@@ -87,6 +91,8 @@ class RetryApp:
         commit_every: int = 500,
         commit_interval: DurationLike = "1s",
         dedupe_capacity: int = DEFAULT_CAPACITY,
+        dedupe_seed: int = 1000,
+        commit_on_ack: bool = True,
         instance_id: str | None = None,
         wait_in_memory: DurationLike = "1s",
         wait_in_memory_records: int = 2000,
@@ -110,10 +116,14 @@ class RetryApp:
                             ("dedupe_capacity", dedupe_capacity), ("wait_in_memory_records", wait_in_memory_records)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(name, value, "expected an int >= 1")
+        if isinstance(dedupe_seed, bool) or not isinstance(dedupe_seed, int) or dedupe_seed < 0:
+            raise ConfigError("dedupe_seed", dedupe_seed, "expected an int >= 0 (0: no seeding)")
         self._loop_defaults = {
             "batch_size": batch_size,
             "commit_every": commit_every,
             "commit_interval_ms": max(1, parse_duration(commit_interval, field="commit_interval")),
+            "commit_on_ack": bool(commit_on_ack),
+            "seed_last": dedupe_seed,
         }
         self._tier_defaults = {
             "wait_in_memory_ms": parse_duration(wait_in_memory, field="wait_in_memory"),
@@ -260,6 +270,7 @@ class RetryApp:
                                                    overrides=self.producer_overrides),
             emitter=self._emitter, stop=self._runner.stop_event,
             audit=DuplicateAudit(self._dedupe_capacity), on_dead_letter=self.on_dead_letter,
+            tail_reader=lambda topics, last, timeout_s: read_tails(self.kafka, topics, last=last, timeout_s=timeout_s),
         )  # fmt: skip
 
     def run(self) -> None:

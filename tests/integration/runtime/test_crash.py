@@ -3,7 +3,10 @@
 Guarantees: nothing is lost (every record succeeds); work the killed process did after its last commit is
 done again (at-least-once), and every hop it had already republished reaches the next tier twice, where the
 duplicate audit suppresses and counts each copy: the next tier's handler never runs twice for one hop, and
-nothing is dead-lettered. No handler call happens before its due time.
+nothing is dead-lettered. No handler call happens before its due time. The killed process neither commits
+on acknowledgements nor seeds its hand-off audit (`commit_on_ack=False`, `dedupe_seed=0`): that keeps the
+duplicate hops, and tests the next tier's audit as the defence left when upstream cannot recognise a hop
+(e.g. one older than the tail it seeds from; see test_duplicate_dead_letters.py for the seeded case).
 """
 
 from __future__ import annotations
@@ -48,7 +51,9 @@ def test_sigkill_of_a_tier_consumer_loses_nothing(kafka: KafkaConfig, kit: Kit, 
     source = kit.create(unique_name("orders"), 2)
     settings = {"bootstrap": kafka.bootstrap, "group": unique_name("billing"), "source": source,
                 "consumer": consumer_overrides, "tier": "300ms", "ledger": str(tmp_path / "worker.jsonl"),
-                "work_s": 0.01, "commit_interval": "1h", "commit_every": 10**6}  # fmt: skip
+                "work_s": 0.01, "commit_interval": "1h", "commit_every": 10**6, "commit_on_ack": False,
+                # no seeding: the duplicates it would prevent upstream are what the tier's audit is tested on
+                "dedupe_seed": 0}  # fmt: skip
     app = build_app(settings, str(tmp_path / "local.jsonl"))
     apps.append(app)
     app.provision()
@@ -63,7 +68,7 @@ def test_sigkill_of_a_tier_consumer_loses_nothing(kafka: KafkaConfig, kit: Kit, 
         os.kill(worker.pid, signal.SIGKILL)
         worker.wait(10)
         killed = {(e["id"], e["attempt"]) for e in read_ledger(worker_log)}
-        worker = _spawn({**settings, "commit_interval": "1s", "commit_every": 500})
+        worker = _spawn({**settings, "commit_interval": "1s", "commit_every": 500, "commit_on_ack": True})
         expected_ok = set(range(N))
         ok = lambda: {e["id"] for e in read_ledger(worker_log) + read_ledger(tmp_path / "local.jsonl") if e["ok"]}  # noqa: E731
         wait_until(lambda: ok() == expected_ok, 60, "every record to succeed")

@@ -44,7 +44,8 @@ def build_app(settings: dict[str, Any], ledger_path: str, **app_options: Any) ->
 
 def main() -> None:
     settings = json.loads(sys.argv[1])
-    options = {"commit_interval": settings["commit_interval"], "commit_every": settings["commit_every"]}
+    options = {"commit_interval": settings["commit_interval"], "commit_every": settings["commit_every"],
+               "commit_on_ack": settings.get("commit_on_ack", True), "dedupe_seed": settings.get("dedupe_seed", 1000)}
     app = build_app(settings, settings["ledger"], **options)
     app.run_tiers(tiers=[settings["tier"]])
 
