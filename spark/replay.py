@@ -352,20 +352,27 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_replay_cli(args: argparse.Namespace, *, kafka: KafkaConfig, topics: TopicSet) -> int:
     """Run a replay for parsed `args`; exit status 0."""
-    from retrytopics.spark.session import get_session
+    from retrytopics.progress import finish, note, rate
+    from retrytopics.spark.session import get_session, job_step
 
     origin_ids = None
     if args.origin_ids:
         with open(args.origin_ids, encoding="utf-8") as handle:
             origin_ids = [line.strip() for line in handle if line.strip()]
+    spark = get_session(args.master, "retrytopics-replay")
+    job_step(spark, "replay: selecting DLQ records" + (" (dry run)" if args.dry_run else " and writing them"))
+    started = time.monotonic()
     result = replay(
-        get_session(args.master, "retrytopics-replay"), kafka, topics, replay_id=args.replay_id,
+        spark, kafka, topics, replay_id=args.replay_id,
         destination=args.destination, reasons=args.reason, exception_types=args.exception_type,
         since_ms=args.since, until_ms=args.until, origin_ids=origin_ids, where=args.where,
         reset_reconsume_times=not args.keep_reconsume_times, max_replays=args.max_replays,
         allow_replayed=args.allow_replayed, park=args.park, rate_per_s=args.rate, dry_run=args.dry_run,
         kafka_format=args.kafka_format,
     )  # fmt: skip
+    seconds, written = time.monotonic() - started, int(result.get("written") or 0)
+    note(f"{result.get('selected', 0):,} selected, {written:,} written in {seconds:.1f}s ({rate(written, seconds)})")
+    finish()  # the progress line, if any, ends before the result
     if args.json:
         print(json.dumps(result, sort_keys=True, default=str))
     else:
