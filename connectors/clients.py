@@ -284,6 +284,10 @@ def read_tails(kafka: KafkaConfig, topics: Sequence[str], *, last: int, timeout_
                         read.append(_message(msg))
                     else:  # its end, or an error (e.g. no READ on the topic): what was read so far is the tail
                         pending.discard((msg.topic(), msg.partition()))
+                        if error.code() != KafkaError._PARTITION_EOF:
+                            log.warning("reading the tail of %s[%d] failed (%s); hand-offs to it are not recognised "
+                                        "after a rebalance (the app needs READ on it)", msg.topic(), msg.partition(),
+                                        error.str())  # fmt: skip
             return read
     finally:
         consumer.close()

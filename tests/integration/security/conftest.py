@@ -2,7 +2,7 @@
 made here (`pki.py`), and the standard authorizer (no ACL, no access); plus the pipeline every test builds on
 it, provisioned by the super user `admin` with the ACLs docs/operations.md recommends:
 - `upstream` WRITEs the source topic, nothing else;
-- `billing` (the framework: main and tier consumers) READs the source and every tier, and its groups (the
+- `billing` (the framework: main and tier consumers) READs the source, every tier and the DLQ, and its groups (the
   app's group, and each tier's group, named after the tier topic); WRITEs every tier and the DLQ. No CREATE;
 - `replay` READs the DLQ and its ledger, READs and WRITEs the source (its allowlisted original topic) and
   the ledger, and DESCRIBEs the group ids of assign()-only readers (a PREFIXED ACL).
@@ -82,7 +82,7 @@ def pipeline(
     ensure_topics(secured.admin, [TopicSpec(name=t, partitions=2) for t in (source, *topics.all_topics)])
     tiers = [tier.topic for tier in topics.tiers]
     secured.allow("upstream", ResourceType.TOPIC, source, AclOperation.WRITE)
-    for topic in (source, *tiers):
+    for topic in (source, *tiers, topics.dlq):  # the DLQ too: its tail seeds the duplicate check at assignment
         secured.allow("billing", ResourceType.TOPIC, topic, AclOperation.READ)
     for topic in (*tiers, topics.dlq):
         secured.allow("billing", ResourceType.TOPIC, topic, AclOperation.WRITE)
