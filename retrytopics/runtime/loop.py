@@ -402,6 +402,8 @@ class ConsumerLoop:
         records and `batch` are read again by whoever owns their partitions now. Costs a clock read unless
         the gap was long enough for the session to lapse."""
         assert self._ownership is not None and self._pauses is not None
+        if not self._ownership.may_have_lapsed(gap_s):
+            return False
         starts = self._pauses.queue_starts()
         for msg in batch:
             starts[msg.tp] = min(starts.get(msg.tp, msg.offset), msg.offset)

@@ -41,6 +41,10 @@ class OwnershipCheck:
         self._max_poll_s = float(getattr(consumer, "max_poll_interval_ms", 300_000)) / 1000
         self._session_s = float(getattr(consumer, "session_timeout_ms", 45_000)) / 1000
 
+    def may_have_lapsed(self, elapsed_s: float) -> bool:
+        """Whether a gap this long could have cost the membership; below it `lost()` is always None."""
+        return elapsed_s > self._max_poll_s or elapsed_s > self._session_s / 2
+
     def lost(self, elapsed_s: float, *, unsure_is_lost: bool = False) -> str | None:
         """Why this consumer may no longer act on a record whose call ended `elapsed_s` after the last poll;
         None when it may. With nothing to commit there is nothing to ask with: after a handler call that
