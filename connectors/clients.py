@@ -44,12 +44,15 @@ def _message(msg: CKMessage) -> Message:
     kind, timestamp = msg.timestamp()
     error: UndecodableHeaderError | None = None
     try:
-        headers = msg.headers()
+        # tuple() inside the try: headers() can return with a decode error still pending (seen when librdkafka
+        # had parsed the headers before), which the next C call then raises as SystemError
+        headers: Any = tuple(msg.headers() or ())
     except (SystemError, UnicodeDecodeError) as exc:  # a header key that is not UTF-8 (see record_headers.py)
-        headers, error = headers_after_error(msg, exc)
+        found, error = headers_after_error(msg, exc)
+        headers = tuple(found)
     return Message(
         msg.topic(), msg.partition(), msg.offset(), -1 if kind == TIMESTAMP_NOT_AVAILABLE else timestamp,
-        msg.key(), msg.value(), tuple(headers) if headers else (), error,
+        msg.key(), msg.value(), headers, error,
     )  # type: ignore[arg-type]  # confluent-kafka's stubs are looser than what it returns for a record
 
 

@@ -58,8 +58,10 @@ class Env:
 
 def _tier_headers(env: Env, now_ms: int) -> list[tuple[bytes, bytes | None]]:
     good = RetryHeaders(
+        # an offset no source record has: a tier record that names a real source record's first hop makes
+        # the main consumer's seeded audit treat that record as handed off already (issue 12.4)
         reconsume_times=1, origin_message_id="forged-tier", original_topic=env.source, original_partition=0,
-        original_offset=0, original_timestamp=now_ms, consumer_group=env.group, tier=0, due_at=now_ms,
+        original_offset=999, original_timestamp=now_ms, consumer_group=env.group, tier=0, due_at=now_ms,
         first_failed_at=now_ms, last_failed_at=now_ms, exception_type="x.E", exception_message="",
         exception_trace="",
     )  # fmt: skip
