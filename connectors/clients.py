@@ -17,7 +17,7 @@ from confluent_kafka import TopicPartition as CKTopicPartition
 
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.kafka import delivery_error, make_consumer, make_producer, map_kafka_errors
-from retrytopics.connectors.record_headers import UndecodableHeaderError, headers_after_error
+from retrytopics.connectors.record_headers import headers_after_error
 from retrytopics.errors import KafkaClientError
 from retrytopics.headers import Header
 from retrytopics.ports import DeliveryCallback, Message, PartitionsCallback, TopicPartition
@@ -42,18 +42,25 @@ def _ck(offsets: Mapping[TopicPartition, int]) -> list[CKTopicPartition]:
 def _message(msg: CKMessage) -> Message:
     # positional and without conversions: this runs once per consumed record
     kind, timestamp = msg.timestamp()
-    error: UndecodableHeaderError | None = None
+    stamp = -1 if kind == TIMESTAMP_NOT_AVAILABLE else timestamp
     try:
-        # tuple() inside the try: headers() can return with a decode error still pending (seen when librdkafka
-        # had parsed the headers before), which the next C call then raises as SystemError
-        headers: Any = tuple(msg.headers() or ())
-    except (SystemError, UnicodeDecodeError) as exc:  # a header key that is not UTF-8 (see record_headers.py)
+        # Built inside the try: on a header key that is not UTF-8, headers() raises, or returns with the
+        # decode error still pending, and the next C call (this constructor) raises it as SystemError.
+        return Message(msg.topic(), msg.partition(), msg.offset(), stamp, msg.key(), msg.value(),
+                       tuple(msg.headers() or ()), None)  # type: ignore[arg-type]  # fmt: skip
+    except (SystemError, UnicodeDecodeError) as exc:  # see record_headers.py
         found, error = headers_after_error(msg, exc)
-        headers = tuple(found)
+        _drop_pending_error()  # the salvage's own headers() call may leave the decode error pending again
     return Message(
-        msg.topic(), msg.partition(), msg.offset(), -1 if kind == TIMESTAMP_NOT_AVAILABLE else timestamp,
-        msg.key(), msg.value(), headers, error,
+        msg.topic(), msg.partition(), msg.offset(), stamp, msg.key(), msg.value(), tuple(found), error,
     )  # type: ignore[arg-type]  # confluent-kafka's stubs are looser than what it returns for a record
+
+
+def _drop_pending_error() -> None:
+    try:
+        abs(0)  # any call into C raises an error a C extension left pending, as SystemError
+    except SystemError:
+        pass
 
 
 def _log_failed_commit(err: KafkaError | None, partitions: list[CKTopicPartition]) -> None:
