@@ -17,7 +17,7 @@ from confluent_kafka import TopicPartition as CKTopicPartition
 
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.kafka import delivery_error, make_consumer, make_producer, map_kafka_errors
-from retrytopics.connectors.record_headers import headers_after_error
+from retrytopics.connectors.record_headers import drop_pending_error, headers_after_error
 from retrytopics.errors import KafkaClientError
 from retrytopics.headers import Header
 from retrytopics.ports import DeliveryCallback, Message, PartitionsCallback, TopicPartition
@@ -50,17 +50,10 @@ def _message(msg: CKMessage) -> Message:
                        tuple(msg.headers() or ()), None)  # type: ignore[arg-type]  # fmt: skip
     except (SystemError, UnicodeDecodeError) as exc:  # see record_headers.py
         found, error = headers_after_error(msg, exc)
-        _drop_pending_error()  # the salvage's own headers() call may leave the decode error pending again
+        drop_pending_error()  # the salvage's own headers() call may leave the decode error pending again
     return Message(
         msg.topic(), msg.partition(), msg.offset(), stamp, msg.key(), msg.value(), tuple(found), error,
     )  # type: ignore[arg-type]  # confluent-kafka's stubs are looser than what it returns for a record
-
-
-def _drop_pending_error() -> None:
-    try:
-        abs(0)  # any call into C raises an error a C extension left pending, as SystemError
-    except SystemError:
-        pass
 
 
 def _log_failed_commit(err: KafkaError | None, partitions: list[CKTopicPartition]) -> None:

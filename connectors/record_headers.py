@@ -22,7 +22,7 @@ from typing import Any, Final
 
 from retrytopics.headers import Header
 
-__all__ = ["UndecodableHeaderError", "headers_after_error", "read_headers"]
+__all__ = ["UndecodableHeaderError", "drop_pending_error", "headers_after_error", "read_headers"]
 
 _REPLACEMENT: Final = "\ufffd"
 _EXCERPT_BYTES: Final = 64
@@ -55,9 +55,22 @@ def read_headers(message: Any) -> tuple[list[Header], UndecodableHeaderError | N
     included, without an error."""
     try:
         found = message.headers()
+        headers = list(found) if found else []
+        abs(0)  # headers() may return with the decode error still pending: any call into C raises it here
     except (SystemError, UnicodeDecodeError) as exc:
-        return headers_after_error(message, exc)
-    return (list(found) if found else []), None
+        salvaged = headers_after_error(message, exc)
+        drop_pending_error()  # the salvage's own headers() call may leave it pending again
+        return salvaged
+    return headers, None
+
+
+def drop_pending_error() -> None:
+    """Clear a decode error that confluent-kafka's `headers()` left pending (the next call into C would
+    raise it as SystemError somewhere unrelated)."""
+    try:
+        abs(0)
+    except SystemError:
+        pass
 
 
 def headers_after_error(message: Any, exc: Exception) -> tuple[list[Header], UndecodableHeaderError]:
