@@ -17,7 +17,7 @@ from confluent_kafka import TopicPartition as CKTopicPartition
 
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.kafka import delivery_error, make_consumer, make_producer, map_kafka_errors
-from retrytopics.connectors.record_headers import drop_pending_error, headers_after_error
+from retrytopics.connectors.record_headers import read_headers
 from retrytopics.errors import KafkaClientError
 from retrytopics.headers import Header
 from retrytopics.ports import DeliveryCallback, Message, PartitionsCallback, TopicPartition
@@ -42,17 +42,10 @@ def _ck(offsets: Mapping[TopicPartition, int]) -> list[CKTopicPartition]:
 def _message(msg: CKMessage) -> Message:
     # positional and without conversions: this runs once per consumed record
     kind, timestamp = msg.timestamp()
-    stamp = -1 if kind == TIMESTAMP_NOT_AVAILABLE else timestamp
-    try:
-        # Built inside the try: on a header key that is not UTF-8, headers() raises, or returns with the
-        # decode error still pending, and the next C call (this constructor) raises it as SystemError.
-        return Message(msg.topic(), msg.partition(), msg.offset(), stamp, msg.key(), msg.value(),
-                       tuple(msg.headers() or ()), None)  # type: ignore[arg-type]  # fmt: skip
-    except (SystemError, UnicodeDecodeError) as exc:  # see record_headers.py
-        found, error = headers_after_error(msg, exc)
-        drop_pending_error()  # the salvage's own headers() call may leave the decode error pending again
+    headers, error = read_headers(msg)  # a header key that is not UTF-8 comes back as `error` (record_headers.py)
     return Message(
-        msg.topic(), msg.partition(), msg.offset(), stamp, msg.key(), msg.value(), tuple(found), error,
+        msg.topic(), msg.partition(), msg.offset(), -1 if kind == TIMESTAMP_NOT_AVAILABLE else timestamp,
+        msg.key(), msg.value(), tuple(headers), error,
     )  # type: ignore[arg-type]  # confluent-kafka's stubs are looser than what it returns for a record
 
 

@@ -51,24 +51,35 @@ def _excerpt(raw: bytes) -> bytes:
 def read_headers(message: Any) -> tuple[list[Header], UndecodableHeaderError | None]:
     """The headers of a confluent-kafka message, and the error describing undecodable keys (else None).
 
-    Call it once per message: after the first call, confluent-kafka returns its cached list, NULL keys
-    included, without an error."""
+    Call it once per message. confluent-kafka may also return its cached list, NULL keys included, without
+    an error (seen in a reused Spark worker): such a list is salvaged as well, never iterated."""
     try:
         found = message.headers()
-        headers = list(found) if found else []
-        abs(0)  # headers() may return with the decode error still pending: any call into C raises it here
+        # gc's calls are checked calls into C: a decode error headers() left pending is raised here
+        null = bool(found) and _holds_null(found)
     except (SystemError, UnicodeDecodeError) as exc:
         salvaged = headers_after_error(message, exc)
         drop_pending_error()  # the salvage's own headers() call may leave it pending again
         return salvaged
-    return headers, None
+    if not found:
+        return [], None
+    if null:
+        return _salvage(found, None)
+    return list(found), None
+
+
+def _holds_null(cached: Any) -> bool:
+    # gc.get_referents skips NULL slots: fewer referents than items means a slot (or a key) is NULL
+    if not isinstance(cached, list) or len(gc.get_referents(cached)) != len(cached):
+        return True
+    return any(len(gc.get_referents(item)) != 2 for item in cached)
 
 
 def drop_pending_error() -> None:
-    """Clear a decode error that confluent-kafka's `headers()` left pending (the next call into C would
-    raise it as SystemError somewhere unrelated)."""
+    """Clear a decode error that confluent-kafka's `headers()` left pending (the next checked call into C
+    would raise it as SystemError somewhere unrelated)."""
     try:
-        abs(0)
+        gc.get_referents()
     except SystemError:
         pass
 
