@@ -278,6 +278,10 @@ def read_tails(kafka: KafkaConfig, topics: Sequence[str], *, last: int, timeout_
                     error = msg.error()
                     if error is None:
                         read.append(_message(msg))
+                    elif (msg.topic(), msg.partition()) not in pending:
+                        # Not about a partition read here: GROUP_AUTHORIZATION_FAILED for the throwaway group
+                        # id (librdkafka looks up its coordinator though this reader never uses the group)
+                        log.debug("reading tails: %s", error.str())
                     else:  # its end, or an error (e.g. no READ on the topic): what was read so far is the tail
                         pending.discard((msg.topic(), msg.partition()))
                         if error.code() != KafkaError._PARTITION_EOF:
