@@ -46,6 +46,8 @@ from retrytopics.runtime.dispatch import Binding
 from retrytopics.runtime.lifecycle import Runner
 from retrytopics.runtime.loop import ConsumerLoop, DeadLetterCallback, LoopSettings
 from retrytopics.runtime.main import main_settings
+from retrytopics.runtime.seeding import verified_tails
+from retrytopics.signing import HeaderKeys, KeyLike
 from retrytopics.runtime.tiers import TIER_CONSUMER_DEFAULTS, tier_settings
 
 __all__ = ["RetryApp"]
@@ -73,6 +75,11 @@ class RetryApp:
     partitions are assigned it reads the last `dedupe_seed` records (default 1000; 0: off) of every partition
     of their tiers and DLQ, for at most 5 s, so that a record a previous owner handed off without committing
     it is suppressed, not handled and handed off again (see retrytopics/runtime/seeding.py).
+    `header_key` (str or bytes, at least 32 bytes; or a list for rotation: the first signs, any verifies) signs
+    the retry headers of every tier and DLQ record with an HMAC (`retry.signature`); tier records whose
+    signature is missing or wrong are dead-lettered as `invalid_retry_headers`, and only verified records seed
+    the duplicate check, so a principal with WRITE on a tier or the DLQ cannot forge retry state
+    (docs/headers.md, *Trust*). The key never appears in a repr, log line or error.
     """
 
     def __init__(
@@ -97,6 +104,7 @@ class RetryApp:
         wait_in_memory: DurationLike = "1s",
         wait_in_memory_records: int = 2000,
         redact_patterns: Sequence[str | re.Pattern[str]] = (),
+        header_key: KeyLike | HeaderKeys | None = None,
     ) -> None:
         if not isinstance(kafka, KafkaConfig):
             raise ConfigError("kafka", kafka, "expected a KafkaConfig")
@@ -112,6 +120,7 @@ class RetryApp:
         self.id_header = id_header
         self.on_dead_letter = on_dead_letter
         self._redact = Redactor.with_patterns(redact_patterns)
+        self._header_keys = None if header_key is None else HeaderKeys.of(header_key, field="header_key")
         for name, value in (("batch_size", batch_size), ("commit_every", commit_every),
                             ("dedupe_capacity", dedupe_capacity), ("wait_in_memory_records", wait_in_memory_records)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -166,7 +175,8 @@ class RetryApp:
         topics = topics_for(topic, self.group, policy.tier_delays_ms, strategy=self.naming, dlq=dlq)
         self._check_collisions(topics)
         ctx = RouteContext(
-            policy=policy, topics=topics, group=self.group, id_header=self.id_header, redact=self._redact
+            policy=policy, topics=topics, group=self.group, id_header=self.id_header, redact=self._redact,
+            header_keys=self._header_keys,
         )
 
         def register(fn: F) -> F:
@@ -270,7 +280,10 @@ class RetryApp:
                                                    overrides=self.producer_overrides),
             emitter=self._emitter, stop=self._runner.stop_event,
             audit=DuplicateAudit(self._dedupe_capacity), on_dead_letter=self.on_dead_letter,
-            tail_reader=lambda topics, last, timeout_s: read_tails(self.kafka, topics, last=last, timeout_s=timeout_s),
+            tail_reader=verified_tails(
+                lambda topics, last, timeout_s: read_tails(self.kafka, topics, last=last, timeout_s=timeout_s),
+                self._header_keys,
+            ),
         )  # fmt: skip
 
     def run(self) -> None:

@@ -32,11 +32,12 @@ from retrytopics.headers import (
 )  # fmt: skip
 from retrytopics.naming import NamingStrategy, TierTopic, TopicSet
 from retrytopics.policy import RetryPolicy
+from retrytopics.signing import SIGNATURE, HeaderKeys, sign, verify
 from retrytopics.traces import format_trace
 
 __all__ = [
-    "InboundRecord", "Route", "RouteContext", "RouteKind", "described_failure", "origin_message_id",
-    "read_retry_state", "route", "too_large_reference", "too_large_route",
+    "InboundRecord", "Route", "RouteContext", "RouteKind", "described_failure", "longest_wait_ms",
+    "origin_message_id", "read_retry_state", "route", "too_large_reference", "too_large_route",
 ]  # fmt: skip
 
 _ID_LIMIT_BYTES: Final = 512
@@ -46,7 +47,8 @@ _VERDICT_REASON: Final = {Verdict.POISON: DlqReason.POISON, Verdict.NON_RETRYABL
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class InboundRecord:
-    """What the runtime tells the router about a consumed record (the value stays with the runtime)."""
+    """What the runtime tells the router about a consumed record. ``value`` is read only when the context
+    has ``header_keys``: the signature covers its SHA-256."""
 
     topic: str
     partition: int
@@ -54,6 +56,7 @@ class InboundRecord:
     timestamp_ms: int
     key: bytes | None
     headers: tuple[Header, ...]
+    value: bytes | None = None
 
 
 class RouteKind(StrEnum):
@@ -91,7 +94,9 @@ class RouteContext:
     ``id_header``: a user header whose value is the message id (else ``<topic>-<partition>-<offset>``).
     ``clock_skew_ms``: how far ahead of this consumer's clock another instance's clock may run before its
     due times and failure times are treated as forged. ``redact`` hides secrets in the exception headers
-    (``Redactor.with_patterns([...])`` adds patterns to the built-in ones).
+    (``Redactor.with_patterns([...])`` adds patterns to the built-in ones). ``header_keys``: sign every
+    route's headers (``retry.signature``, see retrytopics/signing.py) and refuse tier records whose
+    signature is missing or wrong; None (default): nothing is signed or checked.
     """
 
     policy: RetryPolicy
@@ -100,8 +105,11 @@ class RouteContext:
     id_header: str | None = None
     clock_skew_ms: int = 60_000
     redact: Callable[[str], str] = redact
+    header_keys: HeaderKeys | None = None
 
     def __post_init__(self) -> None:
+        if self.header_keys is not None and not isinstance(self.header_keys, HeaderKeys):
+            raise ConfigError("header_keys", "[hidden]", "expected HeaderKeys (HeaderKeys.of(key) or a list of keys)")
         delays = tuple(t.delay_ms for t in self.topics.tiers)
         if delays != self.policy.tier_delays_ms:
             raise ConfigError(
@@ -118,18 +126,31 @@ def read_retry_state(ctx: RouteContext, record: InboundRecord, *, now_ms: int) -
     """The retry state a record carries: None on the source topic (incoming ``retry.*`` headers never steer
     there); on a tier topic, the decoded headers, checked against this topic and clock.
 
-    Raises :class:`HeaderDecodeError` when a tier record's headers are missing, malformed or out of bounds
-    (wrong tier, wrong group or source, more failures than the policy allows, due or failure times too far
-    ahead). Raises :class:`ConfigError` for a topic that is neither this context's source nor one of its tiers.
+    Raises :class:`HeaderDecodeError` when a tier record's headers are missing, malformed or out of bounds (wrong
+    tier, wrong group or source, more failures than the policy allows, due or failure times too far ahead), or, with
+    ``header_keys``, when its signature is missing or does not verify for this topic. Raises :class:`ConfigError`
+    for a topic that is neither this context's source nor one of its tiers.
     """
     if record.topic == ctx.topics.source:
         return None
     tier = ctx.topics.tier_by_topic(record.topic)
     if tier is None:
         raise ConfigError("record.topic", record.topic, "neither the source nor a tier topic of this RouteContext")
+    if ctx.header_keys is not None:
+        problem = verify(ctx.header_keys, record.topic, record.key, record.value, record.headers)
+        if problem is not None:
+            raise HeaderDecodeError(SIGNATURE, None, problem)
     state = decode(record.headers)
     _check_bounds(ctx, tier, state, now_ms)
     return state
+
+
+def longest_wait_ms(ctx: RouteContext, topic: str) -> int | None:
+    """The longest a record of tier ``topic`` is meant to wait: the tier's delay with the most jitter (None:
+    not a tier of this context). A tier consumer never waits longer than this after first seeing a record
+    (runtime/pausing.py), whatever its ``retry.due_at`` says."""
+    tier = ctx.topics.tier_by_topic(topic)
+    return None if tier is None else math.ceil(tier.delay_ms * (1 + ctx.policy.jitter))
 
 
 def _check_bounds(ctx: RouteContext, tier: TierTopic, h: RetryHeaders, now_ms: int) -> None:
@@ -182,7 +203,7 @@ def route(
     if timeout is not None and due_at > state.first_failed_at + timeout:
         return _dead_letter(ctx, record, state, DlqReason.TIMEOUT)
     retry = dataclasses.replace(state, tier=tier.index, due_at=due_at)
-    return _make_route(RouteKind.TIER, tier.topic, retry, record)
+    return _make_route(ctx, RouteKind.TIER, tier.topic, retry, record)
 
 
 def _invalid(ctx: RouteContext, record: InboundRecord, now_ms: int, bad: HeaderDecodeError) -> Route:
@@ -298,19 +319,23 @@ def _describe(failure: BaseException, redact: Callable[[str], str]) -> _Describe
     )
 
 
-def too_large_route(ctx: RouteContext, refused: Route, *, keep_user_headers: bool) -> Route:
+def too_large_route(
+    ctx: RouteContext, refused: Route, *, keep_user_headers: bool, key: bytes | None = None, value: bytes | None = None
+) -> Route:
     """The DLQ route for a record whose republish (``refused``, to a tier or the DLQ) was too large: reason
     ``too_large``, no exception message or trace (the part of the headers that grows with the failure), the
     failure's type kept. ``keep_user_headers=False`` is the last resort, which the runtime pairs with a value
-    replaced by :func:`too_large_reference`."""
+    replaced by :func:`too_large_reference`. ``key`` and ``value`` are what will be published (signed with
+    ``ctx.header_keys``; unused without keys)."""
     retry = dataclasses.replace(
         refused.retry, tier=None, due_at=None, dlq_reason=DlqReason.TOO_LARGE, exception_message="",
         exception_trace="",
     )  # fmt: skip
     users = tuple(user_headers(refused.headers)) if keep_user_headers else ()
+    headers = _signed(ctx, ctx.topics.dlq, key, value, (*users, *encode(retry)))
     return dataclasses.replace(
         refused, kind=RouteKind.DLQ, topic=ctx.topics.dlq, due_at_ms=None, reason=DlqReason.TOO_LARGE, retry=retry,
-        headers=(*users, *encode(retry)),
+        headers=headers,
     )  # fmt: skip
 
 
@@ -323,18 +348,25 @@ def too_large_reference(topic: str, partition: int, offset: int, value: bytes | 
 
 def _dead_letter(ctx: RouteContext, record: InboundRecord, state: RetryHeaders, reason: DlqReason) -> Route:
     retry = dataclasses.replace(state, tier=None, due_at=None, dlq_reason=reason)
-    return _make_route(RouteKind.DLQ, ctx.topics.dlq, retry, record)
+    return _make_route(ctx, RouteKind.DLQ, ctx.topics.dlq, retry, record)
 
 
-def _make_route(kind: RouteKind, topic: str, retry: RetryHeaders, record: InboundRecord) -> Route:
+def _signed(
+    ctx: RouteContext, topic: str, key: bytes | None, value: bytes | None, headers: tuple[Header, ...]
+) -> tuple[Header, ...]:
+    return headers if ctx.header_keys is None else sign(ctx.header_keys, topic, key, value, headers)
+
+
+def _make_route(ctx: RouteContext, kind: RouteKind, topic: str, retry: RetryHeaders, record: InboundRecord) -> Route:
     dlq = kind is RouteKind.DLQ
+    headers = _signed(ctx, topic, record.key, record.value, (*user_headers(record.headers), *encode(retry)))
     return Route(
         kind=kind,
         topic=topic,
         due_at_ms=None if dlq else retry.due_at,
         reason=retry.dlq_reason,
         retry=retry,
-        headers=(*user_headers(record.headers), *encode(retry)),
+        headers=headers,
         partition_hint=None if record.key is not None else retry.original_partition,
     )
 

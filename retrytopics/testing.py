@@ -27,6 +27,7 @@ from retrytopics.app import RetryApp
 from retrytopics.headers import Header, RetryHeaders, encode
 from retrytopics.record import Record
 from retrytopics.router import InboundRecord, Route, route
+from retrytopics.signing import sign
 
 __all__ = ["call", "make_record", "route_for"]
 
@@ -91,6 +92,9 @@ def route_for(app: RetryApp, record: Record[Any], failure: BaseException, *, now
         tier = ctx.topics.tiers[min(retry.tier or 0, len(ctx.topics.tiers) - 1)]
         retry = dataclasses.replace(retry, tier=tier.index, consumer_group=ctx.group)
         topic, headers = tier.topic, headers + tuple(encode(retry))
+        if ctx.header_keys is not None:  # as the app's own previous hop would have signed it
+            headers = sign(ctx.header_keys, topic, record.key, record.raw_value, headers)
     inbound = InboundRecord(topic=topic, partition=record.partition, offset=record.offset,
-                            timestamp_ms=record.timestamp_ms, key=record.key, headers=headers)  # fmt: skip
+                            timestamp_ms=record.timestamp_ms, key=record.key, headers=headers,
+                            value=record.raw_value)  # fmt: skip
     return route(ctx, inbound, failure, now_ms=now, rng=random.Random(seed))

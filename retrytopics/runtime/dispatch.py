@@ -42,7 +42,7 @@ class Binding:
 def inbound(msg: Message) -> InboundRecord:
     return InboundRecord(
         topic=msg.topic, partition=msg.partition, offset=msg.offset,
-        timestamp_ms=msg.timestamp_ms, key=msg.key, headers=msg.headers,
+        timestamp_ms=msg.timestamp_ms, key=msg.key, headers=msg.headers, value=msg.value,
     )  # fmt: skip
 
 

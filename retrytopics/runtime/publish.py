@@ -80,10 +80,11 @@ def too_large_fallback(ctx: RouteContext) -> Callable[[PublishJob], bool]:
             return False
         job.shrunk += 1
         steps = job.shrunk
-        job.route = too_large_route(ctx, job.route, keep_user_headers=steps == 1)
         if steps == 2:
             job.value = too_large_reference(job.source[0], job.source[1], job.offset, job.value)
             job.key = job.key if job.key is None or len(job.key) <= _MAX_REFERENCE_KEY else None
+        # built after the value and key changed: with header_key, the signature covers what is published
+        job.route = too_large_route(ctx, job.route, keep_user_headers=steps == 1, key=job.key, value=job.value)
         log.warning("%s[%d]@%d: republish refused as too large; %s", job.source[0], job.source[1], job.offset,
                     "dead-lettering it as too_large without exception details" if steps == 1
                     else "dead-lettering a reference to it instead of its value")  # fmt: skip

@@ -9,10 +9,12 @@ a retry-after hint may pick any tier), for at most `seed_timeout_s`, assign()-on
 remembers their keys; a record whose hand-off is among them is suppressed, neither handled nor handed off.
 
 Cost per assignment: at most `seed_last` × (tiers + 1) × partitions-per-destination records read, inside the
-rebalance callback (so before any record of the assigned partitions), and never longer than
-`seed_timeout_s`. A hand-off older than that tail is not recognised: the record is handled again
-(at-least-once, never lost). Not used in exactly-once mode: the transaction covers the hand-off there, and a
-broker that shows aborted records (tansu) would make an aborted hand-off look done and lose the record.
+rebalance callback (so before any record of the assigned partitions), and never longer than `seed_timeout_s`. A
+hand-off older than that tail is not recognised: the record is handled again (at-least-once, never lost). With
+header keys (`verified_tails`), a tail record whose signature does not verify seeds nothing: otherwise a principal
+with WRITE on a tier could forge a hop and make its source record be skipped as handed off already, a silent loss.
+Not used in exactly-once mode: the transaction covers the hand-off there, and a broker that shows aborted records
+(tansu) would make an aborted hand-off look done and lose the record.
 """
 
 from __future__ import annotations
@@ -27,14 +29,32 @@ from retrytopics.headers import decode
 from retrytopics.offsets import TopicPartition
 from retrytopics.ports import Message
 from retrytopics.runtime.dispatch import Binding
+from retrytopics.signing import HeaderKeys, verify
 
-__all__ = ["TailReader", "destinations", "seed"]
+__all__ = ["TailReader", "destinations", "seed", "verified_tails"]
 
 log = logging.getLogger("retrytopics.runtime")
 
 #: `read(topics, last, timeout_s)`: the last `last` records of every partition of `topics`, read within
 #: `timeout_s` (`connectors.clients.read_tails`)
 TailReader = Callable[[Sequence[str], int, float], Iterable[Message]]
+
+
+def verified_tails(read: TailReader, keys: HeaderKeys | None) -> TailReader:
+    """`read`, keeping only tail records whose `retry.signature` verifies for their topic (`read` itself
+    when there are no keys). The records dropped are counted in one warning, never shown."""
+    if keys is None:
+        return read
+
+    def verified(topics: Sequence[str], last: int, timeout_s: float) -> list[Message]:
+        tail = list(read(topics, last, timeout_s))
+        kept = [m for m in tail if verify(keys, m.topic, m.key, m.value, m.headers) is None]
+        if len(kept) < len(tail):
+            log.warning("hand-off audit: ignored %d tail records of %s whose signature does not verify (forged, "
+                        "or written before header_key was set)", len(tail) - len(kept), topics)  # fmt: skip
+        return kept
+
+    return verified
 
 
 def destinations(bindings: Mapping[str, Binding], tps: Iterable[TopicPartition]) -> list[str]:

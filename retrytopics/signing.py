@@ -1,0 +1,135 @@
+"""Signed retry headers: an HMAC-SHA256 over what the framework writes, so that a principal with WRITE on a
+tier or the DLQ cannot forge retry state, move a record to another topic, or mark one as handed off.
+
+Pure: standard library only. Optional (``RetryApp(header_key=...)``); without keys nothing is signed or
+checked, exactly as before. See docs/headers.md (*Trust*) for the threat model::
+
+    keys = HeaderKeys.of([new_key, old_key])      # each >= 32 bytes; the first signs, any verifies
+    headers = sign(keys, "orders.retry.5s", key, value, headers)    # appends retry.signature
+    verify(keys, "orders.retry.5s", key, value, headers)            # None, or why it does not verify
+
+The signed message is canonical and unambiguous: a domain tag, then length-prefixed fields (the
+destination topic, the record key, the SHA-256 of the value, and every ``retry.*`` header but the signature,
+sorted by name then value), each field tagged as null or bytes, so no two different records encode alike.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from retrytopics.errors import ConfigError
+
+__all__ = ["MIN_KEY_BYTES", "SIGNATURE", "HeaderKeys", "KeyLike", "sign", "signed_message", "verify"]
+
+#: The header carrying the signature: 64 lowercase hex digits. Under ``retry.``, so each hop replaces it.
+SIGNATURE: Final = "retry.signature"
+#: The shortest key accepted (HMAC-SHA256's block-size guidance: a key shorter than the hash is weak).
+MIN_KEY_BYTES: Final = 32
+_DOMAIN: Final = b"retrytopics/retry.signature/v1"
+_PREFIX: Final = "retry."
+_NULL: Final = b"\x00"
+
+KeyLike = str | bytes | Sequence[str | bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class HeaderKeys:
+    """The HMAC keys of one app: ``keys[0]`` signs, every key verifies (rotation). Never shown in a repr."""
+
+    keys: tuple[bytes, ...] = field(repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.keys:
+            raise ConfigError("header_key", "[hidden]", "expected at least one key")
+
+    @classmethod
+    def of(cls, value: KeyLike | HeaderKeys, *, field: str = "header_key") -> HeaderKeys:
+        """Keys from a str/bytes key or a list of them (the first signs); a key under 32 bytes is a
+        `ConfigError` naming `field` (the key itself never appears in the error)."""
+        if isinstance(value, HeaderKeys):
+            return value
+        items = [value] if isinstance(value, str | bytes) else value
+        if not isinstance(items, list | tuple) or not items:
+            raise ConfigError(field, "[hidden]", "expected a key (str or bytes) or a non-empty list of keys")
+        keys: list[bytes] = []
+        for i, item in enumerate(items):
+            name = field if len(items) == 1 else f"{field}[{i}]"
+            if not isinstance(item, str | bytes):
+                raise ConfigError(name, f"<{type(item).__name__}>", "expected a key as str or bytes")
+            raw = item.encode("utf-8") if isinstance(item, str) else bytes(item)
+            if len(raw) < MIN_KEY_BYTES:
+                raise ConfigError(name, "[hidden]", f"a key must be at least {MIN_KEY_BYTES} bytes, got {len(raw)}")
+            keys.append(raw)
+        return cls(tuple(keys))
+
+    def __repr__(self) -> str:
+        return f"HeaderKeys(<{len(self.keys)} hidden>)"
+
+
+def _field(data: bytes | None) -> bytes:
+    if data is None:
+        return _NULL
+    return b"\x01" + len(data).to_bytes(4, "big") + data
+
+
+def signed_message(topic: str, key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, object]]) -> bytes:
+    """The bytes the signature covers (see the module docstring); header values may be bytes or None."""
+    retry = sorted(
+        ((name.encode("utf-8", "surrogatepass"), _bytes(data)) for name, data in headers
+         if name.startswith(_PREFIX) and name != SIGNATURE),
+        key=lambda item: (item[0], item[1] is not None, item[1] or b""),
+    )  # fmt: skip
+    digest = None if value is None else hashlib.sha256(value).digest()
+    parts = [_DOMAIN, _field(topic.encode("utf-8")), _field(key), _field(digest), len(retry).to_bytes(4, "big")]
+    for name, data in retry:
+        parts += (_field(name), _field(data))
+    return b"".join(parts)
+
+
+def _bytes(data: object) -> bytes | None:
+    if data is None or isinstance(data, bytes):
+        return data
+    if isinstance(data, bytearray | memoryview):  # Spark hands binary columns over as bytearray
+        return bytes(data)
+    return str(data).encode("utf-8", "surrogatepass")  # total on odd input; the wire only carries bytes
+
+
+def _mac(key: bytes, message: bytes) -> bytes:
+    return hmac.digest(key, message, "sha256")
+
+
+def sign(
+    keys: HeaderKeys, topic: str, key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes | None]]
+) -> tuple[tuple[str, bytes | None], ...]:
+    """``headers`` without any earlier signature, then ``retry.signature`` for a record on ``topic``."""
+    kept = tuple(h for h in headers if h[0] != SIGNATURE)
+    mac = _mac(keys.keys[0], signed_message(topic, key, value, kept))
+    return (*kept, (SIGNATURE, mac.hex().encode("ascii")))
+
+
+def verify(
+    keys: HeaderKeys, topic: str, key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, object]]
+) -> str | None:
+    """None when exactly one ``retry.signature`` verifies with one of ``keys`` for this record on ``topic``;
+    otherwise why not (missing, repeated, malformed, or wrong)."""
+    found = [data for name, data in headers if name == SIGNATURE]
+    if not found:
+        return "missing: this consumer requires signed retry headers (header_key is configured)"
+    if len(found) > 1:
+        return "repeated retry.signature header"
+    given = found[0]
+    if not isinstance(given, bytes | bytearray) or len(given) != 64:
+        return "malformed: expected 64 hex digits"
+    try:
+        expected_mac = bytes.fromhex(bytes(given).decode("ascii"))
+    except ValueError:
+        return "malformed: expected 64 hex digits"
+    message = signed_message(topic, key, value, headers)
+    for candidate in keys.keys:
+        if hmac.compare_digest(_mac(candidate, message), expected_mac):
+            return None
+    return "wrong: does not verify with any configured key (forged, altered, or moved from another topic)"
