@@ -65,6 +65,10 @@ class Event(StrEnum):
     """A tier record already handled once (same origin, replay count and attempt) was skipped [topic, partition,
     offset, origin_message_id, reconsume_times]."""
     OFFSETS_COMMITTED = "offsets.committed"
+    DUE_CLAMPED = "due.clamped"
+    """A tier record's `retry.due_at` lay beyond its tier's longest delay from when this consumer first saw it:
+    skewed clocks or a forged due time; it waits until `clamped_to` instead [consumer, topic, partition, offset,
+    due_at, clamped_to]."""
     """A commit was sent [consumer, offsets, synchronous]."""
     TRANSACTION_ABORTED = "transaction.aborted"
     """Exactly-once mode: a transaction was aborted and its partitions rewound [consumer, error]."""

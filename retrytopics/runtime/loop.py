@@ -30,7 +30,9 @@ from retrytopics.events import Emitter, Event
 from retrytopics.headers import RetryHeaders, decode_lineage
 from retrytopics.offsets import OffsetTracker, TopicPartition
 from retrytopics.ports import ConsumerPort, Message, ProducerPort
-from retrytopics.router import RouteKind, described_failure, origin_message_id, read_retry_state, route
+from retrytopics.router import (
+    RouteKind, described_failure, longest_wait_ms, origin_message_id, read_retry_state, route,
+)  # fmt: skip
 from retrytopics.runtime.dispatch import Binding, Invoker, build_record, inbound
 from retrytopics.runtime.ownership import OwnershipCheck
 from retrytopics.runtime.publish import Publisher, PublishJob, TransactionalPublisher, too_large_fallback
@@ -257,7 +259,8 @@ class ConsumerLoop:
         assert self._pauses is not None
         binding = self._bindings[msg.topic]
         if not queued and self._pauses.queued(msg.tp):  # earlier records of its partition wait in memory
-            self._pauses.enqueue(msg, state.due_at if state is not None else None, (state, bad), _now_ms())
+            now = _now_ms()
+            self._pauses.enqueue(msg, self._due_at(binding, msg, state, now), (state, bad), now)
             return
         if self._handed_off_already(msg, state, bad):
             return
@@ -268,11 +271,12 @@ class ConsumerLoop:
                 self._suppress(msg, state)
                 return
             now = _now_ms()
-            if state.due_at is not None and state.due_at > now:
-                if self._pauses.should_queue(state.due_at, now):
-                    self._pauses.enqueue(msg, state.due_at, (state, bad), now)
+            due = self._due_at(binding, msg, state, now)
+            if due is not None and due > now:
+                if self._pauses.should_queue(due, now):
+                    self._pauses.enqueue(msg, due, (state, bad), now)
                 else:
-                    self._pauses.pause_until(msg.tp, msg.offset, state.due_at)
+                    self._pauses.pause_until(msg.tp, msg.offset, due)
                 return
         record, poison = build_record(binding, msg, state)
         failure: BaseException | None = bad or poison
@@ -298,6 +302,14 @@ class ConsumerLoop:
         self._emit(Event.RECORD_FAILED, topic=msg.topic, partition=msg.partition, offset=msg.offset,
                    attempt=record.attempt, error=type(described_failure(failure)).__name__, **timing)  # fmt: skip
         self._hand_off(binding, msg, epoch, record, failure)
+
+    def _due_at(self, binding: Binding, msg: Message, state: RetryHeaders | None, now: int) -> int | None:
+        """When `msg` is due here: its `retry.due_at`, bounded by its tier's longest delay from when this
+        consumer first saw it (runtime/pausing.py); a record due already costs one comparison."""
+        if state is None or state.due_at is None or state.due_at <= now:
+            return None if state is None else state.due_at
+        assert self._pauses is not None
+        return self._pauses.bounded_due(msg, state.due_at, longest_wait_ms(binding.ctx, msg.topic) or 0, now)
 
     def _hand_off(self, binding: Binding, msg: Message, epoch: int, record: Any, failure: BaseException) -> None:
         decision = route(binding.ctx, inbound(msg), failure, now_ms=_now_ms(), rng=self._rng)

@@ -20,6 +20,14 @@ fetch round trip and the decoding of a large fetch are over when the head falls 
 
 The same mechanism *holds* a source partition while a publish for it is failing, so that a broker outage
 does not pile up records in memory. Pausing is normal operation: it is logged at DEBUG only.
+
+**A bounded wait.** A record never waits longer than its tier's longest delay (delay × (1 + jitter)) after
+this consumer first saw it not due (`bounded_due`): the due time used is min(`retry.due_at`, first seen +
+longest). A record the app wrote cannot trigger it on one clock (it was written after its failure, and is
+due at most `longest` after that), so nothing runs early; under clock skew the wait becomes the tier's delay
+in real elapsed time; and a forged due time (up to the clock-skew allowance ahead, which the header checks
+accept) holds its partition for one tier delay, not a minute. Each clamp is a `due.clamped` event and a
+warning: a sign of skewed clocks or of forged records.
 """
 
 from __future__ import annotations
@@ -65,6 +73,7 @@ class PauseController(Generic[T]):
         self._next: dict[TopicPartition, int] = {}  # queued partition -> the offset after its queue's tail
         self._stopped: set[TopicPartition] = set()  # queued partitions not fetching (queue full or far tail)
         self._client_paused: set[TopicPartition] = set()  # what the consumer was told
+        self._first_seen: dict[TopicPartition, dict[int, int]] = {}  # partition -> offset -> first seen not due
 
     @property
     def paused(self) -> frozenset[TopicPartition]:
@@ -86,6 +95,29 @@ class PauseController(Generic[T]):
             return False
         del self._awaiting[tp]
         return True
+
+    # -- how long ----------------------------------------------------------------------------------------
+
+    def bounded_due(self, msg: Message, due_ms: int, longest_ms: int, now_ms: int) -> int:
+        """`due_ms`, but no later than `longest_ms` after this consumer first saw `msg` (see the module
+        docstring). Remembers first sightings per partition, at most `max_records` + 1 of them (the oldest
+        offsets go first: records are acted on in offset order, so those are done)."""
+        seen = self._first_seen.setdefault(msg.tp, {})
+        first = seen.get(msg.offset)
+        if first is None:
+            first = seen[msg.offset] = now_ms
+            while len(seen) > self.max_records + 1:
+                del seen[min(seen)]
+            if due_ms > now_ms + longest_ms:
+                self._clamped(msg, due_ms, now_ms + longest_ms)
+        return min(due_ms, first + longest_ms)
+
+    def _clamped(self, msg: Message, due_ms: int, bound_ms: int) -> None:
+        log.warning("%s: %s[%d]@%d is due %d ms later than its tier's longest delay allows; it waits until %d "
+                    "instead (skewed clocks or a forged retry.due_at)", self._name, msg.topic, msg.partition,
+                    msg.offset, due_ms - bound_ms, bound_ms)  # fmt: skip
+        self._emitter.emit(Event.DUE_CLAMPED, consumer=self._name, topic=msg.topic, partition=msg.partition,
+                           offset=msg.offset, due_at=due_ms, clamped_to=bound_ms)  # fmt: skip
 
     # -- waiting in Kafka --------------------------------------------------------------------------------
 
@@ -250,6 +282,7 @@ class PauseController(Generic[T]):
             self._awaiting.pop(tp, None)
             self._forget_queue(tp)
             self._client_paused.discard(tp)
+            self._first_seen.pop(tp, None)
 
     def wait_ms(self, now_ms: int, cap_ms: int) -> int:
         wait = self.schedule.wait_ms(now_ms, cap_ms)
