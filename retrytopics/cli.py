@@ -32,7 +32,8 @@ def _settings(args: argparse.Namespace) -> Any:
 
     flags = {
         "kafka": {"bootstrap": getattr(args, "bootstrap", None)},
-        "app": {name: getattr(args, name, None) for name in ("topic", "group", "delays", "partitions", "naming", "dlq")},
+        "app": {name: getattr(args, name, None)
+                for name in ("topic", "group", "delays", "partitions", "naming", "dlq", "header_key_file")},
         "metrics": {"port": getattr(args, "metrics_port", None)},
         "logging": {"level": getattr(args, "log_level", None), "json": getattr(args, "log_json", None) or None},
     }
@@ -219,6 +220,7 @@ def _cmd_spark_job(args: argparse.Namespace) -> int:
     from retrytopics.spark.session import spark_progress
 
     # progress on a terminal only: never in --json output, a pipe or a log file
+    args.header_keys = pipeline.header_keys  # signed retry headers: the replay verifies and signs with them
     with spark_progress(sys.stderr, enabled=not (args.json or args.no_progress)):
         return int(args.spark_job(args, kafka=kafka, topics=pipeline_topics(pipeline)))
 

@@ -47,6 +47,7 @@ from retrytopics.connectors.config import KafkaConfig
 from retrytopics.durations import parse_duration
 from retrytopics.errors import ConfigError
 from retrytopics.naming import NamingStrategy, validate_topic_name
+from retrytopics.signing import HeaderKeys
 
 __all__ = ["AppSettings", "LoggingSettings", "Settings", "instant_argument", "load_settings", "parse_instant"]
 
@@ -62,13 +63,14 @@ _SCHEMA: dict[str, dict[str, type]] = {
     },
     "app": {
         "topic": str, "group": str, "delays": list, "partitions": int, "replication_factor": int,
-        "naming": str, "dlq": str,
+        "naming": str, "dlq": str, "header_key": str, "header_key_file": str,
     },
     "metrics": {"port": int},
     "logging": {"level": str, "json": bool},
 }  # fmt: skip
-_SECRETS = {"kafka.sasl_password", "kafka.ssl_key_password"}
+_SECRETS = {"kafka.sasl_password", "kafka.ssl_key_password", "app.header_key"}
 _INTEGER = re.compile(r"[+-]?[0-9]+")
+_ONE_OF = {"app.header_key": "header_key_file", "app.header_key_file": "header_key"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -82,6 +84,9 @@ class AppSettings:
     replication_factor: int = -1
     naming: NamingStrategy = NamingStrategy.BY_DELAY
     dlq: str | None = None
+    #: signed retry headers (`RetryApp(header_key=...)`): from `[app] header_key_file` (one key per line, the
+    #: first signs), `RETRYTOPICS_APP_HEADER_KEY` (keys separated by commas) or the app; never from argv
+    header_keys: HeaderKeys | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("topic", "group", "dlq"):
@@ -190,6 +195,8 @@ def _merge_layer(merged: dict[str, dict[str, Any]], layer: Mapping[str, Any], or
                 raise ConfigError(dotted, None, f"unknown setting (from {origin}); known in [{section}]: {known}")
             if value is not None:
                 merged[section][key] = _coerce(dotted, value, _SCHEMA[section][key], origin)
+                if dotted in _ONE_OF:  # a key or a key file: the higher layer's choice replaces the other
+                    merged[section].pop(_ONE_OF[dotted], None)
 
 
 def _from_environment(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:
@@ -222,6 +229,27 @@ def _read_secret_file(path: str) -> str:
     except UnicodeDecodeError:
         # never echo the bytes: they are (part of) a secret
         raise ConfigError("kafka.sasl_password_file", path, "not UTF-8 text") from None
+
+
+def _header_keys(app: dict[str, Any]) -> None:
+    """Replace `header_key` (keys separated by commas) or `header_key_file` (one key per line) in the [app]
+    settings by `header_keys`; the first key signs. At most one of the two is set (see `_ONE_OF`)."""
+    text, path = app.pop("header_key", None), app.pop("header_key_file", None)
+    if path:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError("app.header_key_file", path, f"cannot read: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise ConfigError("app.header_key_file", path, "not UTF-8 text") from None
+        keys = [line.strip() for line in text.splitlines() if line.strip()]
+        field_name = "app.header_key_file"
+    elif text:
+        keys = [part.strip() for part in text.split(",") if part.strip()]
+        field_name = "app.header_key"
+    else:
+        return
+    app["header_keys"] = HeaderKeys.of(keys, field=field_name)
 
 
 def _kafka_fields(values: dict[str, Any]) -> dict[str, Any]:
@@ -270,7 +298,11 @@ def load_settings(
         _merge_layer(merged, flags, "command line")
     if "sasl_password" in (flags or {}).get("kafka", {}):
         raise ConfigError("kafka.sasl_password", "[hidden]", "secrets are never taken from the command line")
+    if (flags or {}).get("app", {}).get("header_key") is not None:
+        raise ConfigError("app.header_key", "[hidden]", "secrets are never taken from the command line; "
+                          "use --header-key-file or RETRYTOPICS_APP_HEADER_KEY")  # fmt: skip
     app = dict(merged["app"])
+    _header_keys(app)
     if "delays" in app:
         app["delays"] = tuple(app["delays"])
     if "naming" in app:

@@ -74,7 +74,8 @@ def app_pipeline(app: Any, topic: str | None) -> AppSettings:
     pipeline = AppSettings(topic=topic, group=app.group, delays=delays, naming=app.naming)
     # a DLQ name of the app's own choosing only; a default one follows a --group given over the app's
     custom_dlq = own.dlq if own.dlq != pipeline_topics(pipeline).dlq else None
-    return AppSettings(topic=topic, group=app.group, delays=delays, naming=app.naming, dlq=custom_dlq)
+    return AppSettings(topic=topic, group=app.group, delays=delays, naming=app.naming, dlq=custom_dlq,
+                       header_keys=app.handlers[topic].ctx.header_keys)
 
 
 def prepare_app(reference: str, settings: Settings) -> Any:

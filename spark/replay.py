@@ -7,6 +7,9 @@
   typed columns (`retrytopics.spark.columns.RETRY_COLUMNS` plus key, value, topic, partition, offset,
   timestamp). One record per source record is replayed (the latest episode): a DLQ record stands for the
   record at its original topic, partition and offset, not for its origin id, which two records may share.
+- Signatures: with header keys (`RetryApp(header_key=...)`, `--header-key-file`, `RETRYTOPICS_APP_HEADER_KEY`),
+  a DLQ record whose `retry.signature` is missing or wrong is skipped with the problem `signature`, and a
+  record replayed to the first tier is signed for it (`retrytopics.spark.signatures`).
 - Safety: a destination is never taken from the user. It is the record's own `retry.original_topic`, which
   must be this pipeline's source, or the pipeline's first tier; other records are skipped as foreign.
   Records already replayed `max_replays` times (default 1) are skipped, or parked in `<dlq>.parked`.
@@ -38,7 +41,8 @@ from retrytopics.connectors.kafka import make_admin
 from retrytopics.connectors.spark_kafka import kafka_options, read_kafka, write_kafka
 from retrytopics.errors import ConfigError
 from retrytopics.naming import TopicSet
-from retrytopics.spark import checks, ledger, where as where_filter
+from retrytopics.signing import HeaderKeys
+from retrytopics.spark import checks, ledger, signatures, where as where_filter
 from retrytopics.spark.columns import with_retry_columns
 
 __all__ = ["DESTINATIONS", "add_replay_arguments", "replay", "run_replay_cli", "select_records"]
@@ -125,7 +129,7 @@ def _source_record() -> Column:
 
 def _plan(
     dlq: DataFrame, topics: TopicSet, destination: str, max_replays: int, allow_replayed: bool, park: bool,
-    source_partitions: int,
+    source_partitions: int, header_keys: HeaderKeys | None = None,
 ) -> tuple[DataFrame, dict[str, Any], tuple[int, int]]:
     """Assign each selected record its destination topic (or drop it). Returns the records to write, the
     counts of what was skipped, and (records to write, destination partitions) (see `_tally`).
@@ -136,7 +140,11 @@ def _plan(
     episode of a record replayed to a tier count as duplicates, but two records sharing an origin id (which
     `id_header` allows) are two records. A forged copy never hides a valid record."""
     foreign = F.col("original_topic").isNull() | (F.col("original_topic") != topics.source)
-    checked = dlq.withColumn("problem", F.when(foreign, None).otherwise(checks.problem(source_partitions)))
+    problem = checks.problem(source_partitions)
+    if header_keys is not None:  # checked first: a record that fails it may have been forged to pass the rest
+        signed = signatures.verified(header_keys, F.col("topic"), F.col("key"), F.col("value"), F.col("headers"))
+        problem = F.when(~signed, F.lit("signature")).otherwise(problem)
+    checked = dlq.withColumn("problem", F.when(foreign, None).otherwise(problem))
     checked = checked.withColumn("source_record", _source_record())
     usable = ~foreign & F.col("problem").isNull()
     newest_first = Window.partitionBy("source_record").orderBy(
@@ -167,7 +175,7 @@ def _tally(
         F.count_if(duplicate).alias("skipped_duplicates"),
         F.count_if(foreign).alias("skipped_foreign"),
         F.count_if(F.col("problem").isNotNull()).alias("skipped_invalid"),
-        *[F.count_if(F.col("problem") == name).alias(f"invalid:{name}") for name in checks.PROBLEMS],
+        *[F.count_if(F.col("problem") == name).alias(f"invalid:{name}") for name in (*checks.PROBLEMS, "signature")],
         F.count_if(skipped_looped).alias("skipped_max_replays"),
         F.count_if(F.col("destination") == parked_topic).alias("parked"),
         F.array_sort(F.collect_set("destination")).alias("destination_topics"),
@@ -208,11 +216,14 @@ def replay(
     dry_run: bool = False,
     now_ms: int | None = None,
     kafka_format: str = "python",
+    header_keys: HeaderKeys | None = None,
 ) -> dict[str, Any]:
     """Replay the selected DLQ records of `topics`; returns the `--json` summary (see the module docstring).
 
     `kafka_format="builtin"` reads and writes through Spark's own `kafka` format instead of the Python data
-    source (same rows, same result; `rate_per_s` needs the Python source, which alone can throttle)."""
+    source (same rows, same result; `rate_per_s` needs the Python source, which alone can throttle).
+    `header_keys`: skip DLQ records whose signature is missing or wrong (problem `signature`), and sign the
+    records written to the first tier."""
     if rate_per_s and kafka_format != "python":
         raise ConfigError("rate", rate_per_s, "a send rate limit needs --kafka-format python")
     if destination not in DESTINATIONS:
@@ -233,7 +244,7 @@ def replay(
     chosen = select_records(dlq, reasons=reasons, exception_types=exception_types, since_ms=since_ms,
                             until_ms=until_ms, origin_ids=origin_ids, where=where)  # fmt: skip
     planned, counts, sizes = _plan(chosen, topics, destination, max_replays, allow_replayed, park,
-                                   partitions[topics.source])  # fmt: skip
+                                   partitions[topics.source], header_keys)  # fmt: skip
     result: dict[str, Any] = {"replay_id": replay_id, "dry_run": dry_run, "destination": destination, **counts}
     try:
         if dry_run:
@@ -244,7 +255,7 @@ def replay(
         return _write(spark, kafka, topics, planned, result, replay_id=replay_id, destination=destination,
                       kafka_format=kafka_format,
                       now_ms=now_ms, reset=reset_reconsume_times, rate_per_s=rate_per_s, sizes=sizes,
-                      target_partitions=partitions[target])  # fmt: skip
+                      target_partitions=partitions[target], header_keys=header_keys)  # fmt: skip
     finally:
         planned.unpersist()
 
@@ -261,7 +272,7 @@ def _partition(destination: str, target_partitions: int) -> Column:
 def _write(
     spark: SparkSession, kafka: KafkaConfig, topics: TopicSet, planned: DataFrame, result: dict[str, Any], *,
     replay_id: str, destination: str, now_ms: int, reset: bool, rate_per_s: int | None, sizes: tuple[int, int],
-    target_partitions: int, kafka_format: str,
+    target_partitions: int, kafka_format: str, header_keys: HeaderKeys | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     todo = _not_yet_written(spark, kafka, topics, planned, replay_id=replay_id, destination=destination,
                             parked=bool(result["parked"]), kafka_format=kafka_format)  # fmt: skip
@@ -284,6 +295,10 @@ def _write(
         F.when(F.col("destination") == f"{topics.dlq}.parked", F.lit(None))
         .otherwise(_partition(destination, target_partitions)).cast("int").alias("partition"),
     )  # fmt: skip
+    if header_keys is not None and destination == "first_tier":  # the tier consumers refuse unsigned records
+        mac = signatures.signature(header_keys, F.col("topic"), F.col("key"), F.col("value"), F.col("headers"))
+        to_tier = F.col("topic") == topics.tiers[0].topic
+        out = out.withColumn("headers", F.when(to_tier, F.concat("headers", F.array(mac))).otherwise(F.col("headers")))
     options = kafka_options(kafka, failRetriedTasks="true")
     if rate_per_s:  # shared evenly by the tasks (approximate when two destinations hash to one task)
         options["maxRecordsPerSecondPerTask"] = str(max(1, rate_per_s // tasks))
@@ -346,6 +361,8 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true", help="print counts and a sample, write nothing")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
     parser.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
+    parser.add_argument("--header-key-file", metavar="FILE", help="signed retry headers: file with the app's "
+                        "header keys, one per line, the first signing (or RETRYTOPICS_APP_HEADER_KEY)")  # fmt: skip
     parser.add_argument("--kafka-format", choices=["python", "builtin"], default="python",
                         help="read and write with this project's Python data source or Spark's own kafka format")
 
@@ -368,7 +385,7 @@ def run_replay_cli(args: argparse.Namespace, *, kafka: KafkaConfig, topics: Topi
         since_ms=args.since, until_ms=args.until, origin_ids=origin_ids, where=args.where,
         reset_reconsume_times=not args.keep_reconsume_times, max_replays=args.max_replays,
         allow_replayed=args.allow_replayed, park=args.park, rate_per_s=args.rate, dry_run=args.dry_run,
-        kafka_format=args.kafka_format,
+        kafka_format=args.kafka_format, header_keys=getattr(args, "header_keys", None),
     )  # fmt: skip
     seconds, written = time.monotonic() - started, int(result.get("written") or 0)
     note(f"{result.get('selected', 0):,} selected, {written:,} written in {seconds:.1f}s ({rate(written, seconds)})")
