@@ -200,7 +200,7 @@ class RetryApp:
     def add_hook(self, hook: Hook) -> None:
         """Subscribe one more hook to this app's events (e.g. metrics set up after the app was built);
         call it before `start`/`run`."""
-        self._emitter.hooks.append(hook)
+        self._emitter.add(hook)
 
     @property
     def max_poll_interval_ms(self) -> int:

@@ -32,7 +32,7 @@ from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.kafka import make_admin, make_producer, open_tail
 from retrytopics.connectors.serde import avro, avro_serializer
 from retrytopics.errors import ConfigError, HeaderDecodeError
-from retrytopics.events import Event
+from retrytopics.events import PER_BATCH, Event
 from retrytopics.headers import decode
 from retrytopics.naming import TopicSet
 from retrytopics.policy import RetryPolicy
@@ -146,8 +146,13 @@ class _StageCounter:
         self.calls: Counter[str] = Counter()
         self.scheduled: Counter[str] = Counter()
 
+    events = PER_BATCH
+
     def on_event(self, event: Event, data: Mapping[str, object]) -> None:
-        if event in (Event.RECORD_HANDLED, Event.RECORD_FAILED):
+        if event is Event.RECORDS_HANDLED:
+            count = data.get("count")
+            self.calls[str(data.get("topic"))] += count if isinstance(count, int) else 1
+        elif event is Event.RECORD_FAILED:
             self.calls[str(data.get("topic"))] += 1
         elif event is Event.RETRY_SCHEDULED:
             self.scheduled[str(data.get("destination"))] += 1

@@ -24,7 +24,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Emitter", "Event", "Hook", "LoggingHook", "NullHook", "Stats", "StatsCollector"]
+__all__ = ["PER_BATCH", "Emitter", "Event", "Hook", "LoggingHook", "NullHook", "Stats", "StatsCollector"]
 
 log = logging.getLogger("retrytopics.events")
 
@@ -43,7 +43,11 @@ class Event(StrEnum):
     PARTITIONS_LOST = "partitions.lost"
     """Partitions were lost without a chance to commit (session or poll timeout) [consumer, partitions]."""
     RECORD_HANDLED = "record.handled"
-    """A handler call returned [topic, partition, offset, attempt, due_at (None on a source topic), handled_at]."""
+    """A handler call returned [topic, partition, offset, attempt, due_at (None on a source topic), handled_at].
+    Emitted per record only when a hook wants it (see `Hook`); `RECORDS_HANDLED` sums them per batch."""
+    RECORDS_HANDLED = "records.handled"
+    """The handler calls that returned for one partition in one poll batch [consumer, topic, partition, count,
+    first_offset, last_offset, lateness_ms (handled_at - due_at of each retried record; empty on a source)]."""
     RECORD_FAILED = "record.failed"
     """A handler call raised (or the record could not be decoded); a route follows [topic, partition, offset,
     attempt, error, due_at, handled_at]."""
@@ -61,14 +65,14 @@ class Event(StrEnum):
     """A partition was paused: its head record is not due yet, or a publish is failing [topic, partition, until]."""
     PARTITION_RESUMED = "partition.resumed"
     """A paused partition was resumed [topic, partition]."""
-    DUPLICATE_SUPPRESSED = "duplicate.suppressed"
-    """A tier record already handled once (same origin, replay count and attempt) was skipped [topic, partition,
-    offset, origin_message_id, reconsume_times]."""
-    OFFSETS_COMMITTED = "offsets.committed"
     DUE_CLAMPED = "due.clamped"
     """A tier record's `retry.due_at` lay beyond its tier's longest delay from when this consumer first saw it:
     skewed clocks or a forged due time; it waits until `clamped_to` instead [consumer, topic, partition, offset,
     due_at, clamped_to]."""
+    DUPLICATE_SUPPRESSED = "duplicate.suppressed"
+    """A tier record already handled once (same origin, replay count and attempt) was skipped [topic, partition,
+    offset, origin_message_id, reconsume_times]."""
+    OFFSETS_COMMITTED = "offsets.committed"
     """A commit was sent [consumer, offsets, synchronous]."""
     TRANSACTION_ABORTED = "transaction.aborted"
     """Exactly-once mode: a transaction was aborted and its partitions rewound [consumer, error]."""
@@ -76,13 +80,24 @@ class Event(StrEnum):
 
 @runtime_checkable
 class Hook(Protocol):
-    """Receives every event. `data` is read-only and its keys are listed on each `Event` member."""
+    """Receives events. `data` is read-only and its keys are listed on each `Event` member.
+
+    A hook may also have an `events` attribute, the collection of events it wants: it then receives those
+    only. Without it, a hook receives every event, `RECORD_HANDLED` included, which is then built once per
+    handled record: a hook that can count `RECORDS_HANDLED` (one per partition and batch) instead keeps the
+    success path lean by leaving `RECORD_HANDLED` out of its `events`."""
 
     def on_event(self, event: Event, data: Mapping[str, object]) -> None: ...
 
 
+#: Every event but the per-record success: what the built-in hooks want.
+PER_BATCH: frozenset[Event] = frozenset(Event) - {Event.RECORD_HANDLED}
+
+
 class NullHook:
     """Ignores everything (the default)."""
+
+    events: frozenset[Event] = frozenset()
 
     def on_event(self, event: Event, data: Mapping[str, object]) -> None:
         return None
@@ -90,7 +105,7 @@ class NullHook:
 
 #: Events that are normal operation and frequent: logged at DEBUG by `LoggingHook`.
 _QUIET = frozenset(
-    {Event.RECORD_HANDLED, Event.PARTITION_PAUSED, Event.PARTITION_RESUMED, Event.OFFSETS_COMMITTED,
+    {Event.RECORD_HANDLED, Event.RECORDS_HANDLED, Event.PARTITION_PAUSED, Event.PARTITION_RESUMED, Event.OFFSETS_COMMITTED,
      Event.RETRY_SCHEDULED, Event.RECORD_FAILED}
 )  # fmt: skip
 _LOUD = frozenset({Event.PUBLISH_FAILED, Event.PRODUCER_RECREATED, Event.TRANSACTION_ABORTED})
@@ -98,6 +113,8 @@ _LOUD = frozenset({Event.PUBLISH_FAILED, Event.PRODUCER_RECREATED, Event.TRANSAC
 
 class LoggingHook:
     """Logs events: pausing and handling at DEBUG, trouble at WARNING, the rest at INFO."""
+
+    events = PER_BATCH
 
     def __init__(self, logger: logging.Logger | None = None) -> None:
         self.logger = logger or logging.getLogger("retrytopics")
@@ -128,8 +145,9 @@ class Stats:
 class StatsCollector:
     """A hook that counts events; thread-safe, since every consumer thread emits."""
 
+    events = PER_BATCH
     _COUNTED = {
-        Event.RECORD_HANDLED: "handled",
+        Event.RECORDS_HANDLED: "handled",
         Event.RECORD_FAILED: "failed",
         Event.RETRY_SCHEDULED: "retried",
         Event.DUPLICATE_SUPPRESSED: "duplicates_suppressed",
@@ -149,7 +167,8 @@ class StatsCollector:
             return
         with self._lock:
             if name is not None:
-                self._counts[name] += 1
+                count = data.get("count", 1)
+                self._counts[name] += count if isinstance(count, int) else 1
             else:
                 self._dead[str(data.get("reason"))] += 1
 
@@ -163,16 +182,34 @@ class StatsCollector:
 
 
 class Emitter:
-    """Fans an event out to hooks; a failing hook is logged, never propagated."""
+    """Fans an event out to the hooks that want it; a failing hook is logged, never propagated."""
 
     def __init__(self, hooks: Iterable[Hook] = ()) -> None:
-        self.hooks: list[Hook] = list(hooks)
+        self._hooks: list[Hook] = []
+        self._routes: dict[Event, tuple[Hook, ...]] = {}
+        for hook in hooks:
+            self.add(hook)
+
+    @property
+    def hooks(self) -> tuple[Hook, ...]:
+        return tuple(self._hooks)
+
+    def add(self, hook: Hook) -> None:
+        self._hooks.append(hook)
+        self._routes = {
+            event: tuple(h for h in self._hooks if event in getattr(h, "events", Event)) for event in Event
+        }
+
+    def wants(self, event: Event) -> bool:
+        """Whether any hook receives `event` (so that a caller can skip building a frequent one)."""
+        return bool(self._routes.get(event))
 
     def emit(self, event: Event, **data: object) -> None:
-        if not self.hooks:
+        hooks = self._routes.get(event)
+        if not hooks:
             return
         view = MappingProxyType(data)
-        for hook in self.hooks:
+        for hook in hooks:
             try:
                 hook.on_event(event, view)
             except Exception:  # noqa: BLE001 - observability must not change record handling

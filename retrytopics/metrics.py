@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from retrytopics.events import Event
+from retrytopics.events import PER_BATCH, Event
 
 __all__ = ["LATENESS_BUCKETS_S", "STATISTICS_INTERVAL_MS", "PrometheusHook"]
 
@@ -40,6 +40,8 @@ LATENESS_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 1
 class PrometheusHook:
     """Counts records handled, failed, retried and dead-lettered per topic (and tier, reason), observes
     lateness, and tracks paused partitions and publish failures."""
+
+    events = PER_BATCH
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
@@ -99,9 +101,12 @@ class PrometheusHook:
 
     def on_event(self, event: Event, data: Mapping[str, object]) -> None:
         topic = str(data.get("topic", ""))
-        if event is Event.RECORD_HANDLED:
-            self.handled.labels(topic).inc()
-            self._observe_lateness(topic, data)
+        if event is Event.RECORDS_HANDLED:
+            count = data.get("count")
+            self.handled.labels(topic).inc(count if isinstance(count, int) else 1)
+            lateness = data.get("lateness_ms")
+            for ms in lateness if isinstance(lateness, tuple) else ():
+                self.lateness.labels(topic).observe(max(0, ms) / 1000)
         elif event is Event.RECORD_FAILED:
             self.failed.labels(topic).inc()
             self._observe_lateness(topic, data)

@@ -99,6 +99,19 @@ class OffsetTracker:
         part.advance()
         return True
 
+    def finish_at_once(self, tp: TopicPartition, offset: int) -> bool:
+        """`track` and `finish` in one step, for a record finished as soon as it is read (its handler
+        succeeded): when nothing of `tp` is in flight, the position moves without touching the queue."""
+        part = self._partitions.get(tp)
+        if part is None or part.in_flight:
+            return self.finish(tp, offset, self.track(tp, offset))
+        if part.position is not None and offset < part.position:
+            raise ValueError(f"{tp}: offset {offset} is before the finished position {part.position}")
+        if part.first is None:
+            part.first = offset
+        part.position = offset + 1
+        return True
+
     def in_flight(self, tp: TopicPartition) -> int:
         """Records of `tp` tracked but not yet finished (or finished behind an unfinished one)."""
         part = self._partitions.get(tp)

@@ -13,7 +13,7 @@ from typing import Any
 import tenacity
 
 from retrytopics.classify import Verdict, classify
-from retrytopics.connectors.serde import Deserializer, deserialize
+from retrytopics.connectors.serde import Deserializer, bytes_value, deserialize
 from retrytopics.errors import PoisonRecordError
 from retrytopics.headers import RetryHeaders, user_headers
 from retrytopics.policy import RetryPolicy
@@ -48,15 +48,16 @@ def inbound(msg: Message) -> InboundRecord:
 
 def build_record(binding: Binding, msg: Message, state: RetryHeaders | None) -> tuple[Record[Any], PoisonRecordError | None]:
     """The handler's Record; on a decode failure, a Record with `value=None` and the poison error."""
-    value: Any = None
+    value: Any = msg.value
     poison: PoisonRecordError | None = None
-    try:
-        value = deserialize(
-            binding.value_deserializer, msg.value, topic=msg.topic, partition=msg.partition,
-            offset=msg.offset, headers=msg.headers,
-        )  # fmt: skip
-    except PoisonRecordError as exc:
-        poison = exc
+    if binding.value_deserializer is not bytes_value:  # the default needs no call (nor its context)
+        try:
+            value = deserialize(
+                binding.value_deserializer, msg.value, topic=msg.topic, partition=msg.partition,
+                offset=msg.offset, headers=msg.headers,
+            )  # fmt: skip
+        except PoisonRecordError as exc:
+            value, poison = None, exc
     if msg.header_error is not None and poison is None:  # a header key the client could not read
         poison = PoisonRecordError(msg.topic, msg.partition, msg.offset, msg.value, msg.header_error)
     if state is not None:
@@ -65,11 +66,10 @@ def build_record(binding: Binding, msg: Message, state: RetryHeaders | None) -> 
         origin = f"{msg.topic}-{msg.partition}-{msg.offset}"
     else:
         origin = origin_message_id(binding.ctx, inbound(msg))
-    record = Record(
-        topic=msg.topic, partition=msg.partition, offset=msg.offset, timestamp_ms=msg.timestamp_ms,
-        key=msg.key, value=value, raw_value=msg.value, headers=tuple(user_headers(msg.headers)) if msg.headers else (),
-        retry=state, origin_message_id=origin,
-    )  # fmt: skip
+    headers = tuple(user_headers(msg.headers)) if msg.headers else ()
+    # positional, in field order: this runs once per handler call
+    record = Record(msg.topic, msg.partition, msg.offset, msg.timestamp_ms, msg.key, value, msg.value, headers,
+                    state, origin)  # fmt: skip
     return record, poison
 
 
@@ -105,6 +105,8 @@ class Invoker:
 
     def _once(self, handler: Callable[[Record[Any]], Any], record: Record[Any]) -> Any:
         result = handler(record)
+        if result is None:  # most handlers: no awaitable to look for
+            return None
         if inspect.isawaitable(result):
             if self._loop is None:
                 self._loop = asyncio.new_event_loop()

@@ -38,6 +38,7 @@ from retrytopics.runtime.ownership import OwnershipCheck
 from retrytopics.runtime.publish import Publisher, PublishJob, TransactionalPublisher, too_large_fallback
 from retrytopics.runtime.pausing import PauseController
 from retrytopics.runtime.seeding import TailReader, destinations, seed
+from retrytopics.runtime.tally import HandledTally
 
 __all__ = ["ConsumerLoop", "DeadLetterCallback", "LoopSettings"]
 
@@ -114,6 +115,8 @@ class ConsumerLoop:
         self._txn_keys: list[AuditKey] = []
         self._txn_acks: list[PublishJob] = []
         self._txn_tps: set[TopicPartition] = set()
+        self._handled = HandledTally()
+        self._each_handled = emitter.wants(Event.RECORD_HANDLED)
         self.crash: BaseException | None = None
         self.running = False
         self._started_at: float | None = None
@@ -280,8 +283,6 @@ class ConsumerLoop:
                 return
         record, poison = build_record(binding, msg, state)
         failure: BaseException | None = bad or poison
-        # handled_at - due_at is the lateness metric, which only retried records have
-        timing = {"due_at": state.due_at, "handled_at": _now_ms()} if state is not None else _NO_TIMING
         if failure is None:
             try:
                 self._invoker.call(binding, record)
@@ -291,17 +292,31 @@ class ConsumerLoop:
             # commit position, since it is read again (here or by the new owner), not finished.
             if self._lost_ownership(msg) or (failure is not None and self._stopping(msg, failure)):
                 return
+        # handled_at - due_at is the lateness metric, which only retried records have
+        timing = {"due_at": state.due_at, "handled_at": _now_ms()} if state is not None else _NO_TIMING
+        if failure is None:
+            self._succeeded(msg, key, record, timing)
+            return
         epoch = self._track(msg)
         if key is not None:
             self._remember(key)
-        if failure is None:
-            self._finish(msg.tp, msg.offset, epoch)
-            self._emit(Event.RECORD_HANDLED, topic=msg.topic, partition=msg.partition, offset=msg.offset,
-                       attempt=record.attempt, **timing)  # fmt: skip
-            return
         self._emit(Event.RECORD_FAILED, topic=msg.topic, partition=msg.partition, offset=msg.offset,
                    attempt=record.attempt, error=type(described_failure(failure)).__name__, **timing)  # fmt: skip
         self._hand_off(binding, msg, epoch, record, failure)
+
+    def _succeeded(self, msg: Message, key: AuditKey | None, record: Any, timing: Mapping[str, Any]) -> None:
+        """A handler call returned: the record is finished, and counted for the batch's `records.handled`."""
+        if self.settings.exactly_once:
+            self._finish(msg.tp, msg.offset, self._track(msg))
+        elif self._tracker.finish_at_once(msg.tp, msg.offset):
+            self._finished_since_commit += 1
+        if key is not None:
+            self._remember(key)
+        due_at = timing["due_at"]
+        self._handled.add(msg.tp, msg.offset, None if due_at is None else timing["handled_at"] - due_at)
+        if self._each_handled:  # a hook asked for one event per record
+            self._emit(Event.RECORD_HANDLED, topic=msg.topic, partition=msg.partition, offset=msg.offset,
+                       attempt=record.attempt, **timing)  # fmt: skip
 
     def _due_at(self, binding: Binding, msg: Message, state: RetryHeaders | None, now: int) -> int | None:
         """When `msg` is due here: its `retry.due_at`, bounded by its tier's longest delay from when this
@@ -471,6 +486,7 @@ class ConsumerLoop:
     # -- commits -------------------------------------------------------------------------------------------
 
     def _end_batch(self) -> None:
+        self._handled.flush(self._emit)
         if self.settings.exactly_once:
             self._commit_transaction()
             return
@@ -597,6 +613,7 @@ class ConsumerLoop:
     # -- shutdown ------------------------------------------------------------------------------------------
 
     def _shutdown(self) -> None:
+        self._handled.flush(self._emit)
         try:
             if self._publisher is not None and not self.settings.exactly_once:
                 if not self._publisher.flush(self.settings.drain_timeout_s):

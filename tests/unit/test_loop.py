@@ -258,3 +258,47 @@ def test_a_freeze_before_anything_was_handled_reads_the_kept_records_again(monke
     consumer, producer, calls, _ = run_loop([assigned, frozen, lost], clock, monkeypatch)
     assert calls == [] and producer.produced == []
     assert (TP, 1) in consumer.seeks
+
+
+@pytest.mark.parametrize("per_record_hook", [False, True])
+def test_successes_are_summed_per_partition_and_batch_and_finish_their_offsets(per_record_hook: bool) -> None:
+    """The lean success path (issue 13): one `records.handled` per partition and batch counts every call,
+    offsets finish without being queued, and `record.handled` reaches only a hook that asks for it."""
+    # setup: two batches over two source partitions; a failure in between holds partition 0's position
+    stop = threading.Event()
+    source = [Message("orders", p, o, 1, None, b"v", ()) for o in range(3) for p in (0, 1)]
+
+    def first(c: FakeConsumer) -> list[Message]:
+        c.on_assign([("orders", 0), ("orders", 1)])
+        return source[:4]
+
+    consumer, producer = FakeConsumer([first, lambda c: source[4:]], stop), FakeProducer()
+    batch_hook = SimpleNamespace(events=frozenset({Event.RECORDS_HANDLED}), seen=[])
+    batch_hook.on_event = lambda event, data: batch_hook.seen.append(dict(data))
+    every: list[Event] = []
+    hooks: list[Any] = [batch_hook]
+    if per_record_hook:
+        hooks.append(SimpleNamespace(on_event=lambda event, data: every.append(event)))
+
+    def handle(record: Record[bytes]) -> None:
+        if (record.partition, record.offset) == (0, 1):
+            raise RuntimeError("handed off, then acknowledged")
+
+    binding = Binding(topic="orders", handler=handle, policy=POLICY, ctx=CTX, value_deserializer=bytes_value)
+    loop = ConsumerLoop(
+        LoopSettings(name="main", group_id="billing", topics=("orders",), max_wait_ms=10, commit_on_ack=False),
+        {"orders": binding}, consumer_factory=lambda: consumer, producer_factory=lambda: producer,
+        emitter=Emitter(hooks), stop=stop, audit=DuplicateAudit(10),
+    )  # fmt: skip
+
+    # when
+    loop.run()
+
+    # then: 5 successes in 3 events (two partitions in the first batch, two in the second), the failure routed
+    assert [(d["partition"], d["count"], d["first_offset"], d["last_offset"]) for d in batch_hook.seen] == [
+        (0, 1, 0, 0), (1, 2, 0, 1), (0, 1, 2, 2), (1, 1, 2, 2),
+    ]  # fmt: skip
+    assert producer.produced == [CTX.topics.tiers[0].topic]
+    assert every.count(Event.RECORD_HANDLED) == (5 if per_record_hook else 0)
+    # every offset finished: the last commit covers both partitions to their end
+    assert consumer.commits[-1] == {("orders", 0): 3, ("orders", 1): 3}

@@ -16,8 +16,11 @@ def _value(hook: PrometheusHook, name: str, **labels: str) -> float | None:
 def test_events_become_metrics() -> None:
     hook = PrometheusHook()
     emit = Emitter([hook]).emit
-    emit(Event.RECORD_HANDLED, topic="orders", partition=0, offset=1, attempt=1)
-    emit(Event.RECORD_HANDLED, topic="orders.b.retry.1s", partition=0, offset=1, attempt=2, due_at=1_000, handled_at=1_040)
+    # per-record successes are not wanted by the hook (it counts the per-batch sums): delivered to nobody
+    emit(Event.RECORD_HANDLED, topic="orders", partition=0, offset=9, attempt=1)
+    emit(Event.RECORDS_HANDLED, topic="orders", partition=0, count=3, first_offset=1, last_offset=4, lateness_ms=())
+    emit(Event.RECORDS_HANDLED, topic="orders.b.retry.1s", partition=0, count=1, first_offset=1, last_offset=1,
+         lateness_ms=(40,))  # fmt: skip
     emit(Event.RECORD_FAILED, topic="orders", partition=0, offset=2, attempt=1, error="boom")
     emit(Event.RETRY_SCHEDULED, topic="orders", partition=0, offset=2, destination="orders.b.retry.1s", due_at=5)
     emit(Event.DLQ_DISPATCHED, topic="orders", partition=0, offset=3, destination="orders.b.dlq", reason="poison")
@@ -25,7 +28,7 @@ def test_events_become_metrics() -> None:
     emit(Event.PARTITION_PAUSED, topic="orders.b.retry.1s", partition=1, until=10)
     emit(Event.PARTITION_RESUMED, topic="orders.b.retry.1s", partition=0)
 
-    assert _value(hook, "retrytopics_records_handled_total", topic="orders") == 1
+    assert _value(hook, "retrytopics_records_handled_total", topic="orders") == 3
     assert _value(hook, "retrytopics_records_failed_total", topic="orders") == 1
     assert _value(hook, "retrytopics_records_retried_total", topic="orders", tier_topic="orders.b.retry.1s") == 1
     assert _value(hook, "retrytopics_records_dead_lettered_total", topic="orders", reason="poison") == 1

@@ -115,3 +115,43 @@ def test_position_is_one_past_the_longest_finished_prefix(order: list[int], fini
     expected = {TP: prefix} if prefix else {}
     assert tracker.commit_positions() == expected
     assert tracker.in_flight(TP) == 30 - prefix
+
+
+@given(
+    at_once=st.lists(st.booleans(), min_size=1, max_size=40),
+    finish_order=st.randoms(use_true_random=False),
+)
+def test_finishing_at_once_moves_positions_exactly_as_track_then_finish(at_once: list[bool], finish_order) -> None:
+    # setup: the same records through both paths; a record not finished at once is handed off and finishes later
+    fast, slow = OffsetTracker(), OffsetTracker()
+    fast_epoch, slow_epoch = fast.assign(TP), slow.assign(TP)
+    later: list[int] = []
+    for offset, succeeded in enumerate(at_once, start=100):
+        # when
+        if succeeded:
+            assert fast.finish_at_once(TP, offset) is True
+            slow.finish(TP, offset, slow.track(TP, offset))
+        else:
+            fast.track(TP, offset)
+            slow.track(TP, offset)
+            later.append(offset)
+        # then: the positions agree after every step
+        assert fast.commit_positions() == slow.commit_positions()
+        assert fast.in_flight(TP) == slow.in_flight(TP)
+    finish_order.shuffle(later)
+    for offset in later:
+        assert fast.finish(TP, offset, fast_epoch) == slow.finish(TP, offset, slow_epoch)
+        assert fast.commit_positions() == slow.commit_positions()
+    assert fast.commit_positions() == {TP: 100 + len(at_once)}
+    assert fast.rewind(TP) == slow.rewind(TP) == 100
+
+
+def test_finishing_at_once_before_the_position_is_refused() -> None:
+    tracker = OffsetTracker()
+    tracker.finish_at_once(TP, 5)
+    try:
+        tracker.finish_at_once(TP, 3)
+    except ValueError as exc:
+        assert "before the finished position" in str(exc)
+    else:
+        raise AssertionError("an offset behind the position was accepted")
