@@ -214,6 +214,27 @@ class RetryHeaders:
             raise ConfigError("lineage", self.lineage, "expected a Lineage")
         self._check_consistency()
 
+    def evolve(self, **changes: object) -> RetryHeaders:
+        """A copy with `changes`, like `dataclasses.replace`, but only the changed fields are validated again
+        (with the rules between fields): the others were when this state was built. The failure path makes
+        two or three copies per record, and a full validation costs more than the routing itself."""
+        copy = object.__new__(RetryHeaders)
+        for name in _RETRY_FIELDS:
+            object.__setattr__(copy, name, changes[name] if name in changes else getattr(self, name))
+        unknown = changes.keys() - _RETRY_FIELDS
+        if unknown:
+            raise TypeError(f"RetryHeaders has no field {sorted(unknown)[0]!r}")
+        for spec in _RETRY_SPECS:
+            if spec.attr in changes:
+                reason = _problem(spec, changes[spec.attr])
+                if reason is not None:
+                    value = changes[spec.attr]
+                    raise ConfigError(spec.attr, value if not isinstance(value, str) else _excerpt(value), reason)
+        if "lineage" in changes and not isinstance(copy.lineage, Lineage):
+            raise ConfigError("lineage", copy.lineage, "expected a Lineage")
+        copy._check_consistency()
+        return copy
+
     def _check_consistency(self) -> None:
         """The rules between fields (each field alone is validated by its spec)."""
         if self.first_failed_at > self.last_failed_at:
@@ -222,6 +243,10 @@ class RetryHeaders:
             raise ConfigError("due_at", self.due_at, "tier and due_at are set together (tier records) or not at all")
         if self.tier is not None and self.dlq_reason is not None:
             raise ConfigError("dlq_reason", self.dlq_reason, "a DLQ record has no tier; a tier record no DLQ reason")
+
+
+_RETRY_FIELDS: Final = frozenset(RetryHeaders.__dataclass_fields__)
+_NO_LINEAGE: Final = Lineage()
 
 
 def encode(h: RetryHeaders) -> list[Header]:
@@ -312,6 +337,8 @@ def _parse(spec: _Spec, raw: bytes | None) -> object:
 
 def decode_lineage(headers: Sequence[Header]) -> Lineage:
     """Replay lineage from any record's headers; tolerant: an invalid or duplicated field is dropped."""
+    if not headers:  # most source records: nothing to read, and one shared (immutable) answer
+        return _NO_LINEAGE
     seen: dict[str, list[object]] = {s.header: [] for s in _LINEAGE_SPECS}
     items = headers[:MAX_HEADER_COUNT] if isinstance(headers, list | tuple) else ()
     for item in items:

@@ -202,7 +202,7 @@ def route(
     timeout = ctx.policy.timeout_ms
     if timeout is not None and due_at > state.first_failed_at + timeout:
         return _dead_letter(ctx, record, state, DlqReason.TIMEOUT)
-    retry = dataclasses.replace(state, tier=tier.index, due_at=due_at)
+    retry = state.evolve(tier=tier.index, due_at=due_at)
     return _make_route(ctx, RouteKind.TIER, tier.topic, retry, record)
 
 
@@ -253,8 +253,7 @@ def _fresh(ctx: RouteContext, record: InboundRecord, now_ms: int, failure: BaseE
 def _next(ctx: RouteContext, previous: RetryHeaders, now_ms: int, failure: BaseException) -> RetryHeaders:
     """The state after one more failure; origin and original coordinates are copied, never recomputed."""
     described = _describe(failure, ctx.redact)
-    return dataclasses.replace(
-        previous,
+    return previous.evolve(
         reconsume_times=previous.reconsume_times + 1,
         last_failed_at=max(now_ms, previous.last_failed_at),  # a clock step back never moves time backwards
         tier=None,
@@ -327,8 +326,8 @@ def too_large_route(
     failure's type kept. ``keep_user_headers=False`` is the last resort, which the runtime pairs with a value
     replaced by :func:`too_large_reference`. ``key`` and ``value`` are what will be published (signed with
     ``ctx.header_keys``; unused without keys)."""
-    retry = dataclasses.replace(
-        refused.retry, tier=None, due_at=None, dlq_reason=DlqReason.TOO_LARGE, exception_message="",
+    retry = refused.retry.evolve(
+        tier=None, due_at=None, dlq_reason=DlqReason.TOO_LARGE, exception_message="",
         exception_trace="",
     )  # fmt: skip
     users = tuple(user_headers(refused.headers)) if keep_user_headers else ()
@@ -347,7 +346,7 @@ def too_large_reference(topic: str, partition: int, offset: int, value: bytes | 
 
 
 def _dead_letter(ctx: RouteContext, record: InboundRecord, state: RetryHeaders, reason: DlqReason) -> Route:
-    retry = dataclasses.replace(state, tier=None, due_at=None, dlq_reason=reason)
+    retry = state.evolve(tier=None, due_at=None, dlq_reason=reason)
     return _make_route(ctx, RouteKind.DLQ, ctx.topics.dlq, retry, record)
 
 
