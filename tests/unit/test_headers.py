@@ -258,3 +258,40 @@ def test_constructor_errors_name_the_field(changes: dict[str, Any], field: str) 
     with pytest.raises(ConfigError) as info:
         sample(**changes)
     assert info.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"reconsume_times": 0}, "reconsume_times"),
+        ({"original_topic": "a b"}, "original_topic"),
+        ({"exception_message": "x" * 2000}, "exception_message"),
+        ({"exception_message": "\udc80"}, "exception_message"),
+        ({"tier": 1, "due_at": 5, "dlq_reason": DlqReason.EXHAUSTED}, "dlq_reason"),
+        ({"last_failed_at": -5}, "last_failed_at"),
+        ({"lineage": "none"}, "lineage"),
+        ({"due_at": None}, "due_at"),
+    ],
+)
+def test_evolve_checks_what_it_changes_and_the_rules_between_fields(changes: dict[str, Any], field: str) -> None:
+    # the router's copies are as strict as the constructor on what they change (sample() is a tier record)
+    with pytest.raises(ConfigError) as info:
+        sample().evolve(**changes)
+    assert info.value.field == field
+
+
+@given(h=retry_headers(), data=st.data())
+def test_evolve_equals_replace_for_valid_changes(h: RetryHeaders, data: st.DataObject) -> None:
+    other = data.draw(retry_headers())
+    names = data.draw(st.sets(st.sampled_from(sorted(f.name for f in dataclasses.fields(RetryHeaders)))))
+    changes = {name: getattr(other, name) for name in names}
+    try:
+        expected = dataclasses.replace(h, **changes)
+    except ConfigError as exc:
+        with pytest.raises(ConfigError) as info:
+            h.evolve(**changes)
+        assert info.value.field == exc.field
+    else:
+        assert h.evolve(**changes) == expected
+    with pytest.raises(TypeError):
+        h.evolve(colour="red")
