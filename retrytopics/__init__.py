@@ -20,6 +20,7 @@ from retrytopics.app import RetryApp
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.serde import avro, avro_serializer, bytes_value, json_serializer, json_value, utf8
 from retrytopics.errors import (
+    BatchFailed,
     ConfigError,
     HeaderDecodeError,
     KafkaClientError,
@@ -48,6 +49,7 @@ __all__ = [
     "NamingStrategy",
     "RetryPolicy",
     # Control signals (raised by handlers)
+    "BatchFailed",
     "NonRetryable",
     "Retry",
     # Serialization

@@ -163,10 +163,38 @@ class RetryApp:
         record retried in-process would get this consumer evicted from its group: that is checked here, and
         a `ConfigError` naming `in_process` says by how much.
         """
+        return self._register(topic, policy, value_deserializer, dlq, handler_budget, batch=False)
+
+    def batch_handler(
+        self,
+        topic: str,
+        *,
+        policy: RetryPolicy | None = None,
+        value_deserializer: Deserializer = bytes_value,
+        dlq: str | None = None,
+    ) -> Callable[[F], F]:
+        """Register a batch handler for `topic`: it takes a list of Records, the records of one poll of one
+        partition, in offset order (at most the consumer's batch size, 500 by default), on the source topic
+        and on every tier. Every record it does not name in a raised `BatchFailed` succeeded; any other
+        exception fails them all. Failed records follow `policy` one by one, exactly as a single handler's
+        would (tiers, DLQ, `Retry`, `NonRetryable`), and a partition's offsets are committed over the
+        records whose outcome is settled (succeeded, or republished and acknowledged), never past one that
+        is not. The whole call must end within `max.poll.interval.ms`. `policy.in_process` retries are per
+        record and not offered here: a failed record goes to the tiers (docs/architecture.md, "Batch
+        handlers")."""
+        return self._register(topic, policy, value_deserializer, dlq, "1s", batch=True)
+
+    def _register(
+        self, topic: str, policy: RetryPolicy | None, value_deserializer: Deserializer, dlq: str | None,
+        handler_budget: DurationLike, *, batch: bool,
+    ) -> Callable[[F], F]:  # fmt: skip
         validate_topic_name(topic, field="topic")
         policy = RetryPolicy() if policy is None else policy
         if not isinstance(policy, RetryPolicy):
             raise ConfigError("policy", policy, "expected a RetryPolicy")
+        if batch and policy.in_process is not None:
+            raise ConfigError("policy.in_process", policy.in_process, "in-process retries are per record; a batch "
+                              "handler's failed records are retried through the tiers")  # fmt: skip
         if policy.in_process is not None:
             budget_ms = parse_duration(handler_budget, field="handler_budget")
             policy.in_process.check_fits(self.max_poll_interval_ms, handler_budget_ms=budget_ms)
@@ -181,9 +209,10 @@ class RetryApp:
 
         def register(fn: F) -> F:
             if not callable(fn):
-                raise ConfigError("handler", fn, "expected a callable taking a Record")
+                what = "a list of Records" if batch else "a Record"
+                raise ConfigError("handler", fn, f"expected a callable taking {what}")
             self._bindings[topic] = Binding(
-                topic=topic, handler=fn, policy=policy, ctx=ctx, value_deserializer=value_deserializer
+                topic=topic, handler=fn, policy=policy, ctx=ctx, value_deserializer=value_deserializer, batch=batch
             )
             return fn
 

@@ -21,13 +21,18 @@ Control signals are not errors; a handler raises them to steer the retry:
 
     Retry(after="30s")     retry, and wait at least this long (acts like a retry-after hint)
     NonRetryable(cause)    go straight to the DLQ with reason `non_retryable`
+    BatchFailed([(record, exc), ...])
+                           a batch handler's failed records; the others of the call succeeded
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import timedelta
+from typing import Any
 
 __all__ = [
+    "BatchFailed",
     "BrokerBinaryMissing",
     "BrokerExitedEarly",
     "BrokerPortInUse",
@@ -176,3 +181,24 @@ class NonRetryable(Exception):
     def __init__(self, cause: BaseException | str) -> None:
         self.cause = cause
         super().__init__(str(cause))
+
+
+class BatchFailed(Exception):
+    """Raised by a batch handler (`@app.batch_handler`) when some records of its call failed: each with its
+    own exception, routed by the policy as a single handler's failure would be (`Retry`, `NonRetryable`
+    included). Every record of the call not named here succeeded::
+
+        @app.batch_handler("orders", policy=policy)
+        def charge_all(records: list[Record[dict]]) -> None:
+            failed = [(r, exc) for r, exc in charge_many(records) if exc is not None]
+            if failed:
+                raise BatchFailed(failed)
+
+    Any other exception fails every record of the call. Records are matched by their coordinates (topic,
+    partition, offset); naming a record that is not in the call fails the whole call, so that nothing a
+    handler meant to fail is taken for a success.
+    """
+
+    def __init__(self, failures: Iterable[tuple[Any, BaseException]]) -> None:
+        self.failures: list[tuple[Any, BaseException]] = list(failures)
+        super().__init__(f"{len(self.failures)} records of the batch failed")

@@ -14,7 +14,7 @@ import tenacity
 
 from retrytopics.classify import Verdict, classify
 from retrytopics.connectors.serde import Deserializer, bytes_value, deserialize
-from retrytopics.errors import PoisonRecordError
+from retrytopics.errors import BatchFailed, PoisonRecordError
 from retrytopics.headers import RetryHeaders, user_headers
 from retrytopics.policy import RetryPolicy
 from retrytopics.ports import Message
@@ -33,6 +33,8 @@ class Binding:
     policy: RetryPolicy
     ctx: RouteContext
     value_deserializer: Deserializer
+    #: the handler takes the records of one poll per partition, a list (`RetryApp.batch_handler`)
+    batch: bool = False
 
     @property
     def name(self) -> str:
@@ -100,6 +102,17 @@ class Invoker:
         )
         return retrying(self._once, binding.handler, record)
 
+    def call_batch(self, binding: Binding, records: list[Record[Any]]) -> list[BaseException | None]:
+        """Call a batch handler once; each record's failure (None: it succeeded). A `BatchFailed` names the
+        failed ones; any other exception fails them all. BaseException propagates, as for one record."""
+        try:
+            self._once(binding.handler, records)
+        except BatchFailed as failed:
+            return _outcomes(records, failed)
+        except Exception as exc:  # noqa: BLE001 - the whole call failed: every record is routed
+            return [exc] * len(records)
+        return [None] * len(records)
+
     def _sleep(self, seconds: float) -> None:
         self._stop.wait(seconds)
 
@@ -118,3 +131,20 @@ class Invoker:
             self._loop.run_until_complete(self._loop.shutdown_asyncgens())
             self._loop.close()
             self._loop = None
+
+
+def _outcomes(records: list[Record[Any]], failed: BatchFailed) -> list[BaseException | None]:
+    """Each record's failure as `failed` names it, matched by coordinates. A name not in the call (or not a
+    record) fails the whole call: a failure the handler meant must never pass for a success."""
+    index = {(r.topic, r.partition, r.offset): i for i, r in enumerate(records)}
+    outcomes: list[BaseException | None] = [None] * len(records)
+    for item in failed.failures:
+        record, exc = item if isinstance(item, tuple) and len(item) == 2 else (item, None)
+        where = index.get((getattr(record, "topic", None), getattr(record, "partition", None),
+                           getattr(record, "offset", None)))  # fmt: skip
+        if where is None or not isinstance(exc, BaseException):
+            bad = RuntimeError(f"BatchFailed names {item!r:.200}, which is not (a record of this call, an exception)")
+            bad.__cause__ = failed
+            return [bad] * len(records)
+        outcomes[where] = exc
+    return outcomes

@@ -33,6 +33,7 @@ from retrytopics.ports import ConsumerPort, Message, ProducerPort
 from retrytopics.router import (
     RouteKind, described_failure, longest_wait_ms, origin_message_id, read_retry_state, route,
 )  # fmt: skip
+from retrytopics.runtime.batching import Deferred, DeferredCalls
 from retrytopics.runtime.dispatch import Binding, Invoker, build_record, inbound
 from retrytopics.runtime.ownership import OwnershipCheck
 from retrytopics.runtime.publish import Publisher, PublishJob, TransactionalPublisher, too_large_fallback
@@ -116,6 +117,7 @@ class ConsumerLoop:
         self._txn_acks: list[PublishJob] = []
         self._txn_tps: set[TopicPartition] = set()
         self._handled = HandledTally()
+        self._deferred = DeferredCalls()  # records of batch handlers waiting for their call
         self._each_handled = emitter.wants(Event.RECORD_HANDLED)
         self.crash: BaseException | None = None
         self.running = False
@@ -230,6 +232,7 @@ class ConsumerLoop:
                 if self._abandoned:
                     self._restart_at(batch[i + 1 :])
                     break
+        self._settle_deferred()
         self._end_batch()
 
     def _act_on_queued(self, now_ms: int, *, refill: bool = True) -> None:
@@ -238,12 +241,13 @@ class ConsumerLoop:
         for msg, (state, bad) in self._pauses.take_due(now_ms, refill=refill):
             self._process(msg, state, bad, queued=True)
             if self._abandoned:
-                self._pauses.restart_at(msg.tp, msg.offset)  # drops what queued behind it, too
+                self._restart_at([msg])  # drops what queued behind it, too
                 break
             if self._stop.is_set():
                 break
             if self._publisher is not None and self._publisher.in_flight:
                 self._publisher.poll(0)
+        self._settle_deferred()
 
     def _read(self, msg: Message) -> None:
         binding = self._bindings[msg.topic]
@@ -262,6 +266,8 @@ class ConsumerLoop:
         assert self._pauses is not None
         binding = self._bindings[msg.topic]
         if not queued and self._pauses.queued(msg.tp):  # earlier records of its partition wait in memory
+            if not self._before_acting(msg.tp):
+                return
             now = _now_ms()
             self._pauses.enqueue(msg, self._due_at(binding, msg, state, now), (state, bad), now)
             return
@@ -270,12 +276,14 @@ class ConsumerLoop:
         key: AuditKey | None = None
         if state is not None:
             key = audit_key(state)
-            if key in self._audit:
+            if key in self._audit or key in self._deferred.keys:
                 self._suppress(msg, state)
                 return
             now = _now_ms()
             due = self._due_at(binding, msg, state, now)
             if due is not None and due > now:
+                if not self._before_acting(msg.tp):
+                    return
                 if self._pauses.should_queue(due, now):
                     self._pauses.enqueue(msg, due, (state, bad), now)
                 else:
@@ -283,6 +291,9 @@ class ConsumerLoop:
                 return
         record, poison = build_record(binding, msg, state)
         failure: BaseException | None = bad or poison
+        if binding.batch:
+            self._deferred.add(Deferred(binding, msg, key, record, state, failure))
+            return
         if failure is None:
             try:
                 self._invoker.call(binding, record)
@@ -292,6 +303,13 @@ class ConsumerLoop:
             # commit position, since it is read again (here or by the new owner), not finished.
             if self._lost_ownership(msg) or (failure is not None and self._stopping(msg, failure)):
                 return
+        self._settle(binding, msg, key, record, state, failure)
+
+    def _settle(
+        self, binding: Binding, msg: Message, key: AuditKey | None, record: Any, state: RetryHeaders | None,
+        failure: BaseException | None,
+    ) -> None:  # fmt: skip
+        """After the handler call (or a failure before any): finish the record, or route and hand it off."""
         # handled_at - due_at is the lateness metric, which only retried records have
         timing = {"due_at": state.due_at, "handled_at": _now_ms()} if state is not None else _NO_TIMING
         if failure is None:
@@ -303,6 +321,36 @@ class ConsumerLoop:
         self._emit(Event.RECORD_FAILED, topic=msg.topic, partition=msg.partition, offset=msg.offset,
                    attempt=record.attempt, error=type(described_failure(failure)).__name__, **timing)  # fmt: skip
         self._hand_off(binding, msg, epoch, record, failure)
+
+    def _before_acting(self, tp: TopicPartition) -> bool:
+        """Settle what is deferred for `tp` before anything else happens to it (runtime/batching.py); False
+        when that lost this consumer the partition's ownership (the caller then leaves the record alone)."""
+        if self._deferred.holds(tp):
+            self._settle_deferred(tp)
+        return not self._abandoned
+
+    def _settle_deferred(self, tp: TopicPartition | None = None) -> None:
+        """Call the batch handlers on the records deferred for `tp` (default: all), one call per partition."""
+        for group in self._deferred.take(tp):
+            self._call_group(group)
+
+    def _call_group(self, group: list[Deferred]) -> None:
+        first = group[0]
+        assert self._pauses is not None
+        if self._abandoned or self._stop.is_set():  # not acted on: read again, here or by the new owner
+            if not self._stop.is_set():
+                self._pauses.restart_at(first.msg.tp, first.msg.offset)
+            return
+        called = [d for d in group if d.failure is None]
+        outcomes = iter(self._invoker.call_batch(first.binding, [d.record for d in called]) if called else ())
+        if called and self._lost_ownership(first.msg):
+            self._pauses.restart_at(first.msg.tp, first.msg.offset)
+            return
+        for d in group:
+            failure = d.failure if d.failure is not None else next(outcomes)
+            if failure is not None and self._stopping(d.msg, failure):
+                return  # this record and the rest of the group stay unsettled, so uncommitted
+            self._settle(d.binding, d.msg, d.key, d.record, d.state, failure)
 
     def _succeeded(self, msg: Message, key: AuditKey | None, record: Any, timing: Mapping[str, Any]) -> None:
         """A handler call returned: the record is finished, and counted for the batch's `records.handled`."""
@@ -359,6 +407,8 @@ class ConsumerLoop:
                 log.exception("on_dead_letter callback failed for %s", where)
 
     def _suppress(self, msg: Message, state: RetryHeaders) -> None:
+        if not self._before_acting(msg.tp):
+            return
         epoch = self._track(msg)
         self._finish(msg.tp, msg.offset, epoch)
         log.info(
@@ -378,6 +428,8 @@ class ConsumerLoop:
         lineage = state.lineage if state is not None else decode_lineage(list(msg.headers))
         if hand_off_key(state, (msg.topic, msg.partition, msg.offset), lineage.replay_count) not in self._handed_off:
             return False
+        if not self._before_acting(msg.tp):
+            return True  # left alone: read again with the rest
         epoch = self._track(msg)
         self._finish(msg.tp, msg.offset, epoch)
         log.info("%s: duplicate suppressed: %s[%d]@%d was handed off already (found downstream at assignment)",
@@ -391,6 +443,8 @@ class ConsumerLoop:
         return True
 
     def _track(self, msg: Message) -> int:
+        if self._deferred:
+            self._before_acting(msg.tp)
         if self.settings.exactly_once:
             assert isinstance(self._publisher, TransactionalPublisher)
             self._publisher.begin()
@@ -455,6 +509,9 @@ class ConsumerLoop:
         timer, so a consumer that abandoned a record may well still own its partition; without this seek,
         the record was never read again and the partition's commit position stuck below it for good."""
         assert self._pauses is not None
+        # first the records deferred for batch handlers, which come before `rest` in their partitions (a
+        # partition keeps the first restart point it is given)
+        self._settle_deferred()
         starts: dict[TopicPartition, int] = {}
         for msg in rest:
             starts.setdefault(msg.tp, msg.offset)

@@ -1,0 +1,173 @@
+"""Batch handlers (`RetryApp.batch_handler`, issue 13) on the consumer loop with in-memory client fakes: one
+call per partition and poll, in offset order; each failure named by `BatchFailed` is routed as a single
+handler's would be, the others succeed; a record that fails before any call (poison) is settled in its place;
+offsets are committed over settled records only; a consumer that lost its partition during the call settles
+nothing and reads the records again."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from retrytopics import BatchFailed, NonRetryable, RetryApp
+from retrytopics.connectors.config import KafkaConfig
+from retrytopics.connectors.serde import json_value
+from retrytopics.dedupe import DuplicateAudit
+from retrytopics.errors import ConfigError
+from retrytopics.events import Emitter
+from retrytopics.headers import DlqReason, decode
+from retrytopics.naming import topics_for
+from retrytopics.policy import InProcessRetry, RetryPolicy
+from retrytopics.ports import Message
+from retrytopics.record import Record
+from retrytopics.router import RouteContext
+from retrytopics.runtime import loop as loop_module
+from retrytopics.runtime.dispatch import Binding
+from retrytopics.runtime.loop import ConsumerLoop, LoopSettings
+
+from .test_loop import Clock, FakeConsumer
+
+POLICY = RetryPolicy(delays=["1s"], non_retryable=(ValueError,))
+CTX = RouteContext(policy=POLICY, topics=topics_for("orders", "billing", POLICY.tier_delays_ms), group="billing")
+TIER, DLQ = CTX.topics.tiers[0].topic, CTX.topics.dlq
+
+
+class Producer:
+    """Acknowledges every produce at once; keeps what was produced."""
+
+    def __init__(self) -> None:
+        self.produced: list[tuple[str, bytes | None, list[tuple[str, bytes | None]]]] = []
+
+    def produce(self, topic: str, *, value: bytes | None, headers: Any, on_delivery: Callable[[Any], None],
+                **_: Any) -> None:  # fmt: skip
+        self.produced.append((topic, value, list(headers)))
+        on_delivery(None)
+
+    def poll(self, timeout_s: float) -> None:
+        pass
+
+    def flush(self, timeout_s: float) -> int:
+        return 0
+
+    def partition_count(self, topic: str) -> int:
+        return 2
+
+    def purge(self) -> None:
+        pass
+
+
+def source(partition: int, offset: int, value: bytes) -> Message:
+    return Message("orders", partition, offset, 1, None, value, ())
+
+
+def run(batches: list[list[Message]], handler: Callable[[list[Record[Any]]], None], monkeypatch: pytest.MonkeyPatch,
+        *, clock: Clock | None = None) -> tuple[FakeConsumer, Producer]:  # fmt: skip
+    clock = clock or Clock()
+    monkeypatch.setattr(loop_module, "time", SimpleNamespace(monotonic=clock.monotonic, time=clock.time))
+    stop = threading.Event()
+    steps: list[Callable[[FakeConsumer], list[Message]]] = []
+    for i, batch in enumerate(batches):
+        steps.append(lambda c, b=batch, first=(i == 0): (c.on_assign([("orders", 0), ("orders", 1)]) if first
+                                                        else None) or list(b))  # fmt: skip
+    consumer, producer = FakeConsumer(steps, stop), Producer()
+    binding = Binding(topic="orders", handler=handler, policy=POLICY, ctx=CTX, value_deserializer=json_value,
+                      batch=True)  # fmt: skip
+    loop = ConsumerLoop(
+        LoopSettings(name="main", group_id="billing", topics=("orders",), max_wait_ms=10, commit_on_ack=False),
+        {"orders": binding}, consumer_factory=lambda: consumer, producer_factory=lambda: producer,
+        emitter=Emitter(), stop=stop, audit=DuplicateAudit(100),
+    )  # fmt: skip
+    loop.run()
+    assert loop.crash is None
+    return consumer, producer
+
+
+def routed(producer: Producer) -> dict[bytes | None, tuple[str, DlqReason | None, str]]:
+    out = {}
+    for topic, value, headers in producer.produced:
+        state = decode(headers)
+        out[value] = (topic, state.dlq_reason, state.exception_type)
+    return out
+
+
+def test_one_call_per_partition_and_poll_and_each_failure_routed_by_the_policy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # setup: partition 0 has a poison record (not JSON) between good ones; the handler fails two records
+    batch = [source(0, 0, b'"a"'), source(1, 0, b'"b"'), source(0, 1, b"{not json"), source(0, 2, b'"c"'),
+             source(1, 1, b'"d"'), source(0, 3, b'"e"')]  # fmt: skip
+    calls: list[tuple[int, list[int], list[Any]]] = []
+
+    def handle(records: list[Record[Any]]) -> None:
+        calls.append((records[0].partition, [r.offset for r in records], [r.value for r in records]))
+        failed = [(r, RuntimeError("later")) for r in records if r.value == "c"]
+        failed += [(r, NonRetryable(ValueError("bad"))) for r in records if r.value == "d"]
+        if failed:
+            raise BatchFailed(failed)
+
+    # when
+    consumer, producer = run([batch], handle, monkeypatch)
+
+    # then: the poison record never reached the handler, and each partition's records came in one call
+    assert calls == [(0, [0, 2, 3], ["a", "c", "e"]), (1, [0, 1], ["b", "d"])]
+    assert routed(producer) == {
+        b"{not json": (DLQ, DlqReason.POISON, "retrytopics.errors.PoisonRecordError"),
+        b'"c"': (TIER, None, "builtins.RuntimeError"),
+        b'"d"': (DLQ, DlqReason.NON_RETRYABLE, "builtins.ValueError"),
+    }
+    assert consumer.commits[-1] == {("orders", 0): 4, ("orders", 1): 2}
+
+
+def test_any_other_exception_fails_every_record_of_the_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    def handle(records: list[Record[Any]]) -> None:
+        raise ConnectionError("the database is down")
+
+    consumer, producer = run([[source(0, 0, b"1"), source(0, 1, b"2")], [source(0, 2, b"3")]], handle, monkeypatch)
+    assert routed(producer) == {v: (TIER, None, "builtins.ConnectionError") for v in (b"1", b"2", b"3")}
+    assert consumer.commits[-1] == {("orders", 0): 3}
+
+
+def test_naming_a_record_that_is_not_in_the_call_fails_the_whole_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    stranger = Record("orders", 0, 99, 1, None, "x", b"x", (), None, "orders-0-99")
+
+    def handle(records: list[Record[Any]]) -> None:
+        raise BatchFailed([(records[0], RuntimeError("first")), (stranger, RuntimeError("not ours"))])
+
+    _, producer = run([[source(0, 0, b"1"), source(0, 1, b"2")]], handle, monkeypatch)
+    assert routed(producer) == {v: (TIER, None, "builtins.RuntimeError") for v in (b"1", b"2")}
+
+
+def test_a_call_that_outlived_the_poll_interval_settles_nothing_and_reads_the_records_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # setup: the call takes longer than max.poll.interval.ms (the clock jumps inside it)
+    clock = Clock()
+
+    def handle(records: list[Record[Any]]) -> None:
+        clock.jump_s += FakeConsumer.max_poll_interval_ms / 1000 + 1
+        raise RuntimeError("would be handed off by a consumer that no longer owns the partition")
+
+    # when
+    consumer, producer = run([[source(0, 5, b"1"), source(0, 6, b"2")]], handle, monkeypatch, clock=clock)
+
+    # then: no hand-off, nothing committed, and the partition is read again from the group's first record
+    assert producer.produced == []
+    assert all(("orders", 0) not in commit for commit in consumer.commits)
+    assert (("orders", 0), 5) in consumer.seeks
+
+
+def test_registration_refuses_in_process_retries_and_names_the_field() -> None:
+    app = RetryApp(kafka=KafkaConfig(bootstrap="127.0.0.1:9"), group="billing")
+    with pytest.raises(ConfigError) as info:
+        app.batch_handler("orders", policy=RetryPolicy(delays=["1s"], in_process=InProcessRetry(attempts=2)))
+    assert info.value.field == "policy.in_process"
+
+    @app.batch_handler("orders", policy=POLICY)
+    def handle(records: list[Record[Any]]) -> None:
+        pass
+
+    assert app.handlers["orders"].batch and app.handlers["orders"].handler is handle
