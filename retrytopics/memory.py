@@ -581,8 +581,10 @@ class MemoryProducer:
         self._txn = None
 
     def abort_transaction(self, timeout_s: float) -> None:
+        """Abort: what was produced in the transaction is written (it was in flight, and takes its offsets,
+        as on Kafka) but never reaches a read_committed reader; its offsets are never committed."""
         txn = self._open_txn()
-        self.purge()
+        self._deliver()
         self._broker._end(txn, _TxnState.ABORTED)
         self._txn = None
 
