@@ -18,7 +18,7 @@ from retrytopics.events import Event
 from retrytopics.policy import RetryPolicy
 from retrytopics.record import Record
 
-__all__ = ["app_failure", "app_success", "app_tiers"]
+__all__ = ["app_failure", "app_success", "app_success_batch", "app_tiers"]
 
 
 class _Finish:
@@ -44,6 +44,8 @@ class _Finish:
 
 class _Retried:
     """A hook that ticks once per acknowledged republish to a tier."""
+
+    events = frozenset({Event.RETRY_SCHEDULED})
 
     def __init__(self, finish: _Finish, started: _Finish) -> None:
         self._finish, self._started = finish, started
@@ -77,6 +79,19 @@ def app_success(args: dict[str, Any]) -> None:
     @app.handler(args["topic"], policy=RetryPolicy(delays=["1h"]))
     def handle(record: Record[bytes]) -> None:
         finish.tick()
+
+    _serve(app, finish, main=True, tiers=None, timeout_s=args.get("timeout_s", 600))
+    finish.report()
+
+
+def app_success_batch(args: dict[str, Any]) -> None:
+    """A no-op batch handler on `topic`; done after `n` records handled. Args: bootstrap, topic, group, n."""
+    app, finish = _app(args), _Finish(args["n"])
+
+    @app.batch_handler(args["topic"], policy=RetryPolicy(delays=["1h"]))
+    def handle(records: list[Record[bytes]]) -> None:
+        for _ in records:
+            finish.tick()
 
     _serve(app, finish, main=True, tiers=None, timeout_s=args.get("timeout_s", 600))
     finish.report()

@@ -112,6 +112,19 @@ class OffsetTracker:
         part.position = offset + 1
         return True
 
+    def finish_run(self, tp: TopicPartition, offsets: list[int]) -> int:
+        """`finish_at_once` for each of `offsets` (increasing): a batch handler's successes. Returns how many
+        finished; when nothing of `tp` is in flight, the position moves once, to the last one."""
+        part = self._partitions.get(tp)
+        if not offsets:
+            return 0
+        if part is None or part.in_flight or (part.position is not None and offsets[0] < part.position):
+            return sum(self.finish_at_once(tp, offset) for offset in offsets)
+        if part.first is None:
+            part.first = offsets[0]
+        part.position = offsets[-1] + 1
+        return len(offsets)
+
     def in_flight(self, tp: TopicPartition) -> int:
         """Records of `tp` tracked but not yet finished (or finished behind an unfinished one)."""
         part = self._partitions.get(tp)

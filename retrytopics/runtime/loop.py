@@ -342,15 +342,34 @@ class ConsumerLoop:
                 self._pauses.restart_at(first.msg.tp, first.msg.offset)
             return
         called = [d for d in group if d.failure is None]
-        outcomes = iter(self._invoker.call_batch(first.binding, [d.record for d in called]) if called else ())
+        outcomes = self._invoker.call_batch(first.binding, [d.record for d in called]) if called else []
         if called and self._lost_ownership(first.msg):
             self._pauses.restart_at(first.msg.tp, first.msg.offset)
             return
+        if len(called) == len(group) and not self.settings.exactly_once and all(o is None for o in outcomes):
+            self._all_succeeded(group)
+            return
+        results = iter(outcomes)
         for d in group:
-            failure = d.failure if d.failure is not None else next(outcomes)
+            failure = d.failure if d.failure is not None else next(results)
             if failure is not None and self._stopping(d.msg, failure):
                 return  # this record and the rest of the group stay unsettled, so uncommitted
             self._settle(d.binding, d.msg, d.key, d.record, d.state, failure)
+
+    def _all_succeeded(self, group: list[Deferred]) -> None:
+        """Every record of a batch call succeeded (at-least-once): finished and counted in one step."""
+        tp = group[0].msg.tp
+        self._finished_since_commit += self._tracker.finish_run(tp, [d.msg.offset for d in group])
+        now = _now_ms()
+        lateness = [now - d.state.due_at for d in group if d.state is not None and d.state.due_at is not None]
+        for d in group:
+            if d.key is not None:
+                self._remember(d.key)
+            if self._each_handled:
+                self._emit(Event.RECORD_HANDLED, topic=d.msg.topic, partition=d.msg.partition, offset=d.msg.offset,
+                           attempt=d.record.attempt, due_at=d.state.due_at if d.state else None,
+                           handled_at=now if d.state else None)  # fmt: skip
+        self._handled.add_run(tp, group[0].msg.offset, group[-1].msg.offset, len(group), lateness)
 
     def _succeeded(self, msg: Message, key: AuditKey | None, record: Any, timing: Mapping[str, Any]) -> None:
         """A handler call returned: the record is finished, and counted for the batch's `records.handled`."""

@@ -36,6 +36,15 @@ class HandledTally:
         if lateness_ms is not None:
             entry.lateness_ms.append(lateness_ms)
 
+    def add_run(self, tp: TopicPartition, first: int, last: int, count: int, lateness_ms: list[int]) -> None:
+        """`add` for `count` records of `tp` from `first` to `last` at once (a batch handler's call)."""
+        entry = self._entries.get(tp)
+        if entry is None:
+            entry = self._entries[tp] = _Entry(first)
+        entry.count += count
+        entry.last = last
+        entry.lateness_ms.extend(lateness_ms)
+
     def flush(self, emit: Callable[..., None]) -> None:
         """Emit one `RECORDS_HANDLED` per partition counted since the last flush, and start again."""
         entries, self._entries = self._entries, {}

@@ -155,3 +155,27 @@ def test_finishing_at_once_before_the_position_is_refused() -> None:
         assert "before the finished position" in str(exc)
     else:
         raise AssertionError("an offset behind the position was accepted")
+
+
+@given(runs=st.lists(st.tuples(st.integers(1, 5), st.booleans()), min_size=1, max_size=12))
+def test_finishing_a_run_equals_finishing_each_at_once(runs: list[tuple[int, bool]]) -> None:
+    # setup: runs of successes (a batch call), each optionally followed by a hand-off still in flight
+    bulk, each = OffsetTracker(), OffsetTracker()
+    epoch_bulk, epoch_each = bulk.assign(TP), each.assign(TP)
+    offset, pending = 0, []
+    for size, then_pending in runs:
+        run = list(range(offset, offset + size))
+        # when
+        assert bulk.finish_run(TP, run) == sum(each.finish_at_once(TP, o) for o in run) == size
+        offset += size
+        if then_pending:
+            bulk.track(TP, offset)
+            each.track(TP, offset)
+            pending.append(offset)
+            offset += 1
+        # then
+        assert bulk.commit_positions() == each.commit_positions()
+    for o in pending:
+        bulk.finish(TP, o, epoch_bulk)
+        each.finish(TP, o, epoch_each)
+    assert bulk.commit_positions() == each.commit_positions() == {TP: offset}
