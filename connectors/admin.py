@@ -9,7 +9,8 @@ from enum import StrEnum
 from types import MappingProxyType
 
 from confluent_kafka import KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
 
 from retrytopics.connectors.kafka import map_kafka_errors
 from retrytopics.errors import ConfigError, KafkaClientError, TopicMismatchError

@@ -43,10 +43,11 @@ def _message(msg: CKMessage) -> Message:
     # positional and without conversions: this runs once per consumed record
     kind, timestamp = msg.timestamp()
     headers, error = read_headers(msg)  # a header key that is not UTF-8 comes back as `error` (record_headers.py)
+    # confluent-kafka's stubs are looser than what it returns for a record (topic, partition, offset are set)
     return Message(
-        msg.topic(), msg.partition(), msg.offset(), -1 if kind == TIMESTAMP_NOT_AVAILABLE else timestamp,
-        msg.key(), msg.value(), tuple(headers), error,
-    )  # type: ignore[arg-type]  # confluent-kafka's stubs are looser than what it returns for a record
+        msg.topic(), msg.partition(), msg.offset(),  # type: ignore[arg-type]
+        -1 if kind == TIMESTAMP_NOT_AVAILABLE else timestamp, msg.key(), msg.value(), tuple(headers), error,
+    )
 
 
 def _log_failed_commit(err: KafkaError | None, partitions: list[CKTopicPartition]) -> None:

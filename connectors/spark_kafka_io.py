@@ -229,7 +229,7 @@ def _accept(message: Any, r: OffsetRange, columns: _Columns, next_offset: int, f
     if message.offset() >= r.end:
         return r.end
     columns.add(message)
-    return message.offset() + 1
+    return int(message.offset()) + 1
 
 
 @dataclass(slots=True)

@@ -21,7 +21,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TextIO
 
@@ -30,6 +30,7 @@ from retrytopics.connectors.admin import TopicSpec, ensure_topics
 from retrytopics.connectors.brokers import BROKER_NAMES, local_broker
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.kafka import make_admin, make_producer, open_tail
+from retrytopics.connectors.record_headers import read_headers
 from retrytopics.connectors.serde import avro, avro_serializer
 from retrytopics.errors import ConfigError, HeaderDecodeError
 from retrytopics.events import PER_BATCH, Event
@@ -205,7 +206,7 @@ class _DlqReader:
             if message.error() is not None:
                 continue
             try:
-                retry = decode(message.headers() or [])
+                retry = decode(read_headers(message)[0])
             except HeaderDecodeError:
                 self.undecodable += 1
                 continue
@@ -222,13 +223,13 @@ def _produce_orders(kafka: KafkaConfig, topic: str, fates: Sequence[Fate], seed:
     by_id: dict[str, Fate] = {}
     for i, fate in enumerate(fates):
         order_id = f"order-{i:07d}"
-        order = {
+        order: dict[str, Any] = {
             "order_id": order_id, "customer_id": f"customer-{rng.randrange(500):03d}",
             "amount_cents": rng.randrange(100, 100_000), "currency": rng.choice(["EUR", "USD", "GBP"]),
             "created_at": int(time.time() * 1000),
             "items": [{"sku": f"sku-{rng.randrange(50)}", "quantity": rng.randrange(1, 4)}],
         }  # fmt: skip
-        value = b'{"order_id": "%s", "note": "JSON, not Avro"}' % order_id.encode() if fate is Fate.POISON else serialize(order)
+        value = b'{"order_id": "%s", "note": "JSON, not Avro"}' % order_id.encode() if fate is Fate.POISON else serialize(order, None)
         producer.produce(topic, key=order["customer_id"].encode(), value=value, headers=[(ID_HEADER, order_id.encode())])
         producer.poll(0)
         by_id[order_id] = fate

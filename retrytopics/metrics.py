@@ -152,7 +152,7 @@ class PrometheusHook:
                 coordinates = (getattr(item, "topic", None), getattr(item, "partition", None))
                 if isinstance(item, tuple) and len(item) == 2:
                     coordinates = item
-                self._paused.discard(coordinates)  # type: ignore[arg-type]
+                self._paused.discard(coordinates)
             self._publish_paused()
 
     def _publish_paused(self) -> None:

@@ -82,7 +82,7 @@ class PeekedRecord:
     header_error: str | None
 
     def as_dict(self) -> dict[str, object]:
-        return {name: getattr(self, name) for name in self.__slots__}  # type: ignore[attr-defined]
+        return {name: getattr(self, name) for name in self.__slots__}
 
 
 def _peeked(message: object) -> PeekedRecord:
@@ -149,7 +149,7 @@ class PartitionState:
     state: str  # "idle", "waiting 12.3s" (paused until due: normal), "overdue 45.0s" (stuck), "-"
 
     def as_dict(self) -> dict[str, object]:
-        return {name: getattr(self, name) for name in self.__slots__}  # type: ignore[attr-defined]
+        return {name: getattr(self, name) for name in self.__slots__}
 
 
 def _head_state(kafka: KafkaConfig, topic: str, partition: int, offset: int, now_ms: int, grace_ms: int) -> str:

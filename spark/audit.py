@@ -234,7 +234,7 @@ def audit(
         facts = _timed_facts(spark, records, topics)
         job_step(spark, "audit: following failure episodes and replays")
         hop: Callable[[Row], bool] = lambda r: r.topic != topics.source  # noqa: E731
-        summary = {
+        summary: dict[str, Any] = {
             "source": topics.source, "group": topics.group, "now_ms": now_ms, "grace_ms": grace_ms,
             "stages": _stages(facts, topics), "dlq": _dlq(records, facts, topics),
             "by_exception_type": _counts(facts, "exception_type", where=hop),

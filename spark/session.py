@@ -23,7 +23,7 @@ from retrytopics.connectors.spark_kafka import register
 from retrytopics.progress import JobStatus, StatusLine, note, step
 
 if TYPE_CHECKING:
-    import pyarrow as pa  # type: ignore[import-untyped]
+    import pyarrow as pa
 
 __all__ = [
     "builtin_kafka_jars", "driver_java_options", "get_session", "job_status", "job_step", "local_shuffle_partitions",

@@ -116,7 +116,7 @@ class Invoker:
     def _sleep(self, seconds: float) -> None:
         self._stop.wait(seconds)
 
-    def _once(self, handler: Callable[[Record[Any]], Any], record: Record[Any]) -> Any:
+    def _once(self, handler: Callable[[Any], Any], record: Record[Any] | list[Record[Any]]) -> Any:
         result = handler(record)
         if result is None:  # most handlers: no awaitable to look for
             return None
@@ -136,7 +136,7 @@ class Invoker:
 def _outcomes(records: list[Record[Any]], failed: BatchFailed) -> list[BaseException | None]:
     """Each record's failure as `failed` names it, matched by coordinates. A name not in the call (or not a
     record) fails the whole call: a failure the handler meant must never pass for a success."""
-    index = {(r.topic, r.partition, r.offset): i for i, r in enumerate(records)}
+    index: dict[tuple[object, object, object], int] = {(r.topic, r.partition, r.offset): i for i, r in enumerate(records)}
     outcomes: list[BaseException | None] = [None] * len(records)
     for item in failed.failures:
         record, exc = item if isinstance(item, tuple) and len(item) == 2 else (item, None)
