@@ -90,6 +90,16 @@ class _Transaction:
     error: PublishError | None = None
 
 
+class _Pending(NamedTuple):
+    """A produced record on its way: written and reported by a poll once `polls_left` is 0 (or by a flush)."""
+
+    tp: TopicPartition
+    message: Message
+    on_delivery: DeliveryCallback
+    error: PublishError | None
+    polls_left: int
+
+
 class _Entry(NamedTuple):
     """One offset of a partition's log: a record, or a transaction marker (`message` None)."""
 
@@ -125,6 +135,9 @@ class MemoryBroker:
         self._failures: list[_ProduceFailure] = []
         self._transactional: dict[str, MemoryProducer] = {}
         self._round_robin = itertools.count()
+        #: polls a produced record waits before it is written and acknowledged (a flush waits for all): a slow
+        #: broker, for tests of what must wait for an acknowledgement
+        self.ack_after_polls = 0
         #: ("delivered", topic, partition, offset) and ("committed", group, topic, partition, offset), in order:
         #: tests assert what happened before what (a commit after the ack of its hand-off, say)
         self.journal: list[tuple[object, ...]] = []
@@ -506,7 +519,7 @@ class MemoryProducer:
     def __init__(self, broker: MemoryBroker, *, transactional_id: str | None = None) -> None:
         self._broker = broker
         self._transactional_id = transactional_id
-        self._pending: list[tuple[TopicPartition, Message, DeliveryCallback, PublishError | None]] = []
+        self._pending: list[_Pending] = []
         self._purged: list[tuple[DeliveryCallback, PublishError]] = []
         self._initialised = False
         self._fenced = False
@@ -527,11 +540,11 @@ class MemoryProducer:
             error = PublishError(topic, f"{failure.code} (injected)", code=failure.code,
                                  retriable=failure.retriable, fatal=failure.fatal)  # fmt: skip
         msg = Message(topic, tp[1], -1, self._broker.clock.now_ms(), key, value, tuple(headers))
-        self._pending.append((tp, msg, on_delivery, error))
+        self._pending.append(_Pending(tp, msg, on_delivery, error, self._broker.ack_after_polls))
 
     def poll(self, timeout_s: float) -> None:
         self._check_not_fenced()
-        self._deliver()
+        self._deliver(waiting=True)
 
     def flush(self, timeout_s: float) -> int:
         self._check_not_fenced()
@@ -545,7 +558,7 @@ class MemoryProducer:
         """Drop what is not delivered yet; each one's report says `_PURGE_QUEUE`, at the next poll."""
         pending, self._pending = self._pending, []
         self._purged += [(on_delivery, PublishError(tp[0], "purged", code="_PURGE_QUEUE"))
-                         for tp, _msg, on_delivery, _error in pending]  # fmt: skip
+                         for tp, _msg, on_delivery, _error, _polls in pending]  # fmt: skip
 
     def init_transactions(self, timeout_s: float) -> None:
         if self._transactional_id is None:
@@ -590,12 +603,17 @@ class MemoryProducer:
 
     # -- internals ---------------------------------------------------------------------------------------
 
-    def _deliver(self) -> None:
+    def _deliver(self, *, waiting: bool = False) -> None:
+        """Write and report what is pending; with `waiting` (a poll), only what waited its `ack_after_polls`."""
         purged, self._purged = self._purged, []
         for on_delivery, purge_error in purged:
             on_delivery(purge_error)
-        pending, self._pending = self._pending, []
-        for tp, msg, on_delivery, error in pending:
+        if waiting and any(p.polls_left for p in self._pending):
+            ready = [p for p in self._pending if not p.polls_left]
+            self._pending = [p._replace(polls_left=p.polls_left - 1) for p in self._pending if p.polls_left]
+        else:
+            ready, self._pending = self._pending, []
+        for tp, msg, on_delivery, error, _ in ready:
             if error is None:
                 self._broker._write(tp, msg.key, msg.value, msg.headers, msg.timestamp_ms, self._txn)
             elif self._txn is not None and self._txn.error is None:
