@@ -66,11 +66,27 @@ def _stack_text(exc: BaseException, redact: Callable[[str], str]) -> str:
     return text
 
 
+def _exception_text(exc: BaseException) -> str:
+    """`traceback.format_exception_only`, built directly in the common case (no SyntaxError, no notes),
+    where traceback builds a whole TracebackException for one line (measured: 10 µs against 1 µs)."""
+    cls = type(exc)
+    if issubclass(cls, SyntaxError) or getattr(exc, "__notes__", None) is not None:
+        return "".join(traceback.format_exception_only(cls, exc))
+    name, module = cls.__qualname__, cls.__module__
+    if module not in ("__main__", "builtins"):
+        name = f"{module if isinstance(module, str) else '<unknown>'}.{name}"
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - traceback prints the same placeholder
+        text = "<exception str() failed>"
+    return f"{name}: {text}\n" if text else f"{name}\n"
+
+
 def format_trace(failure: BaseException, *, redact: Callable[[str], str] = lambda text: text) -> str:
     """The trace of `failure` and its cause/context chain, with `redact` applied to every part."""
     parts: list[str] = []
     for exc, separator in _chain(failure):
         parts.append(_stack_text(exc, redact))
-        parts.append(redact("".join(traceback.format_exception_only(type(exc), exc))))
+        parts.append(redact(_exception_text(exc)))
         parts.append(separator)
     return "".join(parts)

@@ -295,3 +295,10 @@ def test_evolve_equals_replace_for_valid_changes(h: RetryHeaders, data: st.DataO
         assert h.evolve(**changes) == expected
     with pytest.raises(TypeError):
         h.evolve(colour="red")
+
+
+@given(value=st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.text(max_size=300),
+                       st.binary(max_size=10), st.floats(allow_nan=False)))  # fmt: skip
+def test_the_fast_checks_agree_with_the_full_check(value: object) -> None:
+    for spec, check in (*H._RETRY_CHECKS, *H._LINEAGE_CHECKS):
+        assert check(value) == H._problem(spec, value), (spec.attr, value)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import traceback
 
+import pytest
+
 from retrytopics.headers import redact
 from retrytopics.traces import format_trace
 
@@ -59,3 +61,26 @@ def test_suppressed_context_and_cycles_are_handled() -> None:
     a, b = ValueError("a"), ValueError("b")
     a.__context__, b.__context__ = b, a  # a cycle must not loop
     assert "ValueError: a" in format_trace(a)
+
+
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no")
+
+
+def _with_note() -> BaseException:
+    exc = ValueError("with a note")
+    exc.add_note("first\nsecond")
+    return exc
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [ValueError("bad"), ValueError(), KeyError("k"), OSError(2, "gone"), RuntimeError("two\nlines"), _Unprintable(),
+     _with_note(), SyntaxError("bad syntax", ("f.py", 1, 2, "x y")), TimeoutError(""), ExceptionGroup("g", [ValueError()]),
+     type("Local", (Exception,), {"__module__": "__main__"})("in main")],  # fmt: skip
+)
+def test_the_exception_line_is_tracebacks_own(exc: BaseException) -> None:
+    from retrytopics.traces import _exception_text
+
+    assert _exception_text(exc) == "".join(traceback.format_exception_only(type(exc), exc))
