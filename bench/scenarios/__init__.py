@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from bench.scenarios import backlog, failure, growth, idle, lateness, spark, success
+from bench.scenarios import backlog, failure, growth, idle, lateness, loop, spark, success
 
 __all__ = ["ALL"]
 
-ALL: tuple[ModuleType, ...] = (success, failure, lateness, backlog, idle, growth, spark)
+ALL: tuple[ModuleType, ...] = (loop, success, failure, lateness, backlog, idle, growth, spark)
