@@ -45,7 +45,7 @@ class _Finish:
 class _Retried:
     """A hook that ticks once per acknowledged republish to a tier."""
 
-    events = frozenset({Event.RETRY_SCHEDULED})
+    wanted_events = frozenset({Event.RETRY_SCHEDULED})
 
     def __init__(self, finish: _Finish, started: _Finish) -> None:
         self._finish, self._started = finish, started

@@ -147,7 +147,7 @@ class _StageCounter:
         self.calls: Counter[str] = Counter()
         self.scheduled: Counter[str] = Counter()
 
-    events = PER_BATCH
+    wanted_events = PER_BATCH
 
     def on_event(self, event: Event, data: Mapping[str, object]) -> None:
         if event is Event.RECORDS_HANDLED:

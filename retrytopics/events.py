@@ -82,10 +82,10 @@ class Event(StrEnum):
 class Hook(Protocol):
     """Receives events. `data` is read-only and its keys are listed on each `Event` member.
 
-    A hook may also have an `events` attribute, the collection of events it wants: it then receives those
-    only. Without it, a hook receives every event, `RECORD_HANDLED` included, which is then built once per
-    handled record: a hook that can count `RECORDS_HANDLED` (one per partition and batch) instead keeps the
-    success path lean by leaving `RECORD_HANDLED` out of its `events`."""
+    A hook may also have a `wanted_events` attribute, a set or frozenset of the events it wants: it then
+    receives those only. Without it, a hook receives every event, `RECORD_HANDLED` included, which is then
+    built once per handled record: a hook that can count `RECORDS_HANDLED` (one per partition and batch)
+    instead keeps the success path lean by leaving `RECORD_HANDLED` out of its `wanted_events`."""
 
     def on_event(self, event: Event, data: Mapping[str, object]) -> None: ...
 
@@ -97,7 +97,7 @@ PER_BATCH: frozenset[Event] = frozenset(Event) - {Event.RECORD_HANDLED}
 class NullHook:
     """Ignores everything (the default)."""
 
-    events: frozenset[Event] = frozenset()
+    wanted_events: frozenset[Event] = frozenset()
 
     def on_event(self, event: Event, data: Mapping[str, object]) -> None:
         return None
@@ -114,7 +114,7 @@ _LOUD = frozenset({Event.PUBLISH_FAILED, Event.PRODUCER_RECREATED, Event.TRANSAC
 class LoggingHook:
     """Logs events: pausing and handling at DEBUG, trouble at WARNING, the rest at INFO."""
 
-    events = PER_BATCH
+    wanted_events = PER_BATCH
 
     def __init__(self, logger: logging.Logger | None = None) -> None:
         self.logger = logger or logging.getLogger("retrytopics")
@@ -145,7 +145,7 @@ class Stats:
 class StatsCollector:
     """A hook that counts events; thread-safe, since every consumer thread emits."""
 
-    events = PER_BATCH
+    wanted_events = PER_BATCH
     _COUNTED = {
         Event.RECORDS_HANDLED: "handled",
         Event.RECORD_FAILED: "failed",
@@ -181,6 +181,15 @@ class StatsCollector:
             )
 
 
+def _wanted(hook: Hook) -> frozenset[Event]:
+    """The events `hook` receives: its `wanted_events` when that is a set of `Event`s, else every one (an
+    attribute of that name that is something else belongs to the hook's own business, not to us)."""
+    wanted = getattr(hook, "wanted_events", None)
+    if isinstance(wanted, set | frozenset) and all(isinstance(e, Event) for e in wanted):
+        return frozenset(wanted)
+    return frozenset(Event)
+
+
 class Emitter:
     """Fans an event out to the hooks that want it; a failing hook is logged, never propagated."""
 
@@ -196,9 +205,7 @@ class Emitter:
 
     def add(self, hook: Hook) -> None:
         self._hooks.append(hook)
-        self._routes = {
-            event: tuple(h for h in self._hooks if event in getattr(h, "events", Event)) for event in Event
-        }
+        self._routes = {event: tuple(h for h in self._hooks if event in _wanted(h)) for event in Event}
 
     def wants(self, event: Event) -> bool:
         """Whether any hook receives `event` (so that a caller can skip building a frequent one)."""

@@ -41,7 +41,7 @@ class PrometheusHook:
     """Counts records handled, failed, retried and dead-lettered per topic (and tier, reason), observes
     lateness, and tracks paused partitions and publish failures."""
 
-    events = PER_BATCH
+    wanted_events = PER_BATCH
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()

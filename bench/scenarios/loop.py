@@ -80,7 +80,7 @@ def _raw_produce(n: int) -> float:
 
 
 class _Counter:
-    events = frozenset({Event.RECORDS_HANDLED, Event.RETRY_SCHEDULED})
+    wanted_events = frozenset({Event.RECORDS_HANDLED, Event.RETRY_SCHEDULED})
 
     def __init__(self, n: int, stop: threading.Event) -> None:
         self.n, self.count, self.stop = n, 0, stop

@@ -12,7 +12,7 @@ from retrytopics.runtime.tally import HandledTally
 class Recorder:
     def __init__(self, events: frozenset[Event] | None = None) -> None:
         if events is not None:
-            self.events = events
+            self.wanted_events = events
         self.seen: list[tuple[Event, dict[str, object]]] = []
 
     def on_event(self, event: Event, data: Mapping[str, object]) -> None:
@@ -54,3 +54,20 @@ def test_the_tally_sums_per_partition_and_starts_again_after_a_flush() -> None:
                                  "lateness_ms": ()}),
     ]  # fmt: skip
     assert stats.snapshot().handled == 4
+
+
+def test_a_hook_whose_own_attribute_shares_the_name_still_receives_everything() -> None:
+    # a user's recorder keeps what it saw in a list of its own; that list must not be taken for a filter
+    class Keeper:
+        def __init__(self) -> None:
+            self.wanted_events: list[Event] = []
+
+        def on_event(self, event: Event, data: Mapping[str, object]) -> None:
+            self.wanted_events.append(event)
+
+    keeper = Keeper()
+    emitter = Emitter([keeper])
+    emitter.emit(Event.TRANSACTION_ABORTED, consumer="c", error="x")
+    emitter.emit(Event.RECORD_HANDLED, topic="t")
+    assert keeper.wanted_events == [Event.TRANSACTION_ABORTED, Event.RECORD_HANDLED]
+    assert emitter.wants(Event.RECORD_HANDLED)

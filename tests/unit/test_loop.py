@@ -273,7 +273,7 @@ def test_successes_are_summed_per_partition_and_batch_and_finish_their_offsets(p
         return source[:4]
 
     consumer, producer = FakeConsumer([first, lambda c: source[4:]], stop), FakeProducer()
-    batch_hook = SimpleNamespace(events=frozenset({Event.RECORDS_HANDLED}), seen=[])
+    batch_hook = SimpleNamespace(wanted_events=frozenset({Event.RECORDS_HANDLED}), seen=[])
     batch_hook.on_event = lambda event, data: batch_hook.seen.append(dict(data))
     every: list[Event] = []
     hooks: list[Any] = [batch_hook]
