@@ -30,13 +30,12 @@ from retrytopics.events import Emitter, Event
 from retrytopics.headers import RetryHeaders, decode_lineage
 from retrytopics.offsets import OffsetTracker, TopicPartition
 from retrytopics.ports import ConsumerPort, Message, ProducerPort
-from retrytopics.router import (
-    RouteKind, described_failure, longest_wait_ms, origin_message_id, read_retry_state, route,
-)  # fmt: skip
+from retrytopics.router import described_failure, longest_wait_ms, origin_message_id, read_retry_state, route
 from retrytopics.runtime.batching import Deferred, DeferredCalls
 from retrytopics.runtime.dispatch import Binding, Invoker, build_record, inbound
+from retrytopics.runtime.handoff import AtLeastOnce, ExactlyOnce, HandOff
 from retrytopics.runtime.ownership import OwnershipCheck
-from retrytopics.runtime.publish import Publisher, PublishJob, TransactionalPublisher, too_large_fallback
+from retrytopics.runtime.publish import PublishJob, too_large_fallback
 from retrytopics.runtime.pausing import PauseController
 from retrytopics.runtime.seeding import TailReader, destinations, seed
 from retrytopics.runtime.tally import HandledTally
@@ -101,21 +100,15 @@ class ConsumerLoop:
         self._stop = stop
         self._audit = audit
         self._on_dead_letter = on_dead_letter
-        self._tail_reader = tail_reader if not settings.exactly_once else None
+        self._tail_reader = tail_reader if not settings.exactly_once else None  # see runtime/seeding.py
         self._handed_off = DuplicateAudit()  # hops found downstream when partitions were assigned
-        self._acked_since_commit = False
         self._tracker = OffsetTracker()
         self._invoker = Invoker(stop)
         self._rng = random.Random()
         self._assigned: set[TopicPartition] = set()
-        self._finished_since_commit = 0
-        self._last_commit = time.monotonic()
         self._polled_at = time.monotonic()
         self._ownership: OwnershipCheck | None = None
         self._abandoned = False
-        self._txn_keys: list[AuditKey] = []
-        self._txn_acks: list[PublishJob] = []
-        self._txn_tps: set[TopicPartition] = set()
         self._handled = HandledTally()
         self._deferred = DeferredCalls()  # records of batch handlers waiting for their call
         self._each_handled = emitter.wants(Event.RECORD_HANDLED)
@@ -125,7 +118,7 @@ class ConsumerLoop:
         self._joined = False  # set by the first assignment, even an empty one: the group answered
         self._join_reported = False
         self._consumer: ConsumerPort
-        self._publisher: Publisher | TransactionalPublisher | None = None
+        self._handoff: HandOff | None = None  # made with the clients (runtime/handoff.py)
         self._pauses: PauseController[tuple[RetryHeaders | None, HeaderDecodeError | None]] | None = None
 
     # -- state for the app -------------------------------------------------------------------------------
@@ -136,7 +129,7 @@ class ConsumerLoop:
         `join_timeout_s` after starting (an unreachable bootstrap, say: librdkafka retries it forever)."""
         if self.crash is not None or not self._joined_in_time():
             return False
-        return self._publisher is None or self._publisher.healthy
+        return self._handoff is None or self._handoff.publisher.healthy
 
     def _joined_in_time(self) -> bool:
         if self._joined or self._started_at is None:
@@ -174,8 +167,8 @@ class ConsumerLoop:
             else:
                 log.warning("%s: stopping the app: %s raised in a handler", self.settings.name, type(exc).__name__)
             self._stop.set()
-            if self.settings.exactly_once and self._publisher is not None:
-                self._abort(exc)
+            if self._handoff is not None:
+                self._handoff.crashed(exc)
         finally:
             self._shutdown()
 
@@ -185,25 +178,24 @@ class ConsumerLoop:
             consumer, self._emitter, consumer_name=self.settings.name,
             ahead_ms=self.settings.wait_in_memory_ms, max_records=self.settings.wait_in_memory_records,
         )  # fmt: skip
-        self._ownership = OwnershipCheck(consumer, self._tracker, committed_only=self.settings.exactly_once)
-        if self.settings.exactly_once:
-            self._publisher = TransactionalPublisher(self._producer_factory, self._emitter, consumer=self.settings.name)
-        else:
-            self._publisher = Publisher(self._producer_factory, self._emitter, consumer=self.settings.name)
+        shared = (self.settings, consumer, self._tracker, self._audit, self._emitter, self._on_dead_letter,
+                  self._producer_factory)  # fmt: skip
+        handoff: HandOff = (ExactlyOnce(*shared, pauses=self._pauses, assigned=self._assigned)
+                            if self.settings.exactly_once else AtLeastOnce(*shared))  # fmt: skip
+        self._handoff = handoff
+        self._ownership = OwnershipCheck(consumer, self._tracker, committed_only=handoff.commits_in_transactions)
         consumer.subscribe(self.settings.topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost)
 
     def _iterate(self) -> None:
-        assert self._publisher is not None and self._pauses is not None
-        self._publisher.poll(0)
-        self._commit_acked()
+        assert self._handoff is not None and self._pauses is not None
+        handoff = self._handoff
+        handoff.serve()
         self._update_holds()
         now = _now_ms()
         self._pauses.resume_due(now)
         if not self._woke_expelled(time.monotonic() - self._polled_at, []):
             self._act_on_queued(now)
-        wait_ms = self._pauses.wait_ms(_now_ms(), self.settings.max_wait_ms)
-        if self._publisher.in_flight and self.settings.commit_on_ack and not self.settings.exactly_once:
-            wait_ms = min(wait_ms, _ACK_WAIT_MS)  # serve the acks soon: their commit follows at once
+        wait_ms = handoff.wait_ms(self._pauses.wait_ms(_now_ms(), self.settings.max_wait_ms))
         asked = time.monotonic()
         batch = self._consumer.consume(self.settings.batch_size, wait_ms / 1000)
         self._polled_at = time.monotonic()
@@ -222,10 +214,7 @@ class ConsumerLoop:
             if self._abandoned:
                 self._restart_at(batch[i:])
                 break
-            if self._publisher.in_flight:  # delivery reports free offsets; nothing to serve when none are pending
-                self._publisher.poll(0)
-                if time.monotonic() - self._last_commit >= _ACK_COMMIT_SPACING_S:  # a bound on commits per second
-                    self._commit_acked()
+            handoff.serve(within_batch=True)
             if not (i + 1) % _DUE_CHECK_EVERY and pauses.any_queued_due(now := _now_ms()):
                 # Records waiting in memory fall due while a large batch is read: serve them in between.
                 self._act_on_queued(now, refill=False)
@@ -245,8 +234,8 @@ class ConsumerLoop:
                 break
             if self._stop.is_set():
                 break
-            if self._publisher is not None and self._publisher.in_flight:
-                self._publisher.poll(0)
+            if self._handoff is not None and self._handoff.publisher.in_flight:
+                self._handoff.publisher.poll(0)
         self._settle_deferred()
 
     def _read(self, msg: Message) -> None:
@@ -346,7 +335,7 @@ class ConsumerLoop:
         if called and self._lost_ownership(first.msg):
             self._pauses.restart_at(first.msg.tp, first.msg.offset)
             return
-        if len(called) == len(group) and not self.settings.exactly_once and all(o is None for o in outcomes):
+        if len(called) == len(group) and all(o is None for o in outcomes):
             self._all_succeeded(group)
             return
         results = iter(outcomes)
@@ -357,9 +346,10 @@ class ConsumerLoop:
             self._settle(d.binding, d.msg, d.key, d.record, d.state, failure)
 
     def _all_succeeded(self, group: list[Deferred]) -> None:
-        """Every record of a batch call succeeded (at-least-once): finished and counted in one step."""
+        """Every record of a batch call succeeded: finished and counted in one step."""
         tp = group[0].msg.tp
-        self._finished_since_commit += self._tracker.finish_run(tp, [d.msg.offset for d in group])
+        assert self._handoff is not None
+        self._handoff.succeeded_run(tp, [d.msg.offset for d in group])
         now = _now_ms()
         lateness = [now - d.state.due_at for d in group if d.state is not None and d.state.due_at is not None]
         for d in group:
@@ -373,10 +363,10 @@ class ConsumerLoop:
 
     def _succeeded(self, msg: Message, key: AuditKey | None, record: Any, timing: Mapping[str, Any]) -> None:
         """A handler call returned: the record is finished, and counted for the batch's `records.handled`."""
-        if self.settings.exactly_once:
-            self._finish(msg.tp, msg.offset, self._track(msg))
-        elif self._tracker.finish_at_once(msg.tp, msg.offset):
-            self._finished_since_commit += 1
+        assert self._handoff is not None
+        if self._deferred:
+            self._before_acting(msg.tp)
+        self._handoff.succeeded(msg.tp, msg.offset)
         if key is not None:
             self._remember(key)
         due_at = timing["due_at"]
@@ -396,34 +386,11 @@ class ConsumerLoop:
     def _hand_off(self, binding: Binding, msg: Message, epoch: int, record: Any, failure: BaseException) -> None:
         decision = route(binding.ctx, inbound(msg), failure, now_ms=_now_ms(), rng=self._rng)
         job = PublishJob(
-            route=decision, key=msg.key, value=msg.value, source=msg.tp, offset=msg.offset,
-            on_acked=lambda j: self._acked(j, epoch), context=record, shrink=too_large_fallback(binding.ctx),
+            route=decision, key=msg.key, value=msg.value, source=msg.tp, offset=msg.offset, context=record,
+            shrink=too_large_fallback(binding.ctx),
         )  # fmt: skip
-        assert self._publisher is not None
-        self._publisher.send(job)
-        if self.settings.exactly_once:
-            # Durable with the transaction that also commits the offset; events wait for the commit.
-            self._finish(msg.tp, msg.offset, epoch)
-            self._txn_acks.append(job)
-
-    def _acked(self, job: PublishJob, epoch: int) -> None:
-        if self._tracker.finish(job.source, job.offset, epoch):
-            self._finished_since_commit += 1
-            self._acked_since_commit = True
-        self._announce(job)
-
-    def _announce(self, job: PublishJob) -> None:
-        r = job.route
-        where = {"topic": job.source[0], "partition": job.source[1], "offset": job.offset, "destination": r.topic}
-        if r.kind is RouteKind.TIER:
-            self._emit(Event.RETRY_SCHEDULED, due_at=r.due_at_ms, **where)
-            return
-        self._emit(Event.DLQ_DISPATCHED, reason=str(r.reason), **where)
-        if self._on_dead_letter is not None:
-            try:
-                self._on_dead_letter(job.context, r)
-            except Exception:  # noqa: BLE001 - a callback must not undo a durable dead-lettering
-                log.exception("on_dead_letter callback failed for %s", where)
+        assert self._handoff is not None
+        self._handoff.hand_off(job, epoch)
 
     def _suppress(self, msg: Message, state: RetryHeaders) -> None:
         if not self._before_acting(msg.tp):
@@ -464,20 +431,16 @@ class ConsumerLoop:
     def _track(self, msg: Message) -> int:
         if self._deferred:
             self._before_acting(msg.tp)
-        if self.settings.exactly_once:
-            assert isinstance(self._publisher, TransactionalPublisher)
-            self._publisher.begin()
-            self._txn_tps.add(msg.tp)
-        return self._tracker.track(msg.tp, msg.offset)
+        assert self._handoff is not None
+        return self._handoff.track(msg.tp, msg.offset)
 
     def _finish(self, tp: TopicPartition, offset: int, epoch: int) -> None:
-        if self._tracker.finish(tp, offset, epoch):
-            self._finished_since_commit += 1
+        assert self._handoff is not None
+        self._handoff.finish(tp, offset, epoch)
 
     def _remember(self, key: AuditKey) -> None:
-        self._audit.remember(key)
-        if self.settings.exactly_once:
-            self._txn_keys.append(key)
+        assert self._handoff is not None
+        self._handoff.remember(key)
 
     def _lost_ownership(self, msg: Message) -> bool:
         """True when this consumer may no longer act on `msg` (`runtime/ownership.py` says why)."""
@@ -551,86 +514,20 @@ class ConsumerLoop:
         return True
 
     def _update_holds(self) -> None:
-        assert self._publisher is not None and self._pauses is not None
+        assert self._handoff is not None and self._pauses is not None
         for tp in list(self._assigned):
-            failing, held = self._publisher.is_failing(tp), self._pauses.schedule.is_held(tp)
+            failing, held = self._handoff.publisher.is_failing(tp), self._pauses.schedule.is_held(tp)
             if failing and not held:
                 self._pauses.hold(tp, None)
             elif held and not failing:
                 self._pauses.release(tp)
 
-    # -- commits -------------------------------------------------------------------------------------------
+    # -- commits (runtime/handoff.py) -------------------------------------------------------------------------
 
     def _end_batch(self) -> None:
         self._handled.flush(self._emit)
-        if self.settings.exactly_once:
-            self._commit_transaction()
-            return
-        due = time.monotonic() - self._last_commit >= self.settings.commit_interval_ms / 1000
-        if self._finished_since_commit >= self.settings.commit_every or (due and self._finished_since_commit):
-            self._commit(self._tracker.commit_positions(), asynchronous=True)
-        else:
-            self._commit_acked()
-
-    def _commit_acked(self) -> None:
-        """Commit (asynchronously) as soon as a poll delivered acknowledgements of hand-offs: a consumer
-        killed between an ack and the commit covering it leaves the record to be handed off again by the
-        next owner, so that window is kept to one poll. Successes still commit by count or time."""
-        if self._acked_since_commit and self.settings.commit_on_ack and not self.settings.exactly_once:
-            self._acked_since_commit = False
-            self._commit(self._tracker.commit_positions(), asynchronous=True)
-
-    def _commit(self, positions: Mapping[TopicPartition, int], *, asynchronous: bool) -> None:
-        self._last_commit = time.monotonic()
-        self._finished_since_commit = 0
-        self._acked_since_commit = False
-        if not positions:
-            return
-        try:
-            self._consumer.commit(positions, asynchronous=asynchronous)
-        except KafkaClientError as exc:
-            log.warning("%s: commit failed (%s); the next commit covers these offsets", self.settings.name, exc)
-            return
-        self._tracker.mark_committed(dict(positions))
-        self._emit(Event.OFFSETS_COMMITTED, offsets=dict(positions), synchronous=not asynchronous)
-
-    def _commit_transaction(self) -> None:
-        publisher = self._publisher
-        assert isinstance(publisher, TransactionalPublisher)
-        positions = self._tracker.commit_positions()
-        try:
-            publisher.commit(positions, self._consumer.group_metadata())
-        except KafkaClientError as exc:
-            log.warning("%s: transaction failed (%s); rewinding to the last committed offsets", self.settings.name, exc)
-            self._rewind()
-            return
-        self._tracker.mark_committed(positions)
-        acks, self._txn_acks, self._txn_keys, self._txn_tps = self._txn_acks, [], [], set()
-        for job in acks:
-            self._announce(job)
-        if positions:
-            self._emit(Event.OFFSETS_COMMITTED, offsets=dict(positions), synchronous=True)
-
-    def _abort(self, cause: BaseException) -> None:
-        assert isinstance(self._publisher, TransactionalPublisher)
-        self._publisher.abort(cause)
-        self._rewind()
-
-    def _rewind(self) -> None:
-        """After an aborted transaction: forget its audit entries and read its partitions again."""
-        assert self._pauses is not None
-        for key in self._txn_keys:
-            self._audit.forget(key)
-        for tp in self._txn_tps:
-            target = self._tracker.rewind(tp)
-            self._pauses.drop([tp])
-            if target is not None and tp in self._assigned:
-                try:
-                    self._consumer.seek(tp, target)
-                    self._consumer.resume([tp])
-                except KafkaClientError as exc:
-                    log.warning("%s: rewind of %s failed: %s", self.settings.name, tp, exc)
-        self._txn_acks, self._txn_keys, self._txn_tps = [], [], set()
+        assert self._handoff is not None
+        self._handoff.end_batch()
 
     # -- rebalance callbacks (run inside consume()) ---------------------------------------------------------
 
@@ -647,43 +544,23 @@ class ConsumerLoop:
         self._emit(Event.PARTITIONS_ASSIGNED, partitions=tps)
 
     def _on_revoke(self, tps: list[TopicPartition]) -> None:
-        assert self._publisher is not None
-        if self.settings.exactly_once:
-            self._settle_transaction(commit=True)
-        else:
-            self._publisher.flush(self.settings.revoke_drain_timeout_s)
-            positions = self._tracker.commit_positions(tps)
-            if positions:
-                self._commit(positions, asynchronous=False)
+        assert self._handoff is not None
+        self._handoff.revoked(tps)
         self._forget(tps)
         self._emit(Event.PARTITIONS_REVOKED, partitions=tps)
 
     def _on_lost(self, tps: list[TopicPartition]) -> None:
-        if self.settings.exactly_once:
-            self._settle_transaction(commit=False)
+        assert self._handoff is not None
+        self._handoff.lost(tps)
         self._forget(tps)
         self._emit(Event.PARTITIONS_LOST, partitions=tps)
 
-    def _settle_transaction(self, *, commit: bool) -> None:
-        """Exactly-once: end a transaction still open when partitions go. Records waiting in memory are
-        handed off before `consume()`, so their transaction is open when a rebalance callback runs in it;
-        once the revoked partitions' offsets were dropped, the batch end committed those hand-offs without
-        them and the new owner handled the records again. On revoke the member still belongs to its
-        generation, so the transaction commits with every finished offset, the revoked ones included (a
-        refusal aborts and rewinds); a lost member's offsets would be refused, so its transaction aborts."""
-        if not self._txn_tps:
-            return
-        if commit:
-            self._commit_transaction()
-        else:
-            self._abort(KafkaClientError("partitions lost with a transaction open", code="_ASSIGNMENT_LOST"))
-
     def _forget(self, tps: list[TopicPartition]) -> None:
-        assert self._publisher is not None and self._pauses is not None
+        assert self._handoff is not None and self._pauses is not None
         for tp in tps:
             self._tracker.revoke(tp)
         self._pauses.drop(tps)
-        self._publisher.forget(tps)
+        self._handoff.publisher.forget(tps)
         self._assigned.difference_update(tps)
 
     # -- shutdown ------------------------------------------------------------------------------------------
@@ -691,11 +568,8 @@ class ConsumerLoop:
     def _shutdown(self) -> None:
         self._handled.flush(self._emit)
         try:
-            if self._publisher is not None and not self.settings.exactly_once:
-                if not self._publisher.flush(self.settings.drain_timeout_s):
-                    log.warning("%s: %d publishes unacknowledged at shutdown; their offsets stay uncommitted",
-                                self.settings.name, getattr(self._publisher, "in_flight", 0))  # fmt: skip
-                self._commit(self._tracker.positions(), asynchronous=False)
+            if self._handoff is not None:
+                self._handoff.shutdown()
         except BaseException:  # noqa: BLE001 - closing the consumer matters more
             log.exception("%s: error while draining", self.settings.name)
         finally:
@@ -712,12 +586,6 @@ class ConsumerLoop:
     def _emit(self, event: Event, **data: object) -> None:
         self._emitter.emit(event, consumer=self.settings.name, **data)
 
-
-#: the longest `consume()` wait while hand-offs are unacknowledged (at-least-once): their commit follows the ack
-_ACK_WAIT_MS = 20
-
-#: within a batch, acknowledged hand-offs are committed at most this often (the batch's end commits them anyway)
-_ACK_COMMIT_SPACING_S = 0.01
 
 #: how many records of a batch are read between two checks for records waiting in memory that fell due
 _DUE_CHECK_EVERY = 32

@@ -52,6 +52,10 @@ _FENCED_CODES = frozenset({"_FENCED", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH
 DEFAULT_RETRY_WAIT = tenacity.wait_exponential(multiplier=0.2, max=10.0) + tenacity.wait_random(0, 0.2)
 
 
+def _no_callback(job: PublishJob) -> None:
+    return None
+
+
 @dataclass(slots=True, kw_only=True)
 class PublishJob:
     """One record on its way to a tier or the DLQ, and what to do once it is durable."""
@@ -61,7 +65,8 @@ class PublishJob:
     value: bytes | None
     source: TopicPartition
     offset: int
-    on_acked: Callable[[PublishJob], None]
+    #: set by the hand-off strategy (runtime/handoff.py) that sends the job
+    on_acked: Callable[[PublishJob], None] = _no_callback
     attempt: int = 0
     context: Any = None  # the handler's Record, for callbacks
     #: makes the job smaller after a too-large refusal (see `too_large_fallback`); False when it cannot

@@ -38,6 +38,7 @@ from retrytopics.policy import RetryPolicy
 from retrytopics.ports import Message
 from retrytopics.record import Record
 from retrytopics.router import InboundRecord, RouteContext, route
+from retrytopics.runtime import handoff as handoff_module
 from retrytopics.runtime import loop as loop_module
 from retrytopics.runtime.dispatch import Binding
 from retrytopics.runtime.loop import ConsumerLoop, LoopSettings
@@ -119,7 +120,7 @@ def use_broker_clock(monkeypatch: pytest.MonkeyPatch, broker: MemoryBroker) -> N
     """The loop, and its publisher's retry back-off, read the broker's clock."""
     clock = broker.clock
     monkeypatch.setattr(loop_module, "time", SimpleNamespace(monotonic=clock.monotonic, time=clock.time))
-    monkeypatch.setattr(loop_module, "Publisher", functools.partial(
+    monkeypatch.setattr(handoff_module, "Publisher", functools.partial(
         Publisher, clock=clock.monotonic, wait=tenacity.wait_fixed(0.5)))  # fmt: skip
 
 
