@@ -35,6 +35,7 @@ from retrytopics.runtime.batching import Deferred, DeferredCalls
 from retrytopics.runtime.dispatch import Binding, Invoker, build_record, inbound
 from retrytopics.runtime.handoff import AtLeastOnce, ExactlyOnce, HandOff
 from retrytopics.runtime.ownership import OwnershipCheck
+from retrytopics.step import Action, decide
 from retrytopics.runtime.publish import PublishJob, too_large_fallback
 from retrytopics.runtime.pausing import PauseController
 from retrytopics.runtime.seeding import TailReader, destinations, seed
@@ -252,32 +253,37 @@ class ConsumerLoop:
         self._process(msg, state, bad, queued=False)
 
     def _process(self, msg: Message, state: RetryHeaders | None, bad: HeaderDecodeError | None, *, queued: bool) -> None:
+        """Decide what to do with `msg` (retrytopics/step.py, pure) and do it."""
         assert self._pauses is not None
         binding = self._bindings[msg.topic]
-        if not queued and self._pauses.queued(msg.tp):  # earlier records of its partition wait in memory
-            if not self._before_acting(msg.tp):
-                return
-            now = _now_ms()
-            self._pauses.enqueue(msg, self._due_at(binding, msg, state, now), (state, bad), now)
-            return
-        if self._handed_off_already(msg, state, bad):
-            return
-        key: AuditKey | None = None
-        if state is not None:
-            key = audit_key(state)
-            if key in self._audit or key in self._deferred.keys:
-                self._suppress(msg, state)
-                return
-            now = _now_ms()
-            due = self._due_at(binding, msg, state, now)
-            if due is not None and due > now:
-                if not self._before_acting(msg.tp):
-                    return
-                if self._pauses.should_queue(due, now):
-                    self._pauses.enqueue(msg, due, (state, bad), now)
-                else:
-                    self._pauses.pause_until(msg.tp, msg.offset, due)
-                return
+        now = _now_ms()
+        key = None if state is None else audit_key(state)
+        due = self._due_at(binding, msg, state, now)
+        behind = not queued and self._pauses.queued(msg.tp)  # earlier records of its partition wait in memory
+        action = decide(
+            behind_queue=behind, handed_off=not behind and self._was_handed_off(msg, state, bad),
+            duplicate=key is not None and (key in self._audit or key in self._deferred.keys),
+            due_ms=due, now_ms=now, horizon_ms=self._pauses.ahead_ms,
+        )  # fmt: skip
+        if action is Action.HANDLE:
+            self._handle(binding, msg, key, state, bad)
+        elif action is Action.FINISH_HANDED_OFF:
+            self._finish_handed_off(msg, state)
+        elif action is Action.SUPPRESS_DUPLICATE:
+            assert state is not None
+            self._suppress(msg, state)
+        elif self._before_acting(msg.tp):  # the partition waits: what is deferred for it is settled first
+            if action is Action.PAUSE:
+                assert due is not None
+                self._pauses.pause_until(msg.tp, msg.offset, due)
+            else:
+                self._pauses.enqueue(msg, due, (state, bad), now)
+
+    def _handle(
+        self, binding: Binding, msg: Message, key: AuditKey | None, state: RetryHeaders | None,
+        bad: HeaderDecodeError | None,
+    ) -> None:  # fmt: skip
+        """Call the handler (or defer the record to its batch handler's call), then settle the outcome."""
         record, poison = build_record(binding, msg, state)
         failure: BaseException | None = bad or poison
         if binding.batch:
@@ -405,17 +411,18 @@ class ConsumerLoop:
         self._emit(Event.DUPLICATE_SUPPRESSED, topic=msg.topic, partition=msg.partition, offset=msg.offset,
                    origin_message_id=state.origin_message_id, reconsume_times=state.reconsume_times)  # fmt: skip
 
-    def _handed_off_already(self, msg: Message, state: RetryHeaders | None, bad: HeaderDecodeError | None) -> bool:
-        """True (the record is finished and counted as a suppressed duplicate) when its hand-off is among the
-        hops found downstream at assignment: a previous owner handled it and handed it off, then died before
-        committing it (see runtime/seeding.py)."""
+    def _was_handed_off(self, msg: Message, state: RetryHeaders | None, bad: HeaderDecodeError | None) -> bool:
+        """Whether the record's hand-off is among the hops found downstream at assignment: a previous owner
+        handled it and handed it off, then died before committing it (see runtime/seeding.py)."""
         if not self._handed_off or bad is not None:
             return False
         lineage = state.lineage if state is not None else decode_lineage(list(msg.headers))
-        if hand_off_key(state, (msg.topic, msg.partition, msg.offset), lineage.replay_count) not in self._handed_off:
-            return False
+        return hand_off_key(state, (msg.topic, msg.partition, msg.offset), lineage.replay_count) in self._handed_off
+
+    def _finish_handed_off(self, msg: Message, state: RetryHeaders | None) -> None:
+        """Finish a record handed off already, counted as a suppressed duplicate."""
         if not self._before_acting(msg.tp):
-            return True  # left alone: read again with the rest
+            return  # left alone: read again with the rest
         epoch = self._track(msg)
         self._finish(msg.tp, msg.offset, epoch)
         log.info("%s: duplicate suppressed: %s[%d]@%d was handed off already (found downstream at assignment)",
@@ -426,7 +433,6 @@ class ConsumerLoop:
             origin, attempt = state.origin_message_id, state.reconsume_times
         self._emit(Event.DUPLICATE_SUPPRESSED, topic=msg.topic, partition=msg.partition, offset=msg.offset,
                    origin_message_id=origin, reconsume_times=attempt)  # fmt: skip
-        return True
 
     def _track(self, msg: Message) -> int:
         if self._deferred:

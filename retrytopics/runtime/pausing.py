@@ -65,7 +65,7 @@ class PauseController(Generic[T]):
         self._consumer = consumer
         self._emitter = emitter
         self._name = consumer_name
-        self.ahead_ms = ahead_ms
+        self.ahead_ms = ahead_ms  # how far ahead a record may wait in memory (retrytopics/step.py)
         self.max_records = max(1, max_records)
         self.schedule: PauseSchedule[TopicPartition] = PauseSchedule()
         self._awaiting: dict[TopicPartition, int] = {}  # partition -> the offset it was sought back to
@@ -194,10 +194,6 @@ class PauseController(Generic[T]):
     def queued(self, tp: TopicPartition) -> bool:
         """Whether earlier records of `tp` wait in memory (so a later one must queue behind them)."""
         return tp in self._queues
-
-    def should_queue(self, due_ms: int, now_ms: int) -> bool:
-        """Whether a head record due at `due_ms` waits in memory rather than in Kafka."""
-        return due_ms - now_ms <= self.ahead_ms
 
     def enqueue(self, msg: Message, due_ms: int | None, item: T, now_ms: int) -> None:
         """Queue `msg` behind the other records of its partition (`due_ms` None: due already, e.g. a record
