@@ -12,9 +12,13 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from retrytopics import RetryApp
 from retrytopics.connectors.admin import TopicSpec, ensure_topics
+from retrytopics.connectors.brokers import local_broker
 from retrytopics.connectors.config import KafkaConfig
+from retrytopics.connectors.embedded import free_port
 from retrytopics.connectors.kafka import make_admin, make_consumer, make_producer
 from retrytopics.headers import Header
+
+from .proxy import KafkaProxy
 
 
 @dataclass(frozen=True)
@@ -130,3 +134,21 @@ def apps() -> Iterator[list[RetryApp]]:
     yield started
     for app in started:
         app.stop(timeout=30)
+
+
+@pytest.fixture(scope="package")
+def proxied_broker(local_broker_kind: str) -> Iterator[tuple[Any, int]]:
+    """One broker of the tests' own (not the session's), advertising a port where each test puts its proxy:
+    the fault tests that cut connections but never stop the broker share it (a broker start is 5-10 s)."""
+    port = free_port()
+    with local_broker(local_broker_kind, advertised_port=port) as broker:
+        yield broker, port
+
+
+@pytest.fixture
+def proxied(proxied_broker: tuple[Any, int]) -> Iterator[tuple[KafkaConfig, KafkaProxy]]:
+    """The shared broker behind a proxy of this test's own: its toxics and counters start clean, and the
+    previous test's connections were reset when its proxy stopped. Topic and group names must be unique."""
+    broker, port = proxied_broker
+    with KafkaProxy(port, broker.port) as proxy:
+        yield broker.kafka_config(), proxy

@@ -1,4 +1,5 @@
-"""Republishes whose outcome the producer cannot know (own broker, behind a TCP proxy on loopback).
+"""Republishes whose outcome the producer cannot know (the fault tests' own broker, behind this test's TCP
+proxy on loopback).
 
 Three toxics hit the ProduceRequest carrying a failed record's republish to its tier: the response is lost
 after the broker wrote the record; the connection is reset after the whole request was forwarded; the
@@ -19,15 +20,13 @@ absorb the second copy.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from confluent_kafka import Producer
 
 from retrytopics import Record, RetryApp, RetryPolicy
 from retrytopics.connectors.config import KafkaConfig
-from retrytopics.connectors.brokers import local_broker
-from retrytopics.connectors.embedded import free_port
 from retrytopics.headers import decode
 
 from .conftest import Kit, wait_until
@@ -45,18 +44,14 @@ TOXICS: dict[bytes, Callable[[KafkaProxy], None]] = {
 }
 
 
-@pytest.fixture
-def proxied(local_broker_kind: str) -> Iterator[tuple[KafkaConfig, KafkaProxy]]:
-    port = free_port()
-    with local_broker(local_broker_kind, advertised_port=port) as broker, KafkaProxy(port, broker.port) as proxy:
-        yield broker.kafka_config(), proxy
-
-
-def test_an_ambiguous_republish_is_written_once(proxied: tuple[KafkaConfig, KafkaProxy]) -> None:
+def test_an_ambiguous_republish_is_written_once(
+    proxied: tuple[KafkaConfig, KafkaProxy], unique_name: Callable[[str], str]
+) -> None:
     kafka, proxy = proxied
     kit = Kit(kafka)
-    source = kit.create("orders", 1)
-    app = RetryApp(kafka=kafka, group="billing", consumer_overrides=CONSUMER, producer_overrides=PRODUCER)
+    source = kit.create(unique_name("orders"), 1)
+    group = unique_name("billing")
+    app = RetryApp(kafka=kafka, group=group, consumer_overrides=CONSUMER, producer_overrides=PRODUCER)
     lock = threading.Lock()
     calls: list[tuple[bytes, int]] = []
 
@@ -76,7 +71,7 @@ def test_an_ambiguous_republish_is_written_once(proxied: tuple[KafkaConfig, Kafk
         for value in TOXICS:
             kit.produce(source, [(None, value, [])])
             wait_until(lambda: (value, 2) in calls, 30, f"{value!r} to be retried from the tier")
-        wait_until(lambda: kit.committed("billing", source, 1) == {0: len(TOXICS)}, 10, "every offset committed")
+        wait_until(lambda: kit.committed(group, source, 1) == {0: len(TOXICS)}, 10, "every offset committed")
     finally:
         assert app.stop()
 
@@ -91,7 +86,7 @@ def test_an_ambiguous_republish_is_written_once(proxied: tuple[KafkaConfig, Kafk
     assert sorted(calls) == sorted([(v, 1) for v in TOXICS] + [(v, 2) for v in TOXICS])
 
     # negative control: without idempotence, the same toxics write the record twice
-    control = kit.create("control", 1)
+    control = kit.create(unique_name("control"), 1)
     plain = Producer({"bootstrap.servers": kafka.bootstrap, "enable.idempotence": False, "acks": "all",
                       "batch.num.messages": 1, **PRODUCER})  # fmt: skip
     for value in (b"response-lost", b"reset-after-request"):

@@ -1,4 +1,5 @@
-"""A broker outage while failed records are being handed off (own broker, behind a TCP proxy on loopback).
+"""A broker outage while failed records are being handed off (the fault tests' own broker, behind this test's
+TCP proxy on loopback).
 
 Guarantees: while the republish of a failed record (to a tier) and the DLQ publish of a non-retryable one go
 unacknowledged, the source offset is never committed past them, even though later records succeed and
@@ -9,15 +10,13 @@ connection cut as well; after recovery both complete exactly once and the offset
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from retrytopics import NonRetryable, Record, RetryApp, RetryPolicy
 from retrytopics.connectors.config import KafkaConfig
-from retrytopics.connectors.brokers import local_broker
-from retrytopics.connectors.embedded import free_port
 from retrytopics.headers import DlqReason, decode
 
 from .conftest import Kit, wait_until
@@ -30,21 +29,18 @@ PRODUCER = {"message.timeout.ms": 3000, "request.timeout.ms": 2000, "retry.backo
 CONSUMER = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
 
 
-@pytest.fixture
-def proxied(local_broker_kind: str) -> Iterator[tuple[KafkaConfig, KafkaProxy]]:
-    port = free_port()
-    with local_broker(local_broker_kind, advertised_port=port) as broker, KafkaProxy(port, broker.port) as proxy:
-        yield broker.kafka_config(), proxy
 
-
-def test_no_commit_past_an_unacknowledged_hand_off(proxied: tuple[KafkaConfig, KafkaProxy]) -> None:
+def test_no_commit_past_an_unacknowledged_hand_off(
+    proxied: tuple[KafkaConfig, KafkaProxy], unique_name: Callable[[str], str]
+) -> None:
     kafka, proxy = proxied
     kit = Kit(kafka)
-    source = kit.create("orders", 1)
+    source = kit.create(unique_name("orders"), 1)
+    group = unique_name("billing")
     dead: list[Any] = []
     calls: list[tuple[int, int]] = []
     lock = threading.Lock()
-    app = RetryApp(kafka=kafka, group="billing", consumer_overrides=CONSUMER, producer_overrides=PRODUCER,
+    app = RetryApp(kafka=kafka, group=group, consumer_overrides=CONSUMER, producer_overrides=PRODUCER,
                    on_dead_letter=lambda record, route: dead.append(record))  # fmt: skip
 
     @app.handler(source, policy=RetryPolicy(delays=["200ms"]), value_deserializer=lambda d, c: int(d))
@@ -65,7 +61,7 @@ def test_no_commit_past_an_unacknowledged_hand_off(proxied: tuple[KafkaConfig, K
         wait_until(lambda: not app.healthy, 30, "the app to report the failing publishes")
         wait_until(lambda: all((i, 1) in calls for i in range(10)), 10, "every record handled once")
         # then: commits flow, but never past offset 5 (the unacknowledged republish)
-        wait_until(lambda: kit.committed("billing", source, 1) == {0: 5}, 10, "the commit of offsets 0-4")
+        wait_until(lambda: kit.committed(group, source, 1) == {0: 5}, 10, "the commit of offsets 0-4")
         assert app.stats.publish_failures >= 1 and not dead
         # when: a full cut, then recovery
         proxy.cut()
@@ -74,7 +70,7 @@ def test_no_commit_past_an_unacknowledged_hand_off(proxied: tuple[KafkaConfig, K
         proxy.heal()
         # then: both complete, once, and everything is committed
         wait_until(lambda: (5, 2) in calls and dead and app.healthy, 60, "the record to complete after recovery")
-        wait_until(lambda: kit.committed("billing", source, 1) == {0: 10}, 20, "the commit of every offset")
+        wait_until(lambda: kit.committed(group, source, 1) == {0: 10}, 20, "the commit of every offset")
     finally:
         app.stop()
     assert proxy.requests[PRODUCE] > 0 and proxy.dropped[PRODUCE] > 0  # the traffic really went through the proxy
