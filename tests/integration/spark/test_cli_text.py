@@ -17,6 +17,7 @@ import pytest
 
 from retrytopics.connectors.config import KafkaConfig
 
+from .conftest import cli_env
 from .pipeline_data import build_pipeline
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark]
@@ -51,9 +52,9 @@ def test_audit_and_replay_dry_run_print_tables_without_reprs_or_warnings(
 
     # when
     audit = subprocess.run([CLI, "audit", *pipeline, "--chart", str(tmp_path / "audit.png")],
-                           capture_output=True, text=True, timeout=420)  # fmt: skip
+                           capture_output=True, text=True, timeout=420, env=cli_env())  # fmt: skip
     replay = subprocess.run([CLI, "replay", *pipeline, "--replay-id", "text-1", "--dry-run"],
-                            capture_output=True, text=True, timeout=420)  # fmt: skip
+                            capture_output=True, text=True, timeout=420, env=cli_env())  # fmt: skip
 
     # then: exit 0, tables, counts in words, no reprs, nothing warned
     for done in (audit, replay):

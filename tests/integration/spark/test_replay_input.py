@@ -31,7 +31,7 @@ from retrytopics.naming import TopicSet, topics_for
 from retrytopics.spark import ledger
 from retrytopics.spark.replay import replay
 
-from .conftest import Header, create_topics, produce, read_direct
+from .conftest import Header, cli_env, create_topics, produce, read_direct
 from .pipeline_data import T0, failure
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark]
@@ -167,7 +167,7 @@ def test_the_replay_command_skips_a_forged_record_finishes_and_prints_no_jvm_noi
 
     # when
     done = subprocess.run([CLI, "replay", *pipeline, "--replay-id", "cli-1", "--json", "--log-level", "ERROR",
-                           "--master", "local[1]"], capture_output=True, text=True, timeout=300)  # fmt: skip
+                           "--master", "local[1]"], capture_output=True, text=True, timeout=300, env=cli_env())  # fmt: skip
 
     # then: exit 0, the forged record counted, and nothing on stderr from the JVM, log4j or pandas
     assert done.returncode == 0, done.stderr[-3000:]
