@@ -185,16 +185,25 @@ def _produce(kafka: KafkaConfig, topic: str) -> None:
 
 
 def _keys(kafka: KafkaConfig, topic: str) -> list[str]:
+    """The keys of the records in `topic` up to its end offsets as of now (read until the position reaches
+    them, not for a fixed idle time)."""
     consumer = make_consumer(kafka, group_id=None)
-    metadata = consumer.list_topics(topic, timeout=10).topics[topic]
-    consumer.assign([TopicPartition(topic, p, 0) for p in metadata.partitions])
-    keys, idle = [], time.monotonic() + 2
-    while time.monotonic() < idle:
-        for message in consumer.consume(100, 0.2):
-            if message.error() is None:
-                keys.append(message.key().decode())
-    consumer.close()
-    return keys
+    try:
+        metadata = consumer.list_topics(topic, timeout=10).topics[topic]
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
+                for p in metadata.partitions}  # fmt: skip
+        consumer.assign([TopicPartition(topic, p, 0) for p in metadata.partitions])
+        keys, deadline = [], time.monotonic() + 10
+        while time.monotonic() < deadline:
+            positions = consumer.position([TopicPartition(topic, p) for p in ends])
+            if all(tp.offset >= ends[tp.partition] for tp in positions if ends[tp.partition] > 0):
+                return keys
+            for message in consumer.consume(100, 0.2):
+                if message.error() is None:
+                    keys.append(message.key().decode())
+        return keys
+    finally:
+        consumer.close()
 
 
 def _wait(condition: Callable[[], bool], seconds: float, what: str) -> None:
