@@ -49,6 +49,24 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str, interv
         time.sleep(interval_s)
 
 
+#: what a just-created topic's partitions answer for a moment, before their leader is known everywhere
+_NO_LEADER_YET = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART}
+
+
+def _watermarks(consumer: Any, tp: TopicPartition, timeout_s: float = 10.0) -> tuple[int, int]:
+    """The partition's watermarks, asked again while it has no leader yet (seen in CI right after a topic
+    was provisioned: NOT_LEADER_FOR_PARTITION)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s, cached=False)
+            return int(low), int(high)
+        except KafkaException as exc:
+            if exc.args[0].code() not in _NO_LEADER_YET or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
 class Kit:
     def __init__(self, kafka: KafkaConfig) -> None:
         self.kafka = kafka
@@ -76,7 +94,7 @@ class Kit:
             meta = consumer.list_topics(topic, timeout=10).topics[topic]
             ends = {}
             for p in meta.partitions:
-                low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
+                low, high = _watermarks(consumer, TopicPartition(topic, p))
                 if high > low:
                     ends[p] = high
             consumer.assign([TopicPartition(topic, p, 0) for p in ends])
