@@ -29,35 +29,23 @@ from retrytopics.runtime import loop as loop_module
 from retrytopics.runtime.dispatch import Binding
 from retrytopics.runtime.loop import ConsumerLoop, LoopSettings
 
-from .test_loop import Clock, FakeConsumer
+from .test_loop import Clock, FakeConsumer, FakeProducer
 
 POLICY = RetryPolicy(delays=["1s"], non_retryable=(ValueError,))
 CTX = RouteContext(policy=POLICY, topics=topics_for("orders", "billing", POLICY.tier_delays_ms), group="billing")
 TIER, DLQ = CTX.topics.tiers[0].topic, CTX.topics.dlq
 
 
-class Producer:
-    """Acknowledges every produce at once; keeps what was produced."""
+class Producer(FakeProducer):
+    """Acknowledges every produce at once; keeps what was produced, headers included."""
 
     def __init__(self) -> None:
-        self.produced: list[tuple[str, bytes | None, list[tuple[str, bytes | None]]]] = []
+        super().__init__()
+        self.records: list[tuple[str, bytes | None, list[tuple[str, bytes | None]]]] = []
 
-    def produce(self, topic: str, *, value: bytes | None, headers: Any, on_delivery: Callable[[Any], None],
-                **_: Any) -> None:  # fmt: skip
-        self.produced.append((topic, value, list(headers)))
-        on_delivery(None)
-
-    def poll(self, timeout_s: float) -> None:
-        pass
-
-    def flush(self, timeout_s: float) -> int:
-        return 0
-
-    def partition_count(self, topic: str) -> int:
-        return 2
-
-    def purge(self) -> None:
-        pass
+    def produce(self, topic: str, *, on_delivery: Callable[[Any], None], **fields: Any) -> None:
+        self.records.append((topic, fields["value"], list(fields["headers"])))
+        super().produce(topic, on_delivery=on_delivery)
 
 
 def source(partition: int, offset: int, value: bytes) -> Message:
@@ -88,7 +76,7 @@ def run(batches: list[list[Message]], handler: Callable[[list[Record[Any]]], Non
 
 def routed(producer: Producer) -> dict[bytes | None, tuple[str, DlqReason | None, str]]:
     out = {}
-    for topic, value, headers in producer.produced:
+    for topic, value, headers in producer.records:
         state = decode(headers)
         out[value] = (topic, state.dlq_reason, state.exception_type)
     return out
