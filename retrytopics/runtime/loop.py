@@ -370,8 +370,6 @@ class ConsumerLoop:
     def _succeeded(self, msg: Message, key: AuditKey | None, record: Any, timing: Mapping[str, Any]) -> None:
         """A handler call returned: the record is finished, and counted for the batch's `records.handled`."""
         assert self._handoff is not None
-        if self._deferred:
-            self._before_acting(msg.tp)
         self._handoff.succeeded(msg.tp, msg.offset)
         if key is not None:
             self._remember(key)

@@ -242,16 +242,22 @@ def test_redact() -> None:
     assert out.count("[hidden]") == 4
 
 
+#: a bad value of one field each, and the field the error must name
+FIELD_ERRORS: list[tuple[dict[str, Any], str]] = [
+    ({"reconsume_times": 0}, "reconsume_times"),
+    ({"original_topic": "a b"}, "original_topic"),
+    ({"exception_message": "x" * 2000}, "exception_message"),
+    ({"exception_message": "\udc80"}, "exception_message"),
+    ({"lineage": "none"}, "lineage"),
+]
+
+
 @pytest.mark.parametrize(
     ("changes", "field"),
     [
-        ({"reconsume_times": 0}, "reconsume_times"),
-        ({"original_topic": "a b"}, "original_topic"),
-        ({"exception_message": "x" * 2000}, "exception_message"),
-        ({"exception_message": "\udc80"}, "exception_message"),
+        *FIELD_ERRORS,
         ({"tier": 1, "dlq_reason": DlqReason.EXHAUSTED}, "dlq_reason"),
         ({"first_failed_at": 10, "last_failed_at": 9}, "last_failed_at"),
-        ({"lineage": "none"}, "lineage"),
     ],
 )
 def test_constructor_errors_name_the_field(changes: dict[str, Any], field: str) -> None:
@@ -263,13 +269,9 @@ def test_constructor_errors_name_the_field(changes: dict[str, Any], field: str) 
 @pytest.mark.parametrize(
     ("changes", "field"),
     [
-        ({"reconsume_times": 0}, "reconsume_times"),
-        ({"original_topic": "a b"}, "original_topic"),
-        ({"exception_message": "x" * 2000}, "exception_message"),
-        ({"exception_message": "\udc80"}, "exception_message"),
+        *FIELD_ERRORS,
         ({"tier": 1, "due_at": 5, "dlq_reason": DlqReason.EXHAUSTED}, "dlq_reason"),
         ({"last_failed_at": -5}, "last_failed_at"),
-        ({"lineage": "none"}, "lineage"),
         ({"due_at": None}, "due_at"),
     ],
 )
