@@ -26,7 +26,6 @@ import re
 import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from types import MappingProxyType
 from typing import Any, TypeVar
 
 from retrytopics.connectors.admin import ProvisionOutcome, TopicSpec, ensure_topics, partition_count
@@ -38,10 +37,10 @@ from retrytopics.dedupe import DEFAULT_CAPACITY, DuplicateAudit
 from retrytopics.durations import DurationLike, parse_duration
 from retrytopics.errors import ConfigError
 from retrytopics.events import Emitter, Hook, LoggingHook, Stats, StatsCollector
-from retrytopics.naming import NamingStrategy, TopicSet, topics_for, validate_topic_name
+from retrytopics.naming import NamingStrategy, TopicSet, validate_topic_name
 from retrytopics.policy import RetryPolicy
 from retrytopics.redaction import Redactor
-from retrytopics.router import RouteContext
+from retrytopics.registry import Registration, Registry
 from retrytopics.runtime.dispatch import Binding
 from retrytopics.runtime.lifecycle import Runner
 from retrytopics.runtime.loop import ConsumerLoop, DeadLetterCallback, LoopSettings
@@ -119,30 +118,18 @@ class RetryApp:
         self.naming = NamingStrategy(naming)
         self.id_header = id_header
         self.on_dead_letter = on_dead_letter
-        self._redact = Redactor.with_patterns(redact_patterns)
         self._header_keys = None if header_key is None else HeaderKeys.of(header_key, field="header_key")
-        for name, value in (("batch_size", batch_size), ("commit_every", commit_every),
-                            ("dedupe_capacity", dedupe_capacity), ("wait_in_memory_records", wait_in_memory_records)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(name, value, "expected an int >= 1")
-        if isinstance(dedupe_seed, bool) or not isinstance(dedupe_seed, int) or dedupe_seed < 0:
-            raise ConfigError("dedupe_seed", dedupe_seed, "expected an int >= 0 (0: no seeding)")
-        self._loop_defaults = {
-            "batch_size": batch_size,
-            "commit_every": commit_every,
-            "commit_interval_ms": max(1, parse_duration(commit_interval, field="commit_interval")),
-            "commit_on_ack": bool(commit_on_ack),
-            "seed_last": dedupe_seed,
-        }
-        self._tier_defaults = {
-            "wait_in_memory_ms": parse_duration(wait_in_memory, field="wait_in_memory"),
-            "wait_in_memory_records": wait_in_memory_records,
-        }
+        self._registry = Registry(group=self.group, naming=self.naming, id_header=id_header,
+                                  redact=Redactor.with_patterns(redact_patterns), header_keys=self._header_keys)  # fmt: skip
+        self._loop_defaults, self._tier_defaults = _loop_options(
+            batch_size=batch_size, commit_every=commit_every, commit_interval=commit_interval,
+            commit_on_ack=commit_on_ack, dedupe_capacity=dedupe_capacity, dedupe_seed=dedupe_seed,
+            wait_in_memory=wait_in_memory, wait_in_memory_records=wait_in_memory_records,
+        )  # fmt: skip
         self._dedupe_capacity = dedupe_capacity
         self.instance_id = instance_id or uuid.uuid4().hex[:12]
         self._stats = StatsCollector()
         self._emitter = Emitter([self._stats, LoggingHook(), *hooks])
-        self._bindings: dict[str, Binding] = {}
         self._runner = Runner(threading.Event())
 
     # -- registration ----------------------------------------------------------------------------------------
@@ -188,43 +175,15 @@ class RetryApp:
         self, topic: str, policy: RetryPolicy | None, value_deserializer: Deserializer, dlq: str | None,
         handler_budget: DurationLike, *, batch: bool,
     ) -> Callable[[F], F]:  # fmt: skip
-        validate_topic_name(topic, field="topic")
-        policy = RetryPolicy() if policy is None else policy
-        if not isinstance(policy, RetryPolicy):
-            raise ConfigError("policy", policy, "expected a RetryPolicy")
-        if batch and policy.in_process is not None:
-            raise ConfigError("policy.in_process", policy.in_process, "in-process retries are per record; a batch "
-                              "handler's failed records are retried through the tiers")  # fmt: skip
-        if policy.in_process is not None:
-            budget_ms = parse_duration(handler_budget, field="handler_budget")
-            policy.in_process.check_fits(self.max_poll_interval_ms, handler_budget_ms=budget_ms)
-        if topic in self._bindings:
-            raise ConfigError("topic", topic, f"already handled by {self._bindings[topic].name}")
-        topics = topics_for(topic, self.group, policy.tier_delays_ms, strategy=self.naming, dlq=dlq)
-        self._check_collisions(topics)
-        ctx = RouteContext(
-            policy=policy, topics=topics, group=self.group, id_header=self.id_header, redact=self._redact,
-            header_keys=self._header_keys,
-        )
+        wanted = Registration(topic=topic, policy=policy, value_deserializer=value_deserializer, dlq=dlq,
+                              handler_budget=handler_budget, batch=batch)  # fmt: skip
+        bind = self._registry.add(wanted, lambda: self.max_poll_interval_ms)
 
         def register(fn: F) -> F:
-            if not callable(fn):
-                what = "a list of Records" if batch else "a Record"
-                raise ConfigError("handler", fn, f"expected a callable taking {what}")
-            self._bindings[topic] = Binding(
-                topic=topic, handler=fn, policy=policy, ctx=ctx, value_deserializer=value_deserializer, batch=batch
-            )
+            bind(fn)
             return fn
 
         return register
-
-    def _check_collisions(self, topics: TopicSet) -> None:
-        mine = {t.topic for t in topics.tiers}
-        for other in self._bindings.values():
-            theirs = {t.topic for t in other.ctx.topics.tiers} | {other.topic}
-            if mine & theirs or topics.source in {t.topic for t in other.ctx.topics.tiers}:
-                raise ConfigError("naming", self.naming.value, f"{topics.source!r} and {other.topic!r} would share "
-                                  f"tier topics {sorted(mine & theirs)}; use NamingStrategy.BY_DELAY")  # fmt: skip
 
     def add_hook(self, hook: Hook) -> None:
         """Subscribe one more hook to this app's events (e.g. metrics set up after the app was built);
@@ -244,16 +203,11 @@ class RetryApp:
     @property
     def handlers(self) -> Mapping[str, Binding]:
         """Source topic → its handler binding (handler, policy, topics)."""
-        return MappingProxyType(self._bindings)
+        return self._registry.bindings
 
     def topics(self, topic: str) -> TopicSet:
         """The tier topics and DLQ of a handled source topic."""
-        return self._binding(topic).ctx.topics
-
-    def _binding(self, topic: str) -> Binding:
-        if topic not in self._bindings:
-            raise ConfigError("topic", topic, f"no handler for it; handled: {sorted(self._bindings)}")
-        return self._bindings[topic]
+        return self._registry.get(topic).ctx.topics
 
     # -- provisioning ----------------------------------------------------------------------------------------
 
@@ -268,7 +222,7 @@ class RetryApp:
         admin = make_admin(self.kafka)
         timeout_s = parse_duration(timeout, field="timeout") / 1000
         specs: list[TopicSpec] = []
-        for topic, binding in self._bindings.items():
+        for topic, binding in self._registry.bindings.items():
             count = partitions or partition_count(admin, topic, timeout_s=timeout_s)
             if count is None:
                 raise ConfigError("topic", topic, "the source topic does not exist; create it, or pass partitions=")
@@ -280,25 +234,21 @@ class RetryApp:
 
     def start(self, *, main: bool = True, tiers: TierSelection | None = None) -> None:
         """Start consumers in background threads and return (see `run` / `run_tiers` for blocking forms)."""
-        if not self._bindings:
+        if not self._registry.bindings:
             raise ConfigError("handlers", [], "no handler registered; decorate one with @app.handler(topic)")
         if self._runner.stop_event.is_set():
             raise ConfigError("app", "stopped", "a stopped RetryApp cannot be restarted; build a new one")
         settings: list[LoopSettings] = []
         if main:
-            settings.append(main_settings(self.group, list(self._bindings), **self._loop_defaults,
+            settings.append(main_settings(self.group, list(self._registry.bindings), **self._loop_defaults,
                                           exactly_once=self.exactly_once))  # fmt: skip
         if tiers is not None:
-            settings += tier_settings(self._bindings, tiers, **self._loop_defaults, **self._tier_defaults,
+            settings += tier_settings(self._registry.bindings, tiers, **self._loop_defaults, **self._tier_defaults,
                                       exactly_once=self.exactly_once)  # fmt: skip
         self._runner.start([self._loop(s) for s in settings])
 
     def _loop(self, settings: LoopSettings) -> ConsumerLoop:
-        bindings = {t: b for t, b in self._bindings.items() if t in settings.topics}
-        for binding in self._bindings.values():
-            for tier in binding.ctx.topics.tiers:
-                if tier.topic in settings.topics:
-                    bindings[tier.topic] = binding
+        bindings = self._registry.for_topics(settings.topics)
         is_tier = settings.group_id != self.group
         overrides = {**(TIER_CONSUMER_DEFAULTS if is_tier else {}), **self.consumer_overrides}
         transactional_id = f"{settings.group_id}-{self.instance_id}" if self.exactly_once else None
@@ -352,3 +302,28 @@ class RetryApp:
     def stats(self) -> Stats:
         """Counters since start: handled, retried, dead-lettered by reason, duplicates suppressed, paused partitions."""
         return self._stats.snapshot(paused_partitions=sum(loop.paused_partitions for loop in self._runner.loops))
+
+
+def _loop_options(
+    *, batch_size: int, commit_every: int, commit_interval: DurationLike, commit_on_ack: bool, dedupe_capacity: int,
+    dedupe_seed: int, wait_in_memory: DurationLike, wait_in_memory_records: int,
+) -> tuple[dict[str, Any], dict[str, Any]]:  # fmt: skip
+    """The checked LoopSettings fields of every consumer, and those only tier consumers use."""
+    for name, value in (("batch_size", batch_size), ("commit_every", commit_every),
+                        ("dedupe_capacity", dedupe_capacity), ("wait_in_memory_records", wait_in_memory_records)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(name, value, "expected an int >= 1")
+    if isinstance(dedupe_seed, bool) or not isinstance(dedupe_seed, int) or dedupe_seed < 0:
+        raise ConfigError("dedupe_seed", dedupe_seed, "expected an int >= 0 (0: no seeding)")
+    every = {
+        "batch_size": batch_size,
+        "commit_every": commit_every,
+        "commit_interval_ms": max(1, parse_duration(commit_interval, field="commit_interval")),
+        "commit_on_ack": bool(commit_on_ack),
+        "seed_last": dedupe_seed,
+    }
+    tiers = {
+        "wait_in_memory_ms": parse_duration(wait_in_memory, field="wait_in_memory"),
+        "wait_in_memory_records": wait_in_memory_records,
+    }
+    return every, tiers

@@ -1,0 +1,116 @@
+"""The handlers an app registered: which source topic each serves, with its policy, topics and routing context.
+
+Registration is where a handler's configuration is checked, so that a mistake fails at start-up with the field
+named, never later in a consumer thread: a topic handled twice, two sources that would share tier topics, or
+in-process retries that would outlast the consumer's `max.poll.interval.ms`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from retrytopics.connectors.serde import Deserializer
+from retrytopics.durations import DurationLike, parse_duration
+from retrytopics.errors import ConfigError
+from retrytopics.naming import NamingStrategy, TopicSet, topics_for, validate_topic_name
+from retrytopics.policy import RetryPolicy
+from retrytopics.redaction import Redactor
+from retrytopics.router import RouteContext
+from retrytopics.runtime.dispatch import Binding
+from retrytopics.signing import HeaderKeys
+
+__all__ = ["Registration", "Registry"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Registration:
+    """What `RetryApp.handler`/`batch_handler` were asked for, before it is checked."""
+
+    topic: str
+    policy: RetryPolicy | None
+    value_deserializer: Deserializer
+    dlq: str | None
+    handler_budget: DurationLike
+    batch: bool
+
+
+class Registry:
+    """Source topic → `Binding`, for one consumer group; every binding checked against the others."""
+
+    def __init__(
+        self, *, group: str, naming: NamingStrategy, id_header: str | None, redact: Redactor,
+        header_keys: HeaderKeys | None,
+    ) -> None:  # fmt: skip
+        self._group = group
+        self._naming = naming
+        self._id_header = id_header
+        self._redact = redact
+        self._header_keys = header_keys
+        self._bindings: dict[str, Binding] = {}
+
+    def add(self, wanted: Registration, max_poll_interval_ms: Callable[[], int]) -> Callable[[Callable[..., Any]], None]:
+        """Check `wanted` now and return what binds the decorated function to it. `max_poll_interval_ms` is
+        asked only when in-process retries must fit in it."""
+        topic = validate_topic_name(wanted.topic, field="topic")
+        policy = self._checked_policy(wanted, max_poll_interval_ms)
+        if topic in self._bindings:
+            raise ConfigError("topic", topic, f"already handled by {self._bindings[topic].name}")
+        topics = topics_for(topic, self._group, policy.tier_delays_ms, strategy=self._naming, dlq=wanted.dlq)
+        self._check_collisions(topics)
+        ctx = RouteContext(
+            policy=policy, topics=topics, group=self._group, id_header=self._id_header, redact=self._redact,
+            header_keys=self._header_keys,
+        )  # fmt: skip
+
+        def bind(fn: Callable[..., Any]) -> None:
+            if not callable(fn):
+                what = "a list of Records" if wanted.batch else "a Record"
+                raise ConfigError("handler", fn, f"expected a callable taking {what}")
+            self._bindings[topic] = Binding(topic=topic, handler=fn, policy=policy, ctx=ctx,
+                                            value_deserializer=wanted.value_deserializer, batch=wanted.batch)  # fmt: skip
+
+        return bind
+
+    @staticmethod
+    def _checked_policy(wanted: Registration, max_poll_interval_ms: Callable[[], int]) -> RetryPolicy:
+        policy = RetryPolicy() if wanted.policy is None else wanted.policy
+        if not isinstance(policy, RetryPolicy):
+            raise ConfigError("policy", policy, "expected a RetryPolicy")
+        if policy.in_process is None:
+            return policy
+        if wanted.batch:
+            raise ConfigError("policy.in_process", policy.in_process, "in-process retries are per record; a batch "
+                              "handler's failed records are retried through the tiers")  # fmt: skip
+        budget_ms = parse_duration(wanted.handler_budget, field="handler_budget")
+        policy.in_process.check_fits(max_poll_interval_ms(), handler_budget_ms=budget_ms)
+        return policy
+
+    def _check_collisions(self, topics: TopicSet) -> None:
+        mine = {t.topic for t in topics.tiers}
+        for other in self._bindings.values():
+            theirs = {t.topic for t in other.ctx.topics.tiers} | {other.topic}
+            if mine & theirs or topics.source in {t.topic for t in other.ctx.topics.tiers}:
+                raise ConfigError("naming", self._naming.value, f"{topics.source!r} and {other.topic!r} would share "
+                                  f"tier topics {sorted(mine & theirs)}; use NamingStrategy.BY_DELAY")  # fmt: skip
+
+    @property
+    def bindings(self) -> Mapping[str, Binding]:
+        return MappingProxyType(self._bindings)
+
+    def get(self, topic: str) -> Binding:
+        if topic not in self._bindings:
+            raise ConfigError("topic", topic, f"no handler for it; handled: {sorted(self._bindings)}")
+        return self._bindings[topic]
+
+    def for_topics(self, topics: Iterable[str]) -> dict[str, Binding]:
+        """Each of `topics` (sources and tier topics) → the binding that handles its records."""
+        wanted = set(topics)
+        chosen = {t: b for t, b in self._bindings.items() if t in wanted}
+        for binding in self._bindings.values():
+            for tier in binding.ctx.topics.tiers:
+                if tier.topic in wanted:
+                    chosen[tier.topic] = binding
+        return chosen
