@@ -93,23 +93,31 @@ def exception_chain(exc: BaseException) -> Iterator[BaseException]:
 
 def classify(policy: RetryPolicy, exc: BaseException) -> Classification:
     """Classify ``exc`` under ``policy``; see the module docstring for the order of the rules."""
-    chain = list(exception_chain(exc))
+    # most failures are one exception with no cause or context: no chain walk (every failure is classified)
+    chain = [exc] if exc.__cause__ is None and exc.__context__ is None else list(exception_chain(exc))
     for kinds, verdict in _SIGNALS:
-        found = next((e for e in chain if isinstance(e, kinds)), None)
+        found = _first(chain, kinds)
         if found is not None:
             return Classification(verdict=verdict, schedule_ms=(), retry_after_ms=None, deciding=found)
-    signal = next((e for e in chain if isinstance(e, Retry)), None)
+    signal = _first(chain, Retry)
     if signal is not None:
         return _retryable(policy, chain, signal)
-    blocked = next((e for e in chain if isinstance(e, policy.non_retryable)), None)
+    blocked = _first(chain, policy.non_retryable)
     if blocked is not None or not _predicate_allows(policy, exc):
         return Classification(
             verdict=Verdict.NON_RETRYABLE, schedule_ms=(), retry_after_ms=None, deciding=blocked or exc
         )
-    allowed = next((e for e in chain if isinstance(e, policy.retryable)), None)
+    allowed = _first(chain, policy.retryable)
     if allowed is None:
         return Classification(verdict=Verdict.NON_RETRYABLE, schedule_ms=(), retry_after_ms=None, deciding=exc)
     return _retryable(policy, chain, allowed)
+
+
+def _first(chain: list[BaseException], kinds: type[BaseException] | tuple[type[BaseException], ...]) -> BaseException | None:
+    for link in chain:
+        if isinstance(link, kinds):
+            return link
+    return None
 
 
 def _predicate_allows(policy: RetryPolicy, exc: BaseException) -> bool:
@@ -122,7 +130,11 @@ def _predicate_allows(policy: RetryPolicy, exc: BaseException) -> bool:
 
 
 def _retryable(policy: RetryPolicy, chain: list[BaseException], deciding: BaseException) -> Classification:
-    hint = next((h for h in (retry_after_ms(e, policy.retry_after_attribute) for e in chain) if h is not None), None)
+    hint = None
+    for link in chain:
+        hint = retry_after_ms(link, policy.retry_after_attribute)
+        if hint is not None:
+            break
     return Classification(
         verdict=Verdict.RETRYABLE, schedule_ms=_schedule_for(policy, chain), retry_after_ms=hint, deciding=deciding
     )

@@ -15,6 +15,7 @@ are one contract, and a reader checking a header against docs/headers.md should 
 
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -160,23 +161,39 @@ def _fast_check(spec: _Spec) -> Callable[[object], str | None]:
     """`_problem` for `spec`, with the common valid case decided in one comparison (a retry state is
     validated each time the router builds one, once per failed record): a plain int in range, or ASCII
     text within bounds (its length is its UTF-8 size). Anything else takes the full check."""
-    lo, hi = spec.lo, spec.hi
+    lo, hi, optional = spec.lo, spec.hi, spec.optional
     if spec.kind == "int":
 
         def check(value: object) -> str | None:
-            return None if type(value) is int and lo <= value <= hi else _problem(spec, value)
+            if type(value) is int and lo <= value <= hi or (value is None and optional):
+                return None
+            return _problem(spec, value)
 
     elif spec.kind == "text":
 
         def check(value: object) -> str | None:
             return None if type(value) is str and value.isascii() and lo <= len(value) <= hi else _problem(spec, value)
 
+    elif spec.kind == "topic":
+        valid: set[str] = set()  # a process sees few topic and group names: each is matched once
+
+        def check(value: object) -> str | None:
+            if type(value) is str and value in valid:
+                return None
+            reason = _problem(spec, value)
+            if reason is None and type(value) is str and len(valid) < _KNOWN_NAMES:
+                valid.add(value)
+            return reason
+
     else:
 
         def check(value: object) -> str | None:
-            return _problem(spec, value)
+            return None if value is None and optional or type(value) is DlqReason else _problem(spec, value)
 
     return check
+
+
+_KNOWN_NAMES: Final = 4096
 
 
 def _validate(obj: object, checks: tuple[tuple[_Spec, Callable[[object], str | None]], ...]) -> None:
@@ -245,18 +262,17 @@ class RetryHeaders:
         """A copy with `changes`, like `dataclasses.replace`, but only the changed fields are validated again
         (with the rules between fields): the others were when this state was built. The failure path makes
         two or three copies per record, and a full validation costs more than the routing itself."""
-        copy = object.__new__(RetryHeaders)
-        for name in _RETRY_FIELDS:
-            object.__setattr__(copy, name, changes[name] if name in changes else getattr(self, name))
         unknown = changes.keys() - _RETRY_FIELDS
         if unknown:
             raise TypeError(f"RetryHeaders has no field {sorted(unknown)[0]!r}")
-        for spec in _RETRY_SPECS:
-            if spec.attr in changes:
-                reason = _problem(spec, changes[spec.attr])
-                if reason is not None:
-                    value = changes[spec.attr]
-                    raise ConfigError(spec.attr, value if not isinstance(value, str) else _excerpt(value), reason)
+        copy = object.__new__(RetryHeaders)
+        for name, value in zip(_RETRY_FIELD_NAMES, _all_retry_fields(self)):
+            _set(copy, name, value)
+        for name, value in changes.items():
+            _set(copy, name, value)
+            checked = _RETRY_CHECK_OF.get(name)
+            if checked is not None and (reason := checked[1](value)) is not None:
+                raise ConfigError(name, value if not isinstance(value, str) else _excerpt(value), reason)
         if "lineage" in changes and not isinstance(copy.lineage, Lineage):
             raise ConfigError("lineage", copy.lineage, "expected a Lineage")
         copy._check_consistency()
@@ -272,19 +288,35 @@ class RetryHeaders:
             raise ConfigError("dlq_reason", self.dlq_reason, "a DLQ record has no tier; a tier record no DLQ reason")
 
 
-_RETRY_FIELDS: Final = frozenset(RetryHeaders.__dataclass_fields__)
+_RETRY_FIELD_NAMES: Final = tuple(RetryHeaders.__dataclass_fields__)
+_RETRY_FIELDS: Final = frozenset(_RETRY_FIELD_NAMES)
+_RETRY_CHECK_OF: Final = {spec.attr: (spec, check) for spec, check in _RETRY_CHECKS}
+_all_retry_fields: Final = operator.attrgetter(*_RETRY_FIELD_NAMES)
+_set: Final = object.__setattr__  # RetryHeaders is frozen; evolve fills a fresh instance
 _NO_LINEAGE: Final = Lineage()
+#: (header, attribute) in encoding order, and every attribute at once: `encode` runs once per republish
+_RETRY_ENCODING: Final = tuple((s.header, s.attr) for s in _RETRY_SPECS)
+_LINEAGE_ENCODING: Final = tuple((s.header, s.attr) for s in _LINEAGE_SPECS)
+_retry_values: Final = operator.attrgetter(*(s.attr for s in _RETRY_SPECS))
+_lineage_values: Final = operator.attrgetter(*(s.attr for s in _LINEAGE_SPECS))
+_LINEAGE_HEADERS: Final = frozenset(s.header for s in _LINEAGE_SPECS)
 
 
 def encode(h: RetryHeaders) -> list[Header]:
     """The ``retry.*`` headers of ``h``: UTF-8 text, decimal numbers, None fields left out."""
-    out: list[Header] = []
-    for obj, specs in ((h, _RETRY_SPECS), (h.lineage, _LINEAGE_SPECS)):
-        for spec in specs:
-            value = getattr(obj, spec.attr)
-            if value is not None:
-                out.append((spec.header, str(value).encode("utf-8")))
+    out: list[Header] = [(header, str(value).encode("utf-8"))
+           for (header, _), value in zip(_RETRY_ENCODING, _retry_values(h)) if value is not None]  # fmt: skip
+    if h.lineage is _NO_LINEAGE:  # most records: encoded once, at import
+        out += _NO_LINEAGE_HEADERS
+    else:
+        out += [(header, str(value).encode("utf-8"))
+                for (header, _), value in zip(_LINEAGE_ENCODING, _lineage_values(h.lineage)) if value is not None]  # fmt: skip
     return out
+
+
+_NO_LINEAGE_HEADERS: Final = [(header, str(value).encode("utf-8"))
+                              for (header, _), value in zip(_LINEAGE_ENCODING, _lineage_values(_NO_LINEAGE))
+                              if value is not None]  # fmt: skip
 
 
 def decode(headers: Sequence[Header]) -> RetryHeaders:
@@ -364,10 +396,11 @@ def _parse(spec: _Spec, raw: bytes | None) -> object:
 
 def decode_lineage(headers: Sequence[Header]) -> Lineage:
     """Replay lineage from any record's headers; tolerant: an invalid or duplicated field is dropped."""
-    if not headers:  # most source records: nothing to read, and one shared (immutable) answer
+    items = headers[:MAX_HEADER_COUNT] if isinstance(headers, list | tuple) else ()
+    # most records carry no lineage header: nothing to read, and one shared (immutable) answer
+    if not any(isinstance(item, tuple) and len(item) == 2 and item[0] in _LINEAGE_HEADERS for item in items):
         return _NO_LINEAGE
     seen: dict[str, list[object]] = {s.header: [] for s in _LINEAGE_SPECS}
-    items = headers[:MAX_HEADER_COUNT] if isinstance(headers, list | tuple) else ()
     for item in items:
         if isinstance(item, tuple) and len(item) == 2 and item[0] in seen:
             seen[item[0]].append(item[1])

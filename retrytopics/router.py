@@ -18,6 +18,7 @@ import dataclasses
 import json
 import math
 import random
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -33,7 +34,7 @@ from retrytopics.headers import (
 from retrytopics.naming import NamingStrategy, TierTopic, TopicSet
 from retrytopics.policy import RetryPolicy
 from retrytopics.signing import SIGNATURE, HeaderKeys, sign, verify
-from retrytopics.traces import format_trace
+from retrytopics.traces import failure_key, format_trace
 
 __all__ = [
     "InboundRecord", "Route", "RouteContext", "RouteKind", "described_failure", "longest_wait_ms",
@@ -303,8 +304,26 @@ class _Described(NamedTuple):
 
 
 def _describe(failure: BaseException, redact: Callable[[str], str]) -> _Described:
-    """Write-only diagnostics: type, redacted message and trace, truncated to their header budgets."""
+    """Write-only diagnostics: type, redacted message and trace, truncated to their header budgets. Cached
+    per failure site and message (`traces.failure_key`): when many records fail alike, as in an outage,
+    each is described in a dictionary lookup."""
     failure = described_failure(failure)
+    key = failure_key(failure)
+    if key is None:
+        return _describe_now(failure, redact)
+    site = (key, redact)
+    with _described_lock:
+        described = _described.get(site)
+    if described is None:
+        described = _describe_now(failure, redact)
+        with _described_lock:
+            if len(_described) >= _DESCRIBED_CACHE_SIZE:
+                del _described[next(iter(_described))]  # the oldest: a plain dict keeps insertion order
+            _described[site] = described
+    return described
+
+
+def _describe_now(failure: BaseException, redact: Callable[[str], str]) -> _Described:
     cls = type(failure)
     try:
         message = str(failure)
@@ -316,6 +335,11 @@ def _describe(failure: BaseException, redact: Callable[[str], str]) -> _Describe
         exception_message=truncate_utf8(redact(message), MESSAGE_LIMIT_BYTES),
         exception_trace=truncate_utf8(trace, TRACE_LIMIT_BYTES, keep="tail"),
     )
+
+
+_DESCRIBED_CACHE_SIZE = 1024
+_described: dict[tuple[object, Callable[[str], str]], _Described] = {}
+_described_lock = threading.Lock()
 
 
 def too_large_route(

@@ -16,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from types import CodeType
 
-__all__ = ["format_trace"]
+__all__ = ["failure_key", "format_trace"]
 
 _CHAIN_LIMIT = 32
 _SITE_CACHE_SIZE = 512
@@ -80,6 +80,25 @@ def _exception_text(exc: BaseException) -> str:
     except Exception:  # noqa: BLE001 - traceback prints the same placeholder
         text = "<exception str() failed>"
     return f"{name}: {text}\n" if text else f"{name}\n"
+
+
+def failure_key(failure: BaseException) -> tuple[object, ...] | None:
+    """What `format_trace` and the exception's text depend on, hashable: per link of the chain its type,
+    text, stack site and separator. Records that fail at one place with one message share a key, so their
+    whole description can be cached. None when the text cannot be keyed this way (a SyntaxError prints its
+    own attributes, notes are mutable, a broken `__str__`): those are described each time."""
+    key: list[object] = []
+    for exc, separator in _chain(failure):
+        if isinstance(exc, SyntaxError) or getattr(exc, "__notes__", None) is not None:
+            return None
+        try:
+            text = str(exc)
+        except Exception:  # noqa: BLE001 - described the slow way, which prints a placeholder
+            return None
+        tb = exc.__traceback__
+        site = () if tb is None else tuple((frame.f_code, lineno) for frame, lineno in traceback.walk_tb(tb))
+        key += (type(exc), text, site, separator)
+    return tuple(key)
 
 
 def format_trace(failure: BaseException, *, redact: Callable[[str], str] = lambda text: text) -> str:

@@ -84,3 +84,45 @@ def test_the_exception_line_is_tracebacks_own(exc: BaseException) -> None:
     from retrytopics.traces import _exception_text
 
     assert _exception_text(exc) == "".join(traceback.format_exception_only(type(exc), exc))
+
+
+def _raised(exc: BaseException) -> BaseException:
+    try:
+        raise exc
+    except BaseException as caught:  # noqa: BLE001 - the test wants the traceback attached
+        return caught
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [ValueError("bad"), RuntimeError("two\nlines"), _with_note(), SyntaxError("bad syntax", ("f.py", 1, 2, "x y")),
+     _Unprintable(), ExceptionGroup("g", [ValueError()])],  # fmt: skip
+)
+def test_the_description_cache_answers_what_describing_anew_would(exc: BaseException) -> None:
+    from retrytopics.router import _describe, _describe_now
+
+    failure = _raised(exc)
+    fresh = _describe_now(failure, redact)
+    assert _describe(failure, redact) == fresh
+    assert _describe(failure, redact) == fresh  # the second time from the cache, where the key allows one
+
+
+def test_records_failing_alike_share_a_key_and_others_do_not() -> None:
+    from retrytopics.traces import failure_key
+
+    assert failure_key(_fail("order 1 timed out")) == failure_key(_fail("order 1 timed out"))
+    assert failure_key(_fail("order 1 timed out")) != failure_key(_fail("order 2 timed out"))
+    assert failure_key(_raised(ValueError("x"))) != failure_key(_raised(KeyError("x")))
+    # what the text cannot be keyed on is described each time
+    assert failure_key(_raised(_with_note())) is None and failure_key(_raised(_Unprintable())) is None
+
+
+def test_the_cache_keeps_each_records_message_and_each_apps_redaction() -> None:
+    from retrytopics.redaction import Redactor
+    from retrytopics.router import _describe
+
+    first, second = _describe(_fail("order 1 timed out"), redact), _describe(_fail("order 2 timed out"), redact)
+    assert "order 1" in first.exception_trace and "order 2" in second.exception_trace
+    cards = Redactor.with_patterns([r"order \d"])
+    assert "order 1" not in _describe(_fail("order 1 timed out"), cards).exception_trace
+    assert "order 1" in _describe(_fail("order 1 timed out"), redact).exception_trace
