@@ -1,0 +1,94 @@
+"""Records that repeat a hand-off already made are finished without a handler call (`duplicate.suppressed`):
+
+- a hop handled here already (its audit key is in the duplicate audit, dedupe.py): a republish that a crash
+  duplicated;
+- a record whose hand-off was found downstream when its partition was assigned (runtime/seeding.py): a
+  previous owner handled it and handed it off, then died before committing it.
+
+Either is finished after what is deferred for its partition (runtime/batch_calls.py), so in offset order.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+
+from retrytopics.dedupe import DuplicateAudit, hand_off_key
+from retrytopics.errors import HeaderDecodeError
+from retrytopics.events import Event
+from retrytopics.headers import RetryHeaders, decode_lineage
+from retrytopics.offsets import TopicPartition
+from retrytopics.ports import Message
+from retrytopics.router import origin_message_id
+from retrytopics.runtime.batch_calls import BatchCaller
+from retrytopics.runtime.dispatch import Binding, inbound
+from retrytopics.runtime.handoff import HandOff
+from retrytopics.runtime.seeding import TailReader, destinations, seed
+
+__all__ = ["DuplicateSuppressor"]
+
+log = logging.getLogger("retrytopics.runtime")
+
+
+class DuplicateSuppressor:
+    """Finishes the duplicates of one loop; reads the hand-offs found downstream of its new partitions."""
+
+    def __init__(
+        self, handoff: HandOff, batches: BatchCaller, bindings: Mapping[str, Binding], emit: Callable[..., None],
+        *, name: str, tail_reader: TailReader | None, seed_last: int, seed_timeout_s: float,
+    ) -> None:  # fmt: skip
+        self._handoff = handoff
+        self._batches = batches
+        self._bindings = bindings
+        self._emit = emit
+        self._name = name
+        self._tail_reader = tail_reader  # None: no seeding (see runtime/seeding.py)
+        self._seed_last = seed_last
+        self._seed_timeout_s = seed_timeout_s
+        self._handed_off = DuplicateAudit()  # hops found downstream when partitions were assigned
+
+    def seed(self, tps: list[TopicPartition]) -> None:
+        """Partitions were assigned: remember the hand-offs already downstream of them."""
+        if self._tail_reader is not None:
+            seed(self._handed_off, self._tail_reader, destinations(self._bindings, tps),
+                 last=self._seed_last, timeout_s=self._seed_timeout_s)  # fmt: skip
+
+    def was_handed_off(self, msg: Message, state: RetryHeaders | None, bad: HeaderDecodeError | None) -> bool:
+        """Whether the record's hand-off is among the hops found downstream at assignment."""
+        if not self._handed_off or bad is not None:
+            return False
+        lineage = state.lineage if state is not None else decode_lineage(list(msg.headers))
+        return hand_off_key(state, (msg.topic, msg.partition, msg.offset), lineage.replay_count) in self._handed_off
+
+    def suppress(self, msg: Message, state: RetryHeaders) -> None:
+        """Finish a hop handled here already."""
+        if not self._finish(msg):
+            return
+        log.info(
+            "%s: duplicate suppressed: %s[%d]@%d repeats %s[%d]@%d attempt %d (a republish was duplicated by a crash)",
+            self._name, msg.topic, msg.partition, msg.offset, state.original_topic, state.original_partition,
+            state.original_offset, state.reconsume_times,
+        )  # fmt: skip
+        self._emit(Event.DUPLICATE_SUPPRESSED, topic=msg.topic, partition=msg.partition, offset=msg.offset,
+                   origin_message_id=state.origin_message_id, reconsume_times=state.reconsume_times)  # fmt: skip
+
+    def finish_handed_off(self, msg: Message, state: RetryHeaders | None) -> None:
+        """Finish a record handed off already, counted as a suppressed duplicate."""
+        if not self._finish(msg):
+            return
+        log.info("%s: duplicate suppressed: %s[%d]@%d was handed off already (found downstream at assignment)",
+                 self._name, msg.topic, msg.partition, msg.offset)  # fmt: skip
+        if state is None:
+            origin, attempt = origin_message_id(self._bindings[msg.topic].ctx, inbound(msg)), 0
+        else:
+            origin, attempt = state.origin_message_id, state.reconsume_times
+        self._emit(Event.DUPLICATE_SUPPRESSED, topic=msg.topic, partition=msg.partition, offset=msg.offset,
+                   origin_message_id=origin, reconsume_times=attempt)  # fmt: skip
+
+    def _finish(self, msg: Message) -> bool:
+        """Finish `msg` without a call; False (nothing done: it is read again with the rest) when settling
+        what was deferred for its partition lost this consumer the partition."""
+        if not self._batches.before_acting(msg.tp):
+            return False
+        self._handoff.finish(msg.tp, msg.offset, self._handoff.track(msg.tp, msg.offset))
+        return True

@@ -1,0 +1,102 @@
+"""When a consumer loop must leave a record alone: the consumer may no longer own the record's partition, or
+the app is stopping. A record left alone (*abandoned*: a `record.abandoned` event) is neither handed off nor
+committed here; it is read again, by this consumer or by whoever owns its partition now.
+
+How ownership is judged is `runtime/ownership.py`. This module asks it at the two moments that matter: after
+a handler call, and after a gap in polling (the process was frozen) before any record kept from before the
+gap is touched.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from retrytopics.events import Event
+from retrytopics.ports import Message
+from retrytopics.runtime.ownership import OwnershipCheck
+from retrytopics.runtime.pausing import PauseController
+
+__all__ = ["OwnershipGuard"]
+
+log = logging.getLogger("retrytopics.runtime")
+
+
+class OwnershipGuard:
+    """Says when a record must be left alone; `abandoned` tells the loop to read the rest of its batch again."""
+
+    def __init__(
+        self, check: OwnershipCheck, pauses: PauseController[Any], emit: Callable[..., None], *, name: str,
+        stop: threading.Event, monotonic: Callable[[], float],
+    ) -> None:  # fmt: skip
+        self._check = check
+        self._pauses = pauses
+        self._emit = emit
+        self._name = name
+        self._stop = stop
+        self._monotonic = monotonic
+        #: when the last consume() returned: a handler call is judged by the time elapsed since
+        self.polled_at = monotonic()
+        #: a record of the current batch was left alone
+        self.abandoned = False
+
+    def polled(self) -> float:
+        """A consume() returned: a new batch, nothing abandoned yet. Returns when (`polled_at`)."""
+        self.polled_at = self._monotonic()
+        self.abandoned = False
+        return self.polled_at
+
+    def lost_ownership(self, msg: Message) -> bool:
+        """True when this consumer may no longer act on `msg`, just handled (`runtime/ownership.py` says why)."""
+        why = self._check.lost(self._monotonic() - self.polled_at)
+        if why is None:
+            return False
+        log.warning(
+            "%s: handling %s[%d]@%d %s; the record is neither handed off nor committed here, and is read again "
+            "by whoever owns its partition now",
+            self._name, msg.topic, msg.partition, msg.offset, why,
+        )  # fmt: skip
+        self.abandoned = True
+        self._emit(Event.RECORD_ABANDONED, topic=msg.topic, partition=msg.partition, offset=msg.offset)
+        return True
+
+    def woke_expelled(self, gap_s: float, batch: list[Message]) -> bool:
+        """After a gap of `gap_s` in which this consumer did nothing (the process was frozen), ask the group
+        coordinator before touching a record: librdkafka delivers `partitions.lost` only some ms after the
+        wake, and records waiting in memory, or fetched before the freeze, would be handed off meanwhile by
+        a consumer that owns nothing (measured: 3 in 40 freezes). Expelled: nothing is acted on; the queued
+        records and `batch` are read again by whoever owns their partitions now. Costs a clock read unless
+        the gap was long enough for the session to lapse."""
+        if not self._check.may_have_lapsed(gap_s):
+            return False
+        starts = self._pauses.queue_starts()
+        for msg in batch:
+            starts[msg.tp] = min(starts.get(msg.tp, msg.offset), msg.offset)
+        if not starts:
+            return False  # nothing kept from before the gap: nothing to protect, nothing to ask
+        why = self._check.lost(gap_s, unsure_is_lost=True)
+        if why is None:
+            return False
+        log.warning(
+            "%s: woke after a %.1fs gap in polling (%s); the records of %d partitions in memory are not acted on "
+            "here and are read again by whoever owns their partitions now", self._name, gap_s, why, len(starts),
+        )  # fmt: skip
+        for tp, offset in starts.items():
+            self._emit(Event.RECORD_ABANDONED, topic=tp[0], partition=tp[1], offset=offset)
+            self._pauses.restart_at(tp, offset)
+        return True
+
+    def stopping(self, msg: Message, failure: BaseException) -> bool:
+        """True when the handler failed while the app is stopping (SIGTERM arrived mid-call): the failure may
+        be the shutdown's doing, so it is no verdict on the record. It is neither handed off (no DLQ record)
+        nor committed; the next run reads it again."""
+        if not self._stop.is_set():
+            return False
+        log.warning(
+            "%s: %s[%d]@%d failed while stopping (%s); not handed off, left uncommitted for the next run",
+            self._name, msg.topic, msg.partition, msg.offset, type(failure).__name__,
+        )  # fmt: skip
+        self._emit(Event.RECORD_ABANDONED, topic=msg.topic, partition=msg.partition, offset=msg.offset)
+        return True

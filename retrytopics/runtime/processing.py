@@ -1,0 +1,120 @@
+"""What a consumer loop does with each record it accepts: read its retry state, decide (retrytopics/step.py,
+pure) and carry the decision out:
+
+- handle: call the handler and settle the outcome (runtime/outcomes.py), or defer the record to its batch
+  handler's call (runtime/batch_calls.py);
+- a duplicate hop: finish it without a call (runtime/duplicates.py);
+- not due yet: wait in memory, or pause the partition in Kafka (runtime/pausing.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from retrytopics.dedupe import AuditKey, DuplicateAudit, audit_key
+from retrytopics.errors import HeaderDecodeError
+from retrytopics.headers import RetryHeaders
+from retrytopics.ports import Message
+from retrytopics.router import longest_wait_ms, read_retry_state
+from retrytopics.runtime.batch_calls import BatchCaller
+from retrytopics.runtime.batching import Deferred
+from retrytopics.runtime.dispatch import Binding, Invoker, build_record, inbound
+from retrytopics.runtime.duplicates import DuplicateSuppressor
+from retrytopics.runtime.guard import OwnershipGuard
+from retrytopics.runtime.outcomes import Outcomes
+from retrytopics.runtime.pausing import PauseController
+from retrytopics.step import Action, decide
+
+__all__ = ["Decoded", "RecordProcessor"]
+
+#: what was read from a record's retry headers: its state, or why it is invalid (kept with a record that
+#: waits in memory, so that its headers are read once)
+Decoded = tuple[RetryHeaders | None, HeaderDecodeError | None]
+
+
+class RecordProcessor:
+    """Acts on the records of one loop, one at a time (see the module docstring)."""
+
+    def __init__(
+        self, bindings: Mapping[str, Binding], pauses: PauseController[Decoded], audit: DuplicateAudit,
+        invoker: Invoker, guard: OwnershipGuard, outcomes: Outcomes, batches: BatchCaller,
+        duplicates: DuplicateSuppressor, *, now_ms: Callable[[], int],
+    ) -> None:  # fmt: skip
+        self._bindings = bindings
+        self._pauses = pauses
+        self._audit = audit
+        self._invoker = invoker
+        self._guard = guard
+        self._outcomes = outcomes
+        self._batches = batches
+        self._duplicates = duplicates
+        self._now_ms = now_ms
+
+    def read(self, msg: Message) -> None:
+        """Act on a record just consumed."""
+        binding = self._bindings[msg.topic]
+        if msg.topic == binding.topic:  # a source record carries no retry state the router would read
+            self.process(msg, None, None, queued=False)
+            return
+        state: RetryHeaders | None = None
+        bad: HeaderDecodeError | None = None
+        try:
+            state = read_retry_state(binding.ctx, inbound(msg), now_ms=self._now_ms())
+        except HeaderDecodeError as exc:
+            bad = exc
+        self.process(msg, state, bad, queued=False)
+
+    def process(self, msg: Message, state: RetryHeaders | None, bad: HeaderDecodeError | None, *, queued: bool) -> None:
+        """Decide what to do with `msg` (retrytopics/step.py, pure) and do it; `queued`: it waited in memory."""
+        binding = self._bindings[msg.topic]
+        pauses = self._pauses
+        now = self._now_ms()
+        key = None if state is None else audit_key(state)
+        due = self._due_at(binding, msg, state, now)
+        behind = not queued and pauses.queued(msg.tp)  # earlier records of its partition wait in memory
+        action = decide(
+            behind_queue=behind, handed_off=not behind and self._duplicates.was_handed_off(msg, state, bad),
+            duplicate=key is not None and (key in self._audit or key in self._batches.deferred.keys),
+            due_ms=due, now_ms=now, horizon_ms=pauses.ahead_ms,
+        )  # fmt: skip
+        if action is Action.HANDLE:
+            self._handle(binding, msg, key, state, bad)
+        elif action is Action.FINISH_HANDED_OFF:
+            self._duplicates.finish_handed_off(msg, state)
+        elif action is Action.SUPPRESS_DUPLICATE:
+            assert state is not None
+            self._duplicates.suppress(msg, state)
+        elif self._batches.before_acting(msg.tp):  # the partition waits: what is deferred for it is settled first
+            if action is Action.PAUSE:
+                assert due is not None
+                pauses.pause_until(msg.tp, msg.offset, due)
+            else:
+                pauses.enqueue(msg, due, (state, bad), now)
+
+    def _handle(
+        self, binding: Binding, msg: Message, key: AuditKey | None, state: RetryHeaders | None,
+        bad: HeaderDecodeError | None,
+    ) -> None:  # fmt: skip
+        """Call the handler (or defer the record to its batch handler's call), then settle the outcome."""
+        record, poison = build_record(binding, msg, state)
+        failure: BaseException | None = bad or poison
+        if binding.batch:
+            self._batches.defer(Deferred(binding, msg, key, record, state, failure))
+            return
+        if failure is None:
+            try:
+                self._invoker.call(binding, record)
+            except Exception as exc:  # noqa: BLE001 - every handler failure is routed; BaseException stops the app
+                failure = exc
+            # Tracked only now: a record this consumer may no longer act on must not hold its partition's
+            # commit position, since it is read again (here or by the new owner), not finished.
+            if self._guard.lost_ownership(msg) or (failure is not None and self._guard.stopping(msg, failure)):
+                return
+        self._outcomes.settle(binding, msg, key, record, state, failure)
+
+    def _due_at(self, binding: Binding, msg: Message, state: RetryHeaders | None, now: int) -> int | None:
+        """When `msg` is due here: its `retry.due_at`, bounded by its tier's longest delay from when this
+        consumer first saw it (runtime/pausing.py); a record due already costs one comparison."""
+        if state is None or state.due_at is None or state.due_at <= now:
+            return None if state is None else state.due_at
+        return self._pauses.bounded_due(msg, state.due_at, longest_wait_ms(binding.ctx, msg.topic) or 0, now)
