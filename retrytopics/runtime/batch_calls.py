@@ -11,8 +11,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from retrytopics.offsets import TopicPartition
+from retrytopics.ports import Message
 from retrytopics.runtime.batching import Deferred, DeferredCalls
-from retrytopics.runtime.dispatch import Invoker
+from retrytopics.runtime.dispatch import Binding, Invoker, build_records
 from retrytopics.runtime.guard import OwnershipGuard
 from retrytopics.runtime.outcomes import Outcomes
 from retrytopics.runtime.pausing import PauseController
@@ -49,6 +50,29 @@ class BatchCaller:
         """Call the batch handlers on the records deferred for `tp` (default: all), one call per partition."""
         for group in self.deferred.take(tp):
             self._call(group)
+
+    def call_run(self, binding: Binding, msgs: list[Message]) -> None:
+        """One call on the plain source records of one partition in one poll (runtime/cycle.py says when a
+        run is plain): no retry state, no audit key and nothing to decide per record, so no `Deferred` each.
+        A record that fails before the call (poison) makes it an ordinary group, settled in offset order."""
+        built = build_records(binding, msgs)
+        if any(poison is not None for _, poison in built):
+            self._call([Deferred(binding, m, None, r, None, p) for m, (r, p) in zip(msgs, built)])
+            return
+        records = [record for record, _ in built]
+        first = msgs[0]
+        if self._guard.abandoned or self._stop.is_set():  # as `_call`: read again, here or by the new owner
+            if not self._stop.is_set():
+                self._pauses.restart_at(first.tp, first.offset)
+            return
+        outcomes = self._invoker.call_batch(binding, records)
+        if self._guard.lost_ownership(first):
+            self._pauses.restart_at(first.tp, first.offset)
+            return
+        if all(o is None for o in outcomes):
+            self._outcomes.run_succeeded(first.tp, msgs)
+            return
+        self._settle_each([Deferred(binding, m, None, r, None, None) for m, r in zip(msgs, records)], iter(outcomes))
 
     def _call(self, group: list[Deferred]) -> None:
         first = group[0]

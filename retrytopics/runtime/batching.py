@@ -8,7 +8,8 @@ invalid retry headers) waits with them, so that every partition's records are se
 offset tracker needs that, and so does the guarantee that nothing is committed past an unsettled record.
 
 Whatever else the loop does to a partition (pause it, suppress a duplicate, track an offset) first settles
-what is deferred for it (`ConsumerLoop._before_acting`).
+what is deferred for it (`BatchCaller.before_acting`, runtime/batch_calls.py). A main consumer whose
+handlers all take batches skips this for plain source records (`BatchCaller.call_run`).
 """
 
 from __future__ import annotations

@@ -64,6 +64,12 @@ class PollCycle:
         self._outcomes.end_batch()
 
     def _act_on_batch(self, batch: list[Message]) -> None:
+        runs = self._processor.plain_runs(batch)
+        if runs is not None:  # a main consumer of batch handlers: one call per partition, no step per record
+            for binding, msgs in runs:
+                self._batches.call_run(binding, msgs)
+                self._handoff.serve(within_batch=True)
+            return
         handoff, pauses, guard, read = self._handoff, self._pauses, self._guard, self._processor.read
         for i, msg in enumerate(batch):
             if self._stop.is_set():

@@ -53,6 +53,11 @@ class DuplicateSuppressor:
             seed(self._handed_off, self._tail_reader, destinations(self._bindings, tps),
                  last=self._seed_last, timeout_s=self._seed_timeout_s)  # fmt: skip
 
+    @property
+    def seeded(self) -> bool:
+        """Whether any hand-off was found downstream at assignment (else no record needs the check)."""
+        return bool(self._handed_off)
+
     def was_handed_off(self, msg: Message, state: RetryHeaders | None, bad: HeaderDecodeError | None) -> bool:
         """Whether the record's hand-off is among the hops found downstream at assignment."""
         if not self._handed_off or bad is not None:

@@ -13,6 +13,7 @@ from typing import Any
 from retrytopics.dedupe import AuditKey
 from retrytopics.events import Event
 from retrytopics.headers import RetryHeaders
+from retrytopics.offsets import TopicPartition
 from retrytopics.ports import Message
 from retrytopics.router import described_failure, route
 from retrytopics.runtime.batching import Deferred
@@ -73,6 +74,15 @@ class Outcomes:
                            attempt=d.record.attempt, due_at=d.state.due_at if d.state else None,
                            handled_at=now if d.state else None)  # fmt: skip
         self._handled.add_run(tp, group[0].msg.offset, group[-1].msg.offset, len(group), lateness)
+
+    def run_succeeded(self, tp: TopicPartition, msgs: list[Message]) -> None:
+        """`all_succeeded` for a plain run of source records (runtime/batch_calls.py): no keys, no lateness."""
+        self._handoff.succeeded_run(tp, [m.offset for m in msgs])
+        if self._each_handled:
+            for m in msgs:
+                self._emit(Event.RECORD_HANDLED, topic=m.topic, partition=m.partition, offset=m.offset, attempt=1,
+                           **_NO_TIMING)  # fmt: skip
+        self._handled.add_run(tp, msgs[0].offset, msgs[-1].offset, len(msgs), [])
 
     def end_batch(self) -> None:
         """A poll batch is over: one `records.handled` per partition, then the strategy's commit."""

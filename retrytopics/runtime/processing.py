@@ -49,6 +49,30 @@ class RecordProcessor:
         self._batches = batches
         self._duplicates = duplicates
         self._now_ms = now_ms
+        # a main consumer whose handlers all take batches: its polls can go to them partition by partition
+        self._batch_sources_only = all(b.batch and topic == b.topic for topic, b in bindings.items())
+
+    def plain_runs(self, batch: list[Message]) -> list[tuple[Binding, list[Message]]] | None:
+        """`batch` as runs per partition, when each record would be handed to its batch handler as it is:
+        on a source topic nothing is decided per record (no retry state, so no due time and no audit key;
+        never queued in memory), so `step.decide` would say HANDLE for every record that is accepted and was
+        not handed off downstream already. None: act on the records one by one."""
+        if not self._batch_sources_only:
+            return None
+        accept, handed_off = self._pauses.accept, self._duplicates.was_handed_off
+        seeded = self._duplicates.seeded
+        runs: dict[tuple[str, int], list[Message]] = {}
+        for msg in batch:
+            if not accept(msg):
+                continue
+            if seeded and handed_off(msg, None, None):
+                return None  # rare: only after a previous owner died between hand-off and commit
+            run = runs.get((msg.topic, msg.partition))
+            if run is None:
+                runs[(msg.topic, msg.partition)] = [msg]
+            else:
+                run.append(msg)
+        return [(self._bindings[tp[0]], run) for tp, run in runs.items()]
 
     def read(self, msg: Message) -> None:
         """Act on a record just consumed."""

@@ -6,6 +6,7 @@ nothing and reads the records again."""
 
 from __future__ import annotations
 
+import random
 import threading
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -15,18 +16,19 @@ import pytest
 
 from retrytopics import BatchFailed, NonRetryable, RetryApp
 from retrytopics.connectors.config import KafkaConfig
-from retrytopics.connectors.serde import json_value
+from retrytopics.connectors.serde import Deserializer, bytes_value, json_value
 from retrytopics.dedupe import DuplicateAudit
 from retrytopics.errors import ConfigError
-from retrytopics.events import Emitter
+from retrytopics.events import Emitter, Event
 from retrytopics.headers import DlqReason, decode
 from retrytopics.naming import topics_for
 from retrytopics.policy import InProcessRetry, RetryPolicy
 from retrytopics.ports import Message
 from retrytopics.record import Record
-from retrytopics.router import RouteContext
+from retrytopics.router import RouteContext, route
 from retrytopics.runtime import loop as loop_module
-from retrytopics.runtime.dispatch import Binding
+from retrytopics.runtime.dispatch import Binding, inbound
+from retrytopics.runtime.seeding import TailReader
 from retrytopics.runtime.loop import ConsumerLoop, LoopSettings
 
 from .test_loop import Clock, FakeConsumer, FakeProducer
@@ -53,7 +55,8 @@ def source(partition: int, offset: int, value: bytes) -> Message:
 
 
 def run(batches: list[list[Message]], handler: Callable[[list[Record[Any]]], None], monkeypatch: pytest.MonkeyPatch,
-        *, clock: Clock | None = None) -> tuple[FakeConsumer, Producer]:  # fmt: skip
+        *, clock: Clock | None = None, value_deserializer: Deserializer = json_value,
+        emitter: Emitter | None = None, tail_reader: TailReader | None = None) -> tuple[FakeConsumer, Producer]:  # fmt: skip
     clock = clock or Clock()
     monkeypatch.setattr(loop_module, "time", SimpleNamespace(monotonic=clock.monotonic, time=clock.time))
     stop = threading.Event()
@@ -62,12 +65,12 @@ def run(batches: list[list[Message]], handler: Callable[[list[Record[Any]]], Non
         steps.append(lambda c, b=batch, first=(i == 0): (c.on_assign([("orders", 0), ("orders", 1)]) if first
                                                         else None) or list(b))  # fmt: skip
     consumer, producer = FakeConsumer(steps, stop), Producer()
-    binding = Binding(topic="orders", handler=handler, policy=POLICY, ctx=CTX, value_deserializer=json_value,
+    binding = Binding(topic="orders", handler=handler, policy=POLICY, ctx=CTX, value_deserializer=value_deserializer,
                       batch=True)  # fmt: skip
     loop = ConsumerLoop(
         LoopSettings(name="main", group_id="billing", topics=("orders",), max_wait_ms=10, commit_on_ack=False),
         {"orders": binding}, consumer_factory=lambda: consumer, producer_factory=lambda: producer,
-        emitter=Emitter(), stop=stop, audit=DuplicateAudit(100),
+        emitter=emitter or Emitter(), stop=stop, audit=DuplicateAudit(100), tail_reader=tail_reader,
     )  # fmt: skip
     loop.run()
     assert loop.crash is None
@@ -108,6 +111,62 @@ def test_one_call_per_partition_and_poll_and_each_failure_routed_by_the_policy(
         b'"d"': (DLQ, DlqReason.NON_RETRYABLE, "builtins.ValueError"),
     }
     assert consumer.commits[-1] == {("orders", 0): 4, ("orders", 1): 2}
+
+
+@pytest.mark.parametrize("value_deserializer", [bytes_value, json_value], ids=["raw bytes", "decoded"])
+def test_a_poll_that_all_succeeds_is_finished_and_counted_per_partition(
+    monkeypatch: pytest.MonkeyPatch, value_deserializer: Deserializer
+) -> None:
+    # setup: two polls over two partitions, every record succeeds; a hook wants one event per record too
+    polls = [[source(0, 0, b'"a"'), source(1, 0, b'"b"'), source(0, 1, b'"c"')], [source(1, 1, b'"d"'), source(0, 2, b'"e"')]]
+    calls: list[tuple[int, list[int], list[Any], list[str]]] = []
+    seen: list[tuple[Event, dict[str, object]]] = []
+
+    class Recorder:
+        wanted_events = frozenset({Event.RECORD_HANDLED, Event.RECORDS_HANDLED})
+
+        def on_event(self, event: Event, data: dict[str, object]) -> None:
+            seen.append((event, dict(data)))
+
+    def handle(records: list[Record[Any]]) -> None:
+        calls.append((records[0].partition, [r.offset for r in records], [r.value for r in records],
+                      [r.origin_message_id for r in records]))  # fmt: skip
+        assert all(r.retry is None and r.attempt == 1 and r.headers == () for r in records)
+
+    # when
+    consumer, producer = run(polls, handle, monkeypatch, value_deserializer=value_deserializer, emitter=Emitter([Recorder()]))
+
+    # then: one call per partition and poll, in offset order; nothing handed off; every offset committed
+    value = (lambda v: v) if value_deserializer is bytes_value else (lambda v: v.strip(b'"').decode())
+    assert calls == [(0, [0, 1], [value(b'"a"'), value(b'"c"')], ["orders-0-0", "orders-0-1"]),
+                     (1, [0], [value(b'"b"')], ["orders-1-0"]), (1, [1], [value(b'"d"')], ["orders-1-1"]),
+                     (0, [2], [value(b'"e"')], ["orders-0-2"])]  # fmt: skip
+    assert producer.produced == []
+    assert consumer.commits[-1] == {("orders", 0): 3, ("orders", 1): 2}
+    handled = [(d["partition"], d["offset"]) for e, d in seen if e is Event.RECORD_HANDLED]
+    assert sorted(handled) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]
+    counted = [(d["partition"], d["count"], d["first_offset"], d["last_offset"]) for e, d in seen
+               if e is Event.RECORDS_HANDLED]  # fmt: skip
+    assert counted == [(0, 2, 0, 1), (1, 1, 0, 0), (1, 1, 1, 1), (0, 1, 2, 2)]
+
+
+def test_a_record_handed_off_by_a_previous_owner_is_not_passed_to_the_handler_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # setup: a previous owner handled record 1, handed it off to the tier and died before committing it
+    polled = [source(0, 0, b'"a"'), source(0, 1, b'"b"'), source(0, 2, b'"c"')]
+    hop = route(CTX, inbound(polled[1]), RuntimeError("failed before"), now_ms=1, rng=random.Random(0))
+    downstream = Message(hop.topic, 0, 0, 1, None, polled[1].value, tuple(hop.headers))
+    calls: list[list[int]] = []
+
+    # when: the new owner reads the tier's tail at assignment, then polls the three records
+    consumer, producer = run([polled], lambda records: calls.append([r.offset for r in records]), monkeypatch,
+                             tail_reader=lambda topics, last, timeout_s: [downstream])  # fmt: skip
+
+    # then: records 0 and 2 go to the handler; record 1 is finished without a call or a second hand-off
+    assert calls == [[0], [2]]
+    assert producer.produced == []
+    assert consumer.commits[-1] == {("orders", 0): 3}
 
 
 def test_any_other_exception_fails_every_record_of_the_call(monkeypatch: pytest.MonkeyPatch) -> None:
