@@ -78,7 +78,10 @@ class RecordProcessor:
         """Act on a record just consumed."""
         binding = self._bindings[msg.topic]
         if msg.topic == binding.topic:  # a source record carries no retry state the router would read
-            self.process(msg, None, None, queued=False)
+            if self._duplicates.seeded:
+                self.process(msg, None, None, queued=False)
+            else:  # no state, never queued, nothing handed off downstream: `decide` can only say HANDLE
+                self._handle(binding, msg, None, None, None)
             return
         state: RetryHeaders | None = None
         bad: HeaderDecodeError | None = None
