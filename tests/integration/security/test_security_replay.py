@@ -66,7 +66,9 @@ def test_the_replay_job_runs_as_the_replay_principal_and_a_rerun_writes_nothing_
     assert sorted(r.value for r in replayed) == [f"order-{i}".encode() for i in range(6)]
     printed = capfd.readouterr()
     lines = [r.getMessage() for r in caplog.records] + printed.out.splitlines() + printed.err.splitlines()
-    assert len(caplog.records) > 10
+    # the check below means something only if the run's log lines were captured: one `dlq.dispatched` per
+    # record at least (a count of all lines varied with timing: commits follow acknowledgements)
+    assert sum("dlq.dispatched" in line for line in lines) >= 6
     for secret in secured.secrets:
         assert not [line for line in lines if secret in line], "a secret reached a log line or the output"
 
