@@ -22,6 +22,7 @@ Embedded-broker behaviours the tests live with on tansu (never special-cased in 
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import re
 import sys
@@ -107,6 +108,20 @@ def _testcontainers_broker() -> Iterator[TestBroker]:
         ) from exc
     with KafkaContainer().with_kraft() as container:
         yield TestBroker("testcontainers", KafkaConfig(bootstrap=container.get_bootstrap_server()))
+
+
+@pytest.fixture(autouse=True)
+def _package_logging_as_found() -> Iterator[None]:
+    """Every test ends with the `retrytopics` logger as it found it. The CLI, run in process by some tests,
+    routes the package's loggers to stderr and stops their propagation (`logs.configure_logging`): a later
+    test in the same process then saw none of them in `caplog` (found when two workers ran the files in
+    another order)."""
+    logger = logging.getLogger("retrytopics")
+    handlers, level, propagate = list(logger.handlers), logger.level, logger.propagate
+    yield
+    logger.handlers[:] = handlers
+    logger.setLevel(level)
+    logger.propagate = propagate
 
 
 @pytest.fixture(scope="session")
