@@ -13,7 +13,7 @@ from typing import Any
 from retrytopics.offsets import TopicPartition
 from retrytopics.ports import Message
 from retrytopics.runtime.batching import Deferred, DeferredCalls
-from retrytopics.runtime.dispatch import Binding, Invoker, build_records
+from retrytopics.runtime.dispatch import Binding, Invoker, build_record
 from retrytopics.runtime.guard import OwnershipGuard
 from retrytopics.runtime.outcomes import Outcomes
 from retrytopics.runtime.pausing import PauseController
@@ -55,40 +55,43 @@ class BatchCaller:
         """One call on the plain source records of one partition in one poll (runtime/cycle.py says when a
         run is plain): no retry state, no audit key and nothing to decide per record, so no `Deferred` each.
         A record that fails before the call (poison) makes it an ordinary group, settled in offset order."""
-        built = build_records(binding, msgs)
+        built = [build_record(binding, m, None) for m in msgs]
         if any(poison is not None for _, poison in built):
             self._call([Deferred(binding, m, None, r, None, p) for m, (r, p) in zip(msgs, built)])
             return
         records = [record for record, _ in built]
-        first = msgs[0]
-        if self._guard.abandoned or self._stop.is_set():  # as `_call`: read again, here or by the new owner
-            if not self._stop.is_set():
-                self._pauses.restart_at(first.tp, first.offset)
-            return
-        outcomes = self._invoker.call_batch(binding, records)
-        if self._guard.lost_ownership(first):
-            self._pauses.restart_at(first.tp, first.offset)
+        outcomes = self._called(binding, msgs[0], records)
+        if outcomes is None:
             return
         if all(o is None for o in outcomes):
-            self._outcomes.run_succeeded(first.tp, msgs)
+            self._outcomes.run_succeeded(msgs[0].tp, msgs)
             return
         self._settle_each([Deferred(binding, m, None, r, None, None) for m, r in zip(msgs, records)], iter(outcomes))
 
     def _call(self, group: list[Deferred]) -> None:
         first = group[0]
-        if self._guard.abandoned or self._stop.is_set():  # not acted on: read again, here or by the new owner
-            if not self._stop.is_set():
-                self._pauses.restart_at(first.msg.tp, first.msg.offset)
-            return
         called = [d for d in group if d.failure is None]
-        outcomes = self._invoker.call_batch(first.binding, [d.record for d in called]) if called else []
-        if called and self._guard.lost_ownership(first.msg):
-            self._pauses.restart_at(first.msg.tp, first.msg.offset)
+        outcomes = self._called(first.binding, first.msg, [d.record for d in called])
+        if outcomes is None:
             return
         if len(called) == len(group) and all(o is None for o in outcomes):
             self._outcomes.all_succeeded(group)
             return
         self._settle_each(group, iter(outcomes))
+
+    def _called(self, binding: Binding, first: Message, records: list[Any]) -> list[BaseException | None] | None:
+        """The outcomes of one call on `records` (none: no call), or None when nothing may be settled: the app
+        is stopping, or this consumer lost (or may have lost) the partition before or during the call; the
+        records are then read again, here or by the new owner."""
+        if self._guard.abandoned or self._stop.is_set():
+            if not self._stop.is_set():
+                self._pauses.restart_at(first.tp, first.offset)
+            return None
+        outcomes = self._invoker.call_batch(binding, records) if records else []
+        if records and self._guard.lost_ownership(first):
+            self._pauses.restart_at(first.tp, first.offset)
+            return None
+        return outcomes
 
     def _settle_each(self, group: list[Deferred], outcomes: Iterator[BaseException | None]) -> None:
         """In offset order: a record that failed before the call keeps that failure, the others take the

@@ -21,7 +21,7 @@ from retrytopics.ports import Message
 from retrytopics.record import Record
 from retrytopics.router import InboundRecord, RouteContext, origin_message_id
 
-__all__ = ["Binding", "Invoker", "build_record", "build_records", "inbound"]
+__all__ = ["Binding", "Invoker", "build_record", "inbound"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -73,21 +73,6 @@ def build_record(binding: Binding, msg: Message, state: RetryHeaders | None) -> 
     record = Record(msg.topic, msg.partition, msg.offset, msg.timestamp_ms, msg.key, value, msg.value, headers,
                     state, origin)  # fmt: skip
     return record, poison
-
-
-def build_records(binding: Binding, msgs: list[Message]) -> list[tuple[Record[Any], PoisonRecordError | None]]:
-    """`build_record` for source records (no retry state) of one batch call; the common case (raw bytes,
-    ids from coordinates, readable header keys) built in one pass, without a call per record."""
-    if binding.value_deserializer is not bytes_value or binding.ctx.id_header is not None or any(
-        m.header_error is not None for m in msgs
-    ):
-        return [build_record(binding, m, None) for m in msgs]
-    return [
-        (Record(m.topic, m.partition, m.offset, m.timestamp_ms, m.key, m.value, m.value,
-                tuple(user_headers(m.headers)) if m.headers else (), None, f"{m.topic}-{m.partition}-{m.offset}"),
-         None)
-        for m in msgs
-    ]  # fmt: skip
 
 
 class Invoker:
