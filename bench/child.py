@@ -12,6 +12,7 @@ import json
 import signal
 import sys
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from bench.measure import emit
@@ -22,10 +23,14 @@ _MODULES = {"raw": "bench.raw", "app": "bench.runtime", "spark": "bench.sparkjob
 def main(argv: list[str]) -> int:
     role, args = argv[0], json.loads(argv[1])
     module = importlib.import_module(_MODULES[role.split("_", 1)[0]])
+    return run_role(getattr(module, role), args)
+
+
+def run_role(run: Callable[[Any], None], args: Any) -> int:
+    """Run one role to its end, as every child does: 0 when it ends or is stopped, 1 after an error event."""
     # SIGTERM from the harness becomes KeyboardInterrupt, so that roles can stop their loops cleanly.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        run: Any = getattr(module, role)
         run(args)
     except KeyboardInterrupt:
         return 0

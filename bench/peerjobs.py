@@ -12,16 +12,15 @@ the source topic, then "done" once every id is settled (handled OK, or its DLQ p
 from __future__ import annotations
 
 import json
-import signal
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
+from bench.child import run_role
 from bench.measure import emit
 from retrytopics.app import RetryApp
 from retrytopics.connectors.config import KafkaConfig
@@ -221,16 +220,7 @@ _ROLES: dict[str, Callable[[dict[str, Any]], None]] = {"app_peer": app_peer, "ra
 
 def main(argv: list[str]) -> int:
     """The protocol of bench/child.py, for the roles of this module."""
-    role, args = argv[0], json.loads(argv[1])
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
-        _ROLES[role](args)
-    except KeyboardInterrupt:
-        return 0
-    except BaseException as exc:  # noqa: BLE001 - reported to the harness, which raises ChildFailed
-        emit("error", error=repr(exc), trace=traceback.format_exc()[-2000:])
-        return 1
-    return 0
+    return run_role(_ROLES[argv[0]], json.loads(argv[1]))
 
 
 if __name__ == "__main__":
