@@ -59,14 +59,15 @@ class RecordProcessor:
         not handed off downstream already. None: act on the records one by one."""
         if not self._batch_sources_only:
             return None
-        accept, handed_off = self._pauses.accept, self._duplicates.was_handed_off
-        seeded = self._duplicates.seeded
+        # rare: only after a previous owner died between hand-off and commit. Asked before any `accept`,
+        # which the records' ordinary path then asks again (accepting a sought-back record forgets the seek)
+        if self._duplicates.seeded and any(self._duplicates.was_handed_off(m, None, None) for m in batch):
+            return None
+        accept = self._pauses.accept
         runs: dict[tuple[str, int], list[Message]] = {}
         for msg in batch:
             if not accept(msg):
                 continue
-            if seeded and handed_off(msg, None, None):
-                return None  # rare: only after a previous owner died between hand-off and commit
             run = runs.get((msg.topic, msg.partition))
             if run is None:
                 runs[(msg.topic, msg.partition)] = [msg]
