@@ -169,6 +169,32 @@ def test_a_record_handed_off_by_a_previous_owner_is_not_passed_to_the_handler_ag
     assert consumer.commits[-1] == {("orders", 0): 3}
 
 
+def test_after_a_seek_back_a_stale_copy_is_skipped_on_the_ordinary_path_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    # setup: a previous owner handed record 3 off; the first call outlives the poll interval, so the
+    # partition is sought back to 0, and the next poll starts with a stale copy of record 2 fetched before it
+    clock = Clock()
+    hop = route(CTX, inbound(source(0, 3, b'"d"')), RuntimeError("failed before"), now_ms=1, rng=random.Random(0))
+    downstream = Message(hop.topic, 0, 0, 1, None, b'"d"', tuple(hop.headers))
+    calls: list[list[int]] = []
+
+    def handle(records: list[Record[Any]]) -> None:
+        calls.append([r.offset for r in records])
+        if len(calls) == 1:
+            clock.jump_s += FakeConsumer.max_poll_interval_ms / 1000 + 1
+
+    first = [source(0, 0, b'"a"'), source(0, 1, b'"b"')]
+    again = [source(0, 2, b'"c"'), *first, source(0, 2, b'"c"'), source(0, 3, b'"d"')]
+
+    # when
+    consumer, _ = run([first, again], handle, monkeypatch, clock=clock,
+                      tail_reader=lambda topics, last, timeout_s: [downstream])  # fmt: skip
+
+    # then: read again from 0 in offset order; the stale copy never reached the handler; 3 was not called
+    assert (("orders", 0), 0) in consumer.seeks
+    assert calls == [[0, 1], [0, 1, 2]]
+    assert consumer.commits[-1] == {("orders", 0): 4}
+
+
 def test_any_other_exception_fails_every_record_of_the_call(monkeypatch: pytest.MonkeyPatch) -> None:
     def handle(records: list[Record[Any]]) -> None:
         raise ConnectionError("the database is down")
