@@ -7,11 +7,12 @@ per delivery mode, behind one interface, so that the loop has no mode branches a
 - `AtLeastOnce`: a success is finished at once, a failure when its republish is acknowledged; commits are
   asynchronous, by count or time, and as soon as acknowledgements arrive (`commit_on_ack`); a revoke waits
   for in-flight acks and commits synchronously; shutdown drains the producer and commits.
-- `ExactlyOnce`: republishes and the consumed offsets commit in one transaction per poll batch. A refused
-  commit aborts: the batch's audit entries are forgotten and its partitions read again (`rewind`). A revoke
-  commits the open transaction with the revoked partitions' offsets; a loss aborts it.
+- `ExactlyOnce` (runtime/exactly_once.py): republishes and the consumed offsets commit in one transaction per
+  poll batch. A refused commit aborts: the batch's audit entries are forgotten and its partitions read again
+  (`rewind`). A revoke commits the open transaction with the revoked partitions' offsets; a loss aborts it.
 
-Both share the offset tracker (offsets.py) and announce acknowledged hand-offs (events, `on_dead_letter`).
+Both share the offset tracker (offsets.py) and announce acknowledged hand-offs (events, `on_dead_letter`), through
+`HandOffBase`.
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ from retrytopics.events import Emitter, Event
 from retrytopics.offsets import OffsetTracker, TopicPartition
 from retrytopics.ports import ConsumerPort, ProducerPort
 from retrytopics.router import RouteKind
-from retrytopics.runtime.pausing import PauseController
-from retrytopics.runtime.publish import Publisher, PublishJob, TransactionalPublisher
+from retrytopics.runtime.publish import Publisher, PublishJob
+from retrytopics.runtime.transactional import TransactionalPublisher
 
-__all__ = ["AtLeastOnce", "CommitSettings", "ExactlyOnce", "HandOff"]
+__all__ = ["AtLeastOnce", "CommitSettings", "DeadLetterCallback", "HandOff", "HandOffBase"]
 
 log = logging.getLogger("retrytopics.runtime")
 
@@ -90,7 +91,7 @@ class HandOff(Protocol):
     def shutdown(self) -> None: ...
 
 
-class _Shared:
+class HandOffBase:
     """State and steps both strategies have."""
 
     def __init__(
@@ -141,7 +142,7 @@ class _Shared:
                 log.exception("on_dead_letter callback failed for %s", where)
 
 
-class AtLeastOnce(_Shared):
+class AtLeastOnce(HandOffBase):
     """Finished on success or acknowledgement; asynchronous commits of the finished prefix."""
 
     commits_in_transactions = False
@@ -237,113 +238,3 @@ class AtLeastOnce(_Shared):
             log.warning("%s: %d publishes unacknowledged at shutdown; their offsets stay uncommitted",
                         self._settings.name, self.publisher.in_flight)  # fmt: skip
         self._commit(self._tracker.positions(), asynchronous=False)
-
-
-class ExactlyOnce(_Shared):
-    """Republishes and consumed offsets in one transaction per batch (see the module docstring)."""
-
-    commits_in_transactions = True
-
-    def __init__(
-        self, settings: CommitSettings, consumer: ConsumerPort, tracker: OffsetTracker, audit: DuplicateAudit,
-        emitter: Emitter, on_dead_letter: DeadLetterCallback | None, producer_factory: Callable[[], ProducerPort],
-        *, pauses: PauseController[Any], assigned: set[TopicPartition],
-    ) -> None:  # fmt: skip
-        super().__init__(settings, consumer, tracker, audit, emitter, on_dead_letter)
-        self.publisher: TransactionalPublisher = TransactionalPublisher(producer_factory, emitter,
-                                                                        consumer=settings.name)  # fmt: skip
-        self._pauses = pauses
-        self._assigned = assigned  # the loop's set of assigned partitions (a rewind seeks only those)
-        self._keys: list[AuditKey] = []  # audit entries of the open transaction
-        self._jobs: list[PublishJob] = []  # its hand-offs, announced when it commits
-        self._tps: set[TopicPartition] = set()  # partitions with offsets in it
-
-    def track(self, tp: TopicPartition, offset: int) -> int:
-        self.publisher.begin()
-        self._tps.add(tp)
-        return self._tracker.track(tp, offset)
-
-    def finish(self, tp: TopicPartition, offset: int, epoch: int) -> None:
-        self._tracker.finish(tp, offset, epoch)
-
-    def succeeded(self, tp: TopicPartition, offset: int) -> None:
-        self.finish(tp, offset, self.track(tp, offset))
-
-    def succeeded_run(self, tp: TopicPartition, offsets: list[int]) -> None:
-        for offset in offsets:
-            self.succeeded(tp, offset)
-
-    def remember(self, key: AuditKey) -> None:
-        super().remember(key)
-        self._keys.append(key)
-
-    def hand_off(self, job: PublishJob, epoch: int) -> None:
-        # Durable with the transaction that also commits the offset; events wait for the commit.
-        self.publisher.send(job)
-        self.finish(job.source, job.offset, epoch)
-        self._jobs.append(job)
-
-    def serve(self, *, within_batch: bool = False) -> None:
-        if self._serve_now(self.publisher, within_batch):
-            self.publisher.poll(0)
-
-    def wait_ms(self, wait_ms: int) -> int:
-        return wait_ms
-
-    def end_batch(self) -> None:
-        self._commit_transaction()
-
-    def _commit_transaction(self) -> None:
-        positions = self._tracker.commit_positions()
-        try:
-            self.publisher.commit(positions, self._consumer.group_metadata())
-        except KafkaClientError as exc:
-            log.warning("%s: transaction failed (%s); rewinding to the last committed offsets", self._settings.name,
-                        exc)  # fmt: skip
-            self._rewind()
-            return
-        self._tracker.mark_committed(positions)
-        jobs, self._jobs, self._keys, self._tps = self._jobs, [], [], set()
-        for job in jobs:
-            self._announce(job)
-        if positions:
-            self._emit(Event.OFFSETS_COMMITTED, offsets=dict(positions), synchronous=True)
-
-    def _abort(self, cause: BaseException) -> None:
-        self.publisher.abort(cause)
-        self._rewind()
-
-    def _rewind(self) -> None:
-        """After an aborted transaction: forget its audit entries and read its partitions again."""
-        for key in self._keys:
-            self._audit.forget(key)
-        for tp in self._tps:
-            target = self._tracker.rewind(tp)
-            self._pauses.drop([tp])
-            if target is not None and tp in self._assigned:
-                try:
-                    self._consumer.seek(tp, target)
-                    self._consumer.resume([tp])
-                except KafkaClientError as exc:
-                    log.warning("%s: rewind of %s failed: %s", self._settings.name, tp, exc)
-        self._jobs, self._keys, self._tps = [], [], set()
-
-    def revoked(self, tps: list[TopicPartition]) -> None:
-        """Records waiting in memory are handed off before `consume()`, so their transaction is open when a
-        rebalance callback runs in it; once the revoked partitions' offsets were dropped, the batch end
-        committed those hand-offs without them and the new owner handled the records again. On revoke the
-        member still belongs to its generation, so the transaction commits with every finished offset, the
-        revoked ones included (a refusal aborts and rewinds)."""
-        if self._tps:
-            self._commit_transaction()
-
-    def lost(self, tps: list[TopicPartition]) -> None:
-        """A lost member's offsets would be refused: its open transaction aborts."""
-        if self._tps:
-            self._abort(KafkaClientError("partitions lost with a transaction open", code="_ASSIGNMENT_LOST"))
-
-    def crashed(self, cause: BaseException) -> None:
-        self._abort(cause)
-
-    def shutdown(self) -> None:
-        return None  # a batch ends with its commit: nothing is finished outside a committed transaction

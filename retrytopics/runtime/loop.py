@@ -38,8 +38,9 @@ from retrytopics.runtime.batch_calls import BatchCaller
 from retrytopics.runtime.cycle import PollCycle
 from retrytopics.runtime.dispatch import Binding, Invoker
 from retrytopics.runtime.duplicates import DuplicateSuppressor
+from retrytopics.runtime.exactly_once import ExactlyOnce
 from retrytopics.runtime.guard import OwnershipGuard
-from retrytopics.runtime.handoff import AtLeastOnce, ExactlyOnce, HandOff
+from retrytopics.runtime.handoff import AtLeastOnce, HandOff
 from retrytopics.runtime.outcomes import Outcomes
 from retrytopics.runtime.ownership import OwnershipCheck
 from retrytopics.runtime.pausing import PauseController

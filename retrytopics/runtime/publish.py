@@ -7,7 +7,8 @@ app reports unhealthy. A fatal or indefinite producer error (idempotence state l
 replaces the producer and produces every unacknowledged record again; nothing is committed for them until
 the new producer's acks arrive (a copy the old producer did write is suppressed by the tier's duplicate audit).
 
-Exactly-once (`TransactionalPublisher`): the publish and the source offset commit go into one transaction.
+Exactly-once (`TransactionalPublisher`, runtime/transactional.py): the publish and the source offset commit go
+into one transaction. Both publishers send the `PublishJob`s defined here, through `produce_job`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import itertools
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +30,7 @@ from retrytopics.offsets import TopicPartition
 from retrytopics.ports import ProducerPort
 from retrytopics.router import Route, RouteContext, too_large_reference, too_large_route
 
-__all__ = ["PublishJob", "Publisher", "TransactionalPublisher", "too_large_fallback"]
+__all__ = ["TOO_LARGE_CODES", "PublishJob", "Publisher", "produce_job", "too_large_fallback"]
 
 log = logging.getLogger("retrytopics.publish")
 
@@ -43,10 +44,7 @@ _RESTART_CODES = frozenset(
 
 #: Delivery errors no retry can fix: the record itself is too large for the producer or the broker. Retried,
 #: it wedged its partition forever (never acknowledged, never committed); it goes to the DLQ instead.
-_TOO_LARGE_CODES = frozenset({"MSG_SIZE_TOO_LARGE", "RECORD_LIST_TOO_LARGE"})
-
-#: Errors that say another producer took over this transactional id (fatal on Apache Kafka).
-_FENCED_CODES = frozenset({"_FENCED", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH"})
+TOO_LARGE_CODES = frozenset({"MSG_SIZE_TOO_LARGE", "RECORD_LIST_TOO_LARGE"})
 
 #: Back-off between attempts to publish a record whose delivery failed (seconds).
 DEFAULT_RETRY_WAIT = tenacity.wait_exponential(multiplier=0.2, max=10.0) + tenacity.wait_random(0, 0.2)
@@ -99,8 +97,6 @@ def too_large_fallback(ctx: RouteContext) -> Callable[[PublishJob], bool]:
 
 
 _MAX_REFERENCE_KEY = 1024
-#: records whose too-large publish is remembered for their next attempt (exactly-once); a bound, not a budget
-_MAX_REMEMBERED_SHRINKS = 10_000
 
 
 def _partition(producer: ProducerPort, route: Route) -> int | None:
@@ -111,27 +107,13 @@ def _partition(producer: ProducerPort, route: Route) -> int | None:
     return route.partition_hint % producer.partition_count(route.topic)
 
 
-def _produce_job(producer: ProducerPort, job: PublishJob, on_delivery: Callable[[PublishError | None], None]) -> None:
+def produce_job(producer: ProducerPort, job: PublishJob, on_delivery: Callable[[PublishError | None], None]) -> None:
     """Send `job` to its route's topic (raises KafkaClientError when the producer refuses it at once)."""
     job.partition = _partition(producer, job.route)
     producer.produce(
         job.route.topic, key=job.key, value=job.value, headers=job.route.headers,
         partition=job.partition, on_delivery=on_delivery,
     )  # fmt: skip
-
-
-def _produce_job_shrinking(
-    producer: ProducerPort, job: PublishJob, on_delivery: Callable[[PublishError | None], None]
-) -> None:
-    """`_produce_job`, stepping the job down while the producer refuses it at once as too large (its local
-    `message.max.bytes` check). A broker's later refusal is not handled here: it fails the transaction."""
-    while True:
-        try:
-            _produce_job(producer, job, on_delivery)
-            return
-        except KafkaClientError as exc:
-            if exc.code not in _TOO_LARGE_CODES or job.shrink is None or not job.shrink(job):
-                raise
 
 
 def _wait_s(wait: tenacity.wait.wait_base, attempt: int) -> float:
@@ -190,7 +172,7 @@ class Publisher:
             self._delivered(job_id, generation, error)
 
         try:
-            _produce_job(self._producer, job, delivered)
+            produce_job(self._producer, job, delivered)
         except KafkaClientError as exc:
             self._delivered(job_id, generation, PublishError(job.route.topic, str(exc), code=exc.code, fatal=exc.fatal))
 
@@ -198,7 +180,7 @@ class Publisher:
         job = self._jobs.get(job_id)
         if job is None or generation != self._generation:
             return  # a report from a replaced producer; the job was produced again
-        if error is not None and error.code in _TOO_LARGE_CODES and job.shrink is not None and job.shrink(job):
+        if error is not None and error.code in TOO_LARGE_CODES and job.shrink is not None and job.shrink(job):
             self._produce(job_id, job)  # at once: a smaller record is a new record, not a retry
             return
         if error is None:
@@ -266,131 +248,3 @@ class Publisher:
         while self._jobs and self._clock() < deadline:
             self.poll(min(0.1, max(0.0, deadline - self._clock())))
         return not self._jobs
-
-
-class TransactionalPublisher:
-    """Exactly-once hand-off: publishes and the consumed offsets commit or abort together."""
-
-    def __init__(
-        self,
-        make_producer: Callable[[], ProducerPort],
-        emitter: Emitter,
-        *,
-        timeout_s: float = 30.0,
-        consumer: str = "",
-    ) -> None:
-        self._make_producer = make_producer
-        self._emitter = emitter
-        self._consumer = consumer
-        self._timeout_s = timeout_s
-        self._producer = self._start()
-        self._open = False
-        self._error: KafkaClientError | None = None
-        self._shrinks: dict[tuple[TopicPartition, int], int] = {}  # source record -> steps its next publish takes
-
-    def _start(self) -> ProducerPort:
-        producer = self._make_producer()
-        producer.init_transactions(self._timeout_s)
-        return producer
-
-    @property
-    def healthy(self) -> bool:
-        return self._error is None
-
-    def send(self, job: PublishJob) -> None:
-        """Produce `job` inside the current transaction (opened on first use)."""
-        self.begin()
-        source = (job.source, job.offset)
-        for _ in range(self._shrinks.pop(source, 0)):
-            if job.shrink is None or not job.shrink(job):
-                break
-
-        def delivered(error: PublishError | None) -> None:
-            if error is not None and error.code in _TOO_LARGE_CODES and job.shrink is not None:
-                # The broker refused it (its own, smaller limit) after the producer let it through. The
-                # transaction fails and the batch is read again; this record's next publish starts smaller.
-                if len(self._shrinks) >= _MAX_REMEMBERED_SHRINKS:
-                    self._shrinks.clear()
-                self._shrinks[source] = job.shrunk + 1
-            if error is not None and self._error is None:
-                self._error = error
-
-        try:
-            _produce_job_shrinking(self._producer, job, delivered)
-        except KafkaClientError as exc:
-            # A fenced producer refuses records at once (_FATAL) once it learnt of the fencing. Raising here
-            # stopped the whole app; recorded instead, it fails this transaction's commit, which aborts it,
-            # replaces the producer and rewinds the batch.
-            delivered(PublishError(job.route.topic, str(exc), code=exc.code, fatal=exc.fatal))
-
-    def begin(self) -> None:
-        if self._open:
-            return
-        try:
-            self._producer.begin_transaction()
-        except KafkaClientError as exc:
-            if not exc.fatal:
-                raise
-            self._replace(exc)  # nothing is open yet: a fresh producer starts the transaction instead
-            self._producer.begin_transaction()
-        self._open = True
-
-    @property
-    def in_flight(self) -> int:
-        """Nonzero while a transaction is open: its delivery reports are worth serving promptly."""
-        return int(self._open)
-
-    def poll(self, timeout_s: float = 0.0) -> None:
-        try:
-            self._producer.poll(timeout_s)
-        except KafkaClientError as exc:  # e.g. fenced: the transaction's commit raises it and replaces the producer
-            if self._error is None:
-                self._error = exc
-
-    def commit(self, offsets: Mapping[TopicPartition, int], group_metadata: object) -> None:
-        """Commit the open transaction with `offsets`; raises (after aborting) if anything failed."""
-        if not self._open:
-            return
-        try:
-            if offsets:
-                self._producer.send_offsets_to_transaction(offsets, group_metadata, self._timeout_s)
-            self._producer.commit_transaction(self._timeout_s)
-            if self._error is not None:
-                raise self._error
-            self._open = False
-        except KafkaClientError as exc:
-            self.abort(exc)
-            raise
-
-    def abort(self, cause: BaseException | None = None) -> None:
-        """Abort the open transaction; a producer that cannot abort is replaced, and so is a fenced one."""
-        self._error = None
-        if not self._open:
-            return
-        self._open = False
-        self._emitter.emit(Event.TRANSACTION_ABORTED, consumer=self._consumer, error=str(cause))
-        if isinstance(cause, KafkaClientError) and (cause.fatal or cause.code in _FENCED_CODES):
-            # A fenced producer's epoch is stale: its abort can only fail, and a broker that reports the
-            # fencing as abortable (tansu: PRODUCER_FENCED without the fatal flag) let it hang for the whole
-            # timeout (30 s) first. The producer that fenced it has aborted its transaction already.
-            self._replace(cause)
-            return
-        try:
-            self._producer.abort_transaction(self._timeout_s)
-        except KafkaClientError as exc:
-            self._replace(exc)
-
-    def _replace(self, error: KafkaClientError) -> None:
-        text = str(error) if not error.code or error.code in str(error) else f"{error.code}: {error}"
-        log.error("transactional producer failed (%s); replacing it (its open transaction is aborted)", text)
-        self._emitter.emit(Event.PRODUCER_RECREATED, consumer=self._consumer, error=text)
-        self._producer = self._start()
-
-    def flush(self, timeout_s: float) -> bool:
-        return True
-
-    def forget(self, sources: list[TopicPartition]) -> None:
-        return None
-
-    def is_failing(self, source: TopicPartition) -> bool:
-        return False

@@ -14,7 +14,8 @@ from retrytopics.headers import DlqReason, Header
 from retrytopics.naming import topics_for
 from retrytopics.policy import RetryPolicy
 from retrytopics.router import InboundRecord, RouteContext, RouteKind, route
-from retrytopics.runtime.publish import Publisher, PublishJob, TransactionalPublisher, too_large_fallback
+from retrytopics.runtime.publish import Publisher, PublishJob, too_large_fallback
+from retrytopics.runtime.transactional import TransactionalPublisher
 
 CTX = RouteContext(policy=RetryPolicy(delays=["5s"]), topics=topics_for("orders", "billing", (5_000,)),
                    group="billing")  # fmt: skip
