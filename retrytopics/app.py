@@ -28,10 +28,10 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from retrytopics.connectors.admin import ProvisionOutcome, TopicSpec, ensure_topics, partition_count
-from retrytopics.connectors.clients import DEFAULT_MAX_POLL_INTERVAL_MS, KafkaConsumer, KafkaProducer, read_tails
+from retrytopics.client_factory import ClientFactory, KafkaClientFactory
+from retrytopics.connectors.admin import ProvisionOutcome, TopicSpec
+from retrytopics.connectors.clients import DEFAULT_MAX_POLL_INTERVAL_MS
 from retrytopics.connectors.config import KafkaConfig, validate_overrides
-from retrytopics.connectors.kafka import make_admin
 from retrytopics.connectors.serde import Deserializer, bytes_value
 from retrytopics.dedupe import DEFAULT_CAPACITY, DuplicateAudit
 from retrytopics.durations import DurationLike, parse_duration
@@ -79,6 +79,9 @@ class RetryApp:
     signature is missing or wrong are dead-lettered as `invalid_retry_headers`, and only verified records seed
     the duplicate check, so a principal with WRITE on a tier or the DLQ cannot forge retry state
     (docs/headers.md, *Trust*). The key never appears in a repr, log line or error.
+    `clients` is where every consumer, producer, tail read and `provision()` step comes from (default: Kafka
+    clients for `kafka`, made at each `start`/`provision`); `clients=MemoryClientFactory(broker)` runs the
+    whole app on the in-memory broker, for fast tests (retrytopics/client_factory.py).
     """
 
     def __init__(
@@ -104,6 +107,7 @@ class RetryApp:
         wait_in_memory_records: int = 2000,
         redact_patterns: Sequence[str | re.Pattern[str]] = (),
         header_key: KeyLike | HeaderKeys | None = None,
+        clients: ClientFactory | None = None,
     ) -> None:
         if not isinstance(kafka, KafkaConfig):
             raise ConfigError("kafka", kafka, "expected a KafkaConfig")
@@ -118,6 +122,7 @@ class RetryApp:
         self.naming = NamingStrategy(naming)
         self.id_header = id_header
         self.on_dead_letter = on_dead_letter
+        self._clients = clients
         self._header_keys = None if header_key is None else HeaderKeys.of(header_key, field="header_key")
         self._registry = Registry(group=self.group, naming=self.naming, id_header=id_header,
                                   redact=Redactor.with_patterns(redact_patterns), header_keys=self._header_keys)  # fmt: skip
@@ -219,16 +224,16 @@ class RetryApp:
         Tier topics get the source's partition count unless `partitions` is given, so keyless records keep
         their partition. An existing topic with another count is a `TopicMismatchError`.
         """
-        admin = make_admin(self.kafka)
+        clients = self._client_factory()
         timeout_s = parse_duration(timeout, field="timeout") / 1000
         specs: list[TopicSpec] = []
         for topic, binding in self._registry.bindings.items():
-            count = partitions or partition_count(admin, topic, timeout_s=timeout_s)
+            count = partitions or clients.partition_count(topic, timeout_s)
             if count is None:
                 raise ConfigError("topic", topic, "the source topic does not exist; create it, or pass partitions=")
             specs += [TopicSpec(name=name, partitions=count, replication_factor=replication_factor)
                       for name in binding.ctx.topics.all_topics]  # fmt: skip
-        return ensure_topics(admin, specs, timeout_s=timeout_s)
+        return clients.ensure_topics(specs, timeout_s)
 
     # -- running ---------------------------------------------------------------------------------------------
 
@@ -245,24 +250,25 @@ class RetryApp:
         if tiers is not None:
             settings += tier_settings(self._registry.bindings, tiers, **self._loop_defaults, **self._tier_defaults,
                                       exactly_once=self.exactly_once)  # fmt: skip
-        self._runner.start([self._loop(s) for s in settings])
+        clients = self._client_factory()
+        self._runner.start([self._loop(s, clients) for s in settings])
 
-    def _loop(self, settings: LoopSettings) -> ConsumerLoop:
+    def _client_factory(self) -> ClientFactory:
+        # made when used, not when the app is built: the CLI sets `kafka` on a loaded app before running it
+        return KafkaClientFactory(self.kafka) if self._clients is None else self._clients
+
+    def _loop(self, settings: LoopSettings, clients: ClientFactory) -> ConsumerLoop:
         bindings = self._registry.for_topics(settings.topics)
         is_tier = settings.group_id != self.group
         overrides = {**(TIER_CONSUMER_DEFAULTS if is_tier else {}), **self.consumer_overrides}
         transactional_id = f"{settings.group_id}-{self.instance_id}" if self.exactly_once else None
         return ConsumerLoop(
             settings, bindings,
-            consumer_factory=lambda: KafkaConsumer(self.kafka, group_id=settings.group_id, overrides=overrides),
-            producer_factory=lambda: KafkaProducer(self.kafka, transactional_id=transactional_id,
-                                                   overrides=self.producer_overrides),
+            consumer_factory=lambda: clients.consumer(settings.group_id, overrides),
+            producer_factory=lambda: clients.producer(transactional_id, self.producer_overrides),
             emitter=self._emitter, stop=self._runner.stop_event,
             audit=DuplicateAudit(self._dedupe_capacity), on_dead_letter=self.on_dead_letter,
-            tail_reader=verified_tails(
-                lambda topics, last, timeout_s: read_tails(self.kafka, topics, last=last, timeout_s=timeout_s),
-                self._header_keys,
-            ),
+            tail_reader=verified_tails(clients.read_tails, self._header_keys),
         )  # fmt: skip
 
     def run(self) -> None:

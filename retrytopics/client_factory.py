@@ -1,0 +1,267 @@
+"""Where a `RetryApp` gets its clients: Kafka by default, or the in-memory broker (`retrytopics/memory.py`).
+
+Everything the app does with a broker goes through one `ClientFactory`: each consumer loop's consumer and
+producer, the tail reads that seed the hand-off audit (runtime/seeding.py), and `provision()`. The runtime
+itself only ever sees the ports (`retrytopics.ports`), so an app given `MemoryClientFactory(broker)` runs
+whole, main and tier consumers in their threads, without Kafka::
+
+    broker = MemoryBroker()
+    broker.create_topic("orders", partitions=2)
+    app = RetryApp(kafka=KafkaConfig(bootstrap="127.0.0.1:9092"), group="billing",
+                   clients=MemoryClientFactory(broker))  # `kafka` is still validated, never connected to
+    ...                                                  # @app.handler("orders", ...)
+    app.provision()                                      # tier topics and DLQ, on the memory broker
+    app.start(main=True, tiers="all")
+
+The memory broker is a fake, not Kafka: what it does is checked against Apache Kafka by its contract test,
+and every delivery guarantee is still proven on a real broker (docs/testing.md).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from retrytopics.connectors.admin import ProvisionOutcome, TopicSpec, ensure_topics, partition_count
+from retrytopics.connectors.clients import DEFAULT_MAX_POLL_INTERVAL_MS, DEFAULT_SESSION_TIMEOUT_MS, KafkaConsumer
+from retrytopics.connectors.clients import KafkaProducer, read_tails
+from retrytopics.connectors.config import KafkaConfig
+from retrytopics.connectors.kafka import make_admin
+from retrytopics.errors import ConfigError, KafkaClientError, TopicMismatchError
+from retrytopics.headers import Header
+from retrytopics.memory import MemoryBroker, MemoryConsumer, MemoryProducer
+from retrytopics.ports import ConsumerPort, DeliveryCallback, Message, PartitionsCallback, ProducerPort
+from retrytopics.ports import TopicPartition
+
+__all__ = ["ClientFactory", "KafkaClientFactory", "MemoryClientFactory"]
+
+#: the longest a memory consume waits in real time for a record to be written: a stopping app is never kept
+#: waiting longer than this by an idle consumer (its loop sees the stop when the consume returns)
+_MEMORY_WAIT_S = 0.1
+
+
+class ClientFactory(Protocol):
+    """What a `RetryApp` asks of a broker. `overrides` are librdkafka properties (the app's own, over the
+    tier consumers' defaults); a factory applies those it understands."""
+
+    def consumer(self, group_id: str, overrides: Mapping[str, Any]) -> ConsumerPort:
+        """A member of `group_id` for one consumer loop, manual commits, read_committed unless overridden."""
+
+    def producer(self, transactional_id: str | None, overrides: Mapping[str, Any]) -> ProducerPort:
+        """An idempotent producer; transactional (the loop initialises it) when `transactional_id` is given."""
+
+    def read_tails(self, topics: Sequence[str], last: int, timeout_s: float) -> list[Message]:
+        """The last `last` records of every partition of `topics`, read_committed and without a group, read
+        within `timeout_s`; a topic that does not exist is skipped."""
+
+    def partition_count(self, topic: str, timeout_s: float) -> int | None:
+        """Partitions of `topic`, or None when it does not exist."""
+
+    def ensure_topics(self, specs: Sequence[TopicSpec], timeout_s: float) -> dict[str, ProvisionOutcome]:
+        """Create the missing topics; an existing one with another partition count is a `TopicMismatchError`."""
+
+
+class KafkaClientFactory:
+    """The default: confluent-kafka clients for `kafka` (connectors/clients.py), every product default
+    applied (idempotence, acks=all, manual commits, read_committed)."""
+
+    def __init__(self, kafka: KafkaConfig) -> None:
+        self.kafka = kafka
+        self._admin: Any = None  # confluent-kafka's AdminClient (only connectors/ names its types); on first use
+
+    def consumer(self, group_id: str, overrides: Mapping[str, Any]) -> ConsumerPort:
+        return KafkaConsumer(self.kafka, group_id=group_id, overrides=overrides)
+
+    def producer(self, transactional_id: str | None, overrides: Mapping[str, Any]) -> ProducerPort:
+        return KafkaProducer(self.kafka, transactional_id=transactional_id, overrides=overrides)
+
+    def read_tails(self, topics: Sequence[str], last: int, timeout_s: float) -> list[Message]:
+        return read_tails(self.kafka, topics, last=last, timeout_s=timeout_s)
+
+    def partition_count(self, topic: str, timeout_s: float) -> int | None:
+        return partition_count(self._admin_client(), topic, timeout_s=timeout_s)
+
+    def ensure_topics(self, specs: Sequence[TopicSpec], timeout_s: float) -> dict[str, ProvisionOutcome]:
+        return ensure_topics(self._admin_client(), specs, timeout_s=timeout_s)
+
+    def _admin_client(self) -> Any:
+        if self._admin is None:
+            self._admin = make_admin(self.kafka)
+        return self._admin
+
+
+class MemoryClientFactory:
+    """Clients of a `MemoryBroker` for a whole `RetryApp`.
+
+    The broker has no threads of its own and the app runs one thread per consumer loop, so every call into
+    the broker takes `lock` (hold it to read the broker while an app runs on it). A consume with nothing to
+    deliver waits in real time, up to its timeout and at most 0.1 s, until some producer writes, as a Kafka
+    consume would; it does not advance the broker's clock, and the runtime keeps its real clock. Of the
+    librdkafka properties, consumers take `isolation.level`, `auto.offset.reset`, `max.poll.interval.ms` and
+    `session.timeout.ms`; the rest mean nothing here. Write records before the app starts (`broker.append`)
+    or through a producer from `producer()`: a direct `append` wakes no waiting consumer.
+    """
+
+    def __init__(self, broker: MemoryBroker) -> None:
+        self.broker = broker
+        self.lock = threading.RLock()
+        self._written = threading.Condition(self.lock)
+
+    def consumer(self, group_id: str, overrides: Mapping[str, Any]) -> ConsumerPort:
+        with self.lock:
+            consumer = self.broker.consumer(
+                group_id, read_committed=overrides.get("isolation.level", "read_committed") != "read_uncommitted",
+                auto_offset_reset=str(overrides.get("auto.offset.reset", "earliest")),
+                max_poll_interval_ms=int(overrides.get("max.poll.interval.ms", DEFAULT_MAX_POLL_INTERVAL_MS)),
+                session_timeout_ms=int(overrides.get("session.timeout.ms", DEFAULT_SESSION_TIMEOUT_MS)),
+            )  # fmt: skip
+        return _LockedConsumer(consumer, self._written)
+
+    def producer(self, transactional_id: str | None, overrides: Mapping[str, Any]) -> ProducerPort:
+        with self.lock:
+            return _LockedProducer(self.broker.producer(transactional_id=transactional_id), self._written)
+
+    def read_tails(self, topics: Sequence[str], last: int, timeout_s: float) -> list[Message]:
+        tails: list[Message] = []
+        with self.lock:
+            for topic in topics:
+                if last <= 0 or self.partition_count(topic, timeout_s) is None:
+                    continue
+                by_partition: dict[int, list[Message]] = {}
+                for msg in self.broker.records(topic):
+                    by_partition.setdefault(msg.partition, []).append(msg)
+                tails += [msg for records in by_partition.values() for msg in records[-last:]]
+        return tails
+
+    def partition_count(self, topic: str, timeout_s: float) -> int | None:
+        with self.lock:
+            try:
+                return self.broker.partition_count(topic)
+            except KafkaClientError as exc:
+                if exc.code != "UNKNOWN_TOPIC_OR_PART":
+                    raise
+                return None
+
+    def ensure_topics(self, specs: Sequence[TopicSpec], timeout_s: float) -> dict[str, ProvisionOutcome]:
+        names = [s.name for s in specs]
+        if len(set(names)) != len(names):
+            raise ConfigError("topics", names, "a topic is listed twice")
+        with self.lock:
+            existing = {s.name: n for s in specs if (n := self.partition_count(s.name, timeout_s)) is not None}
+            for spec in specs:
+                if spec.name in existing and existing[spec.name] != spec.partitions:
+                    raise TopicMismatchError(spec.name, spec.partitions, existing[spec.name])
+            for spec in specs:
+                self.broker.create_topic(spec.name, spec.partitions)
+        return {n: ProvisionOutcome.EXISTS if n in existing else ProvisionOutcome.CREATED for n in names}
+
+
+class _LockedConsumer:
+    """A `MemoryConsumer` whose calls take the factory's lock, and whose empty consume waits for a write."""
+
+    def __init__(self, consumer: MemoryConsumer, written: threading.Condition) -> None:
+        self._consumer = consumer
+        self._written = written
+        self.max_poll_interval_ms = consumer.max_poll_interval_ms
+        self.session_timeout_ms = consumer.session_timeout_ms  # read by runtime/ownership.py
+
+    def subscribe(self, topics: Sequence[str], *, on_assign: PartitionsCallback, on_revoke: PartitionsCallback,
+                  on_lost: PartitionsCallback) -> None:  # fmt: skip
+        with self._written:
+            self._consumer.subscribe(topics, on_assign=on_assign, on_revoke=on_revoke, on_lost=on_lost)
+
+    def consume(self, max_records: int, timeout_s: float) -> list[Message]:
+        with self._written:
+            batch = self._consumer.consume(max_records, 0.0)
+            if not batch and timeout_s > 0:
+                self._written.wait(min(timeout_s, _MEMORY_WAIT_S))
+                batch = self._consumer.consume(max_records, 0.0)
+            return batch
+
+    def pause(self, tps: Sequence[TopicPartition]) -> None:
+        with self._written:
+            self._consumer.pause(tps)
+
+    def resume(self, tps: Sequence[TopicPartition]) -> None:
+        with self._written:
+            self._consumer.resume(tps)
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        with self._written:
+            self._consumer.seek(tp, offset)
+
+    def commit(self, offsets: Mapping[TopicPartition, int], *, asynchronous: bool) -> None:
+        with self._written:
+            self._consumer.commit(offsets, asynchronous=asynchronous)
+
+    def group_metadata(self) -> object:
+        with self._written:
+            return self._consumer.group_metadata()
+
+    def close(self) -> None:
+        with self._written:
+            self._consumer.close()
+
+
+class _LockedProducer:
+    """A `MemoryProducer` whose calls take the factory's lock; a call that may write wakes waiting consumers."""
+
+    def __init__(self, producer: MemoryProducer, written: threading.Condition) -> None:
+        self._producer = producer
+        self._written = written
+
+    def produce(self, topic: str, *, key: bytes | None, value: bytes | None, headers: Sequence[Header],
+                partition: int | None, on_delivery: DeliveryCallback) -> None:  # fmt: skip
+        with self._written:
+            self._producer.produce(topic, key=key, value=value, headers=headers, partition=partition,
+                                   on_delivery=on_delivery)  # fmt: skip
+
+    def poll(self, timeout_s: float) -> None:
+        with self._written:
+            try:
+                self._producer.poll(timeout_s)
+            finally:
+                self._written.notify_all()
+
+    def flush(self, timeout_s: float) -> int:
+        with self._written:
+            try:
+                return self._producer.flush(timeout_s)
+            finally:
+                self._written.notify_all()
+
+    def partition_count(self, topic: str) -> int:
+        with self._written:
+            return self._producer.partition_count(topic)
+
+    def purge(self) -> None:
+        with self._written:
+            self._producer.purge()
+
+    def init_transactions(self, timeout_s: float) -> None:
+        with self._written:
+            self._producer.init_transactions(timeout_s)
+
+    def begin_transaction(self) -> None:
+        with self._written:
+            self._producer.begin_transaction()
+
+    def send_offsets_to_transaction(self, offsets: Mapping[TopicPartition, int], group_metadata: object,
+                                    timeout_s: float) -> None:  # fmt: skip
+        with self._written:
+            self._producer.send_offsets_to_transaction(offsets, group_metadata, timeout_s)
+
+    def commit_transaction(self, timeout_s: float) -> None:
+        with self._written:
+            try:
+                self._producer.commit_transaction(timeout_s)
+            finally:
+                self._written.notify_all()
+
+    def abort_transaction(self, timeout_s: float) -> None:
+        with self._written:
+            try:
+                self._producer.abort_transaction(timeout_s)
+            finally:
+                self._written.notify_all()
