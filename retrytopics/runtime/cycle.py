@@ -65,9 +65,12 @@ class PollCycle:
 
     def _act_on_batch(self, batch: list[Message]) -> None:
         runs = self._processor.plain_runs(batch)
-        if runs is not None:  # a main consumer of batch handlers: one call per partition, no step per record
+        if runs is not None:  # a main consumer: each partition's run in one step, no decision per record
             for binding, msgs in runs:
-                self._batches.call_run(binding, msgs)
+                if binding.batch:
+                    self._batches.call_run(binding, msgs)
+                else:
+                    self._processor.call_run(binding, msgs)
                 self._handoff.serve(within_batch=True)
             return
         handoff, pauses, guard, read = self._handoff, self._pauses, self._guard, self._processor.read

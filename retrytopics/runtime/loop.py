@@ -186,7 +186,7 @@ class ConsumerLoop:
                                          tail_reader=self._tail_reader, seed_last=s.seed_last,
                                          seed_timeout_s=s.seed_timeout_s)  # fmt: skip
         processor = RecordProcessor(self._bindings, pauses, self._audit, self._invoker, guard, outcomes, batches,
-                                    duplicates, now_ms=_now_ms)  # fmt: skip
+                                    duplicates, now_ms=_now_ms, stop=stop)  # fmt: skip
         rebalance = RebalanceListener(self._tracker, pauses, handoff, duplicates, emit, assigned=self._assigned,
                                       join=self._join)  # fmt: skip
         consumer.subscribe(s.topics, on_assign=rebalance.on_assign, on_revoke=rebalance.on_revoke,

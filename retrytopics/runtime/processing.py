@@ -9,11 +9,13 @@ pure) and carry the decision out:
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 
 from retrytopics.dedupe import AuditKey, DuplicateAudit, audit_key
 from retrytopics.errors import HeaderDecodeError
 from retrytopics.headers import RetryHeaders
+from retrytopics.offsets import TopicPartition
 from retrytopics.ports import Message
 from retrytopics.router import longest_wait_ms, read_retry_state
 from retrytopics.runtime.batch_calls import BatchCaller
@@ -38,7 +40,7 @@ class RecordProcessor:
     def __init__(
         self, bindings: Mapping[str, Binding], pauses: PauseController[Decoded], audit: DuplicateAudit,
         invoker: Invoker, guard: OwnershipGuard, outcomes: Outcomes, batches: BatchCaller,
-        duplicates: DuplicateSuppressor, *, now_ms: Callable[[], int],
+        duplicates: DuplicateSuppressor, *, now_ms: Callable[[], int], stop: threading.Event,
     ) -> None:  # fmt: skip
         self._bindings = bindings
         self._pauses = pauses
@@ -49,15 +51,17 @@ class RecordProcessor:
         self._batches = batches
         self._duplicates = duplicates
         self._now_ms = now_ms
-        # a main consumer whose handlers all take batches: its polls can go to them partition by partition
-        self._batch_sources_only = all(b.batch and topic == b.topic for topic, b in bindings.items())
+        self._stop = stop
+        # a main consumer (source topics only): its polls can go to the handlers partition by partition
+        self._sources_only = all(topic == b.topic for topic, b in bindings.items())
 
     def plain_runs(self, batch: list[Message]) -> list[tuple[Binding, list[Message]]] | None:
-        """`batch` as runs per partition, when each record would be handed to its batch handler as it is:
-        on a source topic nothing is decided per record (no retry state, so no due time and no audit key;
-        never queued in memory), so `step.decide` would say HANDLE for every record that is accepted and was
-        not handed off downstream already. None: act on the records one by one."""
-        if not self._batch_sources_only:
+        """`batch` as runs per partition, when each record would be handed to its handler as it is: on a
+        source topic nothing is decided per record (no retry state, so no due time and no audit key; never
+        queued in memory), so `step.decide` would say HANDLE for every record that is accepted and was not
+        handed off downstream already. A run goes to `call_run` (single-record handlers) or to
+        `BatchCaller.call_run`. None: act on the records one by one."""
+        if not self._sources_only:
             return None
         # rare: only after a previous owner died between hand-off and commit. Asked before any `accept`,
         # which the records' ordinary path then asks again (accepting a sought-back record forgets the seek)
@@ -74,6 +78,43 @@ class RecordProcessor:
             else:
                 run.append(msg)
         return [(self._bindings[tp[0]], run) for tp, run in runs.items()]
+
+    def call_run(self, binding: Binding, msgs: list[Message]) -> None:
+        """A plain run of one partition for a single-record handler: one call per record, in offset order,
+        with no decision per record. The successes between two failures are finished and counted in one
+        step; a failure, or a record that fails before its call (poison), is settled as `_handle` settles
+        it. A record this consumer may no longer act on stops the run: it and the rest are read again."""
+        guard, call, settle = self._guard, self._invoker.call, self._outcomes.settle
+        tp, done = msgs[0].tp, 0  # msgs[done:i] succeeded and are not finished yet
+        if guard.abandoned:  # an earlier run of this poll lost ownership: this one is read again too
+            self._pauses.restart_at(tp, msgs[0].offset)
+            return
+        for i, msg in enumerate(msgs):
+            if self._stop.is_set():
+                self._run_succeeded(tp, msgs, done, i)
+                return
+            record, poison = build_record(binding, msg, None)
+            failure: BaseException | None = poison
+            if failure is None:
+                try:
+                    call(binding, record)
+                except Exception as exc:  # noqa: BLE001 - every handler failure is routed; BaseException stops the app
+                    failure = exc
+                if guard.lost_ownership(msg) or (failure is not None and guard.stopping(msg, failure)):
+                    self._run_succeeded(tp, msgs, done, i)
+                    if guard.abandoned:
+                        self._pauses.restart_at(tp, msg.offset)
+                    return
+                if failure is None:
+                    continue
+            self._run_succeeded(tp, msgs, done, i)
+            done = i + 1
+            settle(binding, msg, None, record, None, failure)
+        self._run_succeeded(tp, msgs, done, len(msgs))
+
+    def _run_succeeded(self, tp: TopicPartition, msgs: list[Message], start: int, end: int) -> None:
+        if start < end:
+            self._outcomes.run_succeeded(tp, msgs[start:end] if start or end < len(msgs) else msgs)
 
     def read(self, msg: Message) -> None:
         """Act on a record just consumed."""
