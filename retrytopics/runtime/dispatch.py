@@ -4,6 +4,7 @@ the runtime-owned event loop for `async def` handlers."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import threading
 from collections.abc import Callable
@@ -101,6 +102,13 @@ class Invoker:
             reraise=True,
         )
         return retrying(self._once, binding.handler, record)
+
+    def caller(self, binding: Binding) -> Callable[[Record[Any]], Any]:
+        """`call` for `binding`, bound once: a run of calls (runtime/processing.py) looks nothing up per record."""
+        in_process = binding.policy.in_process
+        if in_process is None or in_process.attempts == 1:
+            return functools.partial(self._once, binding.handler)
+        return functools.partial(self.call, binding)
 
     def call_batch(self, binding: Binding, records: list[Record[Any]]) -> list[BaseException | None]:
         """Call a batch handler once; each record's failure (None: it succeeded). A `BatchFailed` names the

@@ -36,21 +36,25 @@ class OwnershipGuard:
         self._emit = emit
         self._name = name
         self._stop = stop
-        self._monotonic = monotonic
+        self.monotonic = monotonic
         #: when the last consume() returned: a handler call is judged by the time elapsed since
         self.polled_at = monotonic()
+        #: until when (on `monotonic`) a handler call cannot have cost this consumer its partitions: a call
+        #: that ends before it needs no `lost_ownership` question
+        self.sure_until = self.polled_at + check.quiet_s
         #: a record of the current batch was left alone
         self.abandoned = False
 
     def polled(self) -> float:
         """A consume() returned: a new batch, nothing abandoned yet. Returns when (`polled_at`)."""
-        self.polled_at = self._monotonic()
+        self.polled_at = self.monotonic()
+        self.sure_until = self.polled_at + self._check.quiet_s
         self.abandoned = False
         return self.polled_at
 
     def lost_ownership(self, msg: Message) -> bool:
         """True when this consumer may no longer act on `msg`, just handled (`runtime/ownership.py` says why)."""
-        why = self._check.lost(self._monotonic() - self.polled_at)
+        why = self._check.lost(self.monotonic() - self.polled_at)
         if why is None:
             return False
         log.warning(

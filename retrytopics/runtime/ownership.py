@@ -41,6 +41,11 @@ class OwnershipCheck:
         self._max_poll_s = float(getattr(consumer, "max_poll_interval_ms", 300_000)) / 1000
         self._session_s = float(getattr(consumer, "session_timeout_ms", 45_000)) / 1000
 
+    @property
+    def quiet_s(self) -> float:
+        """How long after a poll `lost()` is always None: nothing can have lapsed yet."""
+        return min(self._max_poll_s, self._session_s / 2)
+
     def may_have_lapsed(self, elapsed_s: float) -> bool:
         """Whether a gap this long could have cost the membership; below it `lost()` is always None."""
         return elapsed_s > self._max_poll_s or elapsed_s > self._session_s / 2

@@ -80,6 +80,10 @@ class PauseController(Generic[T]):
         """Partitions waiting for a record to fall due, in Kafka or in memory, or held."""
         return self.schedule.paused | frozenset(self._queues)
 
+    def accepts_all(self, tp: TopicPartition) -> bool:
+        """Whether `accept` is True for every record of `tp` now (it is fetched, and no seek waits)."""
+        return tp not in self._next and tp not in self._awaiting and not self.schedule.is_paused(tp)
+
     def accept(self, msg: Message) -> bool:
         """Whether the loop should act on `msg` (its partition is not paused and it is not stale)."""
         tp = msg.tp

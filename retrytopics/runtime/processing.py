@@ -67,40 +67,46 @@ class RecordProcessor:
         # which the records' ordinary path then asks again (accepting a sought-back record forgets the seek)
         if self._duplicates.seeded and any(self._duplicates.was_handed_off(m, None, None) for m in batch):
             return None
-        accept = self._pauses.accept
-        runs: dict[tuple[str, int], list[Message]] = {}
+        pauses, accept = self._pauses, self._pauses.accept
+        runs: dict[TopicPartition, list[Message]] = {}
+        run: list[Message] = []
+        tp: TopicPartition = ("", -1)
+        open_ = False  # every record of `tp` is accepted without asking (a poll comes in runs per partition)
         for msg in batch:
-            if not accept(msg):
-                continue
-            run = runs.get((msg.topic, msg.partition))
-            if run is None:
-                runs[(msg.topic, msg.partition)] = [msg]
-            else:
+            if msg.partition != tp[1] or msg.topic != tp[0]:
+                tp = (msg.topic, msg.partition)
+                run = runs.setdefault(tp, [])
+                open_ = pauses.accepts_all(tp)
+            if open_ or accept(msg):
                 run.append(msg)
-        return [(self._bindings[tp[0]], run) for tp, run in runs.items()]
+        return [(self._bindings[tp[0]], run) for tp, run in runs.items() if run]
 
     def call_run(self, binding: Binding, msgs: list[Message]) -> None:
         """A plain run of one partition for a single-record handler: one call per record, in offset order,
         with no decision per record. The successes between two failures are finished and counted in one
         step; a failure, or a record that fails before its call (poison), is settled as `_handle` settles
         it. A record this consumer may no longer act on stops the run: it and the rest are read again."""
-        guard, call, settle = self._guard, self._invoker.call, self._outcomes.settle
+        guard, settle, stopped = self._guard, self._outcomes.settle, self._stop.is_set
+        call, clock, sure_until = self._invoker.caller(binding), guard.monotonic, guard.sure_until
         tp, done = msgs[0].tp, 0  # msgs[done:i] succeeded and are not finished yet
         if guard.abandoned:  # an earlier run of this poll lost ownership: this one is read again too
             self._pauses.restart_at(tp, msgs[0].offset)
             return
         for i, msg in enumerate(msgs):
-            if self._stop.is_set():
+            if stopped():
                 self._run_succeeded(tp, msgs, done, i)
                 return
             record, poison = build_record(binding, msg, None)
             failure: BaseException | None = poison
             if failure is None:
                 try:
-                    call(binding, record)
+                    call(record)
                 except Exception as exc:  # noqa: BLE001 - every handler failure is routed; BaseException stops the app
                     failure = exc
-                if guard.lost_ownership(msg) or (failure is not None and guard.stopping(msg, failure)):
+                # (a call that ended before `sure_until` cannot have cost the partition: no question asked)
+                if (clock() > sure_until and guard.lost_ownership(msg)) or (
+                    failure is not None and guard.stopping(msg, failure)
+                ):
                     self._run_succeeded(tp, msgs, done, i)
                     if guard.abandoned:
                         self._pauses.restart_at(tp, msg.offset)
