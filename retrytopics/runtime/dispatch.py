@@ -70,10 +70,13 @@ def build_record(binding: Binding, msg: Message, state: RetryHeaders | None) -> 
     else:
         origin = origin_message_id(binding.ctx, inbound(msg))
     headers = tuple(user_headers(msg.headers)) if msg.headers else ()
-    # positional, in field order: this runs once per handler call
-    record = Record(msg.topic, msg.partition, msg.offset, msg.timestamp_ms, msg.key, value, msg.value, headers,
-                    state, origin)  # fmt: skip
+    # in field order, through tuple.__new__ (the NamedTuple's own __new__ is a Python call): once per record
+    record: Record[Any] = _new_record(Record, (msg.topic, msg.partition, msg.offset, msg.timestamp_ms, msg.key, value,
+                                               msg.value, headers, state, origin))  # fmt: skip
     return record, poison
+
+
+_new_record = tuple.__new__
 
 
 class Invoker:
