@@ -21,8 +21,8 @@ import random
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
-from typing import Final, NamedTuple
+from enum import Enum, StrEnum
+from typing import Final, Literal, NamedTuple
 
 from retrytopics.backoff import jittered_delay_ms, schedule_delay_ms, tier_for_hint
 from retrytopics.classify import MAX_CHAIN, Classification, Verdict, classify
@@ -37,7 +37,7 @@ from retrytopics.signing import SIGNATURE, HeaderKeys, sign, verify
 from retrytopics.traces import failure_key, format_trace
 
 __all__ = [
-    "InboundRecord", "Route", "RouteContext", "RouteKind", "described_failure", "longest_wait_ms",
+    "InboundRecord", "Route", "RouteContext", "RouteKind", "Unread", "described_failure", "longest_wait_ms",
     "origin_message_id", "read_retry_state", "route", "too_large_reference", "too_large_route",
 ]  # fmt: skip
 
@@ -178,18 +178,30 @@ def _check_bounds(ctx: RouteContext, tier: TierTopic, h: RetryHeaders, now_ms: i
             raise HeaderDecodeError(field, value, reason)
 
 
+class Unread(Enum):
+    """`route(previous=...)`'s default: the router reads the record's retry state itself."""
+
+    STATE = "unread"
+
+
 def route(
-    ctx: RouteContext, record: InboundRecord, failure: BaseException, *, now_ms: int, rng: random.Random
-) -> Route:
+    ctx: RouteContext, record: InboundRecord, failure: BaseException, *, now_ms: int, rng: random.Random,
+    previous: RetryHeaders | None | Literal[Unread.STATE] = Unread.STATE,
+) -> Route:  # fmt: skip
     """Decide the next destination of ``record`` after ``failure`` at ``now_ms`` (see the module docstring).
+
+    ``previous``: the record's retry state as :func:`read_retry_state` returned it, when the caller read it
+    already (the runtime reads it once per record, to know when the record is due); headers it could not read
+    are passed as ``previous=None`` with the :class:`HeaderDecodeError` as ``failure``.
 
     Never raises for bad wire data: unreadable retry headers route to the DLQ with reason
     ``invalid_retry_headers``. The only exception is :class:`ConfigError` for a topic this context does not own.
     """
-    try:
-        previous = read_retry_state(ctx, record, now_ms=now_ms)
-    except HeaderDecodeError as bad:
-        return _invalid(ctx, record, now_ms, bad)
+    if previous is Unread.STATE:
+        try:
+            previous = read_retry_state(ctx, record, now_ms=now_ms)
+        except HeaderDecodeError as bad:
+            return _invalid(ctx, record, now_ms, bad)
     verdict = classify(ctx.policy, failure)
     if isinstance(verdict.deciding, HeaderDecodeError):
         return _invalid(ctx, record, now_ms, verdict.deciding)

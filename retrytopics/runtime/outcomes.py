@@ -58,7 +58,7 @@ class Outcomes:
             self._handoff.remember(key)
         self._emit(Event.RECORD_FAILED, topic=msg.topic, partition=msg.partition, offset=msg.offset,
                    attempt=record.attempt, error=type(described_failure(failure)).__name__, **timing)  # fmt: skip
-        self._hand_off(binding, msg, epoch, record, failure)
+        self._hand_off(binding, msg, epoch, record, state, failure)
 
     def all_succeeded(self, group: list[Deferred]) -> None:
         """Every record of a batch call succeeded: finished and counted in one step."""
@@ -100,8 +100,11 @@ class Outcomes:
             self._emit(Event.RECORD_HANDLED, topic=msg.topic, partition=msg.partition, offset=msg.offset,
                        attempt=record.attempt, **timing)  # fmt: skip
 
-    def _hand_off(self, binding: Binding, msg: Message, epoch: int, record: Any, failure: BaseException) -> None:
-        decision = route(binding.ctx, inbound(msg), failure, now_ms=self._now_ms(), rng=self._rng)
+    def _hand_off(
+        self, binding: Binding, msg: Message, epoch: int, record: Any, state: RetryHeaders | None, failure: BaseException,
+    ) -> None:  # fmt: skip
+        # the state read when the record arrived (unreadable headers: None, and the failure says why)
+        decision = route(binding.ctx, inbound(msg), failure, now_ms=self._now_ms(), rng=self._rng, previous=state)
         job = PublishJob(
             route=decision, key=msg.key, value=msg.value, source=msg.tp, offset=msg.offset, context=record,
             shrink=too_large_fallback(binding.ctx),

@@ -176,6 +176,43 @@ def test_invariants_across_hops(kinds: list[type[Exception]], jitter: float, see
         assert tier.delay_ms * (1 - jitter) - 1 <= wait <= min(tier.delay_ms * (1 + jitter) + 1, 60_000 * 5)
 
 
+@given(
+    st.lists(st.sampled_from([OSError, TimeoutError, ValueError, PoisonRecordError]), min_size=1, max_size=12),
+    st.integers(),
+)
+def test_a_state_the_caller_read_once_routes_exactly_as_if_route_read_it(kinds: list[type[Exception]], seed: int) -> None:
+    # the runtime reads a record's retry state when it arrives and hands it to route() (issue 13: headers
+    # are decoded once); every hop must route byte for byte as if route() had read the headers itself
+    ctx = context(RetryPolicy(max_retries=UNLIMITED, jitter=0.5, per_exception={TimeoutError: ["1s", "1m"]}))
+    record, now = source(), T0
+    for n, kind in enumerate(kinds, start=1):
+        failure = kind("t", 0, 1, b"", ValueError("x")) if kind is PoisonRecordError else kind("x")  # type: ignore[call-arg]
+        previous = read_retry_state(ctx, record, now_ms=now)
+        read_here = route(ctx, record, failure, now_ms=now, rng=random.Random(seed))
+        passed_in = route(ctx, record, failure, now_ms=now, rng=random.Random(seed), previous=previous)
+        assert passed_in == read_here
+        assert passed_in.retry.reconsume_times == n
+        if passed_in.kind is RouteKind.DLQ:
+            break
+        assert passed_in.due_at_ms is not None
+        now, record = passed_in.due_at_ms, arrive(passed_in, offset=n)
+
+
+def test_headers_the_caller_could_not_read_go_to_the_dlq_as_invalid() -> None:
+    # the runtime passes previous=None and the HeaderDecodeError it got as the failure
+    ctx = context()
+    first = route(ctx, source(), OSError("down"), now_ms=T0, rng=random.Random(0))
+    forged = arrive(dataclasses.replace(first, headers=tuple((k, b"x") if k == H.RECONSUME_TIMES else (k, v)
+                                                             for k, v in first.headers)))  # fmt: skip
+    with pytest.raises(HeaderDecodeError) as bad:
+        read_retry_state(ctx, forged, now_ms=T0 + 5_000)
+    r = route(ctx, forged, bad.value, now_ms=T0 + 5_000, rng=random.Random(0), previous=None)
+    assert (r.kind, r.reason, r.retry.exception_type) == (
+        RouteKind.DLQ, DlqReason.INVALID_RETRY_HEADERS, "retrytopics.errors.HeaderDecodeError",
+    )  # fmt: skip
+    assert H.RECONSUME_TIMES in r.retry.exception_message
+
+
 @given(st.lists(st.integers(min_value=0, max_value=10**7), min_size=2, max_size=20))
 def test_due_times_are_monotone_per_tier_without_jitter(fail_times: list[int]) -> None:
     ctx = context()
