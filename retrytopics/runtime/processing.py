@@ -83,40 +83,44 @@ class RecordProcessor:
 
     def call_run(self, binding: Binding, msgs: list[Message]) -> None:
         """A plain run of one partition for a single-record handler: one call per record, in offset order,
-        with no decision per record. The successes between two failures are finished and counted in one
-        step; a failure, or a record that fails before its call (poison), is settled as `_handle` settles
-        it. A record this consumer may no longer act on stops the run: it and the rest are read again."""
+        with no decision per record. The successes between two failures are finished in one step; a failure,
+        or a record that fails before its call (poison), is settled as `_handle` settles it. A record this
+        consumer may no longer act on stops the run: it and the rest are read again. However the run ends
+        (stopping, a BaseException from a handler), the calls that returned are finished, as one by one."""
         guard, settle, stopped = self._guard, self._outcomes.settle, self._stop.is_set
         call, clock, sure_until = self._invoker.caller(binding), guard.monotonic, guard.sure_until
-        tp, done = msgs[0].tp, 0  # msgs[done:i] succeeded and are not finished yet
+        tp = msgs[0].tp
         if guard.abandoned:  # an earlier run of this poll lost ownership: this one is read again too
             self._pauses.restart_at(tp, msgs[0].offset)
             return
-        for i, msg in enumerate(msgs):
-            if stopped():
-                self._run_succeeded(tp, msgs, done, i)
-                return
-            record, poison = build_record(binding, msg, None)
-            failure: BaseException | None = poison
-            if failure is None:
-                try:
-                    call(record)
-                except Exception as exc:  # noqa: BLE001 - every handler failure is routed; BaseException stops the app
-                    failure = exc
-                # (a call that ended before `sure_until` cannot have cost the partition: no question asked)
-                if (clock() > sure_until and guard.lost_ownership(msg)) or (
-                    failure is not None and guard.stopping(msg, failure)
-                ):
-                    self._run_succeeded(tp, msgs, done, i)
-                    if guard.abandoned:
-                        self._pauses.restart_at(tp, msg.offset)
+        done = returned = 0  # msgs[done:returned]: calls that returned, not finished yet
+        try:
+            for i, msg in enumerate(msgs):
+                if stopped():
                     return
+                record, poison = build_record(binding, msg, None)
+                failure: BaseException | None = poison
                 if failure is None:
-                    continue
-            self._run_succeeded(tp, msgs, done, i)
-            done = i + 1
-            settle(binding, msg, None, record, None, failure)
-        self._run_succeeded(tp, msgs, done, len(msgs))
+                    try:
+                        call(record)
+                    except Exception as exc:  # noqa: BLE001 - every handler failure is routed; BaseException stops the app
+                        failure = exc
+                    if clock() > sure_until:  # a long call: asked with what is finished (runtime/ownership.py)
+                        self._run_succeeded(tp, msgs, done, returned)
+                        done = returned
+                        if guard.lost_ownership(msg):
+                            self._pauses.restart_at(tp, msg.offset)
+                            return
+                    if failure is None:
+                        returned = i + 1
+                        continue
+                    if guard.stopping(msg, failure):
+                        return
+                self._run_succeeded(tp, msgs, done, returned)
+                done = returned = i + 1
+                settle(binding, msg, None, record, None, failure)
+        finally:
+            self._run_succeeded(tp, msgs, done, returned)
 
     def _run_succeeded(self, tp: TopicPartition, msgs: list[Message], start: int, end: int) -> None:
         if start < end:

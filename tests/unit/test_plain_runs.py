@@ -22,7 +22,7 @@ from retrytopics.connectors.serde import json_value
 from retrytopics.dedupe import DuplicateAudit
 from retrytopics.events import Emitter, Event
 from retrytopics.headers import DlqReason, RetryHeaders, decode
-from retrytopics.memory import DEFAULT_MAX_POLL_INTERVAL_MS, MemoryBroker
+from retrytopics.memory import DEFAULT_MAX_POLL_INTERVAL_MS, MemoryBroker, MemoryConsumer
 from retrytopics.record import Record
 from retrytopics.runtime.dispatch import Binding
 from retrytopics.runtime.loop import ConsumerLoop, LoopSettings
@@ -45,12 +45,14 @@ class JsonLedger(Ledger):
         super().handle(record._replace(value=record.value.encode()))
 
 
-def json_loop(broker: MemoryBroker, ledger: Ledger, stop: threading.Event, **settings: Any) -> ConsumerLoop:
+def json_loop(broker: MemoryBroker, ledger: Ledger, stop: threading.Event, *, consumer: MemoryConsumer | None = None,
+              **settings: Any) -> ConsumerLoop:  # fmt: skip
+    member = consumer or broker.consumer(GROUP)
     binding = Binding(topic="orders", handler=ledger.handle, policy=POLICY, ctx=CTX, value_deserializer=json_value)
     options: dict[str, Any] = {"max_wait_ms": 100, "commit_every": 1, "batch_size": 50, **settings}
     return ConsumerLoop(
         LoopSettings(name="main", group_id=GROUP, topics=("orders",), **options), {"orders": binding},
-        consumer_factory=lambda: broker.consumer(GROUP), producer_factory=broker.producer,
+        consumer_factory=lambda: member, producer_factory=broker.producer,
         emitter=Emitter([ledger]), stop=stop, audit=DuplicateAudit(100),
     )  # fmt: skip
 
@@ -161,3 +163,60 @@ def test_a_failure_while_stopping_is_neither_handed_off_nor_committed_and_nothin
     assert broker.committed(GROUP) == {("orders", 0): 2}
     assert broker.records(TIER) == [] and broker.records(DLQ) == []
     assert [d["offset"] for d in ledger.of(Event.RECORD_ABANDONED)] == [2]
+
+
+def test_a_base_exception_from_a_handler_stops_the_app_and_the_calls_before_it_are_committed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # setup: id-0-1 fails (to the tier), id-0-2 succeeds, then id-0-3 raises KeyboardInterrupt
+    broker = new_broker()
+    fill_json(broker, {0: [f"id-0-{i}" for i in range(6)]})
+    ledger = JsonLedger(broker, failing={"id-0-1"})
+    use_broker_clock(monkeypatch, broker)
+
+    def interrupt(record_id: str) -> None:
+        if record_id == "id-0-3":
+            raise KeyboardInterrupt
+
+    ledger.on_call = interrupt
+    stop = StopWhen(lambda: False)
+    loop = json_loop(broker, ledger, stop, commit_every=100)
+
+    # when
+    loop.run()
+
+    # then: the app stopped on it; everything before it is committed, it is not handed off
+    assert isinstance(loop.crash, KeyboardInterrupt)
+    assert ledger.calls == Counter(["id-0-0", "id-0-1", "id-0-2", "id-0-3"])
+    assert broker.committed(GROUP) == {("orders", 0): 3}
+    assert [v for v, _ in hand_offs(broker, TIER)] == [b'"id-0-1"'] and broker.records(DLQ) == []
+
+
+def test_after_a_long_call_ownership_is_asked_with_the_calls_that_returned_before_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # setup: the call on id-0-3 outlasts half the session and the group expels the member meanwhile; the
+    # group can only be asked with a commit, so the calls that returned before it must be finished by then
+    broker = new_broker()
+    ids = [f"id-0-{i}" for i in range(6)]
+    fill_json(broker, {0: ids})
+    ledger = JsonLedger(broker, failing={"id-0-3"})
+    use_broker_clock(monkeypatch, broker)
+    consumer = broker.consumer(GROUP)
+
+    def expelled_during(record_id: str) -> None:
+        if record_id == "id-0-3" and ledger.calls[record_id] == 1:
+            consumer.expel()
+            broker.clock.advance(consumer.session_timeout_ms / 1000 / 2 + 1)
+
+    ledger.on_call = expelled_during
+    stop = StopWhen(committed_all(broker, GROUP, {0: 6}))
+
+    # when
+    run(json_loop(broker, ledger, stop, consumer=consumer), stop)
+
+    # then: the expelled member left id-0-3 alone (no hand-off from it): the commit that asked was refused,
+    # so the new membership read the partition again from the start, and handed id-0-3 off once
+    assert [(d["partition"], d["offset"]) for d in ledger.of(Event.RECORD_ABANDONED)] == [(0, 3)]
+    assert ledger.calls == Counter(ids) + Counter(ids[:4])
+    assert [(v, h.reconsume_times) for v, h in hand_offs(broker, TIER)] == [(b'"id-0-3"', 1)]
