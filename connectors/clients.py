@@ -16,7 +16,9 @@ from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, Kafka
 from confluent_kafka import TopicPartition as CKTopicPartition
 
 from retrytopics.connectors.config import KafkaConfig
-from retrytopics.connectors.kafka import delivery_error, make_consumer, make_producer, map_kafka_errors
+from retrytopics.connectors.kafka import (
+    delivery_error, kafka_client_error, make_consumer, make_producer, map_kafka_errors,
+)
 from retrytopics.connectors.record_headers import (
     UndecodableHeaderError, drop_pending_error, headers_after_error, read_headers,
 )
@@ -215,17 +217,20 @@ class KafkaProducer:
         def report(err: KafkaError | None, _msg: CKMessage) -> None:
             on_delivery(None if err is None else delivery_error(err, topic))
 
-        kwargs: dict[str, Any] = {"key": key, "value": value, "headers": list(headers), "on_delivery": report}
-        if partition is not None:
-            kwargs["partition"] = partition
+        listed: list[Any] = list(headers)  # confluent-kafka's stubs want str | bytes | None values
         while True:
-            try:
-                with map_kafka_errors():
-                    self._producer.produce(topic, **kwargs)
+            try:  # (once per hand-off: a plain try, not map_kafka_errors' context manager)
+                if partition is None:
+                    self._producer.produce(topic, key=key, value=value, headers=listed, on_delivery=report)
+                else:
+                    self._producer.produce(topic, key=key, value=value, headers=listed, partition=partition,
+                                           on_delivery=report)  # fmt: skip
                 return
             except BufferError:
                 # The local queue is full: serve delivery reports (which frees room) and try again.
                 self._producer.poll(0.1)
+            except KafkaException as exc:
+                raise kafka_client_error(exc) from exc
 
     def poll(self, timeout_s: float) -> None:
         with map_kafka_errors():  # a fenced transactional producer raises its fatal error here

@@ -196,9 +196,10 @@ def _fast_check(spec: _Spec) -> Callable[[object], str | None]:
 _KNOWN_NAMES: Final = 4096
 
 
-def _validate(obj: object, checks: tuple[tuple[_Spec, Callable[[object], str | None]], ...]) -> None:
-    for spec, check in checks:
-        value = getattr(obj, spec.attr)
+def _validate(obj: object, checks: tuple[tuple[_Spec, Callable[[object], str | None]], ...],
+              values: Callable[[object], tuple[object, ...]]) -> None:  # fmt: skip
+    """Each field of `obj` by its check; `values` reads them all at once (in the order of `checks`)."""
+    for (spec, check), value in zip(checks, values(obj)):
         reason = check(value)
         if reason is not None:
             raise ConfigError(spec.attr, value if not isinstance(value, str) else _excerpt(value), reason)
@@ -206,6 +207,9 @@ def _validate(obj: object, checks: tuple[tuple[_Spec, Callable[[object], str | N
 
 _RETRY_CHECKS: Final = tuple((spec, _fast_check(spec)) for spec in _RETRY_SPECS)
 _LINEAGE_CHECKS: Final = tuple((spec, _fast_check(spec)) for spec in _LINEAGE_SPECS)
+#: every field a spec names, read at once (validation and `encode`, once per built or published state)
+_retry_values: Final = operator.attrgetter(*(s.attr for s in _RETRY_SPECS))
+_lineage_values: Final = operator.attrgetter(*(s.attr for s in _LINEAGE_SPECS))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -219,7 +223,7 @@ class Lineage:
     replay_origin_id: str | None = None
 
     def __post_init__(self) -> None:
-        _validate(self, _LINEAGE_CHECKS)
+        _validate(self, _LINEAGE_CHECKS, _lineage_values)
         if self.replay_count is None:
             raise ConfigError("replay_count", None, "expected an integer >= 0")
 
@@ -253,7 +257,7 @@ class RetryHeaders:
     schema_version: int = 1
 
     def __post_init__(self) -> None:
-        _validate(self, _RETRY_CHECKS)
+        _validate(self, _RETRY_CHECKS, _retry_values)
         if not isinstance(self.lineage, Lineage):
             raise ConfigError("lineage", self.lineage, "expected a Lineage")
         self._check_consistency()
@@ -297,8 +301,6 @@ _NO_LINEAGE: Final = Lineage()
 #: (header, attribute) in encoding order, and every attribute at once: `encode` runs once per republish
 _RETRY_ENCODING: Final = tuple((s.header, s.attr) for s in _RETRY_SPECS)
 _LINEAGE_ENCODING: Final = tuple((s.header, s.attr) for s in _LINEAGE_SPECS)
-_retry_values: Final = operator.attrgetter(*(s.attr for s in _RETRY_SPECS))
-_lineage_values: Final = operator.attrgetter(*(s.attr for s in _LINEAGE_SPECS))
 _LINEAGE_HEADERS: Final = frozenset(s.header for s in _LINEAGE_SPECS)
 
 
