@@ -205,73 +205,84 @@ def route(
     verdict = classify(ctx.policy, failure)
     if isinstance(verdict.deciding, HeaderDecodeError):
         return _invalid(ctx, record, now_ms, verdict.deciding)
-    state = _fresh(ctx, record, now_ms, failure) if previous is None else _next(ctx, previous, now_ms, failure)
+    hop = _hop(previous, now_ms)
     if verdict.verdict is not Verdict.RETRYABLE:
-        return _dead_letter(ctx, record, state, _VERDICT_REASON[verdict.verdict])
+        return _dead_letter(ctx, record, previous, hop, failure, _VERDICT_REASON[verdict.verdict])
     allowed = ctx.policy.max_retries_for(verdict.schedule_ms)
-    if allowed is not None and state.reconsume_times > allowed:
-        return _dead_letter(ctx, record, state, DlqReason.EXHAUSTED)
-    tier, due_at = _next_due(ctx, verdict, state, rng)
+    if allowed is not None and hop.reconsume_times > allowed:
+        return _dead_letter(ctx, record, previous, hop, failure, DlqReason.EXHAUSTED)
+    tier, due_at = _next_due(ctx, verdict, hop, rng)
     timeout = ctx.policy.timeout_ms
-    if timeout is not None and due_at > state.first_failed_at + timeout:
-        return _dead_letter(ctx, record, state, DlqReason.TIMEOUT)
-    retry = state.evolve(tier=tier.index, due_at=due_at)
+    if timeout is not None and due_at > hop.first_failed_at + timeout:
+        return _dead_letter(ctx, record, previous, hop, failure, DlqReason.TIMEOUT)
+    retry = _state(ctx, record, previous, hop, failure, tier=tier.index, due_at=due_at, dlq_reason=None)
     return _make_route(ctx, RouteKind.TIER, tier.topic, retry, record)
 
 
 def _invalid(ctx: RouteContext, record: InboundRecord, now_ms: int, bad: HeaderDecodeError) -> Route:
     """Dead-letter a record whose retry headers cannot be trusted: its state restarts from its own
     coordinates on this topic, and the exception headers say which header was wrong and why."""
-    return _dead_letter(ctx, record, _fresh(ctx, record, now_ms, bad), DlqReason.INVALID_RETRY_HEADERS)
+    return _dead_letter(ctx, record, None, _hop(None, now_ms), bad, DlqReason.INVALID_RETRY_HEADERS)
 
 
-def _next_due(
-    ctx: RouteContext, verdict: Classification, state: RetryHeaders, rng: random.Random
-) -> tuple[TierTopic, int]:
+class _Hop(NamedTuple):
+    """A record's counters after one more failure: its destination is decided from these, and its new
+    state is built once, with the destination in it."""
+
+    reconsume_times: int
+    first_failed_at: int
+    last_failed_at: int
+
+
+def _hop(previous: RetryHeaders | None, now_ms: int) -> _Hop:
+    if previous is None:
+        return _Hop(1, now_ms, now_ms)
+    # a clock step back never moves failure time backwards
+    return _Hop(previous.reconsume_times + 1, previous.first_failed_at, max(now_ms, previous.last_failed_at))
+
+
+def _next_due(ctx: RouteContext, verdict: Classification, hop: _Hop, rng: random.Random) -> tuple[TierTopic, int]:
     """The tier and due time of the next retry; a retry-after hint picks the tier and floors the jitter."""
     policy, hint = ctx.policy, verdict.retry_after_ms
     if hint is None:
-        delay = schedule_delay_ms(verdict.schedule_ms, state.reconsume_times)
+        delay = schedule_delay_ms(verdict.schedule_ms, hop.reconsume_times)
         floor = 0
     else:
         delay = policy.tier_delays_ms[tier_for_hint(policy.tier_delays_ms, hint)]
         floor = min(hint, delay)  # jitter may add to a hint, never take away from it
     tier = ctx.topics.tier_by_delay(delay)
     jittered = jittered_delay_ms(delay, jitter=policy.jitter, max_delay_ms=policy.max_delay_ms, rng=rng)
-    return tier, state.last_failed_at + max(floor, jittered)
+    return tier, hop.last_failed_at + max(floor, jittered)
 
 
-def _fresh(ctx: RouteContext, record: InboundRecord, now_ms: int, failure: BaseException) -> RetryHeaders:
-    """A new retry state from the record's own coordinates; incoming ``retry.*`` headers are ignored."""
+def _state(
+    ctx: RouteContext, record: InboundRecord, previous: RetryHeaders | None, hop: _Hop, failure: BaseException, *,
+    tier: int | None, due_at: int | None, dlq_reason: DlqReason | None,
+) -> RetryHeaders:  # fmt: skip
+    """The state a record is published with after `failure`. A first failure starts from the record's own
+    coordinates (incoming ``retry.*`` headers are ignored); a later one copies origin and original
+    coordinates from `previous`, never recomputing them."""
     described = _describe(failure, ctx.redact)
+    if previous is not None:
+        return previous.evolve(
+            reconsume_times=hop.reconsume_times, last_failed_at=hop.last_failed_at, tier=tier, due_at=due_at,
+            dlq_reason=dlq_reason, exception_type=described.exception_type,
+            exception_message=described.exception_message, exception_trace=described.exception_trace,
+        )  # fmt: skip
     return RetryHeaders(
-        reconsume_times=1,
+        reconsume_times=hop.reconsume_times,
         origin_message_id=origin_message_id(ctx, record),
         original_topic=record.topic,
         original_partition=record.partition,
         original_offset=record.offset,
         original_timestamp=max(-1, record.timestamp_ms),
         consumer_group=ctx.group,
-        tier=None,
-        due_at=None,
-        first_failed_at=now_ms,
-        last_failed_at=now_ms,
+        tier=tier,
+        due_at=due_at,
+        dlq_reason=dlq_reason,
+        first_failed_at=hop.first_failed_at,
+        last_failed_at=hop.last_failed_at,
         lineage=decode_lineage(record.headers),
-        exception_type=described.exception_type,
-        exception_message=described.exception_message,
-        exception_trace=described.exception_trace,
-    )
-
-
-def _next(ctx: RouteContext, previous: RetryHeaders, now_ms: int, failure: BaseException) -> RetryHeaders:
-    """The state after one more failure; origin and original coordinates are copied, never recomputed."""
-    described = _describe(failure, ctx.redact)
-    return previous.evolve(
-        reconsume_times=previous.reconsume_times + 1,
-        last_failed_at=max(now_ms, previous.last_failed_at),  # a clock step back never moves time backwards
-        tier=None,
-        due_at=None,
-        dlq_reason=None,
         exception_type=described.exception_type,
         exception_message=described.exception_message,
         exception_trace=described.exception_trace,
@@ -381,8 +392,11 @@ def too_large_reference(topic: str, partition: int, offset: int, value: bytes | 
     return json.dumps(ref, separators=(",", ":")).encode()
 
 
-def _dead_letter(ctx: RouteContext, record: InboundRecord, state: RetryHeaders, reason: DlqReason) -> Route:
-    retry = state.evolve(tier=None, due_at=None, dlq_reason=reason)
+def _dead_letter(
+    ctx: RouteContext, record: InboundRecord, previous: RetryHeaders | None, hop: _Hop, failure: BaseException,
+    reason: DlqReason,
+) -> Route:  # fmt: skip
+    retry = _state(ctx, record, previous, hop, failure, tier=None, due_at=None, dlq_reason=reason)
     return _make_route(ctx, RouteKind.DLQ, ctx.topics.dlq, retry, record)
 
 
