@@ -118,10 +118,17 @@ class OffsetTracker:
         part = self._partitions.get(tp)
         if not offsets:
             return 0
-        if part is None or part.in_flight or (part.position is not None and offsets[0] < part.position):
+        if part is None or (part.position is not None and offsets[0] < part.position):
             return sum(self.finish_at_once(tp, offset) for offset in offsets)
         if part.first is None:
             part.first = offsets[0]
+        if part.in_flight:  # they wait behind an earlier record's hand-off: queued as finished, en bloc
+            if offsets[0] <= part.in_flight[-1]:
+                raise ValueError(f"{tp}: offset {offsets[0]} tracked after {part.in_flight[-1]}; offsets must increase")
+            part.in_flight.extend(offsets)
+            part.members.update(offsets)
+            part.finished.update(offsets)
+            return len(offsets)
         part.position = offsets[-1] + 1
         return len(offsets)
 

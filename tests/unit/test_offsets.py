@@ -175,7 +175,8 @@ def test_finishing_a_run_equals_finishing_each_at_once(runs: list[tuple[int, boo
             offset += 1
         # then
         assert bulk.commit_positions() == each.commit_positions()
-    for o in pending:
-        bulk.finish(TP, o, epoch_bulk)
-        each.finish(TP, o, epoch_each)
+    # and: the hand-offs acknowledged in any order (here the last first) move both alike
+    for o in reversed(pending):
+        assert bulk.finish(TP, o, epoch_bulk) == each.finish(TP, o, epoch_each) is True
+        assert bulk.positions() == each.positions() and bulk.in_flight(TP) == each.in_flight(TP)
     assert bulk.commit_positions() == each.commit_positions() == {TP: offset}
