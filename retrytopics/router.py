@@ -34,7 +34,7 @@ from retrytopics.headers import (
 from retrytopics.naming import NamingStrategy, TierTopic, TopicSet
 from retrytopics.policy import RetryPolicy
 from retrytopics.signing import SIGNATURE, HeaderKeys, sign, verify
-from retrytopics.traces import failure_key, format_trace
+from retrytopics.traces import format_links, format_trace, keyed_chain
 
 __all__ = [
     "InboundRecord", "Route", "RouteContext", "RouteKind", "Unread", "described_failure", "longest_wait_ms",
@@ -328,17 +328,18 @@ class _Described(NamedTuple):
 
 def _describe(failure: BaseException, redact: Callable[[str], str]) -> _Described:
     """Write-only diagnostics: type, redacted message and trace, truncated to their header budgets. Cached
-    per failure site and message (`traces.failure_key`): when many records fail alike, as in an outage,
+    per failure site and message (`traces.keyed_chain`): when many records fail alike, as in an outage,
     each is described in a dictionary lookup."""
     failure = described_failure(failure)
-    key = failure_key(failure)
-    if key is None:
+    keyed = keyed_chain(failure)
+    if keyed is None:
         return _describe_now(failure, redact)
+    key, links = keyed
     site = (key, redact)
     with _described_lock:
         described = _described.get(site)
-    if described is None:
-        described = _describe_now(failure, redact)
+    if described is None:  # a new site or message (often: messages that name the record): from the links
+        described = _described_as(type(failure), links[-1].text, format_links(links, redact=redact), redact)
         with _described_lock:
             if len(_described) >= _DESCRIBED_CACHE_SIZE:
                 del _described[next(iter(_described))]  # the oldest: a plain dict keeps insertion order
@@ -353,6 +354,10 @@ def _describe_now(failure: BaseException, redact: Callable[[str], str]) -> _Desc
         trace = format_trace(failure, redact=redact)
     except Exception:  # noqa: BLE001 - a broken __str__ must not stop the record from moving on
         message, trace = f"<unprintable {cls.__name__}>", ""
+    return _described_as(cls, message, trace, redact)
+
+
+def _described_as(cls: type[BaseException], message: str, trace: str, redact: Callable[[str], str]) -> _Described:
     return _Described(
         exception_type=truncate_utf8(f"{cls.__module__}.{cls.__qualname__}", TYPE_LIMIT_BYTES),
         exception_message=truncate_utf8(redact(message), MESSAGE_LIMIT_BYTES),

@@ -14,9 +14,10 @@ import threading
 import traceback
 from collections import OrderedDict
 from collections.abc import Callable
-from types import CodeType
+from types import CodeType, FrameType
+from typing import NamedTuple
 
-__all__ = ["failure_key", "format_trace"]
+__all__ = ["Link", "format_links", "format_trace", "keyed_chain"]
 
 _CHAIN_LIMIT = 32
 _SITE_CACHE_SIZE = 512
@@ -51,7 +52,15 @@ def _stack_text(exc: BaseException, redact: Callable[[str], str]) -> str:
     if exc.__traceback__ is None:
         return ""
     frames = list(traceback.walk_tb(exc.__traceback__))
-    site: _Site = (type(exc), tuple((frame.f_code, lineno) for frame, lineno in frames), redact)
+    return _site_text(type(exc), tuple((frame.f_code, lineno) for frame, lineno in frames), frames, redact)
+
+
+def _site_text(cls: type[BaseException], where: tuple[tuple[CodeType, int], ...], frames: list[tuple[FrameType, int]],
+               redact: Callable[[str], str]) -> str:  # fmt: skip
+    """The stack text of `frames` (whose (code, line) are `where`), formatted once per failure site."""
+    if not frames:
+        return ""
+    site: _Site = (cls, where, redact)
     with _sites_lock:
         cached = _sites.get(site)
         if cached is not None:
@@ -72,22 +81,38 @@ def _exception_text(exc: BaseException) -> str:
     cls = type(exc)
     if issubclass(cls, SyntaxError) or getattr(exc, "__notes__", None) is not None:
         return "".join(traceback.format_exception_only(cls, exc))
-    name, module = cls.__qualname__, cls.__module__
-    if module not in ("__main__", "builtins"):
-        name = f"{module if isinstance(module, str) else '<unknown>'}.{name}"
     try:
         text = str(exc)
     except Exception:  # noqa: BLE001 - traceback prints the same placeholder
         text = "<exception str() failed>"
+    return _exception_line(cls, text)
+
+
+def _exception_line(cls: type[BaseException], text: str) -> str:
+    name, module = cls.__qualname__, cls.__module__
+    if module not in ("__main__", "builtins"):
+        name = f"{module if isinstance(module, str) else '<unknown>'}.{name}"
     return f"{name}: {text}\n" if text else f"{name}\n"
 
 
-def failure_key(failure: BaseException) -> tuple[object, ...] | None:
-    """What `format_trace` and the exception's text depend on, hashable: per link of the chain its type,
-    text, stack site and separator. Records that fail at one place with one message share a key, so their
-    whole description can be cached. None when the text cannot be keyed this way (a SyntaxError prints its
-    own attributes, notes are mutable, a broken `__str__`): those are described each time."""
+class Link(NamedTuple):
+    """One exception of a failure's chain, read once: its text and where it was raised."""
+
+    exc: BaseException
+    separator: str  # printed after it (see `_chain`)
+    text: str  # str(exc)
+    where: tuple[tuple[CodeType, int], ...]  # (code, line) of each frame: with the type, the failure site
+    frames: list[tuple[FrameType, int]]
+
+
+def keyed_chain(failure: BaseException) -> tuple[tuple[object, ...], list[Link]] | None:
+    """The chain of `failure` (oldest first), each link's text and stack read once, and its key: per link
+    its type, text, site and separator, what the description depends on (records that fail at one place
+    with one message share a key, so their description can be cached). None when the text cannot be keyed
+    this way (a SyntaxError prints its own attributes, notes are mutable, a broken `__str__`): such failures
+    are described each time, by `format_trace`."""
     key: list[object] = []
+    links: list[Link] = []
     for exc, separator in _chain(failure):
         if isinstance(exc, SyntaxError) or getattr(exc, "__notes__", None) is not None:
             return None
@@ -96,9 +121,24 @@ def failure_key(failure: BaseException) -> tuple[object, ...] | None:
         except Exception:  # noqa: BLE001 - described the slow way, which prints a placeholder
             return None
         tb = exc.__traceback__
-        site = () if tb is None else tuple((frame.f_code, lineno) for frame, lineno in traceback.walk_tb(tb))
-        key += (type(exc), text, site, separator)
-    return tuple(key)
+        frames = [] if tb is None else list(traceback.walk_tb(tb))
+        where = tuple((frame.f_code, lineno) for frame, lineno in frames)
+        key += (type(exc), text, where, separator)
+        links.append(_new_link(Link, (exc, separator, text, where, frames)))  # (NamedTuple.__new__ is Python code)
+    return tuple(key), links
+
+
+_new_link = tuple.__new__
+
+
+def format_links(links: list[Link], *, redact: Callable[[str], str] = lambda text: text) -> str:
+    """`format_trace` of a keyed chain, from what `keyed_chain` read (nothing is read twice)."""
+    parts: list[str] = []
+    for link in links:
+        parts.append(_site_text(type(link.exc), link.where, link.frames, redact))
+        parts.append(redact(_exception_line(type(link.exc), link.text)))
+        parts.append(link.separator)
+    return "".join(parts)
 
 
 def format_trace(failure: BaseException, *, redact: Callable[[str], str] = lambda text: text) -> str:

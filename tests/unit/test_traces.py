@@ -4,6 +4,7 @@ without carets, and redacted; the cached stack never leaks one record's message 
 from __future__ import annotations
 
 import traceback
+from collections.abc import Callable
 
 import pytest
 
@@ -86,6 +87,16 @@ def test_the_exception_line_is_tracebacks_own(exc: BaseException) -> None:
     assert _exception_text(exc) == "".join(traceback.format_exception_only(type(exc), exc))
 
 
+def _in_except() -> BaseException:
+    try:
+        try:
+            raise KeyError("inner")
+        except KeyError:
+            raise ValueError("outer, during handling")  # noqa: B904 - the implicit context is the point
+    except ValueError as exc:
+        return exc
+
+
 def _raised(exc: BaseException) -> BaseException:
     try:
         raise exc
@@ -96,7 +107,7 @@ def _raised(exc: BaseException) -> BaseException:
 @pytest.mark.parametrize(
     "exc",
     [ValueError("bad"), RuntimeError("two\nlines"), _with_note(), SyntaxError("bad syntax", ("f.py", 1, 2, "x y")),
-     _Unprintable(), ExceptionGroup("g", [ValueError()])],  # fmt: skip
+     _Unprintable(), ExceptionGroup("g", [ValueError()]), _fail("order 3 timed out"), _in_except()],  # fmt: skip
 )
 def test_the_description_cache_answers_what_describing_anew_would(exc: BaseException) -> None:
     from retrytopics.router import _describe, _describe_now
@@ -107,14 +118,33 @@ def test_the_description_cache_answers_what_describing_anew_would(exc: BaseExcep
     assert _describe(failure, redact) == fresh  # the second time from the cache, where the key allows one
 
 
-def test_records_failing_alike_share_a_key_and_others_do_not() -> None:
-    from retrytopics.traces import failure_key
+def _key(failure: BaseException) -> tuple[object, ...] | None:
+    from retrytopics.traces import keyed_chain
 
-    assert failure_key(_fail("order 1 timed out")) == failure_key(_fail("order 1 timed out"))
-    assert failure_key(_fail("order 1 timed out")) != failure_key(_fail("order 2 timed out"))
-    assert failure_key(_raised(ValueError("x"))) != failure_key(_raised(KeyError("x")))
+    keyed = keyed_chain(failure)
+    return None if keyed is None else keyed[0]
+
+
+def test_records_failing_alike_share_a_key_and_others_do_not() -> None:
+    assert _key(_fail("order 1 timed out")) == _key(_fail("order 1 timed out"))
+    assert _key(_fail("order 1 timed out")) != _key(_fail("order 2 timed out"))
+    assert _key(_raised(ValueError("x"))) != _key(_raised(KeyError("x")))
     # what the text cannot be keyed on is described each time
-    assert failure_key(_raised(_with_note())) is None and failure_key(_raised(_Unprintable())) is None
+    assert _key(_raised(_with_note())) is None and _key(_raised(_Unprintable())) is None
+
+
+@pytest.mark.parametrize("make", [lambda: _fail("order 7 timed out"), _in_except, lambda: _raised(ValueError("v")),
+                                  lambda: ValueError("never raised")])  # fmt: skip
+def test_a_keyed_chain_formats_exactly_as_the_failure_does(make: Callable[[], BaseException]) -> None:
+    # the description of a new site or message is built from what keyed_chain read, not read again
+    from retrytopics.traces import format_links, keyed_chain
+
+    failure = make()
+    keyed = keyed_chain(failure)
+    assert keyed is not None
+    links = keyed[1]
+    assert format_links(links) == format_trace(failure)
+    assert format_links(links, redact=redact) == format_trace(failure, redact=redact)
 
 
 def test_the_cache_keeps_each_records_message_and_each_apps_redaction() -> None:
