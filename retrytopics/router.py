@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum, StrEnum
-from typing import Final, Literal, NamedTuple
+from typing import Final, Literal, NamedTuple, Protocol
 
 from retrytopics.backoff import jittered_delay_ms, schedule_delay_ms, tier_for_hint
 from retrytopics.classify import MAX_CHAIN, Classification, Verdict, classify
@@ -37,7 +37,7 @@ from retrytopics.signing import SIGNATURE, HeaderKeys, sign, verify
 from retrytopics.traces import format_links, format_trace, keyed_chain
 
 __all__ = [
-    "InboundRecord", "Route", "RouteContext", "RouteKind", "Unread", "described_failure", "longest_wait_ms",
+    "Consumed", "InboundRecord", "Route", "RouteContext", "RouteKind", "Unread", "described_failure", "longest_wait_ms",
     "origin_message_id", "read_retry_state", "route", "too_large_reference", "too_large_route",
 ]  # fmt: skip
 
@@ -58,6 +58,26 @@ class InboundRecord:
     key: bytes | None
     headers: tuple[Header, ...]
     value: bytes | None = None
+
+
+class Consumed(Protocol):
+    """What the router reads of a consumed record: an :class:`InboundRecord`, or any record with these
+    fields (the runtime passes its `ports.Message` as it is, without a copy per record)."""
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def timestamp_ms(self) -> int: ...
+    @property
+    def key(self) -> bytes | None: ...
+    @property
+    def headers(self) -> tuple[Header, ...]: ...
+    @property
+    def value(self) -> bytes | None: ...
 
 
 class RouteKind(StrEnum):
@@ -123,7 +143,7 @@ class RouteContext:
             raise ConfigError("clock_skew_ms", self.clock_skew_ms, "expected an int >= 0")
 
 
-def read_retry_state(ctx: RouteContext, record: InboundRecord, *, now_ms: int) -> RetryHeaders | None:
+def read_retry_state(ctx: RouteContext, record: Consumed, *, now_ms: int) -> RetryHeaders | None:
     """The retry state a record carries: None on the source topic (incoming ``retry.*`` headers never steer
     there); on a tier topic, the decoded headers, checked against this topic and clock.
 
@@ -185,7 +205,7 @@ class Unread(Enum):
 
 
 def route(
-    ctx: RouteContext, record: InboundRecord, failure: BaseException, *, now_ms: int, rng: random.Random,
+    ctx: RouteContext, record: Consumed, failure: BaseException, *, now_ms: int, rng: random.Random,
     previous: RetryHeaders | None | Literal[Unread.STATE] = Unread.STATE,
 ) -> Route:  # fmt: skip
     """Decide the next destination of ``record`` after ``failure`` at ``now_ms`` (see the module docstring).
@@ -219,7 +239,7 @@ def route(
     return _make_route(ctx, RouteKind.TIER, tier.topic, retry, record)
 
 
-def _invalid(ctx: RouteContext, record: InboundRecord, now_ms: int, bad: HeaderDecodeError) -> Route:
+def _invalid(ctx: RouteContext, record: Consumed, now_ms: int, bad: HeaderDecodeError) -> Route:
     """Dead-letter a record whose retry headers cannot be trusted: its state restarts from its own
     coordinates on this topic, and the exception headers say which header was wrong and why."""
     return _dead_letter(ctx, record, None, _hop(None, now_ms), bad, DlqReason.INVALID_RETRY_HEADERS)
@@ -256,7 +276,7 @@ def _next_due(ctx: RouteContext, verdict: Classification, hop: _Hop, rng: random
 
 
 def _state(
-    ctx: RouteContext, record: InboundRecord, previous: RetryHeaders | None, hop: _Hop, failure: BaseException, *,
+    ctx: RouteContext, record: Consumed, previous: RetryHeaders | None, hop: _Hop, failure: BaseException, *,
     tier: int | None, due_at: int | None, dlq_reason: DlqReason | None,
 ) -> RetryHeaders:  # fmt: skip
     """The state a record is published with after `failure`. A first failure starts from the record's own
@@ -289,7 +309,7 @@ def _state(
     )
 
 
-def origin_message_id(ctx: RouteContext, record: InboundRecord) -> str:
+def origin_message_id(ctx: RouteContext, record: Consumed) -> str:
     """The id a source record keeps through every retry: the ``id_header`` value when there is exactly one,
     non-empty, at most 512 bytes and UTF-8; else ``<topic>-<partition>-<offset>`` (always unique)."""
     if ctx.id_header is not None:
@@ -398,7 +418,7 @@ def too_large_reference(topic: str, partition: int, offset: int, value: bytes | 
 
 
 def _dead_letter(
-    ctx: RouteContext, record: InboundRecord, previous: RetryHeaders | None, hop: _Hop, failure: BaseException,
+    ctx: RouteContext, record: Consumed, previous: RetryHeaders | None, hop: _Hop, failure: BaseException,
     reason: DlqReason,
 ) -> Route:  # fmt: skip
     retry = _state(ctx, record, previous, hop, failure, tier=None, due_at=None, dlq_reason=reason)
@@ -411,7 +431,7 @@ def _signed(
     return headers if ctx.header_keys is None else sign(ctx.header_keys, topic, key, value, headers)
 
 
-def _make_route(ctx: RouteContext, kind: RouteKind, topic: str, retry: RetryHeaders, record: InboundRecord) -> Route:
+def _make_route(ctx: RouteContext, kind: RouteKind, topic: str, retry: RetryHeaders, record: Consumed) -> Route:
     dlq = kind is RouteKind.DLQ
     headers = _signed(ctx, topic, record.key, record.value, (*user_headers(record.headers), *encode(retry)))
     return Route(

@@ -20,9 +20,9 @@ from retrytopics.headers import RetryHeaders, user_headers
 from retrytopics.policy import RetryPolicy
 from retrytopics.ports import Message
 from retrytopics.record import Record
-from retrytopics.router import InboundRecord, RouteContext, origin_message_id
+from retrytopics.router import RouteContext, origin_message_id
 
-__all__ = ["Binding", "Invoker", "build_record", "inbound"]
+__all__ = ["Binding", "Invoker", "build_record"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,13 +42,6 @@ class Binding:
         return getattr(self.handler, "__qualname__", repr(self.handler))
 
 
-def inbound(msg: Message) -> InboundRecord:
-    return InboundRecord(
-        topic=msg.topic, partition=msg.partition, offset=msg.offset,
-        timestamp_ms=msg.timestamp_ms, key=msg.key, headers=msg.headers, value=msg.value,
-    )  # fmt: skip
-
-
 def build_record(binding: Binding, msg: Message, state: RetryHeaders | None) -> tuple[Record[Any], PoisonRecordError | None]:
     """The handler's Record; on a decode failure, a Record with `value=None` and the poison error."""
     value: Any = msg.value
@@ -65,10 +58,10 @@ def build_record(binding: Binding, msg: Message, state: RetryHeaders | None) -> 
         poison = PoisonRecordError(msg.topic, msg.partition, msg.offset, msg.value, msg.header_error)
     if state is not None:
         origin = state.origin_message_id
-    elif binding.ctx.id_header is None:  # the common case, without building an InboundRecord per record
+    elif binding.ctx.id_header is None:  # the common case, without a call per record
         origin = f"{msg.topic}-{msg.partition}-{msg.offset}"
     else:
-        origin = origin_message_id(binding.ctx, inbound(msg))
+        origin = origin_message_id(binding.ctx, msg)
     headers = tuple(user_headers(msg.headers)) if msg.headers else ()
     # in field order, through tuple.__new__ (the NamedTuple's own __new__ is a Python call): once per record
     record: Record[Any] = _new_record(Record, (msg.topic, msg.partition, msg.offset, msg.timestamp_ms, msg.key, value,

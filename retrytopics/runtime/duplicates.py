@@ -21,7 +21,7 @@ from retrytopics.offsets import TopicPartition
 from retrytopics.ports import Message
 from retrytopics.router import origin_message_id
 from retrytopics.runtime.batch_calls import BatchCaller
-from retrytopics.runtime.dispatch import Binding, inbound
+from retrytopics.runtime.dispatch import Binding
 from retrytopics.runtime.handoff import HandOff
 from retrytopics.runtime.seeding import TailReader, destinations, seed
 
@@ -84,7 +84,7 @@ class DuplicateSuppressor:
         log.info("%s: duplicate suppressed: %s[%d]@%d was handed off already (found downstream at assignment)",
                  self._name, msg.topic, msg.partition, msg.offset)  # fmt: skip
         if state is None:
-            origin, attempt = origin_message_id(self._bindings[msg.topic].ctx, inbound(msg)), 0
+            origin, attempt = origin_message_id(self._bindings[msg.topic].ctx, msg), 0
         else:
             origin, attempt = state.origin_message_id, state.reconsume_times
         self._emit(Event.DUPLICATE_SUPPRESSED, topic=msg.topic, partition=msg.partition, offset=msg.offset,

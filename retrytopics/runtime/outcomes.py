@@ -17,7 +17,7 @@ from retrytopics.offsets import TopicPartition
 from retrytopics.ports import Message
 from retrytopics.router import described_failure, route
 from retrytopics.runtime.batching import Deferred
-from retrytopics.runtime.dispatch import Binding, inbound
+from retrytopics.runtime.dispatch import Binding
 from retrytopics.runtime.handoff import HandOff
 from retrytopics.runtime.publish import PublishJob, too_large_fallback
 from retrytopics.runtime.tally import HandledTally
@@ -104,7 +104,7 @@ class Outcomes:
         self, binding: Binding, msg: Message, epoch: int, record: Any, state: RetryHeaders | None, failure: BaseException,
     ) -> None:  # fmt: skip
         # the state read when the record arrived (unreadable headers: None, and the failure says why)
-        decision = route(binding.ctx, inbound(msg), failure, now_ms=self._now_ms(), rng=self._rng, previous=state)
+        decision = route(binding.ctx, msg, failure, now_ms=self._now_ms(), rng=self._rng, previous=state)
         job = PublishJob(
             route=decision, key=msg.key, value=msg.value, source=msg.tp, offset=msg.offset, context=record,
             shrink=too_large_fallback(binding.ctx),

@@ -20,7 +20,7 @@ from retrytopics.ports import Message
 from retrytopics.router import longest_wait_ms, read_retry_state
 from retrytopics.runtime.batch_calls import BatchCaller
 from retrytopics.runtime.batching import Deferred
-from retrytopics.runtime.dispatch import Binding, Invoker, build_record, inbound
+from retrytopics.runtime.dispatch import Binding, Invoker, build_record
 from retrytopics.runtime.duplicates import DuplicateSuppressor
 from retrytopics.runtime.guard import OwnershipGuard
 from retrytopics.runtime.outcomes import Outcomes
@@ -138,7 +138,7 @@ class RecordProcessor:
         state: RetryHeaders | None = None
         bad: HeaderDecodeError | None = None
         try:
-            state = read_retry_state(binding.ctx, inbound(msg), now_ms=self._now_ms())
+            state = read_retry_state(binding.ctx, msg, now_ms=self._now_ms())
         except HeaderDecodeError as exc:
             bad = exc
         self.process(msg, state, bad, queued=False)

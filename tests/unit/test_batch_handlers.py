@@ -27,7 +27,7 @@ from retrytopics.ports import Message
 from retrytopics.record import Record
 from retrytopics.router import RouteContext, route
 from retrytopics.runtime import loop as loop_module
-from retrytopics.runtime.dispatch import Binding, inbound
+from retrytopics.runtime.dispatch import Binding
 from retrytopics.runtime.seeding import TailReader
 from retrytopics.runtime.loop import ConsumerLoop, LoopSettings
 
@@ -155,7 +155,7 @@ def test_a_record_handed_off_by_a_previous_owner_is_not_passed_to_the_handler_ag
 ) -> None:
     # setup: a previous owner handled record 1, handed it off to the tier and died before committing it
     polled = [source(0, 0, b'"a"'), source(0, 1, b'"b"'), source(0, 2, b'"c"')]
-    hop = route(CTX, inbound(polled[1]), RuntimeError("failed before"), now_ms=1, rng=random.Random(0))
+    hop = route(CTX, polled[1], RuntimeError("failed before"), now_ms=1, rng=random.Random(0))
     downstream = Message(hop.topic, 0, 0, 1, None, polled[1].value, tuple(hop.headers))
     calls: list[list[int]] = []
 
@@ -173,7 +173,7 @@ def test_after_a_seek_back_a_stale_copy_is_skipped_on_the_ordinary_path_too(monk
     # setup: a previous owner handed record 3 off; the first call outlives the poll interval, so the
     # partition is sought back to 0, and the next poll starts with a stale copy of record 2 fetched before it
     clock = Clock()
-    hop = route(CTX, inbound(source(0, 3, b'"d"')), RuntimeError("failed before"), now_ms=1, rng=random.Random(0))
+    hop = route(CTX, source(0, 3, b'"d"'), RuntimeError("failed before"), now_ms=1, rng=random.Random(0))
     downstream = Message(hop.topic, 0, 0, 1, None, b'"d"', tuple(hop.headers))
     calls: list[list[int]] = []
 
