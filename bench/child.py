@@ -1,7 +1,8 @@
 """Entry point of a measured child process: ``python -m bench.child <role> '<json args>'``.
 
 The role's prefix picks its module: `raw_*` (hand-written confluent-kafka baselines) in `bench.raw`,
-`app_*` (the runtime under test) in `bench.runtime`, `spark_*` in `bench.sparkjobs`. Only the chosen module
+`app_*` (the runtime under test) in `bench.runtime`, `spark_*` in `bench.sparkjobs`, `floor_*` (the least
+a Python program must do per record) in `bench.floor`. Only the chosen module
 is imported, so the child's memory holds nothing the role does not use.
 """
 
@@ -17,7 +18,7 @@ from typing import Any
 
 from bench.measure import emit
 
-_MODULES = {"raw": "bench.raw", "app": "bench.runtime", "spark": "bench.sparkjobs"}
+_MODULES = {"raw": "bench.raw", "app": "bench.runtime", "spark": "bench.sparkjobs", "floor": "bench.floor"}
 
 
 def main(argv: list[str]) -> int:
