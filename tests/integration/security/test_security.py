@@ -117,20 +117,31 @@ def test_a_wrong_password_or_ca_fails_at_start_up_with_a_clear_error_and_no_secr
     # when: the app's first contact with the cluster
     with pytest.raises(KafkaClientError) as failure:
         app.provision(timeout="3s")
+    # the client's error callback logs why once librdkafka has reported it, which may come a moment after
+    # the request failed: polled (last_client_error serves it) until it has, within a deadline
+    expected = ("refused the credentials", "kafka.sasl_password") if wrong == "password" else (
+        "certificate verify failed", "kafka.ssl_ca_location")  # fmt: skip
+
+    def warnings() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == "retrytopics.kafka"]
+
+    def warned() -> bool:
+        last_client_error()
+        return any(all(part in w for part in expected) for w in warnings())
+
+    wait_until(warned, 10, "the client's error callback to log why the connection failed")
     message, hint = str(failure.value), connection_hint(failure.value.code, last_client_error())
     del failure
     gc.collect()  # the failed admin client goes, so that no later test reads its background error
 
     # then: the error says why, the CLI's hint and the log what to check; no password or key password anywhere
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == "retrytopics.kafka"]
     if wrong == "password":
         assert "Authentication failed" in message and "SCRAM-SHA-512" in message
         assert hint is not None and "kafka.sasl_password" in hint
-        assert [w for w in warnings if "refused the credentials" in w and "kafka.sasl_password" in w]
     else:
         assert "certificate verify failed" in message
         assert hint is not None and "kafka.ssl_ca_location" in hint
-        assert [w for w in warnings if "certificate verify failed" in w and "kafka.ssl_ca_location" in w]
+    assert [w for w in warnings() if all(part in w for part in expected)]
     assert [r for r in caplog.records if r.name == "retrytopics.librdkafka"], "librdkafka's debug lines were checked too"
     _assert_no_secret(secured, caplog, message, hint, also=tuple(fields.values()) if wrong == "password" else ())
 
