@@ -229,6 +229,9 @@ the `spark` extra, and Spark's own Kafka connector in the cache for its `builtin
   as a percentage of one core.
 - Growth rows: the baseline is the smallest N's figure scaled linearly (wall time) or unchanged (RSS), so a
   ratio near 1 means linear time and flat memory.
+- Floor rows (`9.floor`, bench/floor.py): a hand-written program doing only the least the contract requires
+  per record, against the same raw baseline as the target it bounds. A ratio target above its floor's ratio
+  cannot be met by any Python runtime on the machine.
 - The broker is a single local process (a JVM for Apache Kafka) sharing the 2 cores with the client under
   test; absolute throughputs are therefore lower than on a real cluster, and both sides of each ratio pay
   the same cost.
