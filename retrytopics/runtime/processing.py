@@ -106,8 +106,8 @@ class RecordProcessor:
                     except Exception as exc:  # noqa: BLE001 - every handler failure is routed; BaseException stops the app
                         failure = exc
                     if clock() > sure_until:  # a long call: asked with what is finished (runtime/ownership.py)
-                        self._run_succeeded(tp, msgs, done, returned)
-                        done = returned
+                        start, done = done, returned  # (moved first: the `finally` never finishes them twice)
+                        self._run_succeeded(tp, msgs, start, returned)
                         if guard.lost_ownership(msg):
                             self._pauses.restart_at(tp, msg.offset)
                             return
@@ -116,8 +116,8 @@ class RecordProcessor:
                         continue
                     if guard.stopping(msg, failure):
                         return
-                self._run_succeeded(tp, msgs, done, returned)
-                done = returned = i + 1
+                start, done, returned = done, i + 1, i + 1
+                self._run_succeeded(tp, msgs, start, i)
                 settle(binding, msg, None, record, None, failure)
         finally:
             self._run_succeeded(tp, msgs, done, returned)
