@@ -18,26 +18,24 @@ import dataclasses
 import json
 import math
 import random
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum, StrEnum
 from typing import Final, Literal, NamedTuple, Protocol
 
 from retrytopics.backoff import jittered_delay_ms, schedule_delay_ms, tier_for_hint
-from retrytopics.classify import MAX_CHAIN, Classification, Verdict, classify
-from retrytopics.errors import ConfigError, HeaderDecodeError, NonRetryable, Retry
+from retrytopics.classify import Classification, Verdict, classify
+from retrytopics.diagnostics import describe
+from retrytopics.errors import ConfigError, HeaderDecodeError
 from retrytopics.headers import (
-    MESSAGE_LIMIT_BYTES, TRACE_LIMIT_BYTES, TYPE_LIMIT_BYTES, DlqReason, Header, RetryHeaders,
-    decode, decode_lineage, encode, redact, truncate_utf8, user_headers,
+    DlqReason, Header, RetryHeaders, decode, decode_lineage, encode, redact, user_headers,
 )  # fmt: skip
 from retrytopics.naming import NamingStrategy, TierTopic, TopicSet
 from retrytopics.policy import RetryPolicy
 from retrytopics.signing import SIGNATURE, HeaderKeys, sign, verify
-from retrytopics.traces import format_links, format_trace, keyed_chain
 
 __all__ = [
-    "Consumed", "InboundRecord", "Route", "RouteContext", "RouteKind", "Unread", "described_failure", "longest_wait_ms",
+    "Consumed", "InboundRecord", "Route", "RouteContext", "RouteKind", "Unread", "longest_wait_ms",
     "origin_message_id", "read_retry_state", "route", "too_large_reference", "too_large_route",
 ]  # fmt: skip
 
@@ -282,7 +280,7 @@ def _state(
     """The state a record is published with after `failure`. A first failure starts from the record's own
     coordinates (incoming ``retry.*`` headers are ignored); a later one copies origin and original
     coordinates from `previous`, never recomputing them."""
-    described = _describe(failure, ctx.redact)
+    described = describe(failure, ctx.redact)
     if previous is not None:
         return previous.evolve(
             reconsume_times=hop.reconsume_times, last_failed_at=hop.last_failed_at, tier=tier, due_at=due_at,
@@ -320,74 +318,6 @@ def origin_message_id(ctx: RouteContext, record: Consumed) -> str:
             except UnicodeDecodeError:
                 pass  # an undecodable id falls back to the coordinates, which are always unique
     return f"{record.topic}-{record.partition}-{record.offset}"
-
-
-def described_failure(failure: BaseException) -> BaseException:
-    """The exception the diagnostics describe: the signals `NonRetryable(cause)` and `Retry(...)` raised
-    `from exc` (or inside an `except`) are wrappers, so the real failure is their cause. A `Retry` with no
-    cause describes itself. Bounded: a chain of wrappers is unwrapped at most `MAX_CHAIN` times."""
-    for _ in range(MAX_CHAIN):
-        if isinstance(failure, NonRetryable) and isinstance(failure.cause, BaseException):
-            inner: BaseException | None = failure.cause
-        elif isinstance(failure, Retry):
-            # `raise Retry(after=...) from None` asks for no cause, so none is shown
-            inner = failure.__cause__ or (None if failure.__suppress_context__ else failure.__context__)
-        else:
-            inner = None
-        if inner is None or inner is failure:
-            return failure
-        failure = inner
-    return failure
-
-
-class _Described(NamedTuple):
-    exception_type: str
-    exception_message: str
-    exception_trace: str
-
-
-def _describe(failure: BaseException, redact: Callable[[str], str]) -> _Described:
-    """Write-only diagnostics: type, redacted message and trace, truncated to their header budgets. Cached
-    per failure site and message (`traces.keyed_chain`): when many records fail alike, as in an outage,
-    each is described in a dictionary lookup."""
-    failure = described_failure(failure)
-    keyed = keyed_chain(failure)
-    if keyed is None:
-        return _describe_now(failure, redact)
-    key, links = keyed
-    site = (key, redact)
-    with _described_lock:
-        described = _described.get(site)
-    if described is None:  # a new site or message (often: messages that name the record): from the links
-        described = _described_as(type(failure), links[-1].text, format_links(links, redact=redact), redact)
-        with _described_lock:
-            if len(_described) >= _DESCRIBED_CACHE_SIZE:
-                del _described[next(iter(_described))]  # the oldest: a plain dict keeps insertion order
-            _described[site] = described
-    return described
-
-
-def _describe_now(failure: BaseException, redact: Callable[[str], str]) -> _Described:
-    cls = type(failure)
-    try:
-        message = str(failure)
-        trace = format_trace(failure, redact=redact)
-    except Exception:  # noqa: BLE001 - a broken __str__ must not stop the record from moving on
-        message, trace = f"<unprintable {cls.__name__}>", ""
-    return _described_as(cls, message, trace, redact)
-
-
-def _described_as(cls: type[BaseException], message: str, trace: str, redact: Callable[[str], str]) -> _Described:
-    return _Described(
-        exception_type=truncate_utf8(f"{cls.__module__}.{cls.__qualname__}", TYPE_LIMIT_BYTES),
-        exception_message=truncate_utf8(redact(message), MESSAGE_LIMIT_BYTES),
-        exception_trace=truncate_utf8(trace, TRACE_LIMIT_BYTES, keep="tail"),
-    )
-
-
-_DESCRIBED_CACHE_SIZE = 1024
-_described: dict[tuple[object, Callable[[str], str]], _Described] = {}
-_described_lock = threading.Lock()
 
 
 def too_large_route(

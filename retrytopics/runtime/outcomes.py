@@ -15,7 +15,8 @@ from retrytopics.events import Event
 from retrytopics.headers import RetryHeaders
 from retrytopics.offsets import TopicPartition
 from retrytopics.ports import Message
-from retrytopics.router import described_failure, route
+from retrytopics.diagnostics import described_failure
+from retrytopics.router import route
 from retrytopics.runtime.batching import Deferred
 from retrytopics.runtime.dispatch import Binding
 from retrytopics.runtime.handoff import HandOff

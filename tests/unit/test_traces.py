@@ -110,12 +110,12 @@ def _raised(exc: BaseException) -> BaseException:
      _Unprintable(), ExceptionGroup("g", [ValueError()]), _fail("order 3 timed out"), _in_except()],  # fmt: skip
 )
 def test_the_description_cache_answers_what_describing_anew_would(exc: BaseException) -> None:
-    from retrytopics.router import _describe, _describe_now
+    from retrytopics.diagnostics import describe, describe_now
 
     failure = _raised(exc)
-    fresh = _describe_now(failure, redact)
-    assert _describe(failure, redact) == fresh
-    assert _describe(failure, redact) == fresh  # the second time from the cache, where the key allows one
+    fresh = describe_now(failure, redact)
+    assert describe(failure, redact) == fresh
+    assert describe(failure, redact) == fresh  # the second time from the cache, where the key allows one
 
 
 def _key(failure: BaseException) -> tuple[object, ...] | None:
@@ -149,10 +149,10 @@ def test_a_keyed_chain_formats_exactly_as_the_failure_does(make: Callable[[], Ba
 
 def test_the_cache_keeps_each_records_message_and_each_apps_redaction() -> None:
     from retrytopics.redaction import Redactor
-    from retrytopics.router import _describe
+    from retrytopics.diagnostics import describe
 
-    first, second = _describe(_fail("order 1 timed out"), redact), _describe(_fail("order 2 timed out"), redact)
+    first, second = describe(_fail("order 1 timed out"), redact), describe(_fail("order 2 timed out"), redact)
     assert "order 1" in first.exception_trace and "order 2" in second.exception_trace
     cards = Redactor.with_patterns([r"order \d"])
-    assert "order 1" not in _describe(_fail("order 1 timed out"), cards).exception_trace
-    assert "order 1" in _describe(_fail("order 1 timed out"), redact).exception_trace
+    assert "order 1" not in describe(_fail("order 1 timed out"), cards).exception_trace
+    assert "order 1" in describe(_fail("order 1 timed out"), redact).exception_trace
