@@ -177,23 +177,25 @@ def _check_bounds(ctx: RouteContext, tier: TierTopic, h: RetryHeaders, now_ms: i
     longest = math.ceil(tier.delay_ms * (1 + policy.jitter))
     # Unlimited retries still stop one short of the header's int32 range, so that "+1" always encodes.
     bound = _MAX_RECONSUME_TIMES if policy.max_reconsume_times is None else policy.max_reconsume_times
-    checks: tuple[tuple[bool, str, object, str], ...] = (
-        (h.tier != tier.index, "retry.tier", h.tier, f"this record is on tier {tier.index} ({tier.topic})"),
-        (h.dlq_reason is not None, "retry.dlq_reason", h.dlq_reason, "a tier record carries no DLQ reason"),
-        (h.consumer_group != ctx.group, "retry.consumer_group", h.consumer_group, f"this is group {ctx.group!r}"),
-        (ctx.topics.strategy is not NamingStrategy.SHARED and h.original_topic != ctx.topics.source,
-         "retry.original_topic", h.original_topic, f"these tiers carry {ctx.topics.source!r} only"),
-        (h.reconsume_times > bound,
-         "retry.reconsume_times", h.reconsume_times, f"the policy allows at most {bound} retries"),
-        (h.last_failed_at > now_ms + skew, "retry.last_failed_at", h.last_failed_at, "in the future"),
-        (h.due_at is not None and h.due_at > now_ms + longest + skew,
-         "retry.due_at", h.due_at, f"later than now + this tier's delay ({longest} ms with jitter)"),
-        (h.due_at is not None and h.due_at > h.last_failed_at + longest,
-         "retry.due_at", h.due_at, f"more than this tier's delay ({longest} ms) after retry.last_failed_at"),
-    )
-    for failed, field, value, reason in checks:
-        if failed:
-            raise HeaderDecodeError(field, value, reason)
+    # each reason is written only when its check fails: every tier record is checked (a tier consumer's hot path)
+    if h.tier != tier.index:
+        raise HeaderDecodeError("retry.tier", h.tier, f"this record is on tier {tier.index} ({tier.topic})")
+    if h.dlq_reason is not None:
+        raise HeaderDecodeError("retry.dlq_reason", h.dlq_reason, "a tier record carries no DLQ reason")
+    if h.consumer_group != ctx.group:
+        raise HeaderDecodeError("retry.consumer_group", h.consumer_group, f"this is group {ctx.group!r}")
+    if ctx.topics.strategy is not NamingStrategy.SHARED and h.original_topic != ctx.topics.source:
+        raise HeaderDecodeError("retry.original_topic", h.original_topic, f"these tiers carry {ctx.topics.source!r} only")
+    if h.reconsume_times > bound:
+        raise HeaderDecodeError("retry.reconsume_times", h.reconsume_times, f"the policy allows at most {bound} retries")
+    if h.last_failed_at > now_ms + skew:
+        raise HeaderDecodeError("retry.last_failed_at", h.last_failed_at, "in the future")
+    if h.due_at is not None and h.due_at > now_ms + longest + skew:
+        raise HeaderDecodeError("retry.due_at", h.due_at, f"later than now + this tier's delay ({longest} ms with jitter)")
+    if h.due_at is not None and h.due_at > h.last_failed_at + longest:
+        raise HeaderDecodeError(
+            "retry.due_at", h.due_at, f"more than this tier's delay ({longest} ms) after retry.last_failed_at"
+        )
 
 
 class Unread(Enum):
