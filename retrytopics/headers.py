@@ -327,8 +327,8 @@ def decode(headers: Sequence[Header]) -> RetryHeaders:
     found = _collect(headers)
     # The version first, so that a record from a newer writer is reported as such, not as a missing field.
     _parse(_RETRY_SPECS[0], found.get(SCHEMA_VERSION))
-    values = {s.attr: _parse(s, found.get(s.header)) for s in _RETRY_SPECS}
-    lineage = {s.attr: _parse(s, found.get(s.header)) for s in _LINEAGE_SPECS}
+    values = {attr: parse(found.get(header)) for header, attr, parse in _RETRY_PARSERS}
+    lineage = {attr: parse(found.get(header)) for header, attr, parse in _LINEAGE_PARSERS}
     if lineage["replay_count"] is None:
         lineage["replay_count"] = 0
     # Every field was validated by _parse above; build without validating it a second time (decode is on
@@ -394,6 +394,49 @@ def _parse(spec: _Spec, raw: bytes | None) -> object:
     if reason is not None:
         raise HeaderDecodeError(spec.header, _excerpt(raw), reason)
     return value
+
+
+def _fast_parser(spec: _Spec) -> Callable[[bytes | None], object]:
+    """`_parse` for `spec`, with the common valid value read in a few comparisons: a tier consumer decodes
+    every record it reads. Anything else (and every error) takes `_parse`, so the outcome is the same."""
+    lo, hi, optional = spec.lo, spec.hi, spec.optional
+
+    def slow(raw: bytes | None) -> object:
+        return _parse(spec, raw)
+
+    if spec.kind == "int":
+
+        def parse(raw: bytes | None) -> object:
+            # ASCII digits, canonical (no leading zero), at most 19 of them: int() of it is exact and bounded
+            if raw is not None and raw.isdigit() and len(raw) < 20 and (raw[0] != 0x30 or len(raw) == 1):
+                value = int(raw)
+                if lo <= value <= hi:
+                    return value
+            return None if raw is None and optional else slow(raw)
+
+    elif spec.kind == "text":
+
+        def parse(raw: bytes | None) -> object:
+            if raw is not None and raw.isascii() and lo <= len(raw) <= hi:  # ASCII: its length is its UTF-8 size
+                return raw.decode("ascii")
+            return None if raw is None and optional else slow(raw)
+
+    else:  # topic and group names, DLQ reasons: a process sees few, each is checked once
+        known: dict[bytes, object] = {}
+
+        def parse(raw: bytes | None) -> object:
+            if raw is not None and raw in known:
+                return known[raw]
+            value = None if raw is None and optional else slow(raw)
+            if raw is not None and len(known) < _KNOWN_NAMES:
+                known[raw] = value
+            return value
+
+    return parse
+
+
+_RETRY_PARSERS: Final = tuple((s.header, s.attr, _fast_parser(s)) for s in _RETRY_SPECS)
+_LINEAGE_PARSERS: Final = tuple((s.header, s.attr, _fast_parser(s)) for s in _LINEAGE_SPECS)
 
 
 def decode_lineage(headers: Sequence[Header]) -> Lineage:

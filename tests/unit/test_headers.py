@@ -304,3 +304,32 @@ def test_evolve_equals_replace_for_valid_changes(h: RetryHeaders, data: st.DataO
 def test_the_fast_checks_agree_with_the_full_check(value: object) -> None:
     for spec, check in (*H._RETRY_CHECKS, *H._LINEAGE_CHECKS):
         assert check(value) == H._problem(spec, value), (spec.attr, value)
+
+
+_RAW_VALUES = st.one_of(
+    st.none(),
+    st.integers(min_value=-(2**70), max_value=2**70).map(lambda i: str(i).encode()),
+    st.from_regex(rb"\A0[0-9]{1,25}\Z"),  # leading zeros, and too many digits for an int64
+    st.sampled_from([b"", b"0", b"-0", b"+1", b" 1", b"1 ", "\u0661\u0662".encode(), "\u00b2".encode(), b"1e3"]),
+    st.sampled_from([r.value.encode() for r in DlqReason] + [b"EXHAUSTED", b"orders", b"orders.billing", b"a/b"]),
+    st.text(max_size=40).map(lambda t: t.encode("utf-8", "surrogatepass")),
+    st.binary(max_size=40),
+    st.integers(min_value=0, max_value=9000).map(lambda n: b"x" * n),
+)
+
+
+@given(spec=st.sampled_from([*H._RETRY_SPECS, *H._LINEAGE_SPECS]), raw=_RAW_VALUES)
+def test_the_fast_field_parser_reads_and_refuses_exactly_as_the_full_one(spec: Any, raw: bytes | None) -> None:
+    # decode reads the common valid value of each field in a few comparisons; whatever it reads, and every
+    # error it raises (header, excerpt, reason), must be what the full parser gives
+    parse = H._fast_parser(spec)
+
+    def outcome(read: Any) -> tuple[str, Any]:
+        try:
+            value = read()
+        except HeaderDecodeError as exc:
+            return ("refused", (exc.field, exc.value, exc.reason))
+        return ("read", (type(value), value))
+
+    assert outcome(lambda: parse(raw)) == outcome(lambda: H._parse(spec, raw))
+    assert outcome(lambda: parse(raw)) == outcome(lambda: H._parse(spec, raw))  # the second time from a cache
