@@ -226,13 +226,7 @@ class RetryApp:
         """
         clients = self._client_factory()
         timeout_s = parse_duration(timeout, field="timeout") / 1000
-        specs: list[TopicSpec] = []
-        for topic, binding in self._registry.bindings.items():
-            count = partitions or clients.partition_count(topic, timeout_s)
-            if count is None:
-                raise ConfigError("topic", topic, "the source topic does not exist; create it, or pass partitions=")
-            specs += [TopicSpec(name=name, partitions=count, replication_factor=replication_factor)
-                      for name in binding.ctx.topics.all_topics]  # fmt: skip
+        specs = _tier_specs(self._registry.bindings, clients, partitions, replication_factor, timeout_s)
         return clients.ensure_topics(specs, timeout_s)
 
     # -- running ---------------------------------------------------------------------------------------------
@@ -308,6 +302,22 @@ class RetryApp:
     def stats(self) -> Stats:
         """Counters since start: handled, retried, dead-lettered by reason, duplicates suppressed, paused partitions."""
         return self._stats.snapshot(paused_partitions=sum(loop.paused_partitions for loop in self._runner.loops))
+
+
+def _tier_specs(
+    bindings: Mapping[str, Binding], clients: ClientFactory, partitions: int | None, replication_factor: int,
+    timeout_s: float,
+) -> list[TopicSpec]:  # fmt: skip
+    """The tier and DLQ topics of every registered source, with the source's partition count unless
+    `partitions` is given."""
+    specs: list[TopicSpec] = []
+    for topic, binding in bindings.items():
+        count = partitions or clients.partition_count(topic, timeout_s)
+        if count is None:
+            raise ConfigError("topic", topic, "the source topic does not exist; create it, or pass partitions=")
+        specs += [TopicSpec(name=name, partitions=count, replication_factor=replication_factor)
+                  for name in binding.ctx.topics.all_topics]  # fmt: skip
+    return specs
 
 
 def _loop_options(
