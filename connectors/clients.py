@@ -20,7 +20,7 @@ from retrytopics.connectors.kafka import (
     delivery_error, kafka_client_error, make_consumer, make_producer, map_kafka_errors,
 )
 from retrytopics.connectors.record_headers import (
-    UndecodableHeaderError, drop_pending_error, headers_after_error, read_headers,
+    UndecodableHeaderError, headers_after_error, listed_headers,
 )
 from retrytopics.errors import KafkaClientError
 from retrytopics.headers import Header
@@ -54,13 +54,12 @@ def _message(msg: CKMessage) -> Message:
         found = msg.headers()
     except (SystemError, UnicodeDecodeError) as exc:  # a header key is not UTF-8 (record_headers.py)
         listed, error = headers_after_error(msg, exc)
-        drop_pending_error()
         headers: tuple[Header, ...] = tuple(listed)
     else:
         if found is None:  # most records: no headers, nothing to check
             headers, error = (), None
-        else:  # read_headers checks the list confluent-kafka cached on the first call
-            listed, error = read_headers(msg)
+        else:  # checked as read_headers checks it, without asking confluent-kafka again
+            listed, error = listed_headers(msg, found)
             headers = tuple(listed)
     # confluent-kafka's stubs are looser than what it returns for a record (topic, partition, offset are set);
     # tuple.__new__ skips the NamedTuple's Python-level __new__ (half of this function's time, measured)

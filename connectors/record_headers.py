@@ -22,7 +22,7 @@ from typing import Any, Final
 
 from retrytopics.headers import Header
 
-__all__ = ["UndecodableHeaderError", "drop_pending_error", "headers_after_error", "read_headers"]
+__all__ = ["UndecodableHeaderError", "drop_pending_error", "headers_after_error", "listed_headers", "read_headers"]
 
 _REPLACEMENT: Final = "\ufffd"
 _EXCERPT_BYTES: Final = 64
@@ -55,12 +55,19 @@ def read_headers(message: Any) -> tuple[list[Header], UndecodableHeaderError | N
     an error (seen in a reused Spark worker): such a list is salvaged as well, never iterated."""
     try:
         found = message.headers()
+    except (SystemError, UnicodeDecodeError) as exc:
+        return headers_after_error(message, exc)
+    return listed_headers(message, found)
+
+
+def listed_headers(message: Any, found: Any) -> tuple[list[Header], UndecodableHeaderError | None]:
+    """What `read_headers` returns, given what `message.headers()` just returned (`found`). For hot paths
+    that call `headers()` themselves (and need nothing of this for a record without headers)."""
+    try:
         # gc's calls are checked calls into C: a decode error headers() left pending is raised here
         null = bool(found) and _holds_null(found)
     except (SystemError, UnicodeDecodeError) as exc:
-        salvaged = headers_after_error(message, exc)
-        drop_pending_error()  # the salvage's own headers() call may leave it pending again
-        return salvaged
+        return headers_after_error(message, exc)
     if not found:
         return [], None
     if null:
@@ -85,13 +92,15 @@ def drop_pending_error() -> None:
 
 
 def headers_after_error(message: Any, exc: Exception) -> tuple[list[Header], UndecodableHeaderError]:
-    """What `read_headers` returns once `message.headers()` has raised `exc` (re-raised unless it is the
-    undecodable-key failure). For hot paths that call `headers()` themselves."""
+    """What `read_headers` returns once `message.headers()` (or a check of what it returned) has raised `exc`
+    (re-raised unless it is the undecodable-key failure). For hot paths that call `headers()` themselves."""
     cause = _first_decode_error(exc)
     if cause is None:
         raise exc
     raw_key = cause.object if isinstance(cause.object, bytes) else None
-    return _salvage(message.headers(), raw_key)
+    salvaged = _salvage(message.headers(), raw_key)
+    drop_pending_error()  # the salvage's own headers() call may leave it pending again
+    return salvaged
 
 
 def _first_decode_error(exc: BaseException) -> UnicodeDecodeError | None:
