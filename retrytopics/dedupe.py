@@ -2,17 +2,20 @@
 
 Pure: standard library and `headers` only. A crash between an acknowledged republish and the commit of its
 source offset republishes the record again, so a tier topic can hold two copies of the same hop. Both carry
-the same original coordinates (topic, partition, offset of the source record), ``lineage.replay_count`` and
-``reconsume_times``; the second is suppressed (counted and logged, never dead-lettered) when the audit still
-remembers the first::
+the same original coordinates (topic, partition, offset of the source record), its timestamp
+(``original_timestamp``), ``lineage.replay_count`` and ``reconsume_times``; the second is suppressed (counted
+and logged, never dead-lettered) when the audit still remembers the first::
 
     audit = DuplicateAudit(capacity=2)
-    audit.check_and_remember(("orders", 0, 42, 0, 1))   # False: first sighting
-    audit.check_and_remember(("orders", 0, 42, 0, 1))   # True: a duplicate
+    audit.check_and_remember(("orders", 0, 42, 1700000000000, 0, 1))   # False: first sighting
+    audit.check_and_remember(("orders", 0, 42, 1700000000000, 0, 1))   # True: a duplicate
 
 The key never holds ``origin_message_id``: with ``id_header`` that is a value a producer chooses, and two
 different source records sharing it are not copies of each other (suppressing the second lost it). The
-coordinates name one source record, whatever its headers say.
+coordinates name one source record, whatever its headers say. They name it only within one life of its topic:
+a topic deleted and recreated under the same name numbers its records from 0 again, so the key also holds the
+source record's timestamp, which the hops already carry (records handed off by older versions too, on any
+broker); a new record at an old offset is told apart from the first life's hops by it (docs/architecture.md).
 
 A second audit, seeded from the recent tail of a record's destinations (the tiers and the DLQ) when its
 partition is assigned, holds the keys of hops already written downstream: a record whose `hand_off_key` is
@@ -32,8 +35,8 @@ from retrytopics.headers import RetryHeaders
 
 __all__ = ["DEFAULT_CAPACITY", "AuditKey", "DuplicateAudit", "audit_key", "hand_off_key"]
 
-#: (original_topic, original_partition, original_offset, lineage.replay_count, reconsume_times)
-AuditKey: TypeAlias = tuple[str, int, int, int, int]
+#: (original_topic, original_partition, original_offset, original_timestamp, lineage.replay_count, reconsume_times)
+AuditKey: TypeAlias = tuple[str, int, int, int, int, int]
 
 #: Keys remembered by default: about 10 MB at ~100 bytes a key.
 DEFAULT_CAPACITY = 100_000
@@ -42,24 +45,25 @@ DEFAULT_CAPACITY = 100_000
 def audit_key(state: RetryHeaders) -> AuditKey:
     """What identifies one copy of one hop of one source record (see the module docstring)."""
     return (
-        state.original_topic, state.original_partition, state.original_offset,
+        state.original_topic, state.original_partition, state.original_offset, state.original_timestamp,
         state.lineage.replay_count, state.reconsume_times,
     )  # fmt: skip
 
 
 def hand_off_key(
-    state: RetryHeaders | None, coords: tuple[str, int, int], replay_count: int
+    state: RetryHeaders | None, coords: tuple[str, int, int], timestamp_ms: int, replay_count: int
 ) -> AuditKey:
     """The audit key of the hop that handing off a record writes downstream (next tier or DLQ): the record's
     own key with one more failure; for a source record (`state` None), its `coords` (topic, partition,
-    offset) with `replay_count` and one failure. Seen in a destination's tail, it says the record was handed
-    off already (see `runtime/seeding.py`)::
+    offset) and timestamp (as the router writes it to ``retry.original_timestamp``) with `replay_count` and one
+    failure. Seen in a destination's tail, it says the record was handed off already (see
+    `runtime/seeding.py`)::
 
-        hand_off_key(None, ("orders", 0, 42), 0)   # ("orders", 0, 42, 0, 1)
+        hand_off_key(None, ("orders", 0, 42), 1700000000000, 0)   # ("orders", 0, 42, 1700000000000, 0, 1)
     """
     if state is None:
-        return (*coords, replay_count, 1)
-    return (*audit_key(state)[:4], state.reconsume_times + 1)
+        return (*coords, max(-1, timestamp_ms), replay_count, 1)
+    return (*audit_key(state)[:5], state.reconsume_times + 1)
 
 
 class DuplicateAudit:

@@ -63,7 +63,8 @@ class DuplicateSuppressor:
         if not self._handed_off or bad is not None:
             return False
         lineage = state.lineage if state is not None else decode_lineage(list(msg.headers))
-        return hand_off_key(state, (msg.topic, msg.partition, msg.offset), lineage.replay_count) in self._handed_off
+        key = hand_off_key(state, (msg.topic, msg.partition, msg.offset), msg.timestamp_ms, lineage.replay_count)
+        return key in self._handed_off
 
     def suppress(self, msg: Message, state: RetryHeaders) -> None:
         """Finish a hop handled here already."""

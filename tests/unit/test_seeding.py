@@ -40,9 +40,11 @@ def test_the_key_looked_up_is_the_key_of_the_hop_route_writes() -> None:
     dlq, dead = _hop(tier2, 3, second, NonRetryable(ValueError("bad")))
     assert (tier1, tier2, dlq) == (CTX.topics.tiers[0].topic, CTX.topics.tiers[1].topic, CTX.topics.dlq)
     # then: each record's hand-off key is the audit key of the next hop
-    assert hand_off_key(None, ("orders", 0, 42), 0) == audit_key(decode(list(first))) == ("orders", 0, 42, 0, 1)
-    assert hand_off_key(decode(list(first)), (tier1, 0, 7), 0) == audit_key(decode(list(second)))
-    assert hand_off_key(decode(list(second)), (tier2, 0, 3), 0) == audit_key(decode(list(dead)))
+    assert hand_off_key(None, ("orders", 0, 42), NOW, 0) == audit_key(decode(list(first))) == ("orders", 0, 42, NOW, 0, 1)
+    assert hand_off_key(decode(list(first)), (tier1, 0, 7), NOW + 5, 0) == audit_key(decode(list(second)))
+    assert hand_off_key(decode(list(second)), (tier2, 0, 3), NOW + 9, 0) == audit_key(decode(list(dead)))
+    # a record at the same offset of a recreated topic (another timestamp) was not handed off
+    assert hand_off_key(None, ("orders", 0, 42), NOW + 1, 0) != audit_key(decode(list(first)))
 
 
 def test_destinations_are_every_tier_and_the_dlq_of_the_assigned_topics() -> None:
@@ -68,7 +70,7 @@ def test_seed_remembers_the_keys_of_the_tails_and_skips_foreign_records() -> Non
     audit = DuplicateAudit()
     assert seed(audit, read, [tier1, CTX.topics.dlq], last=100, timeout_s=2.0) == 2
     assert asked == [([tier1, CTX.topics.dlq], 100, 2.0)]
-    assert list(audit._keys) == [("orders", 0, 42, 0, 1)]
+    assert list(audit._keys) == [("orders", 0, 42, NOW, 0, 1)]
 
 
 def test_a_failed_or_disabled_read_seeds_nothing() -> None:
