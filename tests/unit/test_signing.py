@@ -212,7 +212,8 @@ def test_seeding_ignores_tail_records_whose_signature_does_not_verify(caplog: py
     with caplog.at_level(logging.WARNING):
         seed(audit, verified_tails(lambda topics, last, timeout_s: tail, KEYS), [TIER], last=10, timeout_s=1)
     # then: only the genuine hop marks its source record as handed off; record 10 is handled, not skipped
-    assert ("orders", 0, 9, 0, 1) in audit and ("orders", 0, 10, 0, 1) not in audit
+    ts = forged_state.original_timestamp
+    assert ("orders", 0, 9, ts, 0, 1) in audit and ("orders", 0, 10, ts, 0, 1) not in audit
     assert "ignored 1 tail records" in caplog.text and KEY.decode() not in caplog.text
     # and without keys, the reader is used as it is
     reader = lambda topics, last, timeout_s: tail  # noqa: E731
