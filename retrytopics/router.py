@@ -28,7 +28,7 @@ from retrytopics.classify import Classification, Verdict, classify
 from retrytopics.diagnostics import describe
 from retrytopics.errors import ConfigError, HeaderDecodeError
 from retrytopics.headers import (
-    DlqReason, Header, RetryHeaders, decode, decode_lineage, encode, redact, user_headers,
+    MAX_USER_HEADERS, DlqReason, Header, RetryHeaders, decode, decode_lineage, encode, redact, user_headers,
 )  # fmt: skip
 from retrytopics.naming import NamingStrategy, TierTopic, TopicSet
 from retrytopics.policy import RetryPolicy
@@ -364,8 +364,14 @@ def _signed(
 
 
 def _make_route(ctx: RouteContext, kind: RouteKind, topic: str, retry: RetryHeaders, record: Consumed) -> Route:
+    users = user_headers(record.headers)
+    if len(users) > MAX_USER_HEADERS:
+        # Some hop of it would not be read back (a tier dead-lettered it with the tier's coordinates, the
+        # replay called it foreign): to the DLQ now, with this record's own state and no user headers.
+        kind, topic, users = RouteKind.DLQ, ctx.topics.dlq, []
+        retry = retry.evolve(tier=None, due_at=None, dlq_reason=DlqReason.TOO_MANY_HEADERS)
+    headers = _signed(ctx, topic, record.key, record.value, (*users, *encode(retry)))
     dlq = kind is RouteKind.DLQ
-    headers = _signed(ctx, topic, record.key, record.value, (*user_headers(record.headers), *encode(retry)))
     return Route(
         kind=kind,
         topic=topic,
