@@ -12,7 +12,7 @@ import random
 from collections.abc import Sequence
 
 from retrytopics.connectors.serde import bytes_value
-from retrytopics.dedupe import DuplicateAudit, audit_key, hand_off_key
+from retrytopics.dedupe import HandOffs, audit_key, hand_off_key, record_digest
 from retrytopics.errors import KafkaClientError, NonRetryable
 from retrytopics.headers import decode
 from retrytopics.naming import topics_for
@@ -67,17 +67,32 @@ def test_seed_remembers_the_keys_of_the_tails_and_skips_foreign_records() -> Non
         asked.append((topics, last, timeout_s))
         return [_message(tier1, first), _message(tier1, [("user", b"x")])]  # the second carries no retry state
 
-    audit = DuplicateAudit()
-    assert seed(audit, read, [tier1, CTX.topics.dlq], last=100, timeout_s=2.0) == 2
+    hand_offs = HandOffs()
+    assert seed(hand_offs, read, [tier1, CTX.topics.dlq], last=100, timeout_s=2.0) == 2
     assert asked == [([tier1, CTX.topics.dlq], 100, 2.0)]
-    assert list(audit._keys) == [("orders", 0, 42, NOW, 0, 1)]
+    assert len(hand_offs) == 1
+    # the hop carries the record's key and value: a record at these coordinates with others is not its hop
+    assert hand_offs.carries(("orders", 0, 42, NOW, 0, 1), record_digest(None, b"v"))
+    assert not hand_offs.carries(("orders", 0, 42, NOW, 0, 1), record_digest(None, b"w"))
+    assert not hand_offs.carries(("orders", 0, 42, NOW, 0, 1), record_digest(b"", b"v"))
+
+
+def test_hand_offs_are_bounded_and_keep_every_copy_digest() -> None:
+    hand_offs = HandOffs(capacity=2)
+    a, b, c = (("orders", 0, n, NOW, 0, 1) for n in range(3))
+    hand_offs.remember(a, b"1")
+    hand_offs.remember(a, b"2")  # two copies of one hop (a too-large reference and the value, say)
+    assert hand_offs.carries(a, b"1") and hand_offs.carries(a, b"2")
+    hand_offs.remember(b, b"1")
+    hand_offs.remember(c, b"1")
+    assert a not in hand_offs and b in hand_offs and c in hand_offs and len(hand_offs) == 2
 
 
 def test_a_failed_or_disabled_read_seeds_nothing() -> None:
     def broken(topics: Sequence[str], last: int, timeout_s: float) -> list[Message]:
         raise KafkaClientError("no broker", code="_TRANSPORT")
 
-    audit = DuplicateAudit()
+    audit = HandOffs()
     assert seed(audit, broken, ["t"], last=100, timeout_s=1.0) == 0
     assert seed(audit, broken, ["t"], last=0, timeout_s=1.0) == 0  # seed_last=0: not even asked
     assert seed(audit, broken, [], last=100, timeout_s=1.0) == 0

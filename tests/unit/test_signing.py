@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from retrytopics.app import RetryApp
 from retrytopics.connectors.config import KafkaConfig
-from retrytopics.dedupe import DuplicateAudit
+from retrytopics.dedupe import HandOffs
 from retrytopics.errors import ConfigError, HeaderDecodeError, NonRetryable
 from retrytopics.headers import DlqReason, RetryHeaders, encode
 from retrytopics.naming import topics_for
@@ -207,7 +207,7 @@ def test_seeding_ignores_tail_records_whose_signature_does_not_verify(caplog: py
                                        origin_message_id="orders-0-10")  # fmt: skip
     forged = Message(TIER, 0, 2, NOW, b"k", b"v", tuple(encode(forged_state)), None)
     tail = [Message(TIER, 0, 1, NOW, b"k", b"v", genuine.headers, None), forged]
-    audit = DuplicateAudit()
+    audit = HandOffs()
     # when
     with caplog.at_level(logging.WARNING):
         seed(audit, verified_tails(lambda topics, last, timeout_s: tail, KEYS), [TIER], last=10, timeout_s=1)

@@ -1,8 +1,8 @@
 """A record forged into the DLQ and the source records it names (issue 21.5): the threat model as documented.
 
 A principal with WRITE on the DLQ writes, before the main consumer is assigned its partition, a DLQ record
-naming an unhandled source record (offset 4: its coordinates and its timestamp, which READ on the source
-shows). The seeded duplicate check (runtime/seeding.py) reads the DLQ's tail at assignment.
+naming an unhandled source record (offset 4: its coordinates, timestamp, key and value, all of which READ on
+the source shows). The seeded duplicate check (runtime/seeding.py) reads the DLQ's tail at assignment.
 
 Guarantees:
 - with `header_key`, the forged record does not verify and seeds nothing: every source record, offset 4
@@ -72,7 +72,7 @@ def test_a_forged_dlq_record_and_the_source_record_it_names(
     for i in range(RECORDS):
         producer.produce(source, key=None, value=f"v{i}".encode(), timestamp=T0 + i)
     assert producer.flush(30) == 0
-    kit.produce(app.topics(source).dlq, [(None, b"forged", _forged_dlq_record(source, group, 4))])
+    kit.produce(app.topics(source).dlq, [(None, b"v4", _forged_dlq_record(source, group, 4))])
 
     # when
     app.start(main=True)

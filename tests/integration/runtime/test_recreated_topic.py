@@ -2,7 +2,8 @@
 
 Guarantee: the hand-offs its first life left in the DLQ (and tiers) never make the recreated topic's records,
 which restart at offset 0, look handed off already: with the same group, every record of the second life is
-handled, and the group commits past them.
+handled, and the group commits past them. That holds when the producer sets the same timestamps in both
+lives (re-ingested event times): the hops carry the first life's values, not the new records'.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from confluent_kafka import KafkaException
 
 from retrytopics import NonRetryable, Record, RetryApp, RetryPolicy
 from retrytopics.connectors.config import KafkaConfig
+from retrytopics.connectors.kafka import make_producer
 from retrytopics.headers import DlqReason, decode
 
 from .conftest import Kit, wait_until
@@ -24,6 +26,15 @@ from .conftest import Kit, wait_until
 pytestmark = pytest.mark.broker
 
 RECORDS = 5
+T0 = 1_700_000_000_000
+
+
+def _produce(kafka: KafkaConfig, topic: str, life: str, same_timestamps: bool) -> None:
+    producer = make_producer(kafka)
+    for i in range(RECORDS):
+        stamp = {"timestamp": T0 + i} if same_timestamps else {}
+        producer.produce(topic, key=None, value=f"{life}-{i}".encode(), **stamp)
+    assert producer.flush(30) == 0
 
 
 def _recreate(kit: Kit, topic: str) -> None:
@@ -42,9 +53,10 @@ def _recreate(kit: Kit, topic: str) -> None:
         time.sleep(0.5)
 
 
+@pytest.mark.parametrize("same_timestamps", [False, True], ids=["own_timestamps", "same_timestamps"])
 def test_a_recreated_source_topic_has_every_record_handled(
     kafka: KafkaConfig, kit: Kit, unique_name: Callable[[str], str], consumer_overrides: dict[str, Any],
-    apps: list[RetryApp],
+    apps: list[RetryApp], same_timestamps: bool,
 ) -> None:  # fmt: skip
     # setup: first life: 5 records, each dead-lettered (non-retryable) and committed
     source = kit.create(unique_name("orders"), 1)
@@ -67,7 +79,7 @@ def test_a_recreated_source_topic_has_every_record_handled(
 
     first = make_app()
     first.provision()
-    kit.produce(source, [(None, f"first-{i}".encode(), []) for i in range(RECORDS)])
+    _produce(kafka, source, "first", same_timestamps)
     first.start(main=True)
     wait_until(lambda: kit.committed(group, source, 1) == {0: RECORDS}, 60, "first life committed")
     assert first.stop()
@@ -77,7 +89,7 @@ def test_a_recreated_source_topic_has_every_record_handled(
 
     # when: the source topic is recreated (same name, offsets from 0) and the same group reads its new records
     _recreate(kit, source)
-    kit.produce(source, [(None, f"second-{i}".encode(), []) for i in range(RECORDS)])
+    _produce(kafka, source, "second", same_timestamps)
     second = make_app()
     second.start(main=True)
     wait_until(lambda: kit.committed(group, source, 1) == {0: RECORDS}, 60, "second life committed")
