@@ -92,7 +92,8 @@ class Route:
     """The decision for one failed record.
 
     ``headers`` are the record's user headers byte for byte, then ``encode(retry)``: earlier retry headers
-    are replaced, never appended. ``partition_hint`` is None when the record has a key (key hashing picks
+    are replaced, never appended. A record with more than ``MAX_USER_HEADERS`` user headers is routed to the
+    DLQ as ``too_many_headers`` without them, whatever its failure: no hop of it could be read back. ``partition_hint`` is None when the record has a key (key hashing picks
     the partition, as on the source); otherwise it is the original partition, which the runtime takes
     modulo the destination's partition count.
     """
