@@ -243,7 +243,8 @@ class RetryHeaders:
     A tier record has ``tier`` and ``due_at`` and no ``dlq_reason``; a DLQ record the reverse (a state with
     neither is a failure whose destination is not decided yet, and is never published).
     ``reconsume_times`` counts failures so far: 1 on the first republish. The runtime's duplicate-suppression
-    key is ``(origin_message_id, lineage.replay_count, reconsume_times)``.
+    key is its original coordinates and timestamp, ``lineage.replay_count`` and ``reconsume_times``
+    (``dedupe.audit_key``).
     """
 
     reconsume_times: int
