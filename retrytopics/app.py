@@ -45,6 +45,7 @@ from retrytopics.runtime.dispatch import Binding
 from retrytopics.runtime.lifecycle import Runner
 from retrytopics.runtime.loop import ConsumerLoop, DeadLetterCallback, LoopSettings
 from retrytopics.runtime.main import main_settings
+from retrytopics.runtime.publish import ALONE_OVERRIDES
 from retrytopics.runtime.seeding import verified_tails
 from retrytopics.signing import HeaderKeys, KeyLike
 from retrytopics.runtime.tiers import TIER_CONSUMER_DEFAULTS, tier_settings
@@ -260,6 +261,7 @@ class RetryApp:
             settings, bindings,
             consumer_factory=lambda: clients.consumer(settings.group_id, overrides),
             producer_factory=lambda: clients.producer(transactional_id, self.producer_overrides),
+            alone_producer_factory=lambda: clients.producer(None, {**self.producer_overrides, **ALONE_OVERRIDES}),
             emitter=self._emitter, stop=self._runner.stop_event,
             audit=DuplicateAudit(self._dedupe_capacity), on_dead_letter=self.on_dead_letter,
             tail_reader=verified_tails(clients.read_tails, self._header_keys),

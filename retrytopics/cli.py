@@ -71,7 +71,20 @@ def _cmd_topics_create(args: argparse.Namespace) -> int:
     outcome = provision_pipeline(kafka, pipeline, create_source=args.create_source)
     for topic, what in outcome.items():
         print(f"{what.value:8} {topic}")
+    print(_WRITE_ADVICE + ("" if pipeline.header_keys is not None else _NO_KEY_ADVICE), file=sys.stderr)
     return 0
+
+
+#: Printed by `topics create` (stderr: stdout lists the topics). Why: docs/operations.md, ACLs.
+_WRITE_ADVICE = (
+    "retrytopics: note: grant WRITE on the tier topics and the DLQ to this app's principals only. WRITE there is "
+    "WRITE on the app's fate: a record written there can make its consumers skip a source record they have not "
+    "committed yet, or retry one with forged state (docs/operations.md, ACLs)."
+)
+_NO_KEY_ADVICE = (
+    " No header_key is set, so nothing read back from those topics is verified: set [app] header_key_file "
+    "(RetryApp(header_key=...)) if any other principal can write them."
+)
 
 
 def _cmd_dlq_peek(args: argparse.Namespace) -> int:

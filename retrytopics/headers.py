@@ -31,8 +31,8 @@ __all__ = [
     "MESSAGE_LIMIT_BYTES", "ORIGINAL_OFFSET", "ORIGINAL_PARTITION", "ORIGINAL_TIMESTAMP", "ORIGINAL_TOPIC",
     "ORIGIN_MESSAGE_ID", "RECONSUME_TIMES", "REPLAYED_AT", "REPLAY_COUNT", "REPLAY_ID", "REPLAY_ORIGIN_ID",
     "RETRY_PREFIX", "SCHEMA_VERSION", "TIER", "TRACE_LIMIT_BYTES", "TYPE_LIMIT_BYTES", "DlqReason", "Header",
-    "Lineage", "RetryHeaders", "decode", "decode_lineage", "encode", "redact", "to_record", "truncate_utf8",
-    "user_headers",
+    "Lineage", "MAX_USER_HEADERS", "RetryHeaders", "decode", "decode_lineage", "encode", "redact", "to_record",
+    "truncate_utf8", "user_headers",
 ]  # fmt: skip
 
 Header: TypeAlias = tuple[str, bytes | None]
@@ -60,7 +60,8 @@ REPLAYED_AT: Final = "retry.replayed_at"
 REPLAY_COUNT: Final = "retry.replay_count"
 REPLAY_ORIGIN_ID: Final = "retry.replay_origin_id"
 
-#: Limits. A decoder refuses a record with more headers, or a retry header value longer than this.
+#: Limits. A decoder refuses a record with more headers, or a retry header value longer than this; a writer
+#: stays within the same bounds (`MAX_USER_HEADERS`; no spec below allows a longer value).
 MAX_HEADER_COUNT: Final = 1024
 MAX_VALUE_BYTES: Final = 16 * 1024
 MESSAGE_LIMIT_BYTES: Final = 1024
@@ -89,6 +90,9 @@ class DlqReason(StrEnum):
     TOO_LARGE = "too_large"
     """Its republish was refused as too large (retry headers pushed it over the size limit); the DLQ record has
     no exception message or trace, and if even that is too large, a reference instead of the value."""
+    TOO_MANY_HEADERS = "too_many_headers"
+    """With the retry headers added, it would carry more than ``MAX_HEADER_COUNT`` headers, which no decoder
+    reads back; the DLQ record has no user headers (the consumed record still has them)."""
 
 
 _REASONS: Final = frozenset(r.value for r in DlqReason)
@@ -129,6 +133,10 @@ _LINEAGE_SPECS: Final = (
     _Spec(REPLAY_ORIGIN_ID, "replay_origin_id", "text", 1, _ID_LIMIT_BYTES, optional=True),
 )
 _HEADER_OF: Final = {s.attr: s.header for s in (*_RETRY_SPECS, *_LINEAGE_SPECS)}
+#: The most user headers a record may carry into the pipeline: with every retry header a hop can have (each
+#: spec, and `retry.signature`), every hop it makes (tiers, DLQ, a replay) stays within `MAX_HEADER_COUNT`, so
+#: it is always read back. The router dead-letters a record with more as `too_many_headers` at once.
+MAX_USER_HEADERS: Final = MAX_HEADER_COUNT - len(_RETRY_SPECS) - len(_LINEAGE_SPECS) - 1
 #: Upper bound of the encoded retry headers (names + values) of one record: what a hop can add.
 MAX_RETRY_HEADERS_BYTES: Final = sum(
     len(s.header) + {"int": 20, "text": s.hi, "topic": 249, "reason": 32}[s.kind]
@@ -235,7 +243,8 @@ class RetryHeaders:
     A tier record has ``tier`` and ``due_at`` and no ``dlq_reason``; a DLQ record the reverse (a state with
     neither is a failure whose destination is not decided yet, and is never published).
     ``reconsume_times`` counts failures so far: 1 on the first republish. The runtime's duplicate-suppression
-    key is ``(origin_message_id, lineage.replay_count, reconsume_times)``.
+    key is its original coordinates and timestamp, ``lineage.replay_count`` and ``reconsume_times``
+    (``dedupe.audit_key``).
     """
 
     reconsume_times: int
@@ -440,8 +449,10 @@ _LINEAGE_PARSERS: Final = tuple((s.header, s.attr, _fast_parser(s)) for s in _LI
 
 
 def decode_lineage(headers: Sequence[Header]) -> Lineage:
-    """Replay lineage from any record's headers; tolerant: an invalid or duplicated field is dropped."""
-    items = headers[:MAX_HEADER_COUNT] if isinstance(headers, list | tuple) else ()
+    """Replay lineage from any record's headers; tolerant: an invalid or duplicated field is dropped. Every
+    header is looked at, once (the record's size bounds how many): a record with more than `MAX_HEADER_COUNT`
+    is dead-lettered with its lineage (`too_many_headers`), and a replay writes it last."""
+    items = headers if isinstance(headers, list | tuple) else ()
     # most records carry no lineage header: nothing to read, and one shared (immutable) answer
     if not any(isinstance(item, tuple) and len(item) == 2 and item[0] in _LINEAGE_HEADERS for item in items):
         return _NO_LINEAGE

@@ -28,7 +28,7 @@ from retrytopics.classify import Classification, Verdict, classify
 from retrytopics.diagnostics import describe
 from retrytopics.errors import ConfigError, HeaderDecodeError
 from retrytopics.headers import (
-    DlqReason, Header, RetryHeaders, decode, decode_lineage, encode, redact, user_headers,
+    MAX_USER_HEADERS, DlqReason, Header, RetryHeaders, decode, decode_lineage, encode, redact, user_headers,
 )  # fmt: skip
 from retrytopics.naming import NamingStrategy, TierTopic, TopicSet
 from retrytopics.policy import RetryPolicy
@@ -92,7 +92,8 @@ class Route:
     """The decision for one failed record.
 
     ``headers`` are the record's user headers byte for byte, then ``encode(retry)``: earlier retry headers
-    are replaced, never appended. ``partition_hint`` is None when the record has a key (key hashing picks
+    are replaced, never appended. A record with more than ``MAX_USER_HEADERS`` user headers is routed to the
+    DLQ as ``too_many_headers`` without them, whatever its failure: no hop of it could be read back. ``partition_hint`` is None when the record has a key (key hashing picks
     the partition, as on the source); otherwise it is the original partition, which the runtime takes
     modulo the destination's partition count.
     """
@@ -364,8 +365,14 @@ def _signed(
 
 
 def _make_route(ctx: RouteContext, kind: RouteKind, topic: str, retry: RetryHeaders, record: Consumed) -> Route:
+    users = user_headers(record.headers)
+    if len(users) > MAX_USER_HEADERS:
+        # Some hop of it would not be read back (a tier dead-lettered it with the tier's coordinates, the
+        # replay called it foreign): to the DLQ now, with this record's own state and no user headers.
+        kind, topic, users = RouteKind.DLQ, ctx.topics.dlq, []
+        retry = retry.evolve(tier=None, due_at=None, dlq_reason=DlqReason.TOO_MANY_HEADERS)
+    headers = _signed(ctx, topic, record.key, record.value, (*users, *encode(retry)))
     dlq = kind is RouteKind.DLQ
-    headers = _signed(ctx, topic, record.key, record.value, (*user_headers(record.headers), *encode(retry)))
     return Route(
         kind=kind,
         topic=topic,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 
-from retrytopics.dedupe import DuplicateAudit, hand_off_key
+from retrytopics.dedupe import HandOffs, hand_off_key, record_digest
 from retrytopics.errors import HeaderDecodeError
 from retrytopics.events import Event
 from retrytopics.headers import RetryHeaders, decode_lineage
@@ -45,7 +45,7 @@ class DuplicateSuppressor:
         self._tail_reader = tail_reader  # None: no seeding (see runtime/seeding.py)
         self._seed_last = seed_last
         self._seed_timeout_s = seed_timeout_s
-        self._handed_off = DuplicateAudit()  # hops found downstream when partitions were assigned
+        self._handed_off = HandOffs()  # hops found downstream when partitions were assigned
 
     def seed(self, tps: list[TopicPartition]) -> None:
         """Partitions were assigned: remember the hand-offs already downstream of them."""
@@ -63,7 +63,9 @@ class DuplicateSuppressor:
         if not self._handed_off or bad is not None:
             return False
         lineage = state.lineage if state is not None else decode_lineage(list(msg.headers))
-        return hand_off_key(state, (msg.topic, msg.partition, msg.offset), lineage.replay_count) in self._handed_off
+        key = hand_off_key(state, (msg.topic, msg.partition, msg.offset), msg.timestamp_ms, lineage.replay_count)
+        # the digest only for a key found (rare): a hop of another record at these coordinates is not its hop
+        return key in self._handed_off and self._handed_off.carries(key, record_digest(msg.key, msg.value))
 
     def suppress(self, msg: Message, state: RetryHeaders) -> None:
         """Finish a hop handled here already."""

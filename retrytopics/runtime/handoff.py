@@ -150,9 +150,11 @@ class AtLeastOnce(HandOffBase):
     def __init__(
         self, settings: CommitSettings, consumer: ConsumerPort, tracker: OffsetTracker, audit: DuplicateAudit,
         emitter: Emitter, on_dead_letter: DeadLetterCallback | None, producer_factory: Callable[[], ProducerPort],
+        *, alone_producer_factory: Callable[[], ProducerPort] | None = None,
     ) -> None:  # fmt: skip
         super().__init__(settings, consumer, tracker, audit, emitter, on_dead_letter)
-        self.publisher: Publisher = Publisher(producer_factory, emitter, consumer=settings.name)
+        self.publisher: Publisher = Publisher(producer_factory, emitter, make_alone_producer=alone_producer_factory,
+                                              consumer=settings.name)  # fmt: skip
         self._finished_since_commit = 0
         self._acked_since_commit = False
         self._last_commit = time.monotonic()

@@ -101,11 +101,13 @@ class ConsumerLoop:
         audit: DuplicateAudit,
         on_dead_letter: DeadLetterCallback | None = None,
         tail_reader: TailReader | None = None,
+        alone_producer_factory: Callable[[], ProducerPort] | None = None,
     ) -> None:
         self.settings = settings
         self._bindings = dict(bindings)
         self._consumer_factory = consumer_factory
         self._producer_factory = producer_factory
+        self._alone_producer_factory = alone_producer_factory  # one record per batch (runtime/publish.py)
         self._emitter = emitter
         self._stop = stop
         self._audit = audit
@@ -175,8 +177,10 @@ class ConsumerLoop:
             max_records=s.wait_in_memory_records,
         )  # fmt: skip
         shared = (s, consumer, self._tracker, self._audit, self._emitter, self._on_dead_letter, self._producer_factory)
-        handoff = self._handoff = (ExactlyOnce(*shared, pauses=pauses, assigned=self._assigned)
-                                   if s.exactly_once else AtLeastOnce(*shared))  # fmt: skip
+        handoff = self._handoff = (
+            ExactlyOnce(*shared, pauses=pauses, assigned=self._assigned) if s.exactly_once
+            else AtLeastOnce(*shared, alone_producer_factory=self._alone_producer_factory)
+        )  # fmt: skip
         check = OwnershipCheck(consumer, self._tracker, committed_only=handoff.commits_in_transactions)
         guard = OwnershipGuard(check, pauses, emit, name=s.name, stop=stop, monotonic=time.monotonic)
         outcomes = Outcomes(handoff, self._handled, emit, each_handled=self._each_handled,

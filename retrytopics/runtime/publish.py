@@ -30,7 +30,7 @@ from retrytopics.offsets import TopicPartition
 from retrytopics.ports import ProducerPort
 from retrytopics.router import Route, RouteContext, too_large_reference, too_large_route
 
-__all__ = ["TOO_LARGE_CODES", "PublishJob", "Publisher", "produce_job", "too_large_fallback"]
+__all__ = ["ALONE_OVERRIDES", "TOO_LARGE_CODES", "PublishJob", "Publisher", "produce_job", "too_large_fallback"]
 
 log = logging.getLogger("retrytopics.publish")
 
@@ -45,6 +45,12 @@ _RESTART_CODES = frozenset(
 #: Delivery errors no retry can fix: the record itself is too large for the producer or the broker. Retried,
 #: it wedged its partition forever (never acknowledged, never committed); it goes to the DLQ instead.
 TOO_LARGE_CODES = frozenset({"MSG_SIZE_TOO_LARGE", "RECORD_LIST_TOO_LARGE"})
+
+#: The producer a record refused as too large is sent again on: one record per batch. librdkafka batches the
+#: records of a partition, and the broker refuses a batch as a whole when one record (or the batch) exceeds
+#: the topic's `max.message.bytes`, reporting the error on every record of it: a refusal names the record
+#: only when the record was alone in its batch.
+ALONE_OVERRIDES = {"batch.num.messages": 1}
 
 #: Back-off between attempts to publish a record whose delivery failed (seconds).
 DEFAULT_RETRY_WAIT = tenacity.wait_exponential(multiplier=0.2, max=10.0) + tenacity.wait_random(0, 0.2)
@@ -67,6 +73,8 @@ class PublishJob:
     on_acked: Callable[[PublishJob], None] = _no_callback
     attempt: int = 0
     context: Any = None  # the handler's Record, for callbacks
+    #: sent on the one-record-per-batch producer: a too-large refusal is then this record's own
+    alone: bool = False
     #: makes the job smaller after a too-large refusal (see `too_large_fallback`); False when it cannot
     shrink: Callable[[PublishJob], bool] | None = None
     shrunk: int = 0  # steps `shrink` took
@@ -116,6 +124,15 @@ def produce_job(producer: ProducerPort, job: PublishJob, on_delivery: Callable[[
     )  # fmt: skip
 
 
+def _sent_again(job: PublishJob) -> bool:
+    """After a too-large refusal, whether `job` goes out again: alone, when it was refused in a batch (maybe
+    for a neighbour); made smaller (`too_large_fallback`) when it was refused alone and still can shrink."""
+    if not job.alone:
+        job.alone = True
+        return True
+    return job.shrink is not None and job.shrink(job)
+
+
 def _wait_s(wait: tenacity.wait.wait_base, attempt: int) -> float:
     state = tenacity.RetryCallState(None, None, (), {})  # type: ignore[arg-type]
     state.attempt_number = attempt
@@ -130,12 +147,17 @@ class Publisher:
         make_producer: Callable[[], ProducerPort],
         emitter: Emitter,
         *,
+        make_alone_producer: Callable[[], ProducerPort] | None = None,
         wait: tenacity.wait.wait_base = DEFAULT_RETRY_WAIT,
         clock: Callable[[], float] = time.monotonic,
         consumer: str = "",
     ) -> None:
         self._make_producer = make_producer
         self._producer = make_producer()
+        # made at the first too-large refusal (`ALONE_OVERRIDES`); without a factory (a client that does not
+        # batch, as the memory broker's) a refused record is sent again on the main producer
+        self._make_alone_producer = make_alone_producer
+        self._alone: ProducerPort | None = None
         self._emitter = emitter
         self._consumer = consumer  # names the consumer loop in events, as for every other event
         self._wait = wait
@@ -172,16 +194,27 @@ class Publisher:
             self._delivered(job_id, generation, error)
 
         try:
-            produce_job(self._producer, job, delivered)
+            produce_job(self._alone_producer() if job.alone else self._producer, job, delivered)
         except KafkaClientError as exc:
+            job.alone = job.alone or exc.code in TOO_LARGE_CODES  # the producer judged this record by itself
             self._delivered(job_id, generation, PublishError(job.route.topic, str(exc), code=exc.code, fatal=exc.fatal))
+
+    def _alone_producer(self) -> ProducerPort:
+        if self._make_alone_producer is None:
+            return self._producer
+        if self._alone is None:
+            self._alone = self._make_alone_producer()
+        return self._alone
 
     def _delivered(self, job_id: int, generation: int, error: PublishError | None) -> None:
         job = self._jobs.get(job_id)
         if job is None or generation != self._generation:
             return  # a report from a replaced producer; the job was produced again
-        if error is not None and error.code in TOO_LARGE_CODES and job.shrink is not None and job.shrink(job):
-            self._produce(job_id, job)  # at once: a smaller record is a new record, not a retry
+        if error is not None and error.code in TOO_LARGE_CODES and _sent_again(job):
+            # at once (a record alone or smaller is a new record, not a retry), but from `poll`, never from
+            # inside this delivery report: a client call made there (the metadata lookup of a keyless record's
+            # partition) broke confluent-kafka's callback state and aborted the process
+            heapq.heappush(self._retries, (self._clock(), job_id))
             return
         if error is None:
             del self._jobs[job_id]
@@ -204,6 +237,8 @@ class Publisher:
         """Serve delivery reports, replace a failed producer, and produce again what is due for a retry."""
         try:
             self._producer.poll(timeout_s)
+            if self._alone is not None:
+                self._alone.poll(0)
         except KafkaClientError as exc:  # a producer in a fatal state may raise here rather than report
             if not exc.fatal:
                 raise
@@ -220,11 +255,13 @@ class Publisher:
     def _recreate(self) -> None:
         error, self._fatal = self._fatal, None
         log.error("producer failed fatally (%s); replacing it and producing %d records again", error, len(self._jobs))
-        try:
-            self._producer.purge()
-        except KafkaClientError:
-            pass  # a dead producer may refuse even this; it is dropped either way
-        self._producer = self._make_producer()
+        for producer in (self._producer, self._alone):
+            try:
+                if producer is not None:
+                    producer.purge()
+            except KafkaClientError:
+                pass  # a dead producer may refuse even this; it is dropped either way
+        self._producer, self._alone = self._make_producer(), None
         self._generation += 1
         self._emitter.emit(Event.PRODUCER_RECREATED, consumer=self._consumer, error=str(error))
         # Everything unacknowledged goes out again on the new producer: at once if it had not failed yet,

@@ -3,10 +3,12 @@
 A consumer killed after a hand-off (to a tier or the DLQ) was acknowledged, but before the commit covering
 it, leaves the record to the partition's next owner, which used to handle it again and write a second copy
 downstream (a second DLQ record at the last hop). The hop the dead owner wrote is in the destination topic,
-carrying the record's audit key (`dedupe.hand_off_key`). So when partitions are assigned, the loop reads the
-last `seed_last` records of every partition of their destinations (every tier of their handler and its DLQ:
-a retry-after hint may pick any tier), for at most `seed_timeout_s`, assign()-only and read_committed, and
-remembers their keys; a record whose hand-off is among them is suppressed, neither handled nor handed off.
+carrying the record's audit key (`dedupe.hand_off_key`) and its key and value. So when partitions are
+assigned, the loop reads the last `seed_last` records of every partition of their destinations (every tier of
+their handler and its DLQ: a retry-after hint may pick any tier), for at most `seed_timeout_s`, assign()-only
+and read_committed, and remembers their keys with a digest of their key and value (`dedupe.HandOffs`); a
+record whose hand-off is among them, carrying its own key and value, is suppressed, neither handled nor
+handed off.
 
 Cost per assignment: at most `seed_last` × (tiers + 1) × partitions-per-destination records read, inside the
 rebalance callback (so before any record of the assigned partitions), and never longer than `seed_timeout_s`. A
@@ -23,7 +25,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from retrytopics.dedupe import DuplicateAudit, audit_key
+from retrytopics.dedupe import HandOffs, audit_key, record_digest
 from retrytopics.errors import HeaderDecodeError, KafkaClientError
 from retrytopics.headers import decode
 from retrytopics.offsets import TopicPartition
@@ -67,8 +69,9 @@ def destinations(bindings: Mapping[str, Binding], tps: Iterable[TopicPartition])
     return list(topics)
 
 
-def seed(audit: DuplicateAudit, read: TailReader, topics: Sequence[str], *, last: int, timeout_s: float) -> int:
-    """Remember the audit key of each record in the tails of `topics`; returns how many records were read.
+def seed(hand_offs: HandOffs, read: TailReader, topics: Sequence[str], *, last: int, timeout_s: float) -> int:
+    """Remember the audit key of each record in the tails of `topics`, with the digest of its key and value;
+    returns how many records were read.
     A failed read seeds nothing (logged): the records are then handled as before, at-least-once."""
     if not topics or last <= 0:
         return 0
@@ -81,7 +84,7 @@ def seed(audit: DuplicateAudit, read: TailReader, topics: Sequence[str], *, last
         return 0
     for msg in tail:
         try:
-            audit.remember(audit_key(decode(list(msg.headers))))
+            hand_offs.remember(audit_key(decode(list(msg.headers))), record_digest(msg.key, msg.value))
         except HeaderDecodeError:
             continue  # not a hop this library wrote
     log.debug("seeded the hand-off audit from %d records of %s in %.2fs", len(tail), topics, time.monotonic() - started)

@@ -15,7 +15,7 @@ from retrytopics.policy import RetryPolicy
 from retrytopics.router import InboundRecord, Route, RouteContext, read_retry_state, route
 
 T0 = 1_700_000_000_000
-A: AuditKey = ("orders", 0, 1, 0, 1)
+A: AuditKey = ("orders", 0, 1, T0, 0, 1)
 
 
 def test_second_sighting_is_a_duplicate() -> None:
@@ -27,14 +27,15 @@ def test_second_sighting_is_a_duplicate() -> None:
 def test_other_attempts_replays_and_source_records_are_not_duplicates() -> None:
     audit = DuplicateAudit(capacity=10)
     audit.remember(A)
-    assert ("orders", 0, 1, 0, 2) not in audit  # the next hop of the same record
-    assert ("orders", 0, 1, 1, 1) not in audit  # the same hop after a replay from the DLQ
-    assert ("orders", 0, 2, 0, 1) not in audit  # another source record
-    assert ("orders", 1, 1, 0, 1) not in audit and ("payments", 0, 1, 0, 1) not in audit
+    assert ("orders", 0, 1, T0, 0, 2) not in audit  # the next hop of the same record
+    assert ("orders", 0, 1, T0, 1, 1) not in audit  # the same hop after a replay from the DLQ
+    assert ("orders", 0, 2, T0, 0, 1) not in audit  # another source record
+    assert ("orders", 1, 1, T0, 0, 1) not in audit and ("payments", 0, 1, T0, 0, 1) not in audit
+    assert ("orders", 0, 1, T0 + 1, 0, 1) not in audit  # the same offset in a recreated topic
 
 
 def test_capacity_bounds_memory_and_evicts_least_recently_seen() -> None:
-    a, b, c = (("orders", 0, n, 0, 1) for n in range(3))
+    a, b, c = (("orders", 0, n, T0, 0, 1) for n in range(3))
     audit = DuplicateAudit(capacity=2)
     audit.remember(a)
     audit.remember(b)

@@ -218,10 +218,10 @@ def test_a_failing_republish_holds_its_partition_and_nothing_is_committed_past_i
 
 
 def test_a_republish_refused_as_too_large_goes_to_the_dlq(monkeypatch: pytest.MonkeyPatch) -> None:
-    # setup: the broker refuses id-1's tier record as too large (once)
+    # setup: the broker refuses id-1's tier record as too large, and again when it is sent alone
     broker = new_broker()
     fill(broker, {0: ["id-0", "id-1", "id-2"]})
-    broker.fail_produces(1, "MSG_SIZE_TOO_LARGE", topic=TIER)
+    broker.fail_produces(2, "MSG_SIZE_TOO_LARGE", topic=TIER)
     ledger = Ledger(broker, failing={"id-1"})
     use_broker_clock(monkeypatch, broker)
     stop = StopWhen(committed_all(broker, GROUP, {0: 3}))

@@ -1,4 +1,5 @@
-"""Publishing a record too large for the producer: two steps down to the DLQ, never a retry loop (issue 16.2)."""
+"""Publishing a record too large for the producer: two steps down to the DLQ, never a retry loop (issue 16.2);
+a batch the broker refuses for one record dead-letters that record alone (issue 21.2)."""
 
 from __future__ import annotations
 
@@ -66,8 +67,10 @@ def test_a_too_large_republish_is_dead_lettered_in_at_most_two_steps(
 
     # when
     publisher.send(_job(value, user, acked))
+    for _ in range(3):  # each smaller record goes out from the next poll, without a back-off
+        publisher.poll()
 
-    # then: acknowledged at once, in the DLQ as too_large, the partition is not held
+    # then: acknowledged, in the DLQ as too_large, the partition is not held
     assert len(acked) == 1 and publisher.healthy and not publisher.is_failing(("orders", 0))
     topic, key, written, headers = producer.written[0]
     assert (topic, acked[0].route.reason) == (CTX.topics.dlq, DlqReason.TOO_LARGE)
@@ -86,7 +89,63 @@ def test_a_record_too_large_even_as_a_reference_is_retried_not_dropped() -> None
     producer, acked = SizeLimitedProducer(10), []
     publisher = Publisher(lambda: producer, Emitter(), wait=lambda _: 60.0)  # type: ignore[arg-type,return-value]
     publisher.send(_job(b"v", (), acked))
+    for _ in range(3):
+        publisher.poll()
     assert acked == [] and publisher.is_failing(("orders", 0)) and publisher.in_flight == 1
+
+
+class BatchingProducer:
+    """Like librdkafka against a broker whose `topic` takes at most `limit` bytes a batch: records wait for
+    `poll`, which sends them as one batch (of `batch` records at most) and reports the broker's refusal of a
+    batch on every record of it. A produce from inside a delivery report fails the test (confluent-kafka's
+    callback state does not survive a client call made there)."""
+
+    def __init__(self, topic: str, limit: int, batch: int) -> None:
+        self.topic, self.limit, self.batch = topic, limit, batch
+        self.queued: list[tuple[tuple[str, bytes | None, bytes | None], Callable[[PublishError | None], None]]] = []
+        self.written: list[tuple[str, bytes | None, bytes | None]] = []
+        self.reporting = False
+
+    def produce(self, topic: str, *, key: bytes | None, value: bytes | None, headers: Sequence[Header],
+                partition: int | None, on_delivery: Callable[[PublishError | None], None]) -> None:  # fmt: skip
+        assert not self.reporting, "produce() called from inside a delivery report"
+        self.queued.append(((topic, key, value), on_delivery))
+
+    def poll(self, timeout_s: float) -> None:
+        while self.queued:
+            batch, self.queued = self.queued[: self.batch], self.queued[self.batch :]
+            refused = sum(len(v or b"") for (t, _, v), _ in batch if t == self.topic) > self.limit
+            self.reporting = True
+            for record, report in batch:
+                if not refused:
+                    self.written.append(record)
+                report(PublishError(record[0], "Broker: Message size too large", code="MSG_SIZE_TOO_LARGE")
+                       if refused else None)  # fmt: skip
+            self.reporting = False
+
+    def partition_count(self, topic: str) -> int:
+        return 1
+
+
+def test_a_batch_refused_for_one_record_dead_letters_that_record_alone() -> None:
+    # setup: a tier taking 20,000 bytes a batch; seven jobs of one partition, the 4th 30,000 bytes
+    tier, dlq = CTX.topics.tiers[0].topic, CTX.topics.dlq
+    batched, alone, acked = BatchingProducer(tier, 20_000, batch=100), BatchingProducer(tier, 20_000, batch=1), []
+    publisher = Publisher(lambda: batched, Emitter(), make_alone_producer=lambda: alone,  # type: ignore[arg-type,return-value]
+                          wait=lambda _: 60.0)  # fmt: skip
+    values = [b"v" * 30_000 if i == 3 else f"small-{i}".encode() for i in range(7)]
+
+    # when: all seven are sent before the producer is polled, so they share a batch, then a few polls
+    for value in values:
+        publisher.send(_job(value, (), acked))
+    for _ in range(4):
+        publisher.poll()
+
+    # then: the six small ones reach the tier, alone and unchanged; only the big one is dead-lettered
+    assert batched.written == []
+    assert sorted(alone.written) == sorted([(tier, b"k", v) for i, v in enumerate(values) if i != 3] + [(dlq, b"k", values[3])])
+    assert sorted(j.route.reason or "" for j in acked) == [""] * 6 + [DlqReason.TOO_LARGE]
+    assert publisher.in_flight == 0 and publisher.healthy
 
 
 class FencedAbortableProducer(SizeLimitedProducer):

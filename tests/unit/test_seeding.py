@@ -12,7 +12,7 @@ import random
 from collections.abc import Sequence
 
 from retrytopics.connectors.serde import bytes_value
-from retrytopics.dedupe import DuplicateAudit, audit_key, hand_off_key
+from retrytopics.dedupe import HandOffs, audit_key, hand_off_key, record_digest
 from retrytopics.errors import KafkaClientError, NonRetryable
 from retrytopics.headers import decode
 from retrytopics.naming import topics_for
@@ -40,9 +40,11 @@ def test_the_key_looked_up_is_the_key_of_the_hop_route_writes() -> None:
     dlq, dead = _hop(tier2, 3, second, NonRetryable(ValueError("bad")))
     assert (tier1, tier2, dlq) == (CTX.topics.tiers[0].topic, CTX.topics.tiers[1].topic, CTX.topics.dlq)
     # then: each record's hand-off key is the audit key of the next hop
-    assert hand_off_key(None, ("orders", 0, 42), 0) == audit_key(decode(list(first))) == ("orders", 0, 42, 0, 1)
-    assert hand_off_key(decode(list(first)), (tier1, 0, 7), 0) == audit_key(decode(list(second)))
-    assert hand_off_key(decode(list(second)), (tier2, 0, 3), 0) == audit_key(decode(list(dead)))
+    assert hand_off_key(None, ("orders", 0, 42), NOW, 0) == audit_key(decode(list(first))) == ("orders", 0, 42, NOW, 0, 1)
+    assert hand_off_key(decode(list(first)), (tier1, 0, 7), NOW + 5, 0) == audit_key(decode(list(second)))
+    assert hand_off_key(decode(list(second)), (tier2, 0, 3), NOW + 9, 0) == audit_key(decode(list(dead)))
+    # a record at the same offset of a recreated topic (another timestamp) was not handed off
+    assert hand_off_key(None, ("orders", 0, 42), NOW + 1, 0) != audit_key(decode(list(first)))
 
 
 def test_destinations_are_every_tier_and_the_dlq_of_the_assigned_topics() -> None:
@@ -65,17 +67,32 @@ def test_seed_remembers_the_keys_of_the_tails_and_skips_foreign_records() -> Non
         asked.append((topics, last, timeout_s))
         return [_message(tier1, first), _message(tier1, [("user", b"x")])]  # the second carries no retry state
 
-    audit = DuplicateAudit()
-    assert seed(audit, read, [tier1, CTX.topics.dlq], last=100, timeout_s=2.0) == 2
+    hand_offs = HandOffs()
+    assert seed(hand_offs, read, [tier1, CTX.topics.dlq], last=100, timeout_s=2.0) == 2
     assert asked == [([tier1, CTX.topics.dlq], 100, 2.0)]
-    assert list(audit._keys) == [("orders", 0, 42, 0, 1)]
+    assert len(hand_offs) == 1
+    # the hop carries the record's key and value: a record at these coordinates with others is not its hop
+    assert hand_offs.carries(("orders", 0, 42, NOW, 0, 1), record_digest(None, b"v"))
+    assert not hand_offs.carries(("orders", 0, 42, NOW, 0, 1), record_digest(None, b"w"))
+    assert not hand_offs.carries(("orders", 0, 42, NOW, 0, 1), record_digest(b"", b"v"))
+
+
+def test_hand_offs_are_bounded_and_keep_every_copy_digest() -> None:
+    hand_offs = HandOffs(capacity=2)
+    a, b, c = (("orders", 0, n, NOW, 0, 1) for n in range(3))
+    hand_offs.remember(a, b"1")
+    hand_offs.remember(a, b"2")  # two copies of one hop (a too-large reference and the value, say)
+    assert hand_offs.carries(a, b"1") and hand_offs.carries(a, b"2")
+    hand_offs.remember(b, b"1")
+    hand_offs.remember(c, b"1")
+    assert a not in hand_offs and b in hand_offs and c in hand_offs and len(hand_offs) == 2
 
 
 def test_a_failed_or_disabled_read_seeds_nothing() -> None:
     def broken(topics: Sequence[str], last: int, timeout_s: float) -> list[Message]:
         raise KafkaClientError("no broker", code="_TRANSPORT")
 
-    audit = DuplicateAudit()
+    audit = HandOffs()
     assert seed(audit, broken, ["t"], last=100, timeout_s=1.0) == 0
     assert seed(audit, broken, ["t"], last=0, timeout_s=1.0) == 0  # seed_last=0: not even asked
     assert seed(audit, broken, [], last=100, timeout_s=1.0) == 0

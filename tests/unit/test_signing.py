@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from retrytopics.app import RetryApp
 from retrytopics.connectors.config import KafkaConfig
-from retrytopics.dedupe import DuplicateAudit
+from retrytopics.dedupe import HandOffs
 from retrytopics.errors import ConfigError, HeaderDecodeError, NonRetryable
 from retrytopics.headers import DlqReason, RetryHeaders, encode
 from retrytopics.naming import topics_for
@@ -207,12 +207,13 @@ def test_seeding_ignores_tail_records_whose_signature_does_not_verify(caplog: py
                                        origin_message_id="orders-0-10")  # fmt: skip
     forged = Message(TIER, 0, 2, NOW, b"k", b"v", tuple(encode(forged_state)), None)
     tail = [Message(TIER, 0, 1, NOW, b"k", b"v", genuine.headers, None), forged]
-    audit = DuplicateAudit()
+    audit = HandOffs()
     # when
     with caplog.at_level(logging.WARNING):
         seed(audit, verified_tails(lambda topics, last, timeout_s: tail, KEYS), [TIER], last=10, timeout_s=1)
     # then: only the genuine hop marks its source record as handed off; record 10 is handled, not skipped
-    assert ("orders", 0, 9, 0, 1) in audit and ("orders", 0, 10, 0, 1) not in audit
+    ts = forged_state.original_timestamp
+    assert ("orders", 0, 9, ts, 0, 1) in audit and ("orders", 0, 10, ts, 0, 1) not in audit
     assert "ignored 1 tail records" in caplog.text and KEY.decode() not in caplog.text
     # and without keys, the reader is used as it is
     reader = lambda topics, last, timeout_s: tail  # noqa: E731

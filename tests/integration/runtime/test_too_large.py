@@ -120,3 +120,63 @@ def test_a_republish_the_broker_refuses_as_too_large_goes_to_the_dlq(
         assert app.stats.dead_lettered.get("too_large") in (None, 1)
     else:
         assert app.stats.dead_lettered.get("too_large") == 1
+
+
+def test_one_oversized_record_dead_letters_alone_and_its_batch_neighbours_are_retried(
+    broker: Any, kafka: KafkaConfig, kit: Kit, unique_name: Callable[[str], str], consumer_overrides: dict[str, Any],
+    apps: list[RetryApp],
+) -> None:  # fmt: skip
+    """Guarantee (issue 21.2): the broker refuses a produce batch as a whole when one of its records is too
+    large, and reports that error on every record of the batch. Only the record that is too large on its own
+    is dead-lettered as `too_large`; the others of the same poll reach the tier with their values and user
+    headers intact, and are handled there."""
+    if broker.is_tansu:
+        pytest.skip("tansu does not enforce a topic's max.message.bytes")
+    # setup: 7 records of one poll, all failing on the source; the 4th is larger than the tier accepts
+    source = kit.create(unique_name("orders"), 1)
+    group = unique_name("billing")
+    app = RetryApp(kafka=kafka, group=group, consumer_overrides=consumer_overrides)
+    apps.append(app)
+    calls: list[tuple[str, int, bytes]] = []
+    lock = threading.Lock()
+
+    @app.handler(source, policy=RetryPolicy(delays=["1s"]))
+    def handle(record: Record[bytes]) -> None:
+        with lock:
+            calls.append((record.topic, record.offset, record.value or b""))
+        if record.topic == source:
+            raise RuntimeError("fails on the source, succeeds on the tier")
+
+    app.provision()
+    tier = app.topics(source).tiers[0].topic
+    limit = ConfigEntry("max.message.bytes", "20000", incremental_operation=AlterConfigOpType.SET)
+    for future in kit.admin.incremental_alter_configs([ConfigResource(ResourceType.TOPIC, tier, incremental_configs=[limit])]).values():
+        future.result(timeout=30)
+    oversized = 3
+    values = [b"v" * 30_000 if i == oversized else f"small-{i}".encode() for i in range(7)]
+    user_headers = [[("tenant", f"t{i}".encode()), ("tenant", b"dup"), ("trace", None)] for i in range(7)]
+    keys = [None if i % 2 else f"k{i}".encode() for i in range(7)]  # keyless ones keep their partition number
+    kit.produce(source, list(zip(keys, values, user_headers, strict=True)))
+
+    # when
+    app.start(main=True, tiers="all")
+    wait_until(lambda: kit.committed(group, source, 1) == {0: 7}, 60, "every source offset committed")
+    small = [i for i in range(7) if i != oversized]
+    wait_until(lambda: sorted(o for t, o, _ in list(calls) if t == tier) == list(range(6)), 60, "six tier calls")
+    assert app.stop()
+
+    # then: one too_large record in the DLQ, the 6 others in the tier, each byte for byte, and handled there
+    dlq = kit.read_all(app.topics(source).dlq)
+    assert [(decode(list(r.headers)).original_offset, decode(list(r.headers)).dlq_reason) for r in dlq] == [
+        (oversized, DlqReason.TOO_LARGE)
+    ]
+    assert dlq[0].value == values[oversized]
+    in_tier = kit.read_all(tier)
+    by_origin = {decode(list(r.headers)).original_offset: r for r in in_tier}
+    assert sorted(by_origin) == small and len(in_tier) == 6
+    for i in small:
+        record = by_origin[i]
+        assert (record.key, record.value) == (keys[i], values[i])
+        assert [h for h in record.headers if not h[0].startswith("retry.")] == user_headers[i]
+    assert sorted(v for t, _, v in calls if t == tier) == sorted(values[i] for i in small)
+    assert app.stats.dead_lettered.get("too_large") == 1
