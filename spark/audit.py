@@ -276,8 +276,10 @@ def _refuse_a_used_folder(spark: SparkSession, out: str) -> None:
     """Fail before any work when `out` already holds something: writing replaces its `records/`,
     `episodes/` and `summary.json` whole, which would delete what an operator kept there. Asked through
     Hadoop's file system, so that `s3a://` or `hdfs://` folders are checked like local ones."""
-    jvm, conf = spark._jvm, spark._jsc.hadoopConfiguration()  # type: ignore[union-attr]
+    jvm = spark._jvm
+    assert jvm is not None  # a live session has its gateway
     path = jvm.org.apache.hadoop.fs.Path(out)
+    conf = spark._jsc.hadoopConfiguration()
     fs = path.getFileSystem(conf)
     if fs.exists(path) and (not fs.getFileStatus(path).isDirectory() or len(fs.listStatus(path)) > 0):
         raise ConfigError("out", out, "exists and is not an empty folder: choose a new one, or pass "
