@@ -363,6 +363,9 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
     parser.add_argument("--header-key-file", metavar="FILE", help="signed retry headers: file with the app's "
                         "header keys, one per line, the first signing (or RETRYTOPICS_APP_HEADER_KEY)")  # fmt: skip
+    parser.add_argument("--accept-v1-signatures", action="store_true", help="with header keys, also accept DLQ "
+                        "records signed by a release before user headers were signed (their user headers are "
+                        "not covered: docs/headers.md)")  # fmt: skip
     parser.add_argument("--kafka-format", choices=["python", "builtin"], default="python",
                         help="read and write with this project's Python data source or Spark's own kafka format")
 
@@ -376,6 +379,11 @@ def run_replay_cli(args: argparse.Namespace, *, kafka: KafkaConfig, topics: Topi
     if args.origin_ids:
         with open(args.origin_ids, encoding="utf-8") as handle:
             origin_ids = [line.strip() for line in handle if line.strip()]
+    header_keys = getattr(args, "header_keys", None)
+    if args.accept_v1_signatures:
+        if header_keys is None:
+            raise ConfigError("--accept-v1-signatures", True, "needs the app's header keys (--header-key-file)")
+        header_keys = HeaderKeys.of(header_keys, accept_v1=True)
     spark = get_session(args.master, "retrytopics-replay")
     job_step(spark, "replay: selecting DLQ records" + (" (dry run)" if args.dry_run else " and writing them"))
     started = time.monotonic()
@@ -385,7 +393,7 @@ def run_replay_cli(args: argparse.Namespace, *, kafka: KafkaConfig, topics: Topi
         since_ms=args.since, until_ms=args.until, origin_ids=origin_ids, where=args.where,
         reset_reconsume_times=not args.keep_reconsume_times, max_replays=args.max_replays,
         allow_replayed=args.allow_replayed, park=args.park, rate_per_s=args.rate, dry_run=args.dry_run,
-        kafka_format=args.kafka_format, header_keys=getattr(args, "header_keys", None),
+        kafka_format=args.kafka_format, header_keys=header_keys,
     )  # fmt: skip
     seconds, written = time.monotonic() - started, int(result.get("written") or 0)
     note(f"{result.get('selected', 0):,} selected, {written:,} written in {seconds:.1f}s ({rate(written, seconds)})")
