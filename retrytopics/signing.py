@@ -29,7 +29,10 @@ from typing import Final
 
 from retrytopics.errors import ConfigError
 
-__all__ = ["MIN_KEY_BYTES", "SIGNATURE", "HeaderKeys", "KeyLike", "sign", "signed_message", "verify"]
+__all__ = [
+    "MIN_KEY_BYTES", "SIGNATURE", "HeaderKeys", "KeyLike", "mark_keys", "replay_mark", "sign", "signed_message",
+    "verify",
+]  # fmt: skip
 
 #: The header carrying the signature: 64 lowercase hex digits. Under ``retry.``, so each hop replaces it.
 SIGNATURE: Final = "retry.signature"
@@ -165,3 +168,22 @@ def verify(
 
 def _verifies(keys: HeaderKeys, message: bytes, expected_mac: bytes) -> bool:
     return any(hmac.compare_digest(_mac(candidate, message), expected_mac) for candidate in keys.keys)
+
+
+_MARK_DOMAIN: Final = b"retrytopics/retry.replay_mark/v1"
+
+
+def mark_keys(nonce: bytes, keys: HeaderKeys | None) -> tuple[bytes, ...]:
+    """The keys of one replay id's marks (the first makes them, every one checks): the run's random `nonce`
+    (kept in the replay ledger) itself, or with header keys one key per header key derived from the nonce,
+    so that reading the ledger is not enough to make a mark."""
+    if keys is None:
+        return (nonce,)
+    return tuple(_mac(key, _MARK_DOMAIN + nonce) for key in keys.keys)
+
+
+def replay_mark(key: bytes, replay_id: str, topic: str, source_record: str) -> str:
+    """`retry.replay_mark`: 64 hex digits that attribute a record on `topic` to the replay `replay_id`
+    writing the source record `source_record` (`<topic>-<partition>-<offset>`); see spark/ledger.py."""
+    parts = [_MARK_DOMAIN, *(_field(text.encode("utf-8", "surrogatepass")) for text in (replay_id, topic, source_record))]
+    return _mac(key, b"".join(parts)).hex()

@@ -276,3 +276,25 @@ def test_seeding_ignores_tail_records_whose_signature_does_not_verify(caplog: py
 
 def _fail() -> RetryHeaders:
     raise AssertionError("no state")
+
+
+# -- replay marks -----------------------------------------------------------------------------------------
+
+
+def test_a_replay_mark_binds_its_replay_id_topic_and_source_record_and_needs_the_key() -> None:
+    """A mark made for one (replay id, topic, source record) is no mark for another, and without the nonce
+    (or, with header keys, without a header key) none can be made: what a source writer cannot forge."""
+    from retrytopics.signing import mark_keys, replay_mark
+
+    nonce = bytes(range(32))
+    (plain,) = mark_keys(nonce, None)
+    mark = replay_mark(plain, "fix-1", "orders", "orders-0-7")
+    assert len(mark) == 64 and mark == replay_mark(plain, "fix-1", "orders", "orders-0-7")
+    others = {replay_mark(plain, "fix-2", "orders", "orders-0-7"), replay_mark(plain, "fix-1", "orders.dlq.parked",
+              "orders-0-7"), replay_mark(plain, "fix-1", "orders", "orders-0-8"), replay_mark(b"\0" * 32, "fix-1",
+              "orders", "orders-0-7")}  # fmt: skip
+    assert mark not in others and len(others) == 4
+    rotated = mark_keys(nonce, HeaderKeys.of([KEY, OLD]))
+    assert len(rotated) == 2 and plain not in rotated  # the ledger's nonce alone makes no keyed mark
+    assert rotated[1] == mark_keys(nonce, HeaderKeys.of(OLD))[0]  # a rerun after a rotation still checks old marks
+    assert mark_keys(bytes(32), KEYS) != mark_keys(nonce, KEYS)
