@@ -43,6 +43,7 @@ FORBIDDEN_OVERRIDES = frozenset(
 _OWNED = frozenset(
     {
         "bootstrap.servers",
+        "metadata.broker.list",  # librdkafka's older name for bootstrap.servers
         "client.id",
         "security.protocol",
         "sasl.mechanism",
@@ -63,7 +64,7 @@ _MUST_STAY_SECURE = {
     "enable.sasl.oauthbearer.unsecure.jwt": {"false"},
 }
 
-_SECRET_KEY = re.compile(r"(?i)password|secret|token|jaas|credential|\.key\.pem$")
+_SECRET_KEY = re.compile(r"(?i)password|passphrase|secret|token|jaas|credential|private|\.key\.pem$")
 
 
 def _validate_path(name: str, path: str | None) -> None:
@@ -87,11 +88,17 @@ def validate_overrides(name: str, overrides: Mapping[str, object], *, allow_inse
             raise ConfigError(f"{name}[{key}]", "[hidden]", "refused: this property loads code or runs commands")
         if key in _OWNED:
             raise ConfigError(f"{name}[{key}]", "[hidden]", "set it through its own KafkaConfig field")
+        shown = _shown(key, value)
         if key.startswith("java.") or key in {"sasl.jaas.config", "ssl.truststore.location"}:
-            raise ConfigError(f"{name}[{key}]", value, "a Java client property; use librdkafka's name")
+            raise ConfigError(f"{name}[{key}]", shown, "a Java client property; use librdkafka's name")
         secure = _MUST_STAY_SECURE.get(key)
         if secure and _text(value) not in secure and not allow_insecure:
-            raise ConfigError(f"{name}[{key}]", value, "weakens TLS/SASL security; set allow_insecure=True to insist")
+            raise ConfigError(f"{name}[{key}]", shown, "weakens TLS/SASL security; set allow_insecure=True to insist")
+
+
+def _shown(key: str, value: object) -> object:
+    """What an error may print of an override: never the value of a key that names a secret."""
+    return "[hidden]" if _SECRET_KEY.search(key) else value
 
 
 def _text(value: object) -> str:

@@ -5,7 +5,8 @@
 
 A log scale, because a DLQ of 12 records must still show next to a source of two million; full topic names
 on the axis, each bar labelled with its count (and a note such as "12 overdue"), no legend. Needs the
-`spark` extra's matplotlib.
+`spark` extra's matplotlib. Labels are untrusted text (exception types come from records): they are drawn
+as plain text (no mathtext, so `$...$` is not parsed) with control characters escaped (`reports.safe_text`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from retrytopics.reports import safe_text
 
 __all__ = ["COLOURS", "Bar", "pipeline_chart"]
 
@@ -30,6 +33,10 @@ class Bar:
     note: str = ""
 
 
+#: The longest label drawn (an exception type is at most 256 bytes, more once escaped).
+_LABEL_LIMIT = 120
+
+
 def _count_tick(value: float, _position: int) -> str:
     """1, 10, 100, 1k, 10k, 1M: read at a glance, unlike 10^6."""
     for size, suffix in ((1e6, "M"), (1e3, "k")):
@@ -42,7 +49,7 @@ def _bars(axis: Any, bars: Sequence[Bar], title: str) -> None:
     from matplotlib.ticker import FuncFormatter
 
     axis.barh(range(len(bars)), [max(b.value, 0) for b in bars], color=[COLOURS[b.kind] for b in bars], log=True)
-    axis.set_yticks(range(len(bars)), [b.label for b in bars])
+    axis.set_yticks(range(len(bars)), [safe_text(b.label, _LABEL_LIMIT) for b in bars], parse_math=False)
     axis.invert_yaxis()  # first bar on top: the order of the flow
     # at least three decades, so that the labels' offset (x 1.15) stays small next to the bars
     axis.set_xlim(0.7, max(100, *(3 * b.value for b in bars)))
@@ -52,7 +59,7 @@ def _bars(axis: Any, bars: Sequence[Bar], title: str) -> None:
     axis.xaxis.set_major_formatter(FuncFormatter(_count_tick))
     axis.grid(axis="x", which="major", alpha=0.3)
     axis.spines[["top", "right"]].set_visible(False)
-    axis.set_title(title, loc="left")
+    axis.set_title(safe_text(title), loc="left", parse_math=False)
     axis.set_xlabel("records (log scale)")
 
 
@@ -64,7 +71,7 @@ def pipeline_chart(path: str, *, title: str, stages: Sequence[Bar], failures: Se
     matplotlib.use("Agg")  # no display: a file is the only output
     import matplotlib.pyplot as plt
 
-    longest = max(len(b.label) for b in [*stages, *failures])
+    longest = max(len(safe_text(b.label, _LABEL_LIMIT)) for b in [*stages, *failures])
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(6.5 + 0.075 * longest, 2.6 + 0.42 * (len(stages) + len(failures))),
                                       height_ratios=[len(stages), max(1, len(failures))])  # fmt: skip
     _bars(top, stages, f"Records per stage: {title}")

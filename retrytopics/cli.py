@@ -115,21 +115,27 @@ def _cmd_dlq_peek(args: argparse.Namespace) -> int:
 
 _PEEK_COLUMNS = ("record", "reason", "failures", "origin id", "exception", "key")
 _PEEK_WIDTHS = (32, 21, 8, 24, 60, 0)
-
-
-def _short(text: str | None, limit: int = 60) -> str | None:
-    return text if text is None or len(text) <= limit else text[: limit - 1] + "…"
+#: The longest a peek cell that comes from the record (id, exception text, key) is printed.
+_PEEK_ID_LIMIT, _PEEK_EXCEPTION_LIMIT, _PEEK_KEY_LIMIT = 40, 60, 40
 
 
 def _peek_row(record: Any) -> list[Any]:
-    """One DLQ record as a row of `_PEEK_COLUMNS`; undecodable retry headers show their problem instead."""
+    """One DLQ record as a row of `_PEEK_COLUMNS`; undecodable retry headers show their problem instead.
+    Text from the record is untrusted: escaped and shortened (`reports.safe_text`)."""
+    from retrytopics.reports import safe_text
+
+    def shown(text: object, limit: int) -> str | None:
+        return None if text is None else safe_text(str(text), limit)
+
     where = f"{record.topic}[{record.partition}]@{record.offset}"
+    key = shown(record.key, _PEEK_KEY_LIMIT)
     retry = record.retry
     if retry is None:
-        return [where, "bad headers", None, None, _short(record.header_error), record.key]
+        return [where, "bad headers", None, None, shown(record.header_error, _PEEK_EXCEPTION_LIMIT), key]
     exception = ": ".join(str(part) for part in (retry.get("exception_type"), retry.get("exception_message")) if part)
-    return [where, retry.get("reason"), retry.get("reconsume_times"), retry.get("origin_message_id"),
-            _short(exception or None), record.key]  # fmt: skip
+    return [where, shown(retry.get("reason"), _PEEK_EXCEPTION_LIMIT), retry.get("reconsume_times"),
+            shown(retry.get("origin_message_id"), _PEEK_ID_LIMIT), shown(exception or None, _PEEK_EXCEPTION_LIMIT),
+            key]  # fmt: skip
 
 
 def _cmd_topics_describe(args: argparse.Namespace) -> int:

@@ -31,15 +31,19 @@ HIDDEN: Final = "[hidden]"
 #: Key names whose value is a secret, as a whole word or a segment of a longer key (`access_token`,
 #: `aws_secret_access_key`, `sasl.password`, `x-api-key`, `clientSecret`, `PGPASSWORD`).
 _SECRET_WORDS: Final = (
-    r"password|passwd|pwd|passphrase|secret|token|api[_-]?key|access[_-]?key|private[_-]?key"
+    r"password|passwd|pwd|passphrase|secret|token|api[_-]?key|access[_-]?key|private[_-]?key|account[_-]?key"
     r"|authorization|credentials?|session[_-]?id"
 )
+#: Short names that are secrets only as a whole segment (`pass`, `db.pw`, a SAS URL's `sig`), never inside a
+#: longer word (`compass`, `bypass`, `design`).
+_SHORT_SECRET_WORDS: Final = r"pass|pw|sig"
 _KEY: Final = re.compile(
     # The key is taken whole and possessively (no backtracking inside it: a long run of `token_token_...`
     # would be quadratic); whether it names a secret is checked afterwards (`_names_a_secret`), and only
     # then is its value matched, so `a=a=a=...` costs one pass too.
     r"(?<![\w.-])(?P<key>[\w.-]++)"
-    r"(?P<sep>\\?['\"]?\s*[:=]\s*)"  # `=`, `: `, or the closing quote of a JSON or dict key first
+    # `=`, `: `, Ruby's `=>`, a URL-encoded `=` or `:`, or the closing quote of a JSON or dict key first
+    r"(?P<sep>\\?['\"]?\s*(?:=>|[:=]|%3[aAdD])\s*)"
 )
 _VALUE: Final = re.compile(
     r"(?i)\\(?P<eq>['\"]).{0,256}?\\(?P=eq)"  # an escaped-quoted value: {\"password\": \"x\"}
@@ -47,10 +51,19 @@ _VALUE: Final = re.compile(
     r"|(?P<open>['\"]?)(?:(?:bearer|basic|digest|token)\s+)?[^\s'\"]+"  # a bare value, or a long quoted one
 )
 #: Every secret word contains one of these (lower case): a text with none of them has no secret key.
-_KEY_HINTS: Final = ("pass", "pwd", "secret", "token", "key", "auth", "credential", "session")
-_SECRET_KEY: Final = re.compile(rf"(?i)(?:{_SECRET_WORDS})s?(?:[_.-][\w.-]*)?")  # a key's last segments
+_KEY_HINTS: Final = ("pass", "pw", "sig", "secret", "token", "key", "auth", "credential", "session")
+_SECRET_KEY: Final = re.compile(  # a key's last segments
+    rf"(?i)(?:{_SECRET_WORDS}|(?:^|(?<=[_.-]))(?:{_SHORT_SECRET_WORDS}))s?(?:[_.-][\w.-]*)?"
+)
+#: A command-line flag naming a secret, then its value after a space: `--password hunter2`.
+_FLAG: Final = re.compile(r"(?<![\w.-])(?P<key>--?[A-Za-z][\w.-]*+)[ \t]+(?=[^\s-])")
 _COOKIE: Final = re.compile(r"(?im)\b((?:set-)?cookie\s*[:=]\s*)[^\r\n]+")  # every cookie on the line
 _BEARER: Final = re.compile(r"(?i)\b(bearer\s+)[\w.~+/=-]+")  # a token without its header name
+#: `Basic <base64 of user:password>` without its header name (see `_hide_basic` for which words count).
+_BASIC: Final = re.compile(r"(?i)\b(basic\s+)([A-Za-z0-9+/]+={0,2})(?![\w+/=])")
+_LOOKS_ENCODED: Final = re.compile(r"[0-9+/=]|[a-z][A-Z]")
+#: A JSON Web Token on its own: base64url of `{"` twice (header, payload), then the signature, if any.
+_JWT: Final = re.compile(r"\beyJ[\w-]+\.eyJ[\w-]+(?:\.[\w-]*)?")
 _URL_USERINFO: Final = re.compile(r"://[^/\s\"'<>]*@")  # greedy: a password may contain '@'
 _PRIVATE_KEY: Final = re.compile(r"-----BEGIN[A-Z ]*PRIVATE KEY-----(?:.*?-----END[A-Z ]*PRIVATE KEY-----|.*)", re.S)
 
@@ -62,10 +75,10 @@ def _names_a_secret(key: str) -> bool:
     return found is not None
 
 
-def _hide_key_values(text: str) -> str:
+def _hide_key_values(text: str, keys: re.Pattern[str] = _KEY) -> str:
     out: list[str] = []
     pos = 0
-    while (key := _KEY.search(text, pos)) is not None:
+    while (key := keys.search(text, pos)) is not None:
         value = _VALUE.match(text, key.end()) if _names_a_secret(key.group("key")) else None
         if value is None:  # keep scanning after the separator: `Server=db;pwd=hunter2` holds a second pair
             out.append(text[pos : key.end()])
@@ -95,9 +108,24 @@ def _builtin(text: str) -> str:
         text = _COOKIE.sub(rf"\g<1>{HIDDEN}", text)
     if any(hint in lowered for hint in _KEY_HINTS):
         text = _hide_key_values(text)
+        if "-" in text:
+            text = _hide_key_values(text, _FLAG)
     if "bearer" in lowered:
         text = _BEARER.sub(rf"\g<1>{HIDDEN}", text)
+    if "basic" in lowered:
+        text = _BASIC.sub(_hide_basic, text)
+    if "eyJ" in text:
+        text = _JWT.sub(HIDDEN, text)
     return _URL_USERINFO.sub(f"://{HIDDEN}@", text) if "@" in text else text
+
+
+def _hide_basic(m: re.Match[str]) -> str:
+    # Base64 comes in groups of four and a credential's encoding mixes cases or has digits or padding:
+    # `Basic dXNlcjpwYXNz` is hidden, `basic validation failed` and `Basic Auth` are not.
+    encoded = m.group(2)
+    if len(encoded) % 4 or not _LOOKS_ENCODED.search(encoded):
+        return m.group(0)
+    return m.group(1) + HIDDEN
 
 
 def _hide_match(m: re.Match[str]) -> str:

@@ -8,6 +8,8 @@ Commands print these by default and JSON with `--json`, so nothing here needs to
     orders.billing.dlq       12
 
 Pure: standard library only. A cell is text, a number or None (printed "-"); numeric columns align right.
+Text from records (keys, ids, exception text) is untrusted: every text output goes through `safe_text`, so
+no control character (ESC, BEL, a newline, a bidi override) reaches the terminal.
 """
 
 from __future__ import annotations
@@ -15,20 +17,49 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["cell", "counts", "duration", "key_values", "replay_text", "table"]
+__all__ = ["cell", "counts", "duration", "key_values", "replay_text", "safe_text", "table"]
 
 Cell = str | int | float | bool | None
 
+_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(char: str) -> str:
+    if char in _NAMED_ESCAPES:
+        return _NAMED_ESCAPES[char]
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def safe_text(text: str, limit: int | None = None) -> str:
+    """`text` fit for a terminal: every character that is not printable (control characters such as ESC
+    and BEL, line breaks, format characters such as bidi overrides) written as its escape (`\\x1b`), then
+    cut to at most `limit` characters, ending in "…" when cut (never inside an escape). A space stays."""
+    if text.isprintable() and (limit is None or len(text) <= limit):
+        return text
+    pieces = [char if char.isprintable() else _escape(char) for char in text]
+    if limit is None or sum(map(len, pieces)) <= limit:
+        return "".join(pieces)
+    kept: list[str] = []
+    room = limit - 1  # for the "…"
+    for piece in pieces:
+        if len(piece) > room:
+            break
+        kept.append(piece)
+        room -= len(piece)
+    return "".join(kept) + "…"
+
 
 def cell(value: Cell) -> str:
-    """One value as people read it: None is "-", booleans are yes/no, floats have at most 4 digits."""
+    """One value as people read it: None is "-", booleans are yes/no, floats have at most 4 digits, text
+    through `safe_text`."""
     if value is None:
         return "-"
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, float):
         return f"{value:.4g}"
-    return str(value)
+    return safe_text(str(value))
 
 
 def _numeric(values: Iterable[Cell]) -> bool:
@@ -84,14 +115,18 @@ def counts(mapping: Mapping[str, int], *, unknown: str = "unknown") -> str:
     for a missing value ("None") reads as `unknown`."""
     if not mapping:
         return "none"
-    return ", ".join(f"{unknown if key in ('None', '') else key} {n}" for key, n in mapping.items())
+    return ", ".join(f"{unknown if key in ('None', '') else safe_text(key, _NAME_LIMIT)} {n}" for key, n in mapping.items())
 
+
+#: The longest a name from a record (an exception type, an origin id) is printed in a line or a sample cell.
+_NAME_LIMIT = 60
 
 #: The skip counters of a replay result, in the order an operator reads them.
 _SKIPPED = (
     ("skipped_foreign", "not from this pipeline"),
     ("skipped_invalid", "invalid headers"),
     ("skipped_duplicates", "older copy of a source record"),
+    ("skipped_reference_only", "too large: only a reference to the value"),
     ("skipped_max_replays", "replayed too often"),
     ("skipped_already_replayed", "written by an earlier run of this id"),
 )
@@ -124,5 +159,9 @@ def replay_text(result: Mapping[str, Any]) -> str:
     if sample:
         headers = list(sample[0])
         lines += ["", f"sample ({len(sample)} of {result.get('selected', len(sample))} selected):",
-                  table(headers, [[row.get(h) for h in headers] for row in sample], indent="  ")]  # fmt: skip
+                  table(headers, [[_short(row.get(h)) for h in headers] for row in sample], indent="  ")]  # fmt: skip
     return "\n".join(lines)
+
+
+def _short(value: Cell) -> Cell:
+    return safe_text(value, _NAME_LIMIT) if isinstance(value, str) else value

@@ -8,9 +8,15 @@ checked, exactly as before. See docs/headers.md (*Trust*) for the threat model::
     headers = sign(keys, "orders.retry.5s", key, value, headers)    # appends retry.signature
     verify(keys, "orders.retry.5s", key, value, headers)            # None, or why it does not verify
 
-The signed message is canonical and unambiguous: a domain tag, then length-prefixed fields (the
-destination topic, the record key, the SHA-256 of the value, and every ``retry.*`` header but the signature,
-sorted by name then value), each field tagged as null or bytes, so no two different records encode alike.
+The signed message is unambiguous: a domain tag naming the version, then length-prefixed fields (the
+destination topic, the record key, the SHA-256 of the value, and every header but the signature, user
+headers included, in the order they are on the record, duplicates kept), each field tagged as null or bytes,
+so no two different records encode alike. A user header (``tenant``, ``role``) is as much a record's
+meaning as its value: changing, adding, dropping or reordering one fails verification.
+
+Version 1 signed only the ``retry.*`` headers (sorted). Its signatures are recognised and refused with a
+reason that says so, unless the keys were built with ``accept_v1=True``: for an upgrade's window only,
+since a v1 record's user headers can be rewritten without breaking its signature (docs/headers.md).
 """
 
 from __future__ import annotations
@@ -23,13 +29,17 @@ from typing import Final
 
 from retrytopics.errors import ConfigError
 
-__all__ = ["MIN_KEY_BYTES", "SIGNATURE", "HeaderKeys", "KeyLike", "sign", "signed_message", "verify"]
+__all__ = [
+    "MIN_KEY_BYTES", "SIGNATURE", "HeaderKeys", "KeyLike", "mark_keys", "replay_mark", "sign", "signed_message",
+    "verify",
+]  # fmt: skip
 
 #: The header carrying the signature: 64 lowercase hex digits. Under ``retry.``, so each hop replaces it.
 SIGNATURE: Final = "retry.signature"
 #: The shortest key accepted (HMAC-SHA256's block-size guidance: a key shorter than the hash is weak).
 MIN_KEY_BYTES: Final = 32
-_DOMAIN: Final = b"retrytopics/retry.signature/v1"
+_DOMAIN: Final = b"retrytopics/retry.signature/v2"
+_DOMAIN_V1: Final = b"retrytopics/retry.signature/v1"
 _PREFIX: Final = "retry."
 _NULL: Final = b"\x00"
 
@@ -38,20 +48,23 @@ KeyLike = str | bytes | Sequence[str | bytes]
 
 @dataclass(frozen=True, slots=True)
 class HeaderKeys:
-    """The HMAC keys of one app: ``keys[0]`` signs, every key verifies (rotation). Never shown in a repr."""
+    """The HMAC keys of one app: ``keys[0]`` signs, every key verifies (rotation). Never shown in a repr.
+    ``accept_v1``: also accept signatures of version 1, which did not cover user headers (an upgrade's
+    window: see the module docstring)."""
 
     keys: tuple[bytes, ...] = field(repr=False)
+    accept_v1: bool = False
 
     def __post_init__(self) -> None:
         if not self.keys:
             raise ConfigError("header_key", "[hidden]", "expected at least one key")
 
     @classmethod
-    def of(cls, value: KeyLike | HeaderKeys, *, field: str = "header_key") -> HeaderKeys:
+    def of(cls, value: KeyLike | HeaderKeys, *, field: str = "header_key", accept_v1: bool = False) -> HeaderKeys:
         """Keys from a str/bytes key or a list of them (the first signs); a key under 32 bytes is a
         `ConfigError` naming `field` (the key itself never appears in the error)."""
         if isinstance(value, HeaderKeys):
-            return value
+            return value if not accept_v1 else cls(value.keys, accept_v1=True)
         items = [value] if isinstance(value, str | bytes) else value
         if not isinstance(items, list | tuple) or not items:
             raise ConfigError(field, "[hidden]", "expected a key (str or bytes) or a non-empty list of keys")
@@ -64,10 +77,10 @@ class HeaderKeys:
             if len(raw) < MIN_KEY_BYTES:
                 raise ConfigError(name, "[hidden]", f"a key must be at least {MIN_KEY_BYTES} bytes, got {len(raw)}")
             keys.append(raw)
-        return cls(tuple(keys))
+        return cls(tuple(keys), accept_v1=accept_v1)
 
     def __repr__(self) -> str:
-        return f"HeaderKeys(<{len(self.keys)} hidden>)"
+        return f"HeaderKeys(<{len(self.keys)} hidden>{', accept_v1=True' if self.accept_v1 else ''})"
 
 
 def _field(data: bytes | None) -> bytes:
@@ -78,16 +91,31 @@ def _field(data: bytes | None) -> bytes:
 
 def signed_message(topic: str, key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, object]]) -> bytes:
     """The bytes the signature covers (see the module docstring); header values may be bytes or None."""
+    covered = [(name, data) for name, data in headers if name != SIGNATURE]
+    return _message(_DOMAIN, topic, key, value, covered)
+
+
+def _signed_message_v1(topic: str, key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, object]]) -> bytes:
+    """Version 1: the ``retry.*`` headers only, sorted by name then value."""
     retry = sorted(
-        ((name.encode("utf-8", "surrogatepass"), _bytes(data)) for name, data in headers
-         if name.startswith(_PREFIX) and name != SIGNATURE),
-        key=lambda item: (item[0], item[1] is not None, item[1] or b""),
+        ((name, data) for name, data in headers if name.startswith(_PREFIX) and name != SIGNATURE),
+        key=lambda item: (_name(item[0]), _bytes(item[1]) is not None, _bytes(item[1]) or b""),
     )  # fmt: skip
+    return _message(_DOMAIN_V1, topic, key, value, retry)
+
+
+def _message(
+    domain: bytes, topic: str, key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, object]]
+) -> bytes:
     digest = None if value is None else hashlib.sha256(value).digest()
-    parts = [_DOMAIN, _field(topic.encode("utf-8")), _field(key), _field(digest), len(retry).to_bytes(4, "big")]
-    for name, data in retry:
-        parts += (_field(name), _field(data))
+    parts = [domain, _field(topic.encode("utf-8")), _field(key), _field(digest), len(headers).to_bytes(4, "big")]
+    for name, data in headers:
+        parts += (_field(_name(name)), _field(_bytes(data)))
     return b"".join(parts)
+
+
+def _name(name: str) -> bytes:
+    return name.encode("utf-8", "surrogatepass")
 
 
 def _bytes(data: object) -> bytes | None:
@@ -128,8 +156,34 @@ def verify(
         expected_mac = bytes.fromhex(bytes(given).decode("ascii"))
     except ValueError:
         return "malformed: expected 64 hex digits"
-    message = signed_message(topic, key, value, headers)
-    for candidate in keys.keys:
-        if hmac.compare_digest(_mac(candidate, message), expected_mac):
+    if _verifies(keys, signed_message(topic, key, value, headers), expected_mac):
+        return None
+    if _verifies(keys, _signed_message_v1(topic, key, value, headers), expected_mac):
+        if keys.accept_v1:
             return None
+        return ("version 1: an earlier release's signature, which does not cover user headers; refused "
+                "unless the keys accept version 1")
     return "wrong: does not verify with any configured key (forged, altered, or moved from another topic)"
+
+
+def _verifies(keys: HeaderKeys, message: bytes, expected_mac: bytes) -> bool:
+    return any(hmac.compare_digest(_mac(candidate, message), expected_mac) for candidate in keys.keys)
+
+
+_MARK_DOMAIN: Final = b"retrytopics/retry.replay_mark/v1"
+
+
+def mark_keys(nonce: bytes, keys: HeaderKeys | None) -> tuple[bytes, ...]:
+    """The keys of one replay id's marks (the first makes them, every one checks): the run's random `nonce`
+    (kept in the replay ledger) itself, or with header keys one key per header key derived from the nonce,
+    so that reading the ledger is not enough to make a mark."""
+    if keys is None:
+        return (nonce,)
+    return tuple(_mac(key, _MARK_DOMAIN + nonce) for key in keys.keys)
+
+
+def replay_mark(key: bytes, replay_id: str, topic: str, source_record: str) -> str:
+    """`retry.replay_mark`: 64 hex digits that attribute a record on `topic` to the replay `replay_id`
+    writing the source record `source_record` (`<topic>-<partition>-<offset>`); see spark/ledger.py."""
+    parts = [_MARK_DOMAIN, *(_field(text.encode("utf-8", "surrogatepass")) for text in (replay_id, topic, source_record))]
+    return _mac(key, b"".join(parts)).hex()

@@ -37,6 +37,7 @@ from retrytopics.connectors.spark_kafka import kafka_options, read_kafka
 from retrytopics.connectors.spark_kafka_io import OffsetResolver
 from retrytopics.connectors.spark_kafka_plan import Subscription, client_properties
 from retrytopics.durations import parse_duration
+from retrytopics.errors import ConfigError
 from retrytopics.naming import TopicSet
 from retrytopics.progress import finish, note, rate
 from retrytopics.spark.columns import with_retry_columns
@@ -217,13 +218,17 @@ def audit(
     out: str | None = None,
     chart: str | None = None,
     kafka_format: str = "python",
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Audit the pipeline of `topics`; returns the summary (the `--json` object). `out` writes Parquet
-    (`records/`, `episodes/`, `summary.json`), `chart` a PNG of records per stage and exception type.
+    (`records/`, `episodes/`, `summary.json`) into a folder that is new or empty, or replaces them with
+    `overwrite`; `chart` a PNG of records per stage and exception type.
 
     Three Spark jobs make the summary: the per-record pass (which also reads Kafka once, into the cache),
     the episode pass and the replayed count; the chart needs none, the Parquet output one per dataset."""
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    if out and not overwrite:
+        _refuse_a_used_folder(spark, out)
     job_step(spark, "audit: reading committed offsets, planning the read")
     records = pipeline_records(spark, kafka, topics, now_ms=now_ms, grace_ms=grace_ms, kafka_format=kafka_format)
     records = records.drop("key", "value", "headers").cache()
@@ -265,6 +270,20 @@ def _timed_facts(spark: SparkSession, records: DataFrame, topics: TopicSet) -> l
     total = sum(r.records for r in facts if r.coarse)
     note(f"read {len(topics.tiers) + 2} topics: {total:,} records in {seconds:.1f}s ({rate(total, seconds)})")
     return facts
+
+
+def _refuse_a_used_folder(spark: SparkSession, out: str) -> None:
+    """Fail before any work when `out` already holds something: writing replaces its `records/`,
+    `episodes/` and `summary.json` whole, which would delete what an operator kept there. Asked through
+    Hadoop's file system, so that `s3a://` or `hdfs://` folders are checked like local ones."""
+    jvm = spark._jvm
+    assert jvm is not None  # a live session has its gateway
+    path = jvm.org.apache.hadoop.fs.Path(out)
+    conf = spark._jsc.hadoopConfiguration()
+    fs = path.getFileSystem(conf)
+    if fs.exists(path) and (not fs.getFileStatus(path).isDirectory() or len(fs.listStatus(path)) > 0):
+        raise ConfigError("out", out, "exists and is not an empty folder: choose a new one, or pass "
+                          "--overwrite to replace its records/, episodes/ and summary.json")  # fmt: skip
 
 
 def _write_parquet(records: DataFrame, eps: DataFrame, summary: Mapping[str, Any], out: str) -> None:
@@ -340,6 +359,8 @@ def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
                         "is overdue (default 1m)")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     parser.add_argument("--out", metavar="DIR", help="write records/, episodes/ and summary.json as Parquet/text")
+    parser.add_argument("--overwrite", action="store_true", help="let --out replace the outputs of an earlier "
+                        "audit in a folder that is not empty")  # fmt: skip
     parser.add_argument("--chart", metavar="PNG", help="write a chart of records per stage and exception type")
     parser.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
     parser.add_argument("--kafka-format", choices=["python", "builtin"], default="python",
@@ -353,7 +374,7 @@ def run_audit_cli(args: argparse.Namespace, *, kafka: KafkaConfig, topics: Topic
     spark = get_session(args.master, "retrytopics-audit")
     summary = audit(
         spark, kafka, topics, grace_ms=parse_duration(args.grace, field="--grace"), out=args.out, chart=args.chart,
-        kafka_format=args.kafka_format,
+        kafka_format=args.kafka_format, overwrite=args.overwrite,
     )  # fmt: skip
     finish()  # the progress line, if any, ends before the result
     print(json.dumps(summary, sort_keys=True) if args.json else format_table(summary))

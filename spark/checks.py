@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 
 from retrytopics import headers as H
 
-__all__ = ["PROBLEMS", "problem", "problem_sql"]
+__all__ = ["PROBLEMS", "problem", "problem_sql", "reference_only"]
 
 _INT32: Final = 2**31 - 1
 _TOPIC: Final = "^[a-zA-Z0-9._-]{1,249}$"
@@ -77,3 +77,17 @@ def problem_sql(source_partitions: int) -> str:
 def problem(source_partitions: int) -> Column:
     """`problem_sql` as a column (needs the typed retry columns with `exception_trace`, and `headers`)."""
     return F.expr(problem_sql(source_partitions))
+
+
+def reference_only() -> Column:
+    """True for a `too_large` DLQ record whose value is only a reference to the record (the runtime's last
+    resort when even a DLQ record without exception details was too large: `router.too_large_reference`,
+    `{"too_large":true,"topic":...,"partition":...,"offset":...,"value_bytes":...}`, naming the consumed
+    record, which may be a tier's). Its value is not the record's, so a replay must not write it; never NULL.
+    Recognised by the reason and the reference's shape, so a record whose own value happens to be JSON is
+    not mistaken for one unless it has every field of a reference."""
+    value = "CAST(value AS STRING)"
+    fields = " AND ".join(f"get_json_object({value}, '$.{name}') IS NOT NULL"
+                          for name in ("topic", "partition", "offset", "value_bytes"))  # fmt: skip
+    return F.expr(f"coalesce(dlq_reason = '{H.DlqReason.TOO_LARGE.value}' "
+                  f"AND get_json_object({value}, '$.too_large') = 'true' AND {fields}, false)")  # fmt: skip

@@ -11,17 +11,28 @@ crashed producer's buffer is simply written by the rerun.
 `retry.replay_original` is `<original_topic>-<original_partition>-<original_offset>` of the replayed DLQ
 record: the one source record it stands for. The origin id cannot serve: with `id_header` a producer
 chooses it, and two different records sharing one made a rerun skip the second (issue 15.1).
+
+Anyone with WRITE on the source can write those two headers too, so a rerun trusts only records it can
+attribute to the replay itself: each record a replay writes carries `retry.replay_mark`, an HMAC over
+(replay id, destination topic, source record) keyed by a random nonce that the `started` entry keeps
+(`retrytopics.signing.mark_keys`; with header keys, keyed by a key derived from both, so that reading the
+ledger is not enough). A marker without a valid mark is ignored: the record it names is written again, as
+if the marker were not there. A mark copied from a genuine record names that record's source record only.
+A replay id started by a release without marks (its `started` entry has no nonce) trusts markers as before.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from confluent_kafka import KafkaError, TopicPartition
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import BooleanType, StringType
 
 from retrytopics.connectors.admin import TopicSpec, ensure_topics
 from retrytopics.connectors.config import KafkaConfig
@@ -29,10 +40,12 @@ from retrytopics.connectors.kafka import make_admin, make_consumer, make_produce
 from retrytopics.connectors.spark_kafka import kafka_options, read_kafka
 from retrytopics.errors import KafkaClientError, PublishError
 from retrytopics.headers import REPLAY_ID
+from retrytopics.signing import replay_mark
 from retrytopics.spark.columns import header_text
 
 __all__ = [
-    "REPLAY_ORIGINAL", "append", "ledger_topic", "partition_counts", "read_entries", "watermarks", "written_by",
+    "REPLAY_MARK", "REPLAY_ORIGINAL", "append", "ledger_topic", "mark_header", "partition_counts", "read_entries",
+    "watermarks", "written_by",
 ]  # fmt: skip
 
 Marks = dict[str, dict[str, int]]
@@ -40,6 +53,10 @@ Marks = dict[str, dict[str, int]]
 #: Lineage header of a replayed record: the source record its DLQ record stood for (see the module docstring).
 #: Written by the replay only; the runtime drops it at the record's next hop, as any `retry.*` header.
 REPLAY_ORIGINAL: Final = "retry.replay_original"
+
+
+#: The HMAC that attributes a replayed record to its replay id (see the module docstring).
+REPLAY_MARK: Final = "retry.replay_mark"
 
 
 def ledger_topic(dlq: str) -> str:
@@ -77,9 +94,14 @@ def partition_counts(kafka: KafkaConfig, topics: Sequence[str]) -> dict[str, int
     return {t: len(meta.partitions) for t, meta in found.items() if meta is not None and meta.error is None}
 
 
-def written_by(spark: SparkSession, kafka: KafkaConfig, marks: Marks, replay_id: str, kafka_format: str) -> DataFrame:
+def written_by(
+    spark: SparkSession, kafka: KafkaConfig, marks: Marks, replay_id: str, kafka_format: str,
+    mark_keys: Sequence[bytes] | None = None,
+) -> DataFrame:  # fmt: skip
     """(topic, source_record) of every record `replay_id` wrote since its first start `marks`; `source_record`
-    is the record's `retry.replay_original` (NULL for one written before that header existed)."""
+    is the record's `retry.replay_original` (NULL for one written before that header existed). With
+    `mark_keys`, only records whose `retry.replay_mark` verifies with one of them count: the others were
+    not written by this replay, whatever their headers say."""
     schema = "topic string, source_record string"
     marks = {t: parts for t, parts in marks.items() if parts}
     if not marks:
@@ -89,7 +111,31 @@ def written_by(spark: SparkSession, kafka: KafkaConfig, marks: Marks, replay_id:
         startingOffsets=json.dumps(marks), endingOffsets="latest", includeHeaders="true",
     )  # fmt: skip
     written = read_kafka(spark, options, kafka_format=kafka_format).where(header_text(REPLAY_ID) == replay_id)
-    return written.select("topic", header_text(REPLAY_ORIGINAL).alias("source_record")).distinct()
+    written = written.select("topic", header_text(REPLAY_ORIGINAL).alias("source_record"),
+                             header_text(REPLAY_MARK).alias("mark"))  # fmt: skip
+    if mark_keys is not None:
+        keys = tuple(mark_keys)  # inside the function, never a SQL literal: a plan shows its literals
+
+        def attributed(topic: Any, source_record: Any, mark: Any) -> bool:
+            if source_record is None or mark is None:
+                return False
+            given = str(mark).encode("utf-8", "surrogatepass")
+            return any(hmac.compare_digest(replay_mark(key, replay_id, str(topic), str(source_record)).encode(), given)
+                       for key in keys)  # fmt: skip
+
+        written = written.where(F.udf(attributed, BooleanType(), useArrow=False)("topic", "source_record", "mark"))
+    return written.select("topic", "source_record").distinct()
+
+
+def mark_header(mark_key: bytes, replay_id: str, topic: Column, source_record: Column) -> Column:
+    """The `retry.replay_mark` header (a struct like the others) of a record `replay_id` writes to `topic`
+    for `source_record`."""
+
+    def mark(topic: Any, source_record: Any) -> str:
+        return replay_mark(mark_key, replay_id, str(topic), str(source_record or ""))
+
+    return F.struct(F.lit(REPLAY_MARK).alias("key"),
+                    F.udf(mark, StringType(), useArrow=False)(topic, source_record).cast("binary").alias("value"))  # fmt: skip
 
 
 def append(kafka: KafkaConfig, dlq: str, replay_id: str, entry: Mapping[str, Any]) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import secrets
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -41,7 +42,7 @@ from retrytopics.connectors.kafka import make_admin
 from retrytopics.connectors.spark_kafka import kafka_options, read_kafka, write_kafka
 from retrytopics.errors import ConfigError
 from retrytopics.naming import TopicSet
-from retrytopics.signing import HeaderKeys
+from retrytopics.signing import HeaderKeys, mark_keys
 from retrytopics.spark import checks, ledger, signatures, where as where_filter
 from retrytopics.spark.columns import with_retry_columns
 
@@ -138,7 +139,13 @@ def _plan(
     Among the valid ones, one per source record is kept (`source_record`: its original topic, partition and
     offset), the latest episode: a true duplicate (a DLQ publish repeated after a crash) and an earlier
     episode of a record replayed to a tier count as duplicates, but two records sharing an origin id (which
-    `id_header` allows) are two records. A forged copy never hides a valid record."""
+    `id_header` allows) are two records. A kept record whose value is only a reference to a too-large
+    record (`checks.reference_only`) is skipped as `skipped_reference_only`: its value is not the record's.
+
+    Forged copies: with `header_keys`, a record that does not verify is invalid, and a valid record always
+    ranks before an invalid one, so a forged copy never hides a verified record. Without keys nothing tells
+    a forged copy from the app's own: a principal with WRITE on the DLQ decides what a replay writes for any
+    source record (docs/headers.md, *Trust*)."""
     foreign = F.col("original_topic").isNull() | (F.col("original_topic") != topics.source)
     problem = checks.problem(source_partitions)
     if header_keys is not None:  # checked first: a record that fails it may have been forged to pass the rest
@@ -153,20 +160,23 @@ def _plan(
     latest = checked.withColumn("rank", F.row_number().over(newest_first))
     target = topics.source if destination == "original" else topics.tiers[0].topic
     duplicate = usable & (F.col("rank") > 1)
-    looped = usable & ~duplicate & (F.coalesce("replay_count", F.lit(0)) >= max_replays) & F.lit(not allow_replayed)
+    reference = usable & ~duplicate & checks.reference_only()
+    looped = (usable & ~duplicate & ~reference & (F.coalesce("replay_count", F.lit(0)) >= max_replays)
+              & F.lit(not allow_replayed))  # fmt: skip
     dest = (
-        F.when(~usable | duplicate, None)
+        F.when(~usable | duplicate | reference, None)
         .when(looped, F.lit(f"{topics.dlq}.parked") if park else None)
         .otherwise(F.lit(target))
     )
     planned = latest.withColumn("destination", dest).cache()
-    counts, sizes = _tally(planned, duplicate=duplicate, foreign=foreign, skipped_looped=looped & F.lit(not park),
-                           parked_topic=f"{topics.dlq}.parked")  # fmt: skip
+    counts, sizes = _tally(planned, duplicate=duplicate, foreign=foreign, reference=reference,
+                           skipped_looped=looped & F.lit(not park), parked_topic=f"{topics.dlq}.parked")  # fmt: skip
     return planned.where(F.col("destination").isNotNull()), counts, sizes
 
 
 def _tally(
-    planned: DataFrame, *, duplicate: Column, foreign: Column, skipped_looped: Column, parked_topic: str
+    planned: DataFrame, *, duplicate: Column, foreign: Column, reference: Column, skipped_looped: Column,
+    parked_topic: str,
 ) -> tuple[dict[str, Any], tuple[int, int]]:
     """The `--json` counts of a plan, and (records to write, destination partitions): one Spark job, plus a
     small one listing the first invalid records when there are any."""
@@ -176,6 +186,7 @@ def _tally(
         F.count_if(foreign).alias("skipped_foreign"),
         F.count_if(F.col("problem").isNotNull()).alias("skipped_invalid"),
         *[F.count_if(F.col("problem") == name).alias(f"invalid:{name}") for name in (*checks.PROBLEMS, "signature")],
+        F.count_if(reference).alias("skipped_reference_only"),
         F.count_if(skipped_looped).alias("skipped_max_replays"),
         F.count_if(F.col("destination") == parked_topic).alias("parked"),
         F.array_sort(F.collect_set("destination")).alias("destination_topics"),
@@ -274,8 +285,9 @@ def _write(
     replay_id: str, destination: str, now_ms: int, reset: bool, rate_per_s: int | None, sizes: tuple[int, int],
     target_partitions: int, kafka_format: str, header_keys: HeaderKeys | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    todo = _not_yet_written(spark, kafka, topics, planned, replay_id=replay_id, destination=destination,
-                            parked=bool(result["parked"]), kafka_format=kafka_format)  # fmt: skip
+    todo, mark_key = _not_yet_written(spark, kafka, topics, planned, replay_id=replay_id, destination=destination,
+                                      parked=bool(result["parked"]), kafka_format=kafka_format,
+                                      header_keys=header_keys)  # fmt: skip
     eligible, tasks = sizes
     pending = eligible
     if todo is not planned:  # a rerun: count what is left
@@ -289,9 +301,12 @@ def _write(
     ordered = todo.repartition(tasks, "destination", "original_partition").sortWithinPartitions(
         "timestamp", "partition", "offset"
     )
+    chosen_headers = F.when(F.col("destination") == f"{topics.dlq}.parked", parked_headers).otherwise(headers)
+    if mark_key is not None:  # what a rerun trusts: see retrytopics.spark.ledger
+        mark = ledger.mark_header(mark_key, replay_id, F.col("destination"), F.col("source_record"))
+        chosen_headers = F.concat(chosen_headers, F.array(mark))
     out = ordered.select(
-        F.col("destination").alias("topic"), "key", "value",
-        F.when(F.col("destination") == f"{topics.dlq}.parked", parked_headers).otherwise(headers).alias("headers"),
+        F.col("destination").alias("topic"), "key", "value", chosen_headers.alias("headers"),
         F.when(F.col("destination") == f"{topics.dlq}.parked", F.lit(None))
         .otherwise(_partition(destination, target_partitions)).cast("int").alias("partition"),
     )  # fmt: skip
@@ -315,28 +330,44 @@ def _write(
 
 def _not_yet_written(
     spark: SparkSession, kafka: KafkaConfig, topics: TopicSet, planned: DataFrame, *, replay_id: str,
-    destination: str, parked: bool, kafka_format: str,
-) -> DataFrame:  # fmt: skip
-    """The planned records this replay id has not written yet (`planned` itself when that is all of them).
+    destination: str, parked: bool, kafka_format: str, header_keys: HeaderKeys | None,
+) -> tuple[DataFrame, bytes | None]:  # fmt: skip
+    """The planned records this replay id has not written yet (`planned` itself when that is all of them),
+    and the key this run marks its records with (None for a replay id started by a release without marks).
 
-    A first run writes its start marks now, before its first record, so nothing of this replay id can be in
-    the destinations yet: every planned record is to write, without a scan. A rerun scans the destinations
-    from its first run's marks (see `retrytopics.spark.ledger`) and skips the source records found there,
-    and DLQ records whose lineage names this replay id: a record it replayed that failed back into the DLQ
-    (to the source topic a replayed record is a new record, with new coordinates)."""
+    A first run writes its start marks and a fresh nonce now, before its first record, so nothing of this
+    replay id can be in the destinations yet: every planned record is to write, without a scan. A rerun
+    scans the destinations from its first run's marks (see `retrytopics.spark.ledger`) and skips the source
+    records found there with a valid `retry.replay_mark`, and DLQ records whose lineage names this replay
+    id: a record it replayed that failed back into the DLQ (to the source topic a replayed record is a new
+    record, with new coordinates)."""
     parked_topic = f"{topics.dlq}.parked"
     if parked:  # exists before the marks are taken, so that a rerun scans it too
         ensure_topics(make_admin(kafka), [TopicSpec(name=parked_topic, partitions=1)])
     started = [e for e in ledger.read_entries(kafka, topics.dlq, replay_id) if e.get("event") == "started"]
     if not started:
         targets = sorted({topics.source if destination == "original" else topics.tiers[0].topic, parked_topic})
-        ledger.append(kafka, topics.dlq, replay_id, {"event": "started", "marks": ledger.watermarks(kafka, targets)})
-        return planned
-    done = ledger.written_by(spark, kafka, started[0]["marks"], replay_id, kafka_format)
+        nonce = secrets.token_bytes(32)
+        ledger.append(kafka, topics.dlq, replay_id,
+                      {"event": "started", "marks": ledger.watermarks(kafka, targets), "nonce": nonce.hex()})  # fmt: skip
+        return planned, mark_keys(nonce, header_keys)[0]
+    keys = _mark_keys_of(started[0], header_keys)
+    done = ledger.written_by(spark, kafka, started[0]["marks"], replay_id, kafka_format, keys)
     done = done.withColumnRenamed("topic", "destination")
     descendant = F.coalesce(F.col("replay_id") == replay_id, F.lit(False))
     todo = planned.where(~descendant).join(F.broadcast(done), ["destination", "source_record"], "left_anti")
-    return todo.cache()
+    return todo.cache(), None if keys is None else keys[0]
+
+
+def _mark_keys_of(started: dict[str, Any], header_keys: HeaderKeys | None) -> tuple[bytes, ...] | None:
+    """The mark keys of a replay id from its first `started` entry; None when it has no nonce."""
+    nonce = started.get("nonce")
+    if nonce is None:
+        return None
+    try:
+        return mark_keys(bytes.fromhex(nonce), header_keys)
+    except (TypeError, ValueError):
+        raise ConfigError("replay_id", started.get("replay_id"), "its ledger entry has a malformed nonce") from None
 
 
 def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
@@ -363,6 +394,9 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
     parser.add_argument("--header-key-file", metavar="FILE", help="signed retry headers: file with the app's "
                         "header keys, one per line, the first signing (or RETRYTOPICS_APP_HEADER_KEY)")  # fmt: skip
+    parser.add_argument("--accept-v1-signatures", action="store_true", help="with header keys, also accept DLQ "
+                        "records signed by a release before user headers were signed (their user headers are "
+                        "not covered: docs/headers.md)")  # fmt: skip
     parser.add_argument("--kafka-format", choices=["python", "builtin"], default="python",
                         help="read and write with this project's Python data source or Spark's own kafka format")
 
@@ -376,6 +410,11 @@ def run_replay_cli(args: argparse.Namespace, *, kafka: KafkaConfig, topics: Topi
     if args.origin_ids:
         with open(args.origin_ids, encoding="utf-8") as handle:
             origin_ids = [line.strip() for line in handle if line.strip()]
+    header_keys = getattr(args, "header_keys", None)
+    if args.accept_v1_signatures:
+        if header_keys is None:
+            raise ConfigError("--accept-v1-signatures", True, "needs the app's header keys (--header-key-file)")
+        header_keys = HeaderKeys.of(header_keys, accept_v1=True)
     spark = get_session(args.master, "retrytopics-replay")
     job_step(spark, "replay: selecting DLQ records" + (" (dry run)" if args.dry_run else " and writing them"))
     started = time.monotonic()
@@ -385,7 +424,7 @@ def run_replay_cli(args: argparse.Namespace, *, kafka: KafkaConfig, topics: Topi
         since_ms=args.since, until_ms=args.until, origin_ids=origin_ids, where=args.where,
         reset_reconsume_times=not args.keep_reconsume_times, max_replays=args.max_replays,
         allow_replayed=args.allow_replayed, park=args.park, rate_per_s=args.rate, dry_run=args.dry_run,
-        kafka_format=args.kafka_format, header_keys=getattr(args, "header_keys", None),
+        kafka_format=args.kafka_format, header_keys=header_keys,
     )  # fmt: skip
     seconds, written = time.monotonic() - started, int(result.get("written") or 0)
     note(f"{result.get('selected', 0):,} selected, {written:,} written in {seconds:.1f}s ({rate(written, seconds)})")

@@ -36,7 +36,7 @@ def verified(keys: HeaderKeys, topic: Column, key: Column, value: Column, header
     def check(topic: str, key: Any, value: Any, headers: Any) -> bool:
         return verify(keys, topic, _bytes(key), _bytes(value), _pairs(headers)) is None
 
-    return F.udf(check, BooleanType())(topic, key, value, headers)
+    return F.udf(check, BooleanType(), useArrow=False)(topic, key, value, headers)
 
 
 def signature(keys: HeaderKeys, topic: Column, key: Column, value: Column, headers: Column) -> Column:
@@ -45,5 +45,5 @@ def signature(keys: HeaderKeys, topic: Column, key: Column, value: Column, heade
     def mac(topic: str, key: Any, value: Any, headers: Any) -> str:
         return (sign(keys, topic, _bytes(key), _bytes(value), _pairs(headers))[-1][1] or b"").decode("ascii")
 
-    value_column = F.udf(mac, StringType())(topic, key, value, headers)
+    value_column = F.udf(mac, StringType(), useArrow=False)(topic, key, value, headers)
     return F.struct(F.lit(SIGNATURE).alias("key"), value_column.cast("binary").alias("value"))

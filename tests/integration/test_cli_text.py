@@ -76,3 +76,48 @@ def test_dlq_peek_is_a_table_and_says_which_headers_were_bad(kafka: KafkaConfig,
     assert header.split() == ["record", "reason", "failures", "origin", "id", "exception", "key"]
     assert re.fullmatch(rf"{dlq}\[0\]@0 +exhausted +3 +order-42 +builtins\.TimeoutError: gateway timed out +k-42", good)
     assert re.fullmatch(rf"{dlq}\[0\]@1 +bad headers +- +- +header retry\.\S+ \S.* +-", bad)
+
+
+def _follow_lines(args: list[str], count: int, timeout_s: float = 90.0) -> list[bytes]:
+    """The first `count` lines `dlq peek --follow` prints (it never ends by itself: stopped after them)."""
+    import queue
+    import threading
+
+    process = subprocess.Popen([CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    lines: queue.Queue[bytes] = queue.Queue()
+    assert process.stdout is not None
+    stdout = process.stdout
+    threading.Thread(target=lambda: [lines.put(line) for line in iter(stdout.readline, b"")], daemon=True).start()
+    got: list[bytes] = []
+    try:
+        while len(got) < count:
+            got.append(lines.get(timeout=timeout_s))
+    finally:
+        process.terminate()
+        process.wait(10)
+    return got
+
+
+def test_dlq_peek_never_prints_a_records_control_characters(kafka: KafkaConfig, unique_name: Callable[[str], str]) -> None:
+    """Origin ids (an `id_header` value), exception text and keys are written by whoever writes the source:
+    `dlq peek` prints their ESC/BEL/line breaks escaped, as a table and with `--follow`, and a long origin
+    id shortened, so a record cannot retitle, clear or rewrite the operator's terminal."""
+    dlq = unique_name("peek-escape-dlq")
+    ensure_topics(make_admin(kafka), [TopicSpec(name=dlq, partitions=1)])
+    hostile = "\x1b]0;owned\x07\x1b[2J\r"
+    retry = RetryHeaders(
+        reconsume_times=1, origin_message_id=hostile + "\x1b" * 480, original_topic="orders", original_partition=0,
+        original_offset=7, original_timestamp=1_700_000_000_000, consumer_group="billing", tier=None, due_at=None,
+        first_failed_at=1_700_000_000_100, last_failed_at=1_700_000_000_100, exception_type="Err" + hostile,
+        exception_message="boom" + hostile, exception_trace="...", dlq_reason=DlqReason.NON_RETRYABLE,
+    )  # fmt: skip
+    producer = make_producer(kafka)
+    producer.produce(dlq, key=b"k\x1b[2J", value=b"v", headers=encode(retry))
+    assert producer.flush(10) == 0
+    peek = ["dlq", "peek", "--bootstrap", kafka.bootstrap, "--dlq-topic", dlq]
+
+    for text in (_cli(*peek).encode(), b"".join(_follow_lines([*peek, "--follow"], 2))):
+        assert not [b for b in text if b < 0x20 and b != 0x0A or b == 0x7F], text
+        assert text.count(b"\n") == 2, text
+        row = text.decode().splitlines()[1]
+        assert "\\x1b]0;owned\\x07\\x1b[2J\\r" in row and len(row) < 250, row

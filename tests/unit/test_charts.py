@@ -81,3 +81,16 @@ def test_many_exception_types_end_in_other_and_none_says_so(tmp_path: Path, draw
     _chart(quiet, TOPICS, str(tmp_path / "quiet.png"))
     assert _texts(drawn[1].axes[0]) == ["10", "0", "0", "0"]
     assert _texts(drawn[1].axes[1]) == ["no failures"]
+
+
+def test_labels_from_records_are_drawn_as_plain_text(tmp_path: Path, drawn: list[Any]) -> None:
+    """An exception type is record data: `$...$` (matplotlib mathtext, which crashed the chart on a
+    malformed expression) and control characters are drawn literally, escaped."""
+    facts = [_fact("orders", 10, coarse=True), _fact("orders", 10), _fact(TOPICS.dlq, 2, coarse=True),
+             _fact(TOPICS.dlq, 1, exception_type="$\\frac{x$"), _fact(TOPICS.dlq, 1, exception_type="Err\x1b[2J\x07")]  # fmt: skip
+    png = tmp_path / "hostile.png"
+    _chart(facts, TOPICS, str(png))
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    labels = drawn[0].axes[1].get_yticklabels()
+    assert [t.get_text() for t in labels] == ["$\\frac{x$", "Err\\x1b[2J\\x07"]
+    assert not any(t.get_parse_math() for t in labels)

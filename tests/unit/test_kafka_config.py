@@ -163,3 +163,23 @@ def test_retry_app_overrides_cannot_turn_tls_verification_off(option: str) -> No
             RetryApp(kafka=KafkaConfig(bootstrap="h:1"), group="g", **{option: {key: value}})
         assert info.value.field == f"{option}[{key}]"
     RetryApp(kafka=KafkaConfig(bootstrap="h:1", allow_insecure=True), group="g", **{option: {key: value}})
+
+
+_JAAS = 'org.apache.kafka.common.security.scram.ScramLoginModule required username="u" password="hunter2-secret";'
+
+
+@pytest.mark.parametrize(("key", "value"), [("sasl.jaas.config", _JAAS), ("java.sasl.password", "hunter2-secret")])
+@pytest.mark.parametrize("field", ["overrides", "consumer_overrides", "producer_overrides"])
+def test_a_refused_override_never_shows_a_secret_value(field: str, key: str, value: str) -> None:
+    """A config error names the property but never prints the value of a secret-bearing key."""
+    error = _field_error(bootstrap="h:1", **{field: {key: value}})
+    assert error.field == f"{field}[{key}]" and "librdkafka" in error.reason
+    assert "hunter2" not in str(error) and "hunter2" not in repr(error.value)
+
+
+def test_the_old_name_of_bootstrap_servers_is_refused() -> None:
+    """`metadata.broker.list` is librdkafka's alias of bootstrap.servers: set in overrides, it would
+    silently replace the validated `bootstrap`."""
+    for name in ("overrides", "producer_overrides", "consumer_overrides"):
+        error = _field_error(bootstrap="h:1", **{name: {"metadata.broker.list": "evil:9092"}})
+        assert error.field == f"{name}[metadata.broker.list]" and "evil" not in str(error)

@@ -11,6 +11,8 @@ import time
 import re
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from retrytopics import KafkaConfig, RetryApp, RetryPolicy
 from retrytopics.errors import ConfigError
@@ -54,6 +56,17 @@ LEAKS = [
     ("credentials=user:pass", "user:pass"),
     ("x" * 300 + "_password=hunter2", "hunter2"),
     ('{"token": "' + "e" * 2000 + '"}', "e" * 100),
+    # issue 21 item 12
+    ("DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=Zm9vYmFy==;EndpointSuffix=x", "Zm9vYmFy=="),
+    ("kafka-configs --password hunter2 --user bob", "hunter2"),
+    ("pass=hunter2", "hunter2"),
+    ("db.pw=hunter2", "hunter2"),
+    ("POST /login body user=bob&password%3Dhunter2%26x", "hunter2"),
+    ("GET https://acct.blob/c?sv=2020-08-04&sig=AbC%2Fdef%3D&se=2026", "AbC%2Fdef"),
+    ("rejected eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.abc_DEF-123", "eyJzdWIiOiIxIn0"),
+    ("upstream got Basic dXNlcjpwYXNzd29yZA== and said 401", "dXNlcjpwYXNzd29yZA=="),
+    ('{:password => "hunter2", :user => "bob"}', "hunter2"),
+    ('{"password" => "hunter2"}', "hunter2"),
 ]
 
 # Text that carries no secret and must come out unchanged.
@@ -67,6 +80,10 @@ KEPT = [
     "timeout after 5s on orders.billing.retry.5s[0]@17",
     "ValueError: invalid literal for int() with base 10: 'x'",
     "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----",
+    "basic validation failed: Basic Auth required",
+    "compass=north bypass=1 design=flat signal=9 passes=3",
+    "retry with --verbose --max-retries 3 - see the log",
+    "pw reset requested; sig handler installed",
 ]
 
 
@@ -163,3 +180,33 @@ def test_retry_app_refuses_a_bad_pattern() -> None:
     with pytest.raises(ConfigError) as info:
         RetryApp(kafka=KafkaConfig(bootstrap="127.0.0.1:9092"), group="billing", redact_patterns=["("])
     assert info.value.field == "redact_patterns"
+
+
+# Secret forms of item 12, each with `{}` where the secret goes.
+_FORMS = ["AccountKey={}", "SharedAccessKey={};", "--password {}", "-pw {}", "pass={}", "pw={}",
+          "password%3D{}", "sig={}&se=1", ':password => "{}"', "'pass' => '{}'"]
+_SECRET_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+/=_.~%-!#"
+_PLAIN_WORDS = ["order", "42", "failed", "timeout", "compass", "basic", "design", "bypass", "passes", "user=bob",
+                "-", "--verbose", "at", "offset=7", "Auth", "=>", "signal", "keyboard", "Basic"]
+
+
+@given(form=st.sampled_from(_FORMS), secret=st.text(_SECRET_CHARS, min_size=6, max_size=40).filter(
+           lambda s: s[0] != "-" and s not in HIDDEN),
+       before=st.lists(st.sampled_from(_PLAIN_WORDS), max_size=4), after=st.lists(st.sampled_from(_PLAIN_WORDS), max_size=4))
+@settings(max_examples=300, deadline=None)
+def test_secret_forms_are_hidden_whatever_the_secret_and_its_neighbours(
+    form: str, secret: str, before: list[str], after: list[str]
+) -> None:
+    """Whatever the secret's characters and the ordinary words around it, none of it survives."""
+    assume(secret not in " ".join([*before, form, *after]))  # else it is there as ordinary text
+    text = " ".join([*before, form.format(secret), *after])
+    assert secret not in redact(text)
+
+
+@given(words=st.lists(st.sampled_from(_PLAIN_WORDS), max_size=12))
+@settings(max_examples=300, deadline=None)
+def test_ordinary_words_are_never_redacted(words: list[str]) -> None:
+    """Words that only look like secret names (`compass`, `bypass`, `Basic Auth`, flags without a secret
+    name) come out unchanged."""
+    text = " ".join(words)
+    assert redact(text) == text

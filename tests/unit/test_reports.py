@@ -10,8 +10,10 @@ import re
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from retrytopics.reports import counts, duration, key_values, replay_text, table
+from retrytopics.reports import counts, duration, key_values, replay_text, safe_text, table
 from retrytopics.spark.audit import format_table
 
 REPRS = re.compile(r"\{'|\['|\bNone\b|\bTrue\b|\bFalse\b|\{\}")
@@ -135,3 +137,43 @@ def test_a_replay_that_wrote_says_how_many_and_why_it_skipped_the_rest() -> None
     assert text.splitlines()[0] == "replay fix-1234 to the original topic: 17 written"
     assert re.search(r"^skipped: written by an earlier run of this id +2$", text, re.M)
     assert re.search(r"^written +17$", text, re.M) and "would write" not in text
+
+
+HOSTILE = "\x1b]0;owned\x07\x1b[2J\u202eevil\r\n" + "\x1b" * 500  # title change, bell, clear screen, bidi
+
+
+def _no_control_characters(text: str) -> None:
+    assert all(line.isprintable() for line in text.splitlines()), repr(text)
+    assert "\r" not in text
+
+
+def test_record_text_reaches_the_terminal_escaped_and_shortened() -> None:
+    """Exception types and origin ids are record data: the audit and a replay dry run print their control
+    characters as escapes (`\\x1b`), never raw, and a long one shortened."""
+    summary = _summary()
+    summary["dlq"]["by_exception_type"] = {HOSTILE: 1}
+    summary["by_exception_type"] = {HOSTILE: 2}
+    audit_text = format_table(summary)
+    _no_control_characters(audit_text)
+    assert "\\x1b]0;owned\\x07\\x1b[2J\\u202eevil\\r\\n" in audit_text
+    assert max(len(line) for line in audit_text.splitlines()) < 160
+
+    sample = [{"partition": 0, "offset": 1, "origin_message_id": HOSTILE, "dlq_reason": "exhausted",
+               "exception_type": HOSTILE, "replay_count": None, "destination": "orders"}]  # fmt: skip
+    replay = replay_text(_replay_result(sample=sample, skipped_invalid_by_problem={HOSTILE: 1}))
+    _no_control_characters(replay)
+    assert "\\x1b]0;owned" in replay and max(len(line) for line in replay.splitlines()) < 200
+
+
+@given(text=st.text(), limit=st.one_of(st.none(), st.integers(1, 80)))
+def test_safe_text_is_printable_bounded_and_leaves_printable_text_alone(text: str, limit: int | None) -> None:
+    """Whatever the text: the result is printable and at most `limit` long; printable text within the
+    limit comes back unchanged, and a cut one ends in "…"."""
+    out = safe_text(text, limit)
+    assert out.isprintable()
+    if limit is not None:
+        assert len(out) <= limit
+    if text.isprintable() and (limit is None or len(text) <= limit):
+        assert out == text
+    elif limit is not None and out != "".join(safe_text(c) for c in text):
+        assert out.endswith("…")

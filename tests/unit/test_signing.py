@@ -10,7 +10,7 @@ import logging
 import random
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from retrytopics.app import RetryApp
@@ -74,23 +74,78 @@ def test_any_change_to_a_signed_field_breaks_verification(field: str, data: byte
     assert verify(KEYS, topic, key, value, signed) is not None
 
 
-@settings(max_examples=100, deadline=None)
-@given(user=st.lists(st.tuples(st.text(max_size=8).filter(lambda k: not k.startswith("retry.")), text), max_size=4))
-def test_user_headers_and_header_order_are_not_signed(user: list[tuple[str, bytes]]) -> None:
-    # user headers belong to the producer and travel byte for byte; retry headers are signed in canonical order
-    signed = sign(KEYS, TIER, None, None, HEADERS)
-    shuffled = [*user, *reversed(signed)]
-    assert verify(KEYS, TIER, None, None, shuffled) is None
+_USER_NAMES = st.sampled_from(["tenant", "role", "trace", "retry"])  # "retry": no prefix, a user header
+
+
+@settings(max_examples=200, deadline=None)
+@given(user=st.lists(st.tuples(_USER_NAMES, st.one_of(st.none(), text)), min_size=1, max_size=4),
+       change=st.sampled_from(["rewrite", "add", "drop", "duplicate", "reorder"]), data=text)
+def test_user_headers_their_order_and_duplicates_are_signed(
+    user: list[tuple[str, bytes | None]], change: str, data: bytes
+) -> None:
+    """A user header is part of what a record means (`tenant`, `role`): rewriting, adding, dropping,
+    duplicating or reordering one fails verification, like a retry header."""
+    signed = list(sign(KEYS, TIER, None, b"v", [*user, *HEADERS]))
+    assert verify(KEYS, TIER, None, b"v", signed) is None
+    name, old = signed[0]
+    if change == "rewrite":
+        signed[0] = (name, data if data != old else data + b"x")
+    elif change == "add":
+        signed.insert(len(user), ("tenant", data))
+    elif change == "drop":
+        del signed[0]
+    elif change == "duplicate":
+        signed.insert(0, signed[0])
+    else:
+        assume(len(user) > 1 and user[0] != user[-1])
+        signed[0], signed[len(user) - 1] = signed[len(user) - 1], signed[0]
+    assert verify(KEYS, TIER, None, b"v", signed) is not None
+
+
+def test_a_tier_record_with_rewritten_tenant_and_role_headers_goes_to_the_dlq() -> None:
+    """The forgery of issue 21 item 8: a genuine signed tier record copied with `tenant` and `role`
+    rewritten no longer verifies, so its consumer dead-letters it instead of handing it to the handler."""
+    source = InboundRecord(topic="orders", partition=0, offset=9, timestamp_ms=NOW, key=b"k", value=b"v",
+                           headers=(("tenant", b"acme"), ("role", b"viewer")))  # fmt: skip
+    hop = route(CTX, source, OSError("down"), now_ms=NOW, rng=random.Random(0))
+    genuine = InboundRecord(topic=TIER, partition=0, offset=1, timestamp_ms=NOW, key=b"k", value=b"v",
+                            headers=hop.headers)  # fmt: skip
+    assert read_retry_state(CTX, genuine, now_ms=NOW + 1_000) is not None
+    rewritten = tuple((k, {"tenant": b"globex", "role": b"admin"}.get(k, v)) for k, v in hop.headers)
+    forged = dataclasses.replace(genuine, headers=rewritten)
+    with pytest.raises(HeaderDecodeError) as caught:
+        read_retry_state(CTX, forged, now_ms=NOW + 1_000)
+    assert caught.value.field == SIGNATURE and "wrong" in caught.value.reason
+    r = route(CTX, forged, OSError("down"), now_ms=NOW + 1_000, rng=random.Random(0))
+    assert r.kind is RouteKind.DLQ and r.reason is DlqReason.INVALID_RETRY_HEADERS
+
+
+#: A record signed by version 1 (the release before user headers were signed), with key `KEY`.
+_V1_HEADERS = (("tenant", b"acme"), ("role", b"viewer"), ("retry.reconsume_times", b"1"), ("retry.due_at", b"5"),
+               ("retry.tier", b"0"),
+               (SIGNATURE, b"8994675531f1eca81d30b594e07912a910fafb3711e91287926eb1ee110f7ddb"))  # fmt: skip
+
+
+def test_a_version_1_signature_is_named_and_accepted_only_when_asked() -> None:
+    """Records signed before the change verify only with keys that accept version 1 (an upgrade's window);
+    otherwise the reason says which version signed them. Either way a v1 record is v1: no v2 signature
+    verifies it, and with `accept_v1` its user headers are not covered (why it is opt-in)."""
+    topic = "orders.billing.retry.1s"
+    problem = verify(KEYS, topic, b"key", b"value", _V1_HEADERS)
+    assert problem is not None and problem.startswith("version 1")
+    lenient = HeaderKeys.of(KEY, accept_v1=True)
+    assert verify(lenient, topic, b"key", b"value", _V1_HEADERS) is None
+    assert verify(lenient, topic, b"key", b"other value", _V1_HEADERS) is not None  # v1 still covers the value
+    assert HeaderKeys.of(lenient).accept_v1 and "accept_v1=True" in repr(lenient) and "k" * 32 not in repr(lenient)
 
 
 @settings(max_examples=100, deadline=None)
-@given(a=st.lists(st.tuples(st.sampled_from(["retry.a", "retry.b"]), st.one_of(st.none(), text)), max_size=3),
-       b=st.lists(st.tuples(st.sampled_from(["retry.a", "retry.b"]), st.one_of(st.none(), text)), max_size=3))
+@given(a=st.lists(st.tuples(st.sampled_from(["retry.a", "retry.b", "user"]), st.one_of(st.none(), text)), max_size=3),
+       b=st.lists(st.tuples(st.sampled_from(["retry.a", "retry.b", "user"]), st.one_of(st.none(), text)), max_size=3))
 def test_the_encoding_is_unambiguous(a: list, b: list) -> None:
-    # two different sets of retry headers (as multisets) never share a signature: fields are length-prefixed
+    # two different header lists never share a signature: fields are length-prefixed, order counts
     signed = sign(KEYS, TIER, None, b"", a)
-    same = sorted(a, key=repr) == sorted(b, key=repr)
-    assert (verify(KEYS, TIER, None, b"", [*b, signed[-1]]) is None) == same
+    assert (verify(KEYS, TIER, None, b"", [*b, signed[-1]]) is None) == (a == b)
 
 
 def test_missing_repeated_malformed_and_wrong_signatures_are_named() -> None:
@@ -222,3 +277,25 @@ def test_seeding_ignores_tail_records_whose_signature_does_not_verify(caplog: py
 
 def _fail() -> RetryHeaders:
     raise AssertionError("no state")
+
+
+# -- replay marks -----------------------------------------------------------------------------------------
+
+
+def test_a_replay_mark_binds_its_replay_id_topic_and_source_record_and_needs_the_key() -> None:
+    """A mark made for one (replay id, topic, source record) is no mark for another, and without the nonce
+    (or, with header keys, without a header key) none can be made: what a source writer cannot forge."""
+    from retrytopics.signing import mark_keys, replay_mark
+
+    nonce = bytes(range(32))
+    (plain,) = mark_keys(nonce, None)
+    mark = replay_mark(plain, "fix-1", "orders", "orders-0-7")
+    assert len(mark) == 64 and mark == replay_mark(plain, "fix-1", "orders", "orders-0-7")
+    others = {replay_mark(plain, "fix-2", "orders", "orders-0-7"), replay_mark(plain, "fix-1", "orders.dlq.parked",
+              "orders-0-7"), replay_mark(plain, "fix-1", "orders", "orders-0-8"), replay_mark(b"\0" * 32, "fix-1",
+              "orders", "orders-0-7")}  # fmt: skip
+    assert mark not in others and len(others) == 4
+    rotated = mark_keys(nonce, HeaderKeys.of([KEY, OLD]))
+    assert len(rotated) == 2 and plain not in rotated  # the ledger's nonce alone makes no keyed mark
+    assert rotated[1] == mark_keys(nonce, HeaderKeys.of(OLD))[0]  # a rerun after a rotation still checks old marks
+    assert mark_keys(bytes(32), KEYS) != mark_keys(nonce, KEYS)

@@ -50,3 +50,20 @@ def test_audit_equals_the_ground_truth(
     assert run_audit_cli(parser.parse_args(["--json", "--grace", "1m"]), kafka=kafka, topics=topics) == 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert {"stages", "dlq", "lineage"} <= set(printed) and printed["dlq"]["records"] == 2
+
+
+def test_audit_refuses_to_write_into_a_folder_that_is_not_empty(
+    spark: SparkSession, kafka: KafkaConfig, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
+    """`--out DIR` replaces DIR/records/ whole: a folder that already holds files is refused before any
+    work, naming `out`, and nothing in it is deleted."""
+    from retrytopics.errors import ConfigError
+    from retrytopics.naming import topics_for
+
+    kept = tmp_path / "records" / "kept.parquet"
+    kept.parent.mkdir()
+    kept.write_bytes(b"an operator's file")
+    with pytest.raises(ConfigError) as info:
+        audit(spark, kafka, topics_for(unique_name("orders"), "billing", (1_000,)), out=str(tmp_path))
+    assert info.value.field == "out" and "--overwrite" in info.value.reason
+    assert kept.read_bytes() == b"an operator's file"

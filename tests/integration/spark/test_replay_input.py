@@ -28,6 +28,7 @@ from retrytopics.connectors.kafka import make_producer
 from retrytopics.errors import ConfigError
 from retrytopics.headers import DlqReason, Lineage, encode
 from retrytopics.naming import TopicSet, topics_for
+from retrytopics.signing import mark_keys, replay_mark
 from retrytopics.spark import ledger
 from retrytopics.spark.replay import replay
 
@@ -78,11 +79,15 @@ def test_forged_dlq_records_are_skipped_with_their_problem_and_a_stopped_run_is_
     ]
     produce(kafka, topics.dlq, [valid[0], *forged[:2], *valid[1:4], *forged[2:], *valid[4:]])
     # ... and a run that stopped after writing records 0..2 (its start marks first, as replay() does)
-    ledger.append(kafka, topics.dlq, "fix-1", {"event": "started", "marks": ledger.watermarks(kafka, [source])})
+    nonce = bytes(range(32))
+    ledger.append(kafka, topics.dlq, "fix-1",
+                  {"event": "started", "marks": ledger.watermarks(kafka, [source]), "nonce": nonce.hex()})  # fmt: skip
+    mark_key = mark_keys(nonce, None)[0]
     produce(kafka, source, [
         {"key": b"k", "value": f"v{i}".encode(), "partition": i % 2,
          "headers": [("retry.replay_id", b"fix-1"), ("retry.replay_origin_id", f"{source}-0-{i}".encode()),
-                     ("retry.replay_original", f"{source}-{i % 2}-{i}".encode())]}
+                     ("retry.replay_original", f"{source}-{i % 2}-{i}".encode()),
+                     ("retry.replay_mark", replay_mark(mark_key, "fix-1", source, f"{source}-{i % 2}-{i}").encode())]}
         for i in range(3)
     ])  # fmt: skip
 
