@@ -127,6 +127,7 @@ _SKIPPED = (
     ("skipped_invalid", "invalid headers"),
     ("skipped_duplicates", "older copy of a source record"),
     ("skipped_reference_only", "too large: only a reference to the value"),
+    ("skipped_headers_dropped", "too many headers: dead-lettered without its user headers"),
     ("skipped_max_replays", "replayed too often"),
     ("skipped_already_replayed", "written by an earlier run of this id"),
 )

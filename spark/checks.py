@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 
 from retrytopics import headers as H
 
-__all__ = ["PROBLEMS", "problem", "problem_sql", "reference_only"]
+__all__ = ["PROBLEMS", "headers_dropped", "problem", "problem_sql", "reference_only"]
 
 _INT32: Final = 2**31 - 1
 _TOPIC: Final = "^[a-zA-Z0-9._-]{1,249}$"
@@ -91,3 +91,9 @@ def reference_only() -> Column:
                           for name in ("topic", "partition", "offset", "value_bytes"))  # fmt: skip
     return F.expr(f"coalesce(dlq_reason = '{H.DlqReason.TOO_LARGE.value}' "
                   f"AND get_json_object({value}, '$.too_large') = 'true' AND {fields}, false)")  # fmt: skip
+
+
+def headers_dropped() -> Column:
+    """True for a `too_many_headers` DLQ record: it keeps the record's key and value but not its user headers
+    (more than any hop can carry), so writing it back would hand the handler a different record; never NULL."""
+    return F.expr(f"coalesce(dlq_reason = '{H.DlqReason.TOO_MANY_HEADERS.value}', false)")

@@ -140,7 +140,9 @@ def _plan(
     offset), the latest episode: a true duplicate (a DLQ publish repeated after a crash) and an earlier
     episode of a record replayed to a tier count as duplicates, but two records sharing an origin id (which
     `id_header` allows) are two records. A kept record whose value is only a reference to a too-large
-    record (`checks.reference_only`) is skipped as `skipped_reference_only`: its value is not the record's.
+    record (`checks.reference_only`) is skipped as `skipped_reference_only`: its value is not the record's;
+    one dead-lettered as `too_many_headers` (`checks.headers_dropped`) as `skipped_headers_dropped`: it lost
+    its user headers.
 
     Forged copies: with `header_keys`, a record that does not verify is invalid, and a valid record always
     ranks before an invalid one, so a forged copy never hides a verified record. Without keys nothing tells
@@ -161,21 +163,23 @@ def _plan(
     target = topics.source if destination == "original" else topics.tiers[0].topic
     duplicate = usable & (F.col("rank") > 1)
     reference = usable & ~duplicate & checks.reference_only()
-    looped = (usable & ~duplicate & ~reference & (F.coalesce("replay_count", F.lit(0)) >= max_replays)
+    dropped = usable & ~duplicate & checks.headers_dropped()
+    looped = (usable & ~duplicate & ~reference & ~dropped & (F.coalesce("replay_count", F.lit(0)) >= max_replays)
               & F.lit(not allow_replayed))  # fmt: skip
     dest = (
-        F.when(~usable | duplicate | reference, None)
+        F.when(~usable | duplicate | reference | dropped, None)
         .when(looped, F.lit(f"{topics.dlq}.parked") if park else None)
         .otherwise(F.lit(target))
     )
     planned = latest.withColumn("destination", dest).cache()
-    counts, sizes = _tally(planned, duplicate=duplicate, foreign=foreign, reference=reference,
+    counts, sizes = _tally(planned, duplicate=duplicate, foreign=foreign, reference=reference, dropped=dropped,
                            skipped_looped=looped & F.lit(not park), parked_topic=f"{topics.dlq}.parked")  # fmt: skip
     return planned.where(F.col("destination").isNotNull()), counts, sizes
 
 
 def _tally(
-    planned: DataFrame, *, duplicate: Column, foreign: Column, reference: Column, skipped_looped: Column,
+    planned: DataFrame, *, duplicate: Column, foreign: Column, reference: Column, dropped: Column,
+    skipped_looped: Column,
     parked_topic: str,
 ) -> tuple[dict[str, Any], tuple[int, int]]:
     """The `--json` counts of a plan, and (records to write, destination partitions): one Spark job, plus a
@@ -187,6 +191,7 @@ def _tally(
         F.count_if(F.col("problem").isNotNull()).alias("skipped_invalid"),
         *[F.count_if(F.col("problem") == name).alias(f"invalid:{name}") for name in (*checks.PROBLEMS, "signature")],
         F.count_if(reference).alias("skipped_reference_only"),
+        F.count_if(dropped).alias("skipped_headers_dropped"),
         F.count_if(skipped_looped).alias("skipped_max_replays"),
         F.count_if(F.col("destination") == parked_topic).alias("parked"),
         F.array_sort(F.collect_set("destination")).alias("destination_topics"),

@@ -1,7 +1,8 @@
 """What a replay trusts (issue 21 items 3, 6 and 7):
 
 - a `too_large` DLQ record whose value was replaced by a reference to the record is never written as if the
-  reference were the value: it is skipped and counted as `skipped_reference_only`;
+  reference were the value: it is skipped and counted as `skipped_reference_only`; a `too_many_headers`
+  record, which lost its user headers, is skipped as `skipped_headers_dropped`;
 - with header keys, a forged unsigned DLQ copy of a source record never displaces the app's own signed
   record, whatever its replay count or position (the verified one is replayed, the copy counted invalid);
 - a rerun trusts only what the replay itself wrote: `retry.replay_id` / `retry.replay_original` markers that
@@ -66,6 +67,7 @@ def test_a_too_large_reference_is_skipped_never_written_as_the_value(
         _dlq_record(source, 0, value=reference, reason=DlqReason.TOO_LARGE),
         _dlq_record(source, 1, value=b'{"too_large": true, "note": "my own JSON"}', reason=DlqReason.TOO_LARGE),
         _dlq_record(source, 2),
+        _dlq_record(source, 3, reason=DlqReason.TOO_MANY_HEADERS),
     ])  # fmt: skip
 
     # when
@@ -73,7 +75,8 @@ def test_a_too_large_reference_is_skipped_never_written_as_the_value(
 
     # then: the two real values are written, the reference is counted and never reaches the source
     assert _values(kafka, source, "refs-1") == [b"v2", b'{"too_large": true, "note": "my own JSON"}']
-    assert (result["selected"], result["written"], result.get("skipped_reference_only")) == (3, 2, 1)
+    assert (result["selected"], result["written"], result.get("skipped_reference_only")) == (4, 2, 1)
+    assert result.get("skipped_headers_dropped") == 1
     assert (result["skipped_invalid"], result["skipped_duplicates"]) == (0, 0)
 
 
