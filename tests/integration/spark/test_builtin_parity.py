@@ -127,10 +127,14 @@ def test_replay_is_the_same_through_either_format(spark: SparkSession, kafka: Ka
         rerun = replay(spark, kafka, topics, replay_id="parity", now_ms=NOW, kafka_format=kafka_format)
         assert (rerun["written"], rerun["skipped_already_replayed"]) == (0, result["written"])
         written = read_direct(kafka, topics.source, 1)[before:]
-        # the records as written, with the source's own name taken out (the two pipelines differ only there)
+        # each run's replay mark is keyed by its own nonce (the rerun above holds that it verifies): one each
+        assert all(sum(k == "retry.replay_mark" for k, _ in headers) == 1 for *_, headers in written)
+        # the records as written, with the source's own name and the mark taken out (the two pipelines differ
+        # only there)
         runs[kafka_format] = (
             {k: v for k, v in result.items() if k != "destination_topics"},
-            [(key, value, [(k, (v or b"").replace(topics.source.encode(), b"SRC")) for k, v in headers])
+            [(key, value, [(k, (v or b"").replace(topics.source.encode(), b"SRC")) for k, v in headers
+                           if k != "retry.replay_mark"])
              for _, _, key, value, headers in written],
         )  # fmt: skip
     assert runs["python"] == runs["builtin"]
