@@ -312,6 +312,36 @@ def _add_runners(commands: Any) -> None:
     tiers.set_defaults(run=_cmd_tiers)
 
 
+def _cmd_console(args: argparse.Namespace) -> int:
+    preflight.require_extra("console", True, "starlette", "console")
+    if args.actions:  # the replay ledger it shares with `retrytopics replay` lives with the Spark jobs
+        preflight.require_extra("console.actions", True, "pyspark", "spark")
+    settings = _settings(args)
+    kafka, pipeline = preflight.pipeline_of(args.app, settings)
+    from retrytopics.console import app_renderer, console_token, serve
+    from retrytopics.console.web import ConsoleOptions
+
+    token = console_token(args.token_file, os.environ) if args.actions else None
+    render = app_renderer(preflight.load_app(args.app), pipeline.topic) if args.app and pipeline.topic else None
+    options = ConsoleOptions(host=args.host, actions=args.actions, token=token, render=render,
+                             header_keys=pipeline.header_keys)  # fmt: skip
+    serve(kafka, pipeline, options, port=args.port, grace_ms=args.grace)
+    return 0
+
+
+def _add_console(commands: Any) -> None:
+    console = commands.add_parser("console", help="the operator console in the browser: pipeline, DLQ, lineage, replay")
+    _common(console, pipeline=True)
+    console.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    console.add_argument("--port", type=int, default=8765, help="port to listen on (default 8765)")
+    console.add_argument("--grace", type=_duration_ms, default="30s", metavar="DURATION",
+                         help="how long past due a tier head record is overdue (default 30s)")  # fmt: skip
+    console.add_argument("--actions", action="store_true", help="allow replays from the page (needs a token)")
+    console.add_argument("--token-file", metavar="FILE", help="the operators' token, for --actions "
+                         "(or RETRYTOPICS_CONSOLE_TOKEN; at least 16 characters)")  # fmt: skip
+    console.set_defaults(run=_cmd_console)
+
+
 def _add_demo(commands: Any) -> None:
     demo = commands.add_parser("demo", help="the whole pipeline on the embedded broker, with a flaky handler")
     demo.add_argument("--records", type=int, default=2000)
@@ -351,6 +381,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_runners(commands)
     _add_spark_jobs(commands)
     _add_demo(commands)
+    _add_console(commands)
     return parser
 
 
