@@ -19,6 +19,7 @@ small enough to need no Spark:
 from __future__ import annotations
 
 import hashlib
+import shlex
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from retrytopics.connectors.kafka import make_producer, map_kafka_errors
 from retrytopics.connectors.ranges import partition_bounds, range_reader, read_range
 from retrytopics.connectors.record_headers import read_headers
 from retrytopics.console.entries import Entry
+from retrytopics.console.filters import DlqFilter
 from retrytopics.errors import ConfigError, PublishError
 from retrytopics.headers import (
     REPLAY_COUNT, REPLAY_ID, REPLAY_ORIGIN_ID, REPLAYED_AT, Header, Lineage, encode, user_headers,
@@ -37,7 +39,7 @@ from retrytopics.naming import TopicSet
 from retrytopics.signing import HeaderKeys, sign, verify
 
 __all__ = ["DESTINATIONS", "MAX_SELECTION", "ReplayPlan", "ReplayRequest", "plan_replay", "replay_headers",
-           "replay_id_for", "run_replay"]  # fmt: skip
+           "replay_id_for", "run_replay", "spark_replay_command"]  # fmt: skip
 
 #: Where a replay may write (as `retrytopics replay --to`).
 DESTINATIONS: Final = ("original", "first_tier")
@@ -76,6 +78,27 @@ def replay_id_for(destination: str, coordinates: Sequence[tuple[int, int]]) -> s
     replay of them writes nothing."""
     text = destination + ";" + ",".join(f"{p}:{o}" for p, o in sorted(set(coordinates)))
     return "console-" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def spark_replay_command(chosen: DlqFilter, *, pipeline: Sequence[str], destination: str) -> str:
+    """The `retrytopics replay` command (Spark) for a filter too large for the console: the same selection,
+    as far as the Spark replay's flags express it (an origin id goes in a file; a key or header filter becomes
+    a `--where` over the typed columns: the command says so)."""
+    args = ["retrytopics", "replay", *pipeline, "--replay-id", "REPLAY_ID", "--to", destination, "--dry-run"]
+    for reason in sorted(chosen.reasons):
+        args += ["--reason", reason]
+    for kind in sorted(chosen.exception_types):
+        args += ["--exception-type", kind]
+    if chosen.since_ms is not None:
+        args += ["--since", str(chosen.since_ms)]
+    if chosen.until_ms is not None:
+        args += ["--until", str(chosen.until_ms)]
+    command = " ".join(shlex.quote(a) for a in args)
+    if chosen.origin_id is not None:
+        command += " --origin-ids FILE  # FILE: the origin id, one line"
+    if chosen.key is not None or chosen.header is not None:
+        command += "  # plus the key or header filter, as --where over the typed columns (docs/spark.md)"
+    return command
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

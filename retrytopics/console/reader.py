@@ -97,6 +97,17 @@ class PipelineReader:
         finally:
             consumer.close()
 
+    def matching(self, dlq_filter: DlqFilter, *, limit: int) -> tuple[list[tuple[int, int]], bool]:
+        """The DLQ coordinates of up to `limit` records matching `dlq_filter`, newest first, and whether more
+        match (the whole DLQ is scanned when fewer do: a replay by filter must not miss a match)."""
+        found: list[tuple[int, int]] = []
+        cursor: Cursor | None = Cursor()
+        while cursor is not None and len(found) <= limit:
+            page = self.dlq_page(dlq_filter, cursor, size=limit + 1 - len(found), scan_limit=200_000)
+            found += [(e.partition, e.offset) for e in page.entries]
+            cursor = page.next
+        return found[:limit], len(found) > limit
+
     def records_at(self, topic: str, coordinates: Iterable[tuple[int, int]], *, whole: bool = False) -> list[Entry]:
         """The records at (partition, offset) of `topic` that exist, in the order given."""
         consumer = self._reading()

@@ -1,9 +1,9 @@
 """What the console's pages show, as plain values: pure functions from entries, partition states and the
 tally to dicts and lists the templates render (with autoescaping) and the JSON endpoint returns.
 
-Record content stays text here: the templates escape it. Exception messages and traces are redacted again
-on display (`retrytopics.redaction`): the writer redacted them with its own patterns, and anyone who can write
-to the DLQ can write anything. A value is shown only when revealed, through the app's deserializer when
+Record content stays text here: the templates escape it. Exception messages, traces and every header value
+are redacted again on display (`retrytopics.redaction`): the writer redacted the exception headers with its
+own patterns, and anyone who can write to the DLQ can write anything. A value is shown only when revealed, through the app's deserializer when
 there is one, else as UTF-8 text or a hex dump, cut to `SHOWN_BYTES`.
 """
 
@@ -65,6 +65,13 @@ def _rendered(entry: Entry, render: Render | None) -> str:
     return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "…"
 
 
+def _shown(data: bytes | None) -> str | None:
+    """A header value as shown: printable, bounded, and redacted (a header can carry a token as well as an
+    exception text can)."""
+    text = printable(data, 200)
+    return None if text is None else redact(text)
+
+
 def record_view(entry: Entry, *, reveal: bool = False, render: Render | None = None) -> dict[str, Any]:
     """One DLQ record for the browser: coordinates, decoded retry headers, user headers, redacted
     exception and trace, and the value only when `reveal`."""
@@ -72,9 +79,8 @@ def record_view(entry: Entry, *, reveal: bool = False, render: Render | None = N
     view: dict[str, Any] = {
         "coordinates": entry.coordinates, "partition": entry.partition, "offset": entry.offset,
         "time": instant(entry.timestamp_ms), "key": printable(entry.key), "value_size": entry.value_size,
-        "headers": [(name, printable(data, 200)) for name, data in user_headers(list(entry.headers))],
-        "retry_headers": [(name, printable(data, 200)) for name, data in entry.headers
-                          if name.startswith(RETRY_PREFIX)],
+        "headers": [(name, _shown(data)) for name, data in user_headers(list(entry.headers))],
+        "retry_headers": [(name, _shown(data)) for name, data in entry.headers if name.startswith(RETRY_PREFIX)],
         "header_error": entry.header_error, "value": _rendered(entry, render) if reveal else None,
         "replay_count": entry.lineage.replay_count, "replay_id": entry.lineage.replay_id,
     }  # fmt: skip

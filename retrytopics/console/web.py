@@ -108,6 +108,12 @@ def _coordinates(values: list[str]) -> tuple[tuple[int, int], ...]:
     return tuple(dict.fromkeys(out))
 
 
+def _pipeline_flags(reader: PipelineReader) -> list[str]:
+    app = reader.pipeline
+    flags = ["--topic", app.topic or "", "--group", app.group or "", "--delays", ",".join(app.delays or ())]
+    return flags + (["--dlq", app.dlq] if app.dlq else [])
+
+
 def create_app(options: ConsoleOptions, reader: PipelineReader) -> Starlette:
     """The console as an ASGI app over `reader`'s pipeline (the reader's tally is started by the caller)."""
     env = _templates()
@@ -225,8 +231,19 @@ def create_app(options: ConsoleOptions, reader: PipelineReader) -> Starlette:
             _log_action(request, session, "replay refused", {"why": "no session or bad CSRF token"})
             return page(request, "error.html", 403, message="log in first (or the form was stale): nothing was done")
         try:
-            coordinates = _coordinates([str(v) for v in form.getlist("records")])
             destination = str(form.get("destination", "original"))
+            if form.get("selection") == "filter":  # every record the filter matches, up to the console's limit
+                query = {name: [str(v) for v in form.getlist(name)] for name in PARAMETERS}
+                chosen = DlqFilter.from_query(query)
+                picked, more = await run_in_threadpool(reader.matching, chosen, limit=actions.MAX_SELECTION)
+                if more:
+                    _log_action(request, session, "replay handed over", {"filter": chosen.query()})
+                    command = actions.spark_replay_command(chosen, pipeline=_pipeline_flags(reader), destination=destination)
+                    return page(request, "handover.html", limit=actions.MAX_SELECTION, command=command)
+                form_records = [f"{p}:{o}" for p, o in picked]
+            else:
+                form_records = [str(v) for v in form.getlist("records")]
+            coordinates = _coordinates(form_records)
             replay_id = str(form.get("replay_id", "")) or actions.replay_id_for(destination, coordinates)
             request_ = actions.ReplayRequest(replay_id=replay_id, destination=destination, coordinates=coordinates,
                                              park=form.get("park") == "1")  # fmt: skip

@@ -13,6 +13,7 @@ import pytest
 pytest.importorskip("starlette")
 from starlette.testclient import TestClient  # noqa: E402
 
+from retrytopics.config import AppSettings  # noqa: E402
 from retrytopics.console import actions  # noqa: E402
 from retrytopics.console.entries import Entry, entry_of  # noqa: E402
 from retrytopics.console.filters import Cursor, DlqFilter  # noqa: E402
@@ -77,6 +78,12 @@ class FakeReader:
     def records_at(self, topic: str, coordinates: Iterable[tuple[int, int]], *, whole: bool = False) -> list[Entry]:
         wanted = set(coordinates)
         return [e for e in self.entries if (e.partition, e.offset) in wanted]
+
+    pipeline = AppSettings(topic="orders", group="billing", delays=("200ms", "400ms"))
+
+    def matching(self, chosen: DlqFilter, *, limit: int) -> tuple[list[tuple[int, int]], bool]:
+        found = [(e.partition, e.offset) for e in self.entries if chosen.matches(e)]
+        return found[:limit], len(found) > limit
 
     def lineage(self, origin_id: str) -> tuple[Entry | None, list[Entry]]:
         return None, [e for e in self.entries if e.origin_id == origin_id]
@@ -202,3 +209,27 @@ def test_the_same_selection_gets_the_same_replay_id() -> None:
     assert first == actions.replay_id_for("original", [(1, 2), (0, 1), (0, 1)])
     assert first != actions.replay_id_for("first_tier", [(0, 1), (1, 2)])
     assert first != actions.replay_id_for("original", [(0, 1)])
+
+
+def test_a_filter_matching_more_than_the_console_replays_hands_over_to_spark(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing is written; the page gives the `retrytopics replay` command for the same selection."""
+    monkeypatch.setattr(actions, "MAX_SELECTION", 2)
+    app = client(actions_on=True, entries=[dlq_entry(i) for i in range(3)])
+    app.post("/login", data={"operator": "ada", "token": TOKEN})
+    csrf = re.search(r'name="csrf" value="([^"]+)"', app.get("/dlq").text)
+    assert csrf is not None
+    response = app.post("/actions/replay", data={"csrf": csrf.group(1), "selection": "filter", "reason": "exhausted",
+                                                 "destination": "original", "step": "run"})  # fmt: skip
+    assert "Too many records" in response.text
+    command = re.search(r'<pre id="command">([^<]+)</pre>', response.text)
+    assert command is not None and command.group(1).startswith(
+        "retrytopics replay --topic orders --group billing --delays 200ms,400ms --replay-id REPLAY_ID --to original "
+        "--dry-run --reason exhausted")
+
+
+def test_the_spark_command_carries_every_filter_it_can() -> None:
+    chosen = DlqFilter.from_query({"exception_type": ["a.B"], "since": ["10"], "until": ["20"], "origin_id": ["o'1"],
+                                   "key": ["k"]})  # fmt: skip
+    command = actions.spark_replay_command(chosen, pipeline=["--topic", "t"], destination="first_tier")
+    assert "--exception-type a.B --since 10 --until 20" in command and "--origin-ids FILE" in command
+    assert "key or header filter" in command and "--to first_tier" in command
