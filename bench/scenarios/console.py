@@ -9,10 +9,9 @@ the topic. The tally keeps counters only.
 from __future__ import annotations
 
 import importlib.util
-import time
 
 from bench.context import Bench
-from bench.load import create_topics, dlq_headers, fill, tier_topics
+from bench.load import dead_lettered_pipeline
 from bench.report import Result
 
 NAME = "8.console"
@@ -23,13 +22,8 @@ def run(b: Bench) -> list[Result]:
     if importlib.util.find_spec("starlette") is None:
         return [Result(scenario=NAME, n=None, value=None, unit="s", note="not measurable: the console extra is missing")]
     n = b.size(100_000, 1_000_000)
-    source, group = b.name("console"), b.name("app")
-    ts = tier_topics(source, group, DELAYS_MS)
-    create_topics(b.kafka, [source, *ts.all_topics], b.partitions)
-    now = int(time.time() * 1000)
-    fill(b.kafka, ts.dlq, n, partitions=b.partitions, exact_end_offsets=b.broker == "tansu",
-         headers=lambda i, p: dlq_headers(ts, failed_at=now, offset=i, partition=p, kind=i))  # fmt: skip
-    with b.child("console_serve", {"source": source, "group": group, "delays_ms": DELAYS_MS}) as child:
+    ts = dead_lettered_pipeline(b, "console", DELAYS_MS, n)
+    with b.child("console_serve", {"source": ts.source, "group": ts.group, "delays_ms": DELAYS_MS}) as child:
         child.wait_for("ready", timeout_s=120)
         ready_rss = child.peak_rss() / 2**20
         pages = child.wait_for("pages", timeout_s=600)

@@ -192,6 +192,20 @@ def shot(page: Any, name: str) -> None:
         page.screenshot(path=str(ROOT / "docs" / "images" / f"console-{name}.png"), full_page=True)
 
 
+def log_in(page: Any, console: str, operator: str) -> None:
+    page.goto(console + "/login")
+    page.fill("input[name=operator]", operator)
+    page.fill("input[name=token]", TOKEN)
+    page.click("#login")
+    page.wait_for_url("**/dlq")
+
+
+def written_by_the_replay_shown(page: Any, kafka: KafkaConfig, topic: str) -> list[Any]:
+    """The records of `topic` that carry the replay id the page shows."""
+    replay_id = (REPLAY_ID, page.text_content("#replay-id").encode())
+    return [m for m in read_topic(kafka, topic) if replay_id in (m.headers() or [])]
+
+
 def shown_coordinates(page: Any) -> set[str]:
     return set(page.eval_on_selector_all("tr.record", "rows => rows.map(r => r.dataset.coordinates)"))
 
@@ -290,11 +304,7 @@ def test_html_and_script_in_a_record_render_as_text_and_run_nothing(pipeline: Pi
 def test_replay_from_the_page_writes_each_record_once(pipeline: Pipeline, console: str, page: Any) -> None:
     """Checked records are previewed (nothing written), then replayed to the source once each; a second click
     writes nothing, and the source holds exactly one replay of each."""
-    page.goto(console + "/login")
-    page.fill("input[name=operator]", "ada")
-    page.fill("input[name=token]", TOKEN)
-    page.click("#login")
-    page.wait_for_url("**/dlq")
+    log_in(page, console, "ada")
     page.goto(console + "/dlq?reason=exhausted")
     chosen = shown_coordinates(page)
     assert len(chosen) == 3
@@ -312,8 +322,7 @@ def test_replay_from_the_page_writes_each_record_once(pipeline: Pipeline, consol
     page.wait_for_selector("#again")
     assert page.text_content("[data-count=written]") == "0"
     assert page.text_content("[data-count=skipped_already_replayed]") == "3"
-    replay_id = page.text_content("#replay-id")
-    replayed = [m for m in read_topic(pipeline.kafka, pipeline.source) if (REPLAY_ID, replay_id.encode()) in (m.headers() or [])]
+    replayed = written_by_the_replay_shown(page, pipeline.kafka, pipeline.source)
     assert len(replayed) == 3 and sorted(m.value() for m in replayed) == [b"broken-0", b"broken-1", b"broken-2"]
 
 
@@ -322,11 +331,7 @@ def test_replay_of_a_filter_to_the_first_tier_writes_valid_tier_records(pipeline
     """Every record matching a filter (the app's two non-retryable failures) is replayed to the first tier
     once, with retry headers a tier consumer accepts: tier 0, due at once, the failure count reset, the
     replay lineage naming the DLQ record's origin id."""
-    page.goto(console + "/login")
-    page.fill("input[name=operator]", "grace")
-    page.fill("input[name=token]", TOKEN)
-    page.click("#login")
-    page.wait_for_url("**/dlq")
+    log_in(page, console, "grace")
     page.goto(console + "/dlq?reason=non_retryable&exception_type=builtins.ValueError")
     expected = {decode(list(m.headers())).origin_message_id for m in pipeline.dlq_records()
                 if decode(list(m.headers())).exception_type == "builtins.ValueError"}  # fmt: skip
@@ -337,9 +342,8 @@ def test_replay_of_a_filter_to_the_first_tier_writes_valid_tier_records(pipeline
     page.click("#confirm")
     page.wait_for_selector("#again")
     assert page.text_content("[data-count=written]") == "2"
-    replay_id = page.text_content("#replay-id").encode()
     tier = pipeline.app.topics(pipeline.source).tiers[0].topic
-    written = [decode(list(m.headers())) for m in read_topic(pipeline.kafka, tier) if (REPLAY_ID, replay_id) in (m.headers() or [])]
+    written = [decode(list(m.headers())) for m in written_by_the_replay_shown(page, pipeline.kafka, tier)]
     assert {h.lineage.replay_origin_id for h in written} == expected and len(written) == 2
     assert all(h.tier == 0 and h.reconsume_times == 1 and h.dlq_reason is None for h in written)
 
