@@ -62,6 +62,9 @@ def serve(kafka: KafkaConfig, pipeline: AppSettings, options: Any, *, port: int,
     config = uvicorn.Config(app, host=options.host, port=port, log_level="warning", access_log=False,
                             server_header=False, log_config=None)  # fmt: skip
     server = uvicorn.Server(config)
+    if options.host not in ("127.0.0.1", "localhost", "::1"):
+        logging.getLogger("retrytopics.console").warning(
+            "the console listens on %s: whoever reaches that address sees the DLQ's records", options.host)
     host = f"[{options.host}]" if ":" in options.host else options.host
     mode = "actions on" if options.actions else "read-only"
     on_ready(f"retrytopics console ({mode}) on http://{host}:{port}/  (Ctrl-C to stop)")

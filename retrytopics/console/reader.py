@@ -45,6 +45,29 @@ def entry_from(message: Any, *, whole: bool = False, read: tuple[list[Header], A
     )  # fmt: skip
 
 
+#: Offsets one read of `records_at` may span: nearby records are read in one go, far ones apart (a span's
+#: records are all held while it is read, whole).
+_RUN_SPAN = 100
+
+
+def _runs(coordinates: Iterable[tuple[int, int]], bounds: dict[int, tuple[int, int]]) -> Iterator[tuple[int, int, int]]:
+    """(partition, start, end) ranges covering the existing `coordinates`, each at most `_RUN_SPAN` long."""
+    by_partition: dict[int, list[int]] = {}
+    for partition, offset in coordinates:
+        low, high = bounds.get(partition, (0, 0))
+        if low <= offset < high:
+            by_partition.setdefault(partition, []).append(offset)
+    for partition, offsets in sorted(by_partition.items()):
+        offsets.sort()
+        start = previous = offsets[0]
+        for offset in offsets[1:]:
+            if offset - start >= _RUN_SPAN:
+                yield partition, start, previous + 1
+                start = offset
+            previous = offset
+        yield partition, start, previous + 1
+
+
 @dataclass(kw_only=True)
 class PipelineReader:
     """Reads one pipeline's topics for the console (thread-safe: each call uses its own consumer)."""
@@ -110,17 +133,20 @@ class PipelineReader:
 
     def records_at(self, topic: str, coordinates: Iterable[tuple[int, int]], *, whole: bool = False) -> list[Entry]:
         """The records at (partition, offset) of `topic` that exist, in the order given."""
+        wanted = list(dict.fromkeys(coordinates))
+        chosen = set(wanted)
         consumer = self._reading()
-        found: list[Entry] = []
+        found: dict[tuple[int, int], Entry] = {}
         try:
             bounds = partition_bounds(consumer, topic) or {}
-            for partition, offset in coordinates:
-                low, high = bounds.get(partition, (0, 0))
-                if low <= offset < high:
-                    found += [entry_from(m, whole=whole) for m in read_range(consumer, topic, partition, offset, offset + 1)]
+            for partition, start, end in _runs(wanted, bounds):
+                for message in read_range(consumer, topic, partition, start, end):
+                    where = (partition, message.offset() or 0)
+                    if where in chosen:
+                        found[where] = entry_from(message, whole=whole)
         finally:
             consumer.close()
-        return found
+        return [found[c] for c in wanted if c in found]
 
     def lineage(self, origin_id: str, *, limit: int = 500) -> tuple[Entry | None, list[Entry]]:
         """The source record an origin id stands for (when its retry headers name the source topic), and every

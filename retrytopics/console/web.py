@@ -50,7 +50,7 @@ CONTENT_SECURITY_POLICY = (
 )
 _SECURITY_HEADERS = [
     (b"content-security-policy", CONTENT_SECURITY_POLICY.encode()), (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"no-referrer"), (b"x-frame-options", b"DENY"), (b"cache-control", b"no-store"),
+    (b"referrer-policy", b"same-origin"), (b"x-frame-options", b"DENY"), (b"cache-control", b"no-store"),
 ]  # fmt: skip
 _COOKIE = "retrytopics_console"
 _LOOPBACK_NAMES = ["127.0.0.1", "localhost", "::1", "[::1]"]
@@ -227,6 +227,10 @@ def create_app(options: ConsoleOptions, reader: PipelineReader) -> Starlette:
             _log_action(request, None, "replay refused", {"why": "actions are off"})
             return page(request, "error.html", 403, message="actions are off: this console is read-only")
         form = await request.form()
+        origin = request.headers.get("origin")
+        if origin is not None and origin != f"{request.url.scheme}://{request.url.netloc}":
+            _log_action(request, session, "replay refused", {"why": f"cross-origin request from {origin[:100]}"})
+            return page(request, "error.html", 403, message="a request from another site: nothing was done")
         if session is None or not session.csrf_ok(str(form.get("csrf", ""))):
             _log_action(request, session, "replay refused", {"why": "no session or bad CSRF token"})
             return page(request, "error.html", 403, message="log in first (or the form was stale): nothing was done")

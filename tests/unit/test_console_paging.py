@@ -168,3 +168,13 @@ def test_the_tally_stays_bounded_whatever_the_headers_say() -> None:
     series = tally.series(now_ms=(MAX_KEYS * 3 - 1) * 1000)
     assert len(series) == 5 and [dead for *_, dead in series] == [1] * 5
     assert len(tally._series) <= 5 and len(tally._dlq_attempts) <= MAX_KEYS + 1
+
+
+def test_records_are_read_in_runs_of_nearby_offsets() -> None:
+    from retrytopics.console.reader import _RUN_SPAN, _runs
+
+    bounds = {0: (5, 1000), 1: (0, 10)}
+    wanted = [(0, 7), (0, 8), (0, 7 + _RUN_SPAN), (0, 3), (0, 999), (1, 2), (2, 0), (1, 10)]
+    runs = list(_runs(wanted, bounds))
+    assert runs == [(0, 7, 9), (0, 7 + _RUN_SPAN, 8 + _RUN_SPAN), (0, 999, 1000), (1, 2, 3)]  # outside bounds: skipped
+    assert all(end - start <= _RUN_SPAN for _, start, end in runs)

@@ -233,3 +233,13 @@ def test_the_spark_command_carries_every_filter_it_can() -> None:
     command = actions.spark_replay_command(chosen, pipeline=["--topic", "t"], destination="first_tier")
     assert "--exception-type a.B --since 10 --until 20" in command and "--origin-ids FILE" in command
     assert "key or header filter" in command and "--to first_tier" in command
+
+
+def test_a_cross_origin_post_is_refused_even_with_a_session_and_its_csrf_token() -> None:
+    app = client(actions_on=True)
+    app.post("/login", data={"operator": "ada", "token": TOKEN})
+    csrf = re.search(r'name="csrf" value="([^"]+)"', app.get("/dlq").text)
+    assert csrf is not None
+    refused = app.post("/actions/replay", data={"csrf": csrf.group(1), "records": "0:0"},
+                       headers={"origin": "http://attacker.example"})  # fmt: skip
+    assert refused.status_code == 403 and "another site" in refused.text
