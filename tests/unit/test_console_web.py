@@ -243,3 +243,16 @@ def test_a_cross_origin_post_is_refused_even_with_a_session_and_its_csrf_token()
     refused = app.post("/actions/replay", data={"csrf": csrf.group(1), "records": "0:0"},
                        headers={"origin": "http://attacker.example"})  # fmt: skip
     assert refused.status_code == 403 and "another site" in refused.text
+
+
+def test_a_revealed_value_goes_through_the_apps_deserializer_and_its_refusal_shows() -> None:
+    def render(entry: Entry) -> Any:
+        if entry.offset == 1:
+            raise ValueError("not JSON")
+        return {"order": "<o-1>"}
+
+    reader = FakeReader([dlq_entry(0), dlq_entry(1)])
+    app = TestClient(create_app(ConsoleOptions(render=render), reader), base_url="http://127.0.0.1")  # type: ignore[arg-type]
+    assert "&#34;order&#34;: &#34;&lt;o-1&gt;&#34;" in app.get("/dlq?reveal=0:0").text  # rendered, then escaped
+    refused = app.get("/dlq?reveal=0:1").text
+    assert "the app&#39;s deserializer refused it: ValueError" in refused and "&lt;script&gt;" in refused
