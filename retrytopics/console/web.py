@@ -12,6 +12,7 @@ sent to the browser) and the session's CSRF token, and are logged with who, what
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import time
@@ -23,6 +24,7 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import FormData
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
@@ -33,6 +35,7 @@ from starlette.staticfiles import StaticFiles
 from retrytopics.console import actions, views
 from retrytopics.console.entries import Entry
 from retrytopics.console.filters import PARAMETERS, Cursor, DlqFilter
+from retrytopics.console.jobs import SparkJobs, SparkReplay, spark_replay_id
 from retrytopics.console.reader import PipelineReader
 from retrytopics.console.sessions import Session, Sessions
 from retrytopics.errors import ConfigError, RetryTopicsError
@@ -118,6 +121,9 @@ def create_app(options: ConsoleOptions, reader: PipelineReader) -> Starlette:
     """The console as an ASGI app over `reader`'s pipeline (the reader's tally is started by the caller)."""
     env = _templates()
     sessions = Sessions(options.token, clock=time.monotonic) if options.actions and options.token else None
+    spark_jobs = None
+    if sessions is not None and importlib.util.find_spec("pyspark") is not None:
+        spark_jobs = SparkJobs(reader.kafka, reader.topics, options.header_keys)
 
     def session_of(request: Request) -> Session | None:
         return None if sessions is None else sessions.get(request.cookies.get(_COOKIE))
@@ -221,19 +227,28 @@ def create_app(options: ConsoleOptions, reader: PipelineReader) -> Starlette:
         response.delete_cookie(_COOKIE, path="/")
         return response
 
-    async def replay(request: Request) -> Response:
+    async def authorized(request: Request) -> tuple[Session, FormData] | Response:
+        """The session and form of an action POST, or the refusal (logged): actions off, another site's
+        request, no session, or not the session's CSRF token."""
         session = session_of(request)
         if sessions is None:
-            _log_action(request, None, "replay refused", {"why": "actions are off"})
+            _log_action(request, None, "action refused", {"why": "actions are off", "path": request.url.path})
             return page(request, "error.html", 403, message="actions are off: this console is read-only")
         form = await request.form()
         origin = request.headers.get("origin")
         if origin is not None and origin != f"{request.url.scheme}://{request.url.netloc}":
-            _log_action(request, session, "replay refused", {"why": f"cross-origin request from {origin[:100]}"})
+            _log_action(request, session, "action refused", {"why": f"cross-origin request from {origin[:100]}"})
             return page(request, "error.html", 403, message="a request from another site: nothing was done")
         if session is None or not session.csrf_ok(str(form.get("csrf", ""))):
-            _log_action(request, session, "replay refused", {"why": "no session or bad CSRF token"})
+            _log_action(request, session, "action refused", {"why": "no session or bad CSRF token"})
             return page(request, "error.html", 403, message="log in first (or the form was stale): nothing was done")
+        return session, form
+
+    async def replay(request: Request) -> Response:
+        allowed = await authorized(request)
+        if isinstance(allowed, Response):
+            return allowed
+        session, form = allowed
         try:
             destination = str(form.get("destination", "original"))
             if form.get("selection") == "filter":  # every record the filter matches, up to the console's limit
@@ -243,7 +258,9 @@ def create_app(options: ConsoleOptions, reader: PipelineReader) -> Starlette:
                 if more:
                     _log_action(request, session, "replay handed over", {"filter": chosen.query()})
                     command = actions.spark_replay_command(chosen, pipeline=_pipeline_flags(reader), destination=destination)
-                    return page(request, "handover.html", limit=actions.MAX_SELECTION, command=command)
+                    return page(request, "handover.html", limit=actions.MAX_SELECTION, command=command,
+                                spark=spark_jobs is not None and chosen.key is None and chosen.header is None,
+                                filter_query=chosen.query(), destination=destination)  # fmt: skip
                 form_records = [f"{p}:{o}" for p, o in picked]
             else:
                 form_records = [str(v) for v in form.getlist("records")]
@@ -263,6 +280,42 @@ def create_app(options: ConsoleOptions, reader: PipelineReader) -> Starlette:
         return page(request, "replay.html", result=result, records=[f"{p}:{o}" for p, o in coordinates],
                     park=request_.park)  # fmt: skip
 
+    async def spark_replay(request: Request) -> Response:
+        allowed = await authorized(request)
+        if isinstance(allowed, Response):
+            return allowed
+        session, form = allowed
+        if spark_jobs is None:
+            return page(request, "error.html", 400, message="the Spark replay needs the spark extra")
+        try:
+            chosen = DlqFilter.from_query({name: [str(v) for v in form.getlist(name)] for name in PARAMETERS})
+            destination = str(form.get("destination", "original"))
+            if destination not in actions.DESTINATIONS:
+                raise ConfigError("destination", destination, f"expected one of {actions.DESTINATIONS}")
+            job = spark_jobs.start(chosen, destination=destination, replay_id=spark_replay_id(chosen, destination),
+                                   dry_run=form.get("step") != "run", operator=session.operator)  # fmt: skip
+        except RetryTopicsError as exc:
+            return failure(request, exc)
+        _log_action(request, session, "spark replay started", {"job": job.job_id, "replay_id": job.replay_id,
+                                                               "dry_run": job.dry_run, "filter": chosen.query()})  # fmt: skip
+        return RedirectResponse(f"/actions/jobs/{job.job_id}", status_code=303)
+
+    def job_of(request: Request) -> SparkReplay | None:
+        return None if spark_jobs is None else spark_jobs.get(str(request.path_params["job_id"]))
+
+    async def job_page(request: Request) -> Response:
+        job = job_of(request)
+        if job is None:
+            return page(request, "error.html", 404, message="no such job")
+        return page(request, "job.html", job=job, progress=job.progress(), result=job.result or {},
+                    filter_query=job.filter.query())  # fmt: skip
+
+    async def job_json(request: Request) -> Response:
+        job = job_of(request)
+        if job is None:
+            return JSONResponse({"error": "no such job"}, status_code=404)
+        return JSONResponse({"state": job.state, "progress": job.progress()})
+
     def _log_action(request: Request, session: Session | None, what: str, details: dict[str, Any]) -> None:
         actions_log.info("console action %s", json.dumps({
             "action": what, "who": session.operator if session else None, "at": views.instant(int(time.time() * 1000)),
@@ -273,6 +326,8 @@ def create_app(options: ConsoleOptions, reader: PipelineReader) -> Starlette:
         Route("/", pipeline), Route("/api/pipeline", pipeline_json), Route("/chart.svg", chart),
         Route("/dlq", dlq), Route("/lineage", lineage), Route("/login", login, methods=["GET", "POST"]),
         Route("/logout", logout, methods=["POST"]), Route("/actions/replay", replay, methods=["POST"]),
+        Route("/actions/spark-replay", spark_replay, methods=["POST"]), Route("/actions/jobs/{job_id}", job_page),
+        Route("/api/jobs/{job_id}", job_json),
         Mount("/static", StaticFiles(packages=[("retrytopics.console", "static")]), name="static"),
     ]  # fmt: skip
     loopback = options.host in ("127.0.0.1", "localhost", "::1")

@@ -256,3 +256,22 @@ def test_a_revealed_value_goes_through_the_apps_deserializer_and_its_refusal_sho
     assert "&#34;order&#34;: &#34;&lt;o-1&gt;&#34;" in app.get("/dlq?reveal=0:0").text  # rendered, then escaped
     refused = app.get("/dlq?reveal=0:1").text
     assert "the app&#39;s deserializer refused it: ValueError" in refused and "&lt;script&gt;" in refused
+
+
+def test_spark_jobs_refuse_key_and_header_filters_and_a_second_job_at_once() -> None:
+    from retrytopics.console.jobs import SparkJobs, SparkReplay, spark_replay_id
+
+    jobs = SparkJobs(None, TOPICS, None)  # type: ignore[arg-type]
+    for query in ({"key": ["k"]}, {"header": ["a=b"]}):
+        with pytest.raises(ConfigError) as refused:
+            jobs.start(DlqFilter.from_query(query), destination="original", replay_id="r", dry_run=True, operator="ada")
+        assert refused.value.field == "filter"
+    chosen = DlqFilter.from_query({"reason": ["exhausted"]})
+    running = SparkReplay(job_id="j", filter=chosen, destination="original", replay_id="r", dry_run=True,
+                          operator="ada", state="running")  # fmt: skip
+    jobs._jobs["j"] = running
+    with pytest.raises(ConfigError) as busy:
+        jobs.start(chosen, destination="original", replay_id="r", dry_run=True, operator="ada")
+    assert busy.value.field == "job"
+    assert spark_replay_id(chosen, "original") == spark_replay_id(DlqFilter.from_query({"reason": ["exhausted"]}), "original")
+    assert spark_replay_id(chosen, "original") != spark_replay_id(chosen, "first_tier")

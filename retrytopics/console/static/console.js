@@ -1,4 +1,5 @@
-// retrytopics console: live pipeline numbers (polling /api/pipeline) and the "check all" box of the DLQ page.
+// retrytopics console: live pipeline numbers (polling /api/pipeline), a Spark replay's progress (polling
+// /api/jobs/<id>) and the "check all" box of the DLQ page.
 // Every value from the server is set with textContent: record content is never parsed as HTML.
 "use strict";
 
@@ -45,8 +46,25 @@ async function refresh() {
   document.getElementById("chart").src = "/chart.svg?at=" + Date.now();
 }
 
+async function follow(job) {
+  // a Spark replay's page: its progress line, and a reload when the job's state changes (done: its counts)
+  try {
+    const response = await fetch("/api/jobs/" + encodeURIComponent(job.dataset.job), {cache: "no-store"});
+    if (!response.ok) return;
+    const data = await response.json();
+    document.getElementById("job-progress").textContent = data.progress;
+    if (data.state !== job.dataset.state) window.location.reload();
+  } catch (_) {
+    // the console is away: try again
+  }
+}
+
 document.addEventListener("DOMContentLoaded", () => {
   if (document.getElementById("stages")) setInterval(refresh, 2000);
+  const job = document.getElementById("job");
+  if (job && (job.dataset.state === "starting" || job.dataset.state === "running")) {
+    setInterval(() => follow(job), 1000);
+  }
   const all = document.getElementById("check-all");
   if (all) all.addEventListener("change", () => {
     for (const box of document.querySelectorAll("input.pick")) box.checked = all.checked;
