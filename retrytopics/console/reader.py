@@ -81,6 +81,7 @@ class PipelineReader:
     _counted: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
     _cache: tuple[float, list[PartitionState]] | None = None
+    _total: tuple[float, int] | None = None
 
     def _reading(self) -> Any:
         return range_reader(self.kafka)
@@ -200,13 +201,18 @@ class PipelineReader:
 
     # -- the background tally -------------------------------------------------------------------------------
 
-    def counted(self) -> tuple[int, int]:
-        """(records tallied, records in the tiers and the DLQ now)."""
-        total = 0
-        for topic in (*(t.topic for t in self.topics.tiers), self.topics.dlq):
-            total += sum(high - low for low, high in self.bounds(topic).values())
+    def counted(self, *, max_age_s: float = 1.0) -> tuple[int, int]:
+        """(records tallied, records in the tiers and the DLQ), the second at most `max_age_s` old."""
         with self._lock:
-            return self._counted, total
+            cached = self._total
+        if cached is None or time.monotonic() - cached[0] >= max_age_s:
+            total = 0
+            for topic in (*(t.topic for t in self.topics.tiers), self.topics.dlq):
+                total += sum(high - low for low, high in self.bounds(topic).values())
+            cached = (time.monotonic(), total)
+        with self._lock:
+            self._total = cached
+            return self._counted, cached[1]
 
     def snapshot(self, view: Callable[[Tally], Any]) -> Any:
         """`view(tally)` while the tally is not being updated."""
