@@ -2,7 +2,7 @@
 
 The role's prefix picks its module: `raw_*` (hand-written confluent-kafka baselines) in `bench.raw`,
 `app_*` (the runtime under test) in `bench.runtime`, `spark_*` in `bench.sparkjobs`, `floor_*` (the least
-a Python program must do per record) in `bench.floor`. Only the chosen module
+a Python program must do per record) in `bench.floor`, `console_*` in `bench.consolejobs`. Only the chosen module
 is imported, so the child's memory holds nothing the role does not use.
 """
 
@@ -18,7 +18,8 @@ from typing import Any
 
 from bench.measure import emit
 
-_MODULES = {"raw": "bench.raw", "app": "bench.runtime", "spark": "bench.sparkjobs", "floor": "bench.floor"}
+_MODULES = {"raw": "bench.raw", "app": "bench.runtime", "spark": "bench.sparkjobs", "floor": "bench.floor",
+            "console": "bench.consolejobs"}
 
 
 def main(argv: list[str]) -> int:

@@ -11,13 +11,14 @@ from collections.abc import Callable, Sequence
 
 from confluent_kafka import Producer
 
+from bench.context import Bench
 from retrytopics.connectors.admin import TopicSpec, ensure_topics
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.kafka import PRODUCER_DEFAULTS, make_admin
 from retrytopics.headers import DlqReason, Header, RetryHeaders, encode
 from retrytopics.naming import TopicSet, topics_for
 
-__all__ = ["create_topics", "dlq_headers", "fill", "tier_headers", "tier_topics"]
+__all__ = ["create_topics", "dead_lettered_pipeline", "dlq_headers", "fill", "tier_headers", "tier_topics"]
 
 #: Batching for the loaders only (the measured programs use the product's defaults).
 _LOADER = {"linger.ms": 20, "batch.num.messages": 10_000, "queue.buffering.max.messages": 500_000}
@@ -103,3 +104,16 @@ def fill(
     if left or failed:
         raise RuntimeError(f"loading {topic}: {left} records unacknowledged, {len(failed)} failed: {failed[:3]}")
     return time.monotonic() - start
+
+
+def dead_lettered_pipeline(b: Bench, stem: str, delays_ms: Sequence[int], n: int) -> TopicSet:
+    """A fresh pipeline (source, tiers, DLQ) whose DLQ holds `n` exhausted records of three exception types.
+    On tansu one record per produce batch: readers that plan from end offsets (Spark)
+    need them exact."""
+    source, group = b.name(stem), b.name("app")
+    ts = tier_topics(source, group, delays_ms)
+    create_topics(b.kafka, [source, *ts.all_topics], b.partitions)
+    now = int(time.time() * 1000)
+    fill(b.kafka, ts.dlq, n, partitions=b.partitions, exact_end_offsets=b.broker == "tansu",
+         headers=lambda i, p: dlq_headers(ts, failed_at=now, offset=i, partition=p, kind=i))  # fmt: skip
+    return ts

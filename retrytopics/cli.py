@@ -201,7 +201,8 @@ def _print_demo(summary: dict[str, Any]) -> None:
         ("handler calls", summary["handler_calls"]),
         ("calls before due time", summary["early_calls"]),
         ("lateness p50 / p99 / max", f"{lateness['p50']} / {lateness['p99']} / {lateness['max']} ms"),
-        ("wall time", f"{summary['wall_s']} s"),
+        ("start-up", f"{summary['startup_s']} s (broker, topics, every consumer in its group)"),
+        ("run time", f"{summary['wall_s']} s (first order produced to last accounted for)"),
     ]
     on = summary.get("broker") or summary["bootstrap"]
     print(f"\nretrytopics demo on {on}  (source {summary['topics']['source']})")
@@ -221,13 +222,42 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         records=args.records, partitions=args.partitions, delays=tuple(args.delays), seed=args.seed,
         bootstrap=args.bootstrap, broker=args.broker, spark=not args.no_spark, timeout_s=args.timeout,
     )  # fmt: skip
-    summary = run_demo(options)
-    if args.json:
-        summary.get("audit", {}).pop("table", None)
-        print(json.dumps(summary, sort_keys=True))
-    else:
-        _print_demo(summary)
+    if args.console:
+        preflight.require_extra("console", True, "starlette", "console")
+
+    def report(summary: dict[str, Any], kafka: Any) -> None:
+        if args.json:
+            summary.get("audit", {}).pop("table", None)
+            print(json.dumps(summary, sort_keys=True), flush=True)
+        else:
+            _print_demo(summary)
+        if args.console:
+            _demo_console(summary, kafka)
+        elif not args.json:
+            print(f"\nNext, see this run in the browser: {_demo_console_command(summary, options)}")
+
+    summary = run_demo(options, then=report)
     return 0 if summary["lost"] == 0 and summary["early_calls"] == 0 else 1
+
+
+def _demo_console_command(summary: dict[str, Any], options: Any) -> str:
+    """The command that shows the demo's pipeline in the console: on a cluster of the user's, the console
+    itself; on a local broker, which stops with the demo, the demo again with --console."""
+    if options.bootstrap:
+        return (f"retrytopics console --bootstrap {options.bootstrap} --topic {summary['topics']['source']} "
+                f"--group demo --delays {','.join(summary['delays'])}")  # fmt: skip
+    broker = "" if options.broker == "tansu" else f" --broker {options.broker}"
+    return f"retrytopics demo --console{broker} --no-spark  (keeps its broker up and serves the console)"
+
+
+def _demo_console(summary: dict[str, Any], kafka: Any) -> None:
+    from retrytopics.config import AppSettings
+    from retrytopics.console import serve
+    from retrytopics.console.web import ConsoleOptions
+
+    pipeline = AppSettings(topic=summary["topics"]["source"], group="demo", delays=tuple(summary["delays"]))
+    print(flush=True)
+    serve(kafka, pipeline, ConsoleOptions(), port=8765)
 
 
 def _cmd_spark_job(args: argparse.Namespace) -> int:
@@ -331,6 +361,36 @@ def _add_runners(commands: Any) -> None:
     tiers.set_defaults(run=_cmd_tiers)
 
 
+def _cmd_console(args: argparse.Namespace) -> int:
+    preflight.require_extra("console", True, "starlette", "console")
+    if args.actions:  # the replay ledger it shares with `retrytopics replay` lives with the Spark jobs
+        preflight.require_extra("console.actions", True, "pyspark", "spark")
+    settings = _settings(args)
+    kafka, pipeline = preflight.pipeline_of(args.app, settings)
+    from retrytopics.console import app_renderer, console_token, serve
+    from retrytopics.console.web import ConsoleOptions
+
+    token = console_token(args.token_file, os.environ) if args.actions else None
+    render = app_renderer(preflight.load_app(args.app), pipeline.topic) if args.app and pipeline.topic else None
+    options = ConsoleOptions(host=args.host, actions=args.actions, token=token, render=render,
+                             header_keys=pipeline.header_keys)  # fmt: skip
+    serve(kafka, pipeline, options, port=args.port, grace_ms=args.grace)
+    return 0
+
+
+def _add_console(commands: Any) -> None:
+    console = commands.add_parser("console", help="the operator console in the browser: pipeline, DLQ, lineage, replay")
+    _common(console, pipeline=True)
+    console.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    console.add_argument("--port", type=int, default=8765, help="port to listen on (default 8765)")
+    console.add_argument("--grace", type=_duration_ms, default="30s", metavar="DURATION",
+                         help="how long past due a tier head record is overdue (default 30s)")  # fmt: skip
+    console.add_argument("--actions", action="store_true", help="allow replays from the page (needs a token)")
+    console.add_argument("--token-file", metavar="FILE", help="the operators' token, for --actions "
+                         "(or RETRYTOPICS_CONSOLE_TOKEN; at least 16 characters)")  # fmt: skip
+    console.set_defaults(run=_cmd_console)
+
+
 def _add_demo(commands: Any) -> None:
     demo = commands.add_parser("demo", help="the whole pipeline on the embedded broker, with a flaky handler")
     demo.add_argument("--records", type=int, default=2000)
@@ -342,6 +402,8 @@ def _add_demo(commands: Any) -> None:
     demo.add_argument("--bootstrap", help="use this Kafka cluster instead of starting a local broker")
     demo.add_argument("--json", action="store_true", help="print one JSON summary object on stdout")
     demo.add_argument("--no-spark", action="store_true", help="skip the Spark audit at the end")
+    demo.add_argument("--console", action="store_true",
+                      help="then serve the console on the demo's pipeline (read-only, port 8765) until Ctrl-C")  # fmt: skip
     demo.add_argument("--timeout", type=_duration_ms, default="5m", metavar="DURATION", help="give up after this long")
     demo.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     demo.set_defaults(run=_cmd_demo)
@@ -370,6 +432,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_runners(commands)
     _add_spark_jobs(commands)
     _add_demo(commands)
+    _add_console(commands)
     return parser
 
 

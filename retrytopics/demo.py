@@ -10,17 +10,23 @@ values are not Avro at all (poison).
 Every number in the summary is counted from what happened: successes from the handler's own call log,
 dead letters from reading the DLQ topic back and decoding its headers, lateness from handled_at − due_at of
 each retried call. None comes from the configured fractions.
+
+The orders are produced once every consumer (main and tiers) has joined its group: a fresh broker's first
+group join (about 3 s on Apache Kafka while it creates `__consumer_offsets`) is start-up, reported on its
+own line, never retry lateness. The lateness is what a running pipeline gives.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
 import sys
 import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TextIO
@@ -146,6 +152,7 @@ class _StageCounter:
     def __init__(self) -> None:
         self.calls: Counter[str] = Counter()
         self.scheduled: Counter[str] = Counter()
+        self.assigned: set[tuple[str, int]] = set()
 
     wanted_events = PER_BATCH
 
@@ -157,6 +164,10 @@ class _StageCounter:
             self.calls[str(data.get("topic"))] += 1
         elif event is Event.RETRY_SCHEDULED:
             self.scheduled[str(data.get("destination"))] += 1
+        elif event is Event.PARTITIONS_ASSIGNED:
+            partitions = data.get("partitions")
+            for topic, partition in partitions if isinstance(partitions, list | tuple) else ():
+                self.assigned.add((str(topic), int(partition)))
 
 
 def _percentile(values: Sequence[int], q: float) -> int | None:
@@ -216,13 +227,16 @@ class _DlqReader:
         self._consumer.close()
 
 
-def _produce_orders(kafka: KafkaConfig, topic: str, fates: Sequence[Fate], seed: int) -> dict[str, Fate]:
+def _order_id(i: int) -> str:
+    return f"order-{i:07d}"
+
+
+def _produce_orders(kafka: KafkaConfig, topic: str, fates: Sequence[Fate], seed: int) -> None:
     serialize = avro_serializer(schema_text("order"))
     rng = random.Random(seed + 1)
     producer = make_producer(kafka)
-    by_id: dict[str, Fate] = {}
     for i, fate in enumerate(fates):
-        order_id = f"order-{i:07d}"
+        order_id = _order_id(i)
         order: dict[str, Any] = {
             "order_id": order_id, "customer_id": f"customer-{rng.randrange(500):03d}",
             "amount_cents": rng.randrange(100, 100_000), "currency": rng.choice(["EUR", "USD", "GBP"]),
@@ -232,10 +246,8 @@ def _produce_orders(kafka: KafkaConfig, topic: str, fates: Sequence[Fate], seed:
         value = b'{"order_id": "%s", "note": "JSON, not Avro"}' % order_id.encode() if fate is Fate.POISON else serialize(order, None)
         producer.produce(topic, key=order["customer_id"].encode(), value=value, headers=[(ID_HEADER, order_id.encode())])
         producer.poll(0)
-        by_id[order_id] = fate
     if producer.flush(60) != 0:
         raise RuntimeError("the demo's orders were not all acknowledged by the broker")
-    return by_id
 
 
 def _stages(app: RetryApp, source: str, counter: _StageCounter, records: int, dlq_seen: int) -> list[Stage]:
@@ -247,18 +259,28 @@ def _stages(app: RetryApp, source: str, counter: _StageCounter, records: int, dl
     return stages
 
 
-def run_demo(options: DemoOptions, *, progress_out: TextIO | None = None) -> dict[str, Any]:
-    """Run the demo and return its summary (see the module docstring)."""
+Then = Callable[[dict[str, Any], KafkaConfig], None]
+
+
+def run_demo(options: DemoOptions, *, progress_out: TextIO | None = None, then: Then | None = None) -> dict[str, Any]:
+    """Run the demo and return its summary (see the module docstring). `then(summary, kafka)` runs before a
+    local broker stops (`retrytopics demo --console` serves the console on the demo's pipeline there)."""
+    started = time.monotonic()
     if options.bootstrap:
-        return _run(options, KafkaConfig(bootstrap=options.bootstrap), progress_out)
+        kafka = KafkaConfig(bootstrap=options.bootstrap)
+        summary = _run(options, kafka, progress_out, started)
+        if then is not None:
+            then(summary, kafka)
+        return summary
     with local_broker(options.broker) as broker:
-        summary = _run(options, broker.kafka_config(), progress_out)
+        summary = _run(options, broker.kafka_config(), progress_out, started)
         summary["broker"] = broker.description
+        if then is not None:
+            then(summary, broker.kafka_config())
         return summary
 
 
-def _run(options: DemoOptions, kafka: KafkaConfig, progress_out: TextIO | None) -> dict[str, Any]:
-    started = time.monotonic()
+def _run(options: DemoOptions, kafka: KafkaConfig, progress_out: TextIO | None, started: float) -> dict[str, Any]:
     source = f"demo-orders-{uuid.uuid4().hex[:6]}"
     ensure_topics(make_admin(kafka), [TopicSpec(name=source, partitions=options.partitions)])
     counter = _StageCounter()
@@ -268,29 +290,52 @@ def _run(options: DemoOptions, kafka: KafkaConfig, progress_out: TextIO | None) 
         consumer_overrides={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500},
     )  # fmt: skip
     fates = assign_fates(options.records, options.seed)
-    handler = FlakyHandler({})
+    handler = FlakyHandler({_order_id(i): fate for i, fate in enumerate(fates)})  # known before the first call
     policy = RetryPolicy(delays=options.delays, non_retryable=(ValueError,))
     app.handler(source, policy=policy, value_deserializer=avro(schema_text("order")))(handler)
     app.provision(partitions=options.partitions)
-    handler.fates = _produce_orders(kafka, source, fates, options.seed)
-    dlq = _DlqReader(kafka, app.topics(source).dlq, options.partitions)
     board = ProgressBoard(progress_out or sys.stderr)
     app.start(main=True, tiers="all")
+    dlq: _DlqReader | None = None
     try:
+        _wait_until_joined(app, source, counter, options)
+        startup_s = time.monotonic() - started
+        # after the joins: on a fresh Apache Kafka a just-created partition has no leader for a moment
+        dlq = _DlqReader(kafka, app.topics(source).dlq, options.partitions)
+        producing = time.monotonic()
+        _produce_orders(kafka, source, fates, options.seed)
         _wait_until_accounted(app, source, handler, dlq, counter, board, options)
     finally:
         app.stop()
-        dlq.drain(0.5)
-        dlq.close()
+        if dlq is not None:
+            dlq.drain(0.5)
+            dlq.close()
+    assert dlq is not None  # reached only when the run completed
     summary = summarize(
         records=options.records, calls=handler.calls, dead_letters=dlq.reasons,
-        duplicates_suppressed=app.stats.duplicates_suppressed, wall_s=time.monotonic() - started,
+        duplicates_suppressed=app.stats.duplicates_suppressed, wall_s=time.monotonic() - producing,
     )  # fmt: skip
+    summary["startup_s"] = round(startup_s, 3)
+    summary["delays"] = list(options.delays)
     summary["topics"] = {"source": source, "tiers": [t.topic for t in app.topics(source).tiers], "dlq": app.topics(source).dlq}
     summary["bootstrap"] = kafka.bootstrap
     if options.spark:
         summary["audit"] = _spark_audit(kafka, app.topics(source))
     return summary
+
+
+def _wait_until_joined(app: RetryApp, source: str, counter: _StageCounter, options: DemoOptions) -> None:
+    """Until the main consumer and every tier consumer own all their partitions: the first record produced
+    after this is handled by consumers that are already running."""
+    topics = [source, *(t.topic for t in app.topics(source).tiers)]
+    wanted = {(topic, p) for topic in topics for p in range(options.partitions)}
+    deadline = time.monotonic() + options.timeout_s
+    while not wanted <= counter.assigned:
+        if not app.running:
+            raise RuntimeError("the demo's consumers stopped unexpectedly; see the log above")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the demo's consumers did not join their groups within {options.timeout_s:.0f}s")
+        threading.Event().wait(0.02)
 
 
 def _wait_until_accounted(
@@ -316,8 +361,41 @@ def _spark_audit(kafka: KafkaConfig, topics: TopicSet) -> dict[str, Any]:
     from retrytopics.spark.audit import audit, format_table
     from retrytopics.spark.session import get_session
 
-    spark = get_session(None, "retrytopics-demo-audit", short_job=True)
+    with _without_jvm_notice(b"WARNING: Using incubator modules"):
+        spark = get_session(None, "retrytopics-demo-audit", short_job=True)
     spark.sparkContext.setLogLevel("ERROR")
     summary = audit(spark, kafka, topics)
     summary["table"] = format_table(summary)
     return summary
+
+
+@contextlib.contextmanager
+def _without_jvm_notice(prefix: bytes) -> Iterator[None]:
+    """Drop lines starting with `prefix` from the standard error of a JVM started inside the block.
+
+    Spark 4 starts its JVM with an incubator module (the vector API), and the JVM announces it on its standard
+    error at start-up, with no option to turn it off: noise in the middle of the demo's summary. The JVM
+    inherits this process's standard error, so for the block it gets a pipe instead, which a daemon thread
+    copies to the real standard error, line by line, without that notice, for as long as the JVM writes."""
+    try:
+        real = os.dup(2)
+    except OSError:  # no standard error to filter
+        yield
+        return
+    read_end, write_end = os.pipe()
+
+    def copy() -> None:
+        with os.fdopen(read_end, "rb") as lines:
+            for line in lines:
+                if not line.startswith(prefix):
+                    os.write(real, line)
+
+    threading.Thread(target=copy, name="retrytopics-jvm-stderr", daemon=True).start()
+    sys.stderr.flush()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(real, 2)  # this process writes to the real one again; the JVM keeps the pipe

