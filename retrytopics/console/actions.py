@@ -6,10 +6,14 @@ small enough to need no Spark:
   pipeline's source, or the pipeline's first tier; other records are skipped as foreign;
 - a record whose retry headers do not decode as a DLQ record, name a source partition that does not exist,
   or (with header keys) carry no valid signature is skipped, with its problem;
-- one record per source record (its original topic, partition and offset), the latest episode;
+- one record per source record (its original topic, partition and offset), the latest episode; one whose
+  value is only a reference to a too-large record, or that lost its user headers (`too_many_headers`), is
+  skipped (`skipped_reference_only`, `skipped_headers_dropped`): its content is not the record's;
 - records replayed `max_replays` times are skipped, or parked in `<dlq>.parked`;
 - idempotent per replay id through the replay ledger (`retrytopics.spark.ledger`): the first run records the
-  destinations' high watermarks before writing, a rerun skips what that id wrote since;
+  destinations' high watermarks and a random nonce before writing, and marks each record it writes
+  (`retry.replay_mark`, keyed by the nonce); a rerun skips what that id wrote since, counting only records
+  whose mark verifies (a replay id started without a nonce trusts its markers, as the Spark replay does);
 - the same output headers (user headers byte for byte, the replay lineage, and to a tier the retry state
   reset), signed for the first tier when the app signs its retry headers.
 
@@ -19,6 +23,8 @@ small enough to need no Spark:
 from __future__ import annotations
 
 import hashlib
+import json
+import secrets
 import shlex
 import time
 from collections.abc import Sequence
@@ -33,10 +39,10 @@ from retrytopics.console.entries import Entry
 from retrytopics.console.filters import DlqFilter
 from retrytopics.errors import ConfigError, PublishError
 from retrytopics.headers import (
-    REPLAY_COUNT, REPLAY_ID, REPLAY_ORIGIN_ID, REPLAYED_AT, Header, Lineage, encode, user_headers,
+    REPLAY_COUNT, REPLAY_ID, REPLAY_ORIGIN_ID, REPLAYED_AT, DlqReason, Header, Lineage, encode, user_headers,
 )  # fmt: skip
 from retrytopics.naming import TopicSet
-from retrytopics.signing import HeaderKeys, sign, verify
+from retrytopics.signing import HeaderKeys, mark_keys, replay_mark, sign, verify
 
 __all__ = ["DESTINATIONS", "MAX_SELECTION", "ReplayPlan", "ReplayRequest", "plan_replay", "replay_headers",
            "replay_id_for", "run_replay", "spark_replay_command"]  # fmt: skip
@@ -48,6 +54,8 @@ MAX_SELECTION: Final = 1000
 #: The replay ledger's lineage header (`retrytopics.spark.ledger.REPLAY_ORIGINAL`), named here so that the
 #: pure plan needs no Spark import; a unit test holds the two equal.
 REPLAY_ORIGINAL: Final = "retry.replay_original"
+#: The ledger's mark header (`retrytopics.spark.ledger.REPLAY_MARK`), held equal by the same unit test.
+REPLAY_MARK: Final = "retry.replay_mark"
 _INT32: Final = 2**31 - 1
 
 
@@ -133,7 +141,7 @@ def plan_replay(entries: Sequence[Entry], *, topics: TopicSet, request: ReplayRe
                 header_keys: HeaderKeys | None = None) -> ReplayPlan:  # fmt: skip
     """Which of `entries` (DLQ records) to write where, by the rules in the module docstring."""
     counts = dict.fromkeys(("selected", "skipped_foreign", "skipped_invalid", "skipped_duplicates",
-                            "skipped_max_replays", "parked"), 0)  # fmt: skip
+                            "skipped_reference_only", "skipped_headers_dropped", "skipped_max_replays", "parked"), 0)  # fmt: skip
     counts["selected"] = len(entries)
     problems: dict[str, str] = {}
     usable: dict[str, Entry] = {}
@@ -156,6 +164,10 @@ def plan_replay(entries: Sequence[Entry], *, topics: TopicSet, request: ReplayRe
     target = topics.source if request.destination == "original" else topics.tiers[0].topic
     writes = []
     for entry in sorted(usable.values(), key=lambda e: (e.timestamp_ms, e.partition, e.offset)):
+        incomplete = _incomplete(entry)
+        if incomplete is not None:
+            counts[incomplete] += 1
+            continue
         if entry.lineage.replay_count >= request.max_replays and not request.allow_replayed:
             if not request.park:
                 counts["skipped_max_replays"] += 1
@@ -167,30 +179,58 @@ def plan_replay(entries: Sequence[Entry], *, topics: TopicSet, request: ReplayRe
     return ReplayPlan(writes=tuple(writes), counts=counts, problems=problems)
 
 
+def _incomplete(entry: Entry) -> str | None:
+    """The skip counter of a record whose content is not the source record's (as `spark.checks`'s
+    `reference_only` and `headers_dropped`), or None."""
+    reason = entry.retry.dlq_reason if entry.retry is not None else None
+    if reason == DlqReason.TOO_MANY_HEADERS:
+        return "skipped_headers_dropped"
+    if reason == DlqReason.TOO_LARGE and _is_reference(entry.value):
+        return "skipped_reference_only"
+    return None
+
+
+def _is_reference(value: bytes | None) -> bool:
+    """Whether `value` is `router.too_large_reference`'s JSON: `too_large` true and every other field."""
+    try:
+        parsed = json.loads(value or b"")
+    except ValueError:
+        return False
+    return (isinstance(parsed, dict) and parsed.get("too_large") is True
+            and all(parsed.get(name) is not None for name in ("topic", "partition", "offset", "value_bytes")))  # fmt: skip
+
+
 def _episode(entry: Entry) -> tuple[int, int, int]:
     return entry.lineage.replay_count, entry.partition, entry.offset
 
 
-def replay_headers(entry: Entry, *, to_tier: bool, replay_id: str, now_ms: int) -> list[Header]:
+def replay_headers(entry: Entry, *, to_tier: bool, replay_id: str, now_ms: int, topic: str = "",
+                   mark_key: bytes | None = None) -> list[Header]:  # fmt: skip
     """The headers of the replayed record: its user headers byte for byte, to a tier the retry state with
-    the count and failure times reset and due now, then the replay lineage (as the Spark replay writes them)."""
+    the count and failure times reset and due now, then the replay lineage (as the Spark replay writes them),
+    and with `mark_key` the `retry.replay_mark` that attributes it on `topic` to this replay."""
     retry = entry.retry
     assert retry is not None  # planned records decoded
     lineage = Lineage(replay_id=replay_id, replayed_at=now_ms, replay_count=entry.lineage.replay_count + 1,
                       replay_origin_id=retry.origin_message_id)  # fmt: skip
     original = (REPLAY_ORIGINAL, (entry.source_record or "").encode())
+    marked = [original]
+    if mark_key is not None:
+        marked.append((REPLAY_MARK, replay_mark(mark_key, replay_id, topic, entry.source_record or "").encode()))
     user = user_headers(list(entry.headers))
     if to_tier:
         state = retry.evolve(tier=0, due_at=now_ms, dlq_reason=None, reconsume_times=1, first_failed_at=now_ms,
                              last_failed_at=now_ms, lineage=lineage)  # fmt: skip
-        return [*user, *encode(state), original]
+        return [*user, *encode(state), *marked]
     values = ((REPLAY_ID, replay_id), (REPLAYED_AT, now_ms), (REPLAY_COUNT, lineage.replay_count),
               (REPLAY_ORIGIN_ID, retry.origin_message_id))  # fmt: skip
-    return [*user, *((name, str(value).encode()) for name, value in values), original]
+    return [*user, *((name, str(value).encode()) for name, value in values), *marked]
 
 
-def _written_before(kafka: KafkaConfig, marks: dict[str, dict[str, int]], replay_id: str) -> set[tuple[str, str]]:
-    """(topic, source record) of every record `replay_id` wrote since its start `marks`."""
+def _written_before(kafka: KafkaConfig, marks: dict[str, dict[str, int]], replay_id: str,
+                    keys: tuple[bytes, ...] | None) -> set[tuple[str, str]]:  # fmt: skip
+    """(topic, source record) of every record `replay_id` wrote since its start `marks`: with mark `keys`, only
+    records whose `retry.replay_mark` verifies with one of them (anyone may write the other markers)."""
     consumer = range_reader(kafka)
     done: set[tuple[str, str]] = set()
     try:
@@ -201,11 +241,31 @@ def _written_before(kafka: KafkaConfig, marks: dict[str, dict[str, int]], replay
                 for offset in range(int(start), high, 2000):
                     for message in read_range(consumer, topic, int(partition), offset, min(high, offset + 2000)):
                         headers = dict(read_headers(message)[0])
-                        if headers.get(REPLAY_ID) == replay_id.encode():
-                            done.add((topic, (headers.get(REPLAY_ORIGINAL) or b"").decode("utf-8", "replace")))
+                        if headers.get(REPLAY_ID) != replay_id.encode():
+                            continue
+                        source_record = (headers.get(REPLAY_ORIGINAL) or b"").decode("utf-8", "replace")
+                        if keys is None or _marked(keys, replay_id, topic, source_record, headers.get(REPLAY_MARK)):
+                            done.add((topic, source_record))
     finally:
         consumer.close()
     return done
+
+
+def _marked(keys: tuple[bytes, ...], replay_id: str, topic: str, source_record: str, given: bytes | None) -> bool:
+    return given is not None and any(
+        secrets.compare_digest(replay_mark(key, replay_id, topic, source_record).encode(), given) for key in keys
+    )
+
+
+def _mark_keys_of(started: dict[str, Any], header_keys: HeaderKeys | None) -> tuple[bytes, ...] | None:
+    """The mark keys of a replay id from its first `started` entry; None when it was started without a nonce."""
+    nonce = started.get("nonce")
+    if nonce is None:
+        return None
+    try:
+        return mark_keys(bytes.fromhex(nonce), header_keys)
+    except (TypeError, ValueError):
+        raise ConfigError("replay_id", started.get("replay_id"), "its ledger entry has a malformed nonce") from None
 
 
 def run_replay(kafka: KafkaConfig, topics: TopicSet, entries: Sequence[Entry], request: ReplayRequest, *,
@@ -228,13 +288,16 @@ def run_replay(kafka: KafkaConfig, topics: TopicSet, entries: Sequence[Entry], r
     started = [e for e in ledger.read_entries(kafka, topics.dlq, request.replay_id) if e.get("event") == "started"]
     done: set[tuple[str, str]] = set()
     if started:
-        done = _written_before(kafka, started[0]["marks"], request.replay_id)
+        keys = _mark_keys_of(started[0], header_keys)
+        done = _written_before(kafka, started[0]["marks"], request.replay_id, keys)
     else:
+        nonce = secrets.token_bytes(32)
         marks = ledger.watermarks(kafka, sorted({target, f"{topics.dlq}.parked"}))
-        ledger.append(kafka, topics.dlq, request.replay_id, {"event": "started", "marks": marks})
+        ledger.append(kafka, topics.dlq, request.replay_id, {"event": "started", "marks": marks, "nonce": nonce.hex()})
+        keys = mark_keys(nonce, header_keys)
     todo = [(e, t) for e, t in plan.writes
             if (t, e.source_record or "") not in done and e.lineage.replay_id != request.replay_id]  # fmt: skip
-    _write(kafka, todo, request.replay_id, topics, partitions[target], header_keys)
+    _write(kafka, todo, request.replay_id, topics, partitions[target], header_keys, None if keys is None else keys[0])
     result.update(written=len(todo), skipped_already_replayed=len(plan.writes) - len(todo))
     ledger.append(kafka, topics.dlq, request.replay_id,
                   {"event": "finished", **{k: v for k, v in result.items() if k not in ("sample", "problems")}})  # fmt: skip
@@ -242,7 +305,7 @@ def run_replay(kafka: KafkaConfig, topics: TopicSet, entries: Sequence[Entry], r
 
 
 def _write(kafka: KafkaConfig, todo: Sequence[tuple[Entry, str]], replay_id: str, topics: TopicSet,
-           target_partitions: int, header_keys: HeaderKeys | None) -> None:  # fmt: skip
+           target_partitions: int, header_keys: HeaderKeys | None, mark_key: bytes | None) -> None:  # fmt: skip
     """Write in DLQ order, acknowledged (acks=all, idempotent producer) before the replay counts as done."""
     if not todo:
         return
@@ -258,7 +321,8 @@ def _write(kafka: KafkaConfig, todo: Sequence[tuple[Entry, str]], replay_id: str
     with map_kafka_errors():
         for entry, topic in todo:
             to_tier = topic == first_tier
-            headers = replay_headers(entry, to_tier=to_tier, replay_id=replay_id, now_ms=now_ms)
+            headers = replay_headers(entry, to_tier=to_tier, replay_id=replay_id, now_ms=now_ms, topic=topic,
+                                     mark_key=mark_key)  # fmt: skip
             if to_tier and header_keys is not None:  # the tier consumers refuse unsigned records
                 headers = list(sign(header_keys, topic, entry.key, entry.value, headers))
             assert entry.retry is not None

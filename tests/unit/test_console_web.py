@@ -170,10 +170,41 @@ def test_the_plan_skips_foreign_invalid_duplicate_and_looped_records() -> None:
                                request=request(), source_partitions=2)  # fmt: skip
     assert [(e.offset, t) for e, t in plan.writes] == [(1, "orders")]
     assert plan.counts == {"selected": 6, "skipped_foreign": 1, "skipped_invalid": 2, "skipped_duplicates": 1,
-                           "skipped_max_replays": 1, "parked": 0}  # fmt: skip
+                           "skipped_reference_only": 0, "skipped_headers_dropped": 0, "skipped_max_replays": 1,
+                           "parked": 0}  # fmt: skip
     assert plan.problems == {"0:3": "original_partition", "0:5": "headers"}
     parked = actions.plan_replay([looped], topics=TOPICS, request=request(park=True), source_partitions=2)
     assert [t for _, t in parked.writes] == [f"{TOPICS.dlq}.parked"]
+
+
+def test_a_reference_or_a_record_without_its_headers_is_skipped_never_written() -> None:
+    """As the Spark replay: a too-large reference's value and a too_many_headers record are not the record's."""
+    from dataclasses import replace
+
+    from retrytopics.router import too_large_reference
+
+    too_large = replace(state(original_offset=0), dlq_reason=DlqReason.TOO_LARGE)
+    reference = dlq_entry(0, retry=too_large)
+    reference = entry_of(topic=TOPICS.dlq, partition=0, offset=0, timestamp_ms=1000, key=None,
+                         value=too_large_reference("orders.billing.retry.1s", 0, 3, b"x" * 10),
+                         headers=list(reference.headers), whole=True)  # fmt: skip
+    own_json = entry_of(topic=TOPICS.dlq, partition=0, offset=1, timestamp_ms=1001, key=None,
+                        value=b'{"too_large": true, "note": "mine"}',
+                        headers=list(dlq_entry(1, retry=replace(too_large, original_offset=1)).headers), whole=True)  # fmt: skip
+    dropped = dlq_entry(2, retry=replace(state(original_offset=2), dlq_reason=DlqReason.TOO_MANY_HEADERS))
+    plan = actions.plan_replay([reference, own_json, dropped], topics=TOPICS, request=request(), source_partitions=1)
+    assert [e.offset for e, _ in plan.writes] == [1]
+    assert (plan.counts["skipped_reference_only"], plan.counts["skipped_headers_dropped"]) == (1, 1)
+
+
+def test_a_replayed_record_carries_a_mark_that_attributes_it_to_its_replay() -> None:
+    from retrytopics.signing import replay_mark
+
+    record = dlq_entry(0)
+    headers = dict(actions.replay_headers(record, to_tier=False, replay_id="r-1", now_ms=99, topic="orders",
+                                          mark_key=b"n" * 32))  # fmt: skip
+    assert headers[actions.REPLAY_MARK] == replay_mark(b"n" * 32, "r-1", "orders", "orders-0-0").encode()
+    assert actions.REPLAY_MARK not in dict(actions.replay_headers(record, to_tier=False, replay_id="r-1", now_ms=99))
 
 
 def test_with_header_keys_an_unsigned_record_is_invalid_and_a_tier_replay_is_signed() -> None:
@@ -201,7 +232,7 @@ def test_replayed_headers_keep_user_headers_and_add_the_lineage() -> None:
 
 def test_the_replay_original_header_is_the_ledgers() -> None:
     ledger = pytest.importorskip("retrytopics.spark.ledger")
-    assert actions.REPLAY_ORIGINAL == ledger.REPLAY_ORIGINAL
+    assert (actions.REPLAY_ORIGINAL, actions.REPLAY_MARK) == (ledger.REPLAY_ORIGINAL, ledger.REPLAY_MARK)
 
 
 def test_the_same_selection_gets_the_same_replay_id() -> None:
