@@ -4,6 +4,10 @@
 same `PublishJob`s, but inside a transaction the hand-off strategy (`ExactlyOnce`, runtime/exactly_once.py)
 commits together with the offsets, or aborts. A failed delivery is not retried here: it fails the
 transaction's commit, which aborts it, and the batch is read again.
+
+A delivery error belongs to the transaction its record was sent in. librdkafka reports the records an abort
+purged ("Purged in queue") at a later poll, when the next transaction is open: those reports are ignored.
+Once `commit_transaction()` returned, the transaction is committed, whatever arrives after.
 """
 
 from __future__ import annotations
@@ -59,7 +63,9 @@ class TransactionalPublisher:
         self._timeout_s = timeout_s
         self._producer = self._start()
         self._open = False
-        self._error: KafkaClientError | None = None
+        #: counts the transactions begun: a delivery report names the one its record was sent in
+        self._transaction = 0
+        self._error: KafkaClientError | None = None  # the first failure in the open transaction
         self._shrinks: dict[tuple[TopicPartition, int], int] = {}  # source record -> steps its next publish takes
 
     def _start(self) -> ProducerPort:
@@ -78,6 +84,7 @@ class TransactionalPublisher:
         for _ in range(self._shrinks.pop(source, 0)):
             if job.shrink is None or not job.shrink(job):
                 break
+        sent_in = self._transaction
 
         def delivered(error: PublishError | None) -> None:
             if error is not None and error.code in TOO_LARGE_CODES and job.shrink is not None:
@@ -86,7 +93,7 @@ class TransactionalPublisher:
                 if len(self._shrinks) >= _MAX_REMEMBERED_SHRINKS:
                     self._shrinks.clear()
                 self._shrinks[source] = job.shrunk + 1
-            if error is not None and self._error is None:
+            if error is not None and self._error is None and self._open and sent_in == self._transaction:
                 self._error = error
 
         try:
@@ -107,6 +114,8 @@ class TransactionalPublisher:
                 raise
             self._replace(exc)  # nothing is open yet: a fresh producer starts the transaction instead
             self._producer.begin_transaction()
+        self._transaction += 1
+        self._error = None
         self._open = True
 
     @property
@@ -122,19 +131,22 @@ class TransactionalPublisher:
                 self._error = exc
 
     def commit(self, offsets: Mapping[TopicPartition, int], group_metadata: object) -> None:
-        """Commit the open transaction with `offsets`; raises (after aborting) if anything failed."""
+        """Commit the open transaction with `offsets`; raises (after aborting) if anything failed before
+        `commit_transaction()` returned. A delivery that failed fails that call, too (librdkafka), so
+        nothing reported afterwards can belong to this transaction."""
         if not self._open:
             return
         try:
+            if self._error is not None:
+                raise self._error  # a record of this transaction was refused: it cannot commit
             if offsets:
                 self._producer.send_offsets_to_transaction(offsets, group_metadata, self._timeout_s)
             self._producer.commit_transaction(self._timeout_s)
-            if self._error is not None:
-                raise self._error
-            self._open = False
         except KafkaClientError as exc:
             self.abort(exc)
             raise
+        self._open = False
+        self._error = None
 
     def abort(self, cause: BaseException | None = None) -> None:
         """Abort the open transaction; a producer that cannot abort is replaced, and so is a fenced one."""
