@@ -10,7 +10,7 @@ what the handler does on each attempt (`"<id>:<behaviour>"`):
   `NonRetryable`. The test SIGSTOPs or SIGTERMs the process meanwhile, so the signal lands inside the handler
   for sure; an app built without `release` does not wait.
 
-`kill_on` names an event (`retry.scheduled`, `dlq.dispatched`): the process SIGKILLs itself the first time
+`exactly_once` (default false) runs the app in that mode, `producer` gives it producer overrides. `kill_on` names an event (`retry.scheduled`, `dlq.dispatched`): the process SIGKILLs itself the first time
 that event fires, i.e. right after the broker acknowledged a hand-off and before its source offset can be
 committed. Every handler call is appended to a JSON-lines ledger and flushed before the behaviour runs, so a
 SIGKILL loses nothing the test needs to know.
@@ -90,18 +90,22 @@ def read_ledger(path: Path) -> list[dict[str, Any]]:
     return entries
 
 
-def spawn(settings: dict[str, Any]) -> subprocess.Popen[bytes]:
-    """Start a worker; its log (stderr) goes to the file `settings["log"]`, readable while it runs."""
+def spawn(settings: dict[str, Any], env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Start a worker (with `env` added to this process's environment); its log (stderr) goes to the file
+    `settings["log"]`, readable while it runs."""
     with open(settings["log"], "ab") as log:
         return subprocess.Popen([sys.executable, str(WORKER), json.dumps(settings)], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)  # fmt: skip
+                                stdout=subprocess.DEVNULL, stderr=log, start_new_session=True,
+                                env={**os.environ, **(env or {})})  # fmt: skip
 
 
 def main() -> None:
     settings = json.loads(sys.argv[1])
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     hooks = (KillOn(settings["kill_on"]),) if settings.get("kill_on") else ()
-    app = build_app(settings, settings["ledger"], hooks=hooks, in_worker=True, commit_every=1)
+    app = build_app(settings, settings["ledger"], hooks=hooks, in_worker=True, commit_every=1,
+                    exactly_once=settings.get("exactly_once", False),
+                    producer_overrides=settings.get("producer", {}))  # fmt: skip
     app.run()
 
 
