@@ -30,8 +30,9 @@ __all__ = [
 #: exactly-once consumers' default `max.poll.interval.ms`: a poll batch, and so a transaction, ends within it
 EXACTLY_ONCE_MAX_POLL_INTERVAL_MS = 20_000
 
-#: the longest one transactional call (sending the offsets, committing, aborting) may block a consumer loop
-#: before it is abandoned and the producer replaced
+#: the timeout of each blocking client call a consumer loop makes (a topic's metadata; a transactional call:
+#: sending the offsets, committing, aborting, which is abandoned 1 s later, with its producer, if librdkafka
+#: does not keep it: runtime/transactional.py)
 CALL_TIMEOUT_MS = 5_000
 
 #: the commit of a batch takes two calls: its offsets, then the commit itself

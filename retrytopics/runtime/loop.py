@@ -124,16 +124,27 @@ class ConsumerLoop:
         self._consumer: ConsumerPort | None = None
         self._pauses: PauseController[Decoded] | None = None
         self._handoff: HandOff | None = None  # runtime/handoff.py
+        self._guard: OwnershipGuard | None = None
 
     # -- state for the app -------------------------------------------------------------------------------
 
     @property
     def healthy(self) -> bool:
-        """False after a crash, while a publish is failing, or while the consumer has not joined its group
-        `join_timeout_s` after starting (an unreachable bootstrap, say: librdkafka retries it forever)."""
+        """False after a crash, while a publish is failing, while the consumer is out of its group (not joined
+        `join_timeout_s` after starting, or its assignment lost: the coordinator stopped answering), and while
+        a poll batch (a handler call, say) runs past `max.poll.interval.ms`."""
         if self.crash is not None or not self._join.in_time():
             return False
+        if self.running and self._guard is not None and self._guard.overdue_s() > 0:
+            return False
         return self._handoff is None or self._handoff.publisher.healthy
+
+    def watch(self) -> None:
+        """Called by a watchdog thread (runtime/lifecycle.py): count the record of a handler call that has run
+        past `max.poll.interval.ms` as abandoned when it is found, not when (if ever) the call returns."""
+        guard = self._guard
+        if self.running and guard is not None and not guard.overdue_reported and guard.overdue_s() > 0:
+            guard.report_overdue(self._invoker.calling)
 
     @property
     def paused_partitions(self) -> int:
@@ -178,7 +189,7 @@ class ConsumerLoop:
         handoff = self._handoff = (ExactlyOnce(*shared, pauses=pauses, assigned=self._assigned)
                                    if s.exactly_once else AtLeastOnce(*shared))  # fmt: skip
         check = OwnershipCheck(consumer, self._tracker, committed_only=handoff.commits_in_transactions)
-        guard = OwnershipGuard(check, pauses, emit, name=s.name, stop=stop, monotonic=time.monotonic)
+        guard = self._guard = OwnershipGuard(check, pauses, emit, name=s.name, stop=stop, monotonic=time.monotonic)
         outcomes = Outcomes(handoff, self._handled, emit, each_handled=self._each_handled,
                             rng=random.Random(), now_ms=_now_ms)  # fmt: skip
         batches = BatchCaller(self._invoker, outcomes, guard, pauses, stop=stop)

@@ -42,6 +42,10 @@ class OwnershipCheck:
         self._session_s = float(getattr(consumer, "session_timeout_ms", 45_000)) / 1000
 
     @property
+    def max_poll_s(self) -> float:
+        return self._max_poll_s
+
+    @property
     def quiet_s(self) -> float:
         """How long after a poll `lost()` is always None: nothing can have lapsed yet."""
         return min(self._max_poll_s, self._session_s / 2)

@@ -8,7 +8,8 @@ what the handler does on each attempt (`"<id>:<behaviour>"`):
   elsewhere (an app the test restarts in its own process) it fails on attempt 1 and succeeds after;
 - `block`: writes its ledger entry, then waits (at most 30 s) until the file `release` exists, and raises
   `NonRetryable`. The test SIGSTOPs or SIGTERMs the process meanwhile, so the signal lands inside the handler
-  for sure; an app built without `release` does not wait.
+  for sure; an app built without `release` does not wait;
+- `hang`: writes its ledger entry, then never returns (in the worker process; elsewhere it succeeds).
 
 `exactly_once` (default false) runs the app in that mode, `producer` gives it producer overrides. `kill_on` names an event (`retry.scheduled`, `dlq.dispatched`): the process SIGKILLs itself the first time
 that event fires, i.e. right after the broker acknowledged a hand-off and before its source offset can be
@@ -24,6 +25,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -63,6 +65,8 @@ def build_app(settings: dict[str, Any], ledger_path: str, *, hooks: tuple[Any, .
         ledger.flush()
         if behaviour == "kill" and record.attempt == 1 and in_worker:
             os.kill(os.getpid(), signal.SIGKILL)
+        if behaviour == "hang" and in_worker:
+            threading.Event().wait()
         if behaviour == "block":
             release = Path(settings["release"]) if settings.get("release") else None
             deadline = time.monotonic() + 30
