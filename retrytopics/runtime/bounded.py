@@ -67,7 +67,7 @@ class BoundedCalls:
     def __init__(self, *, timeout_s: float, name: str, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.timeout_s = timeout_s
         self._name = name
-        self._monotonic = monotonic
+        self.monotonic = monotonic
         self._worker: _Worker | None = None
         #: when the call in progress started (on `monotonic`), None between calls; read by health checks
         self.started_at: float | None = None
@@ -80,7 +80,7 @@ class BoundedCalls:
         if worker is None:
             worker = self._worker = _Worker(f"{self._name}:client-calls")
         call = _Call(fn, args)
-        self.started_at = self._monotonic()
+        self.started_at = self.monotonic()
         try:
             worker.submit(call)
             finished = call.done.wait(bound)
@@ -96,4 +96,4 @@ class BoundedCalls:
     def running_for(self) -> float:
         """How long the call in progress has run (0.0 between calls)."""
         started = self.started_at
-        return 0.0 if started is None else self._monotonic() - started
+        return 0.0 if started is None else self.monotonic() - started

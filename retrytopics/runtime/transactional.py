@@ -35,6 +35,11 @@ _FENCED_CODES = frozenset({"_FENCED", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH
 #: how much longer than librdkafka's own timeout a call is waited for before it is abandoned
 _GRACE_S = 1.0
 
+#: how long a commit is asked again while librdkafka reports retriable errors (a transaction coordinator's
+#: failover took 8-13 s on a 3-broker cluster); the broker aborts a transaction older than its timeout,
+#: which ends the wait with a clear refusal
+_COMMIT_DEADLINE_S = 30.0
+
 #: records whose too-large publish is remembered for their next attempt (exactly-once); a bound, not a budget
 _MAX_REMEMBERED_SHRINKS = 10_000
 
@@ -209,19 +214,30 @@ class TransactionalPublisher:
         except KafkaClientError as exc:
             self.abort(exc)
             raise
-        try:
-            self._bounded("commit_transaction", self._producer.commit_transaction, self._timeout_s)
-        except KafkaClientError as exc:
-            if not exc.retriable:  # refused: not committed
-                self.abort(exc)
-                raise
-            # librdkafka's own timeout (the commit may still complete), or abandoned
-            self._open, self._error = False, None
-            self._drop_producer()
-            raise TransactionOutcomeUnknown(f"commit_transaction: {exc}", code=exc.code) from exc
+        self._commit_transaction(self._producer)
         self._open = False
         self._error = None
         self._failing = None
+
+    def _commit_transaction(self, producer: ProducerPort) -> None:
+        """`commit_transaction`, called again while librdkafka reports a retriable error (its own timeout,
+        say, while the transaction coordinator moves to another broker) for up to `_COMMIT_DEADLINE_S`; each
+        call is bounded. Refused: aborted and raised. Abandoned, or still failing at the deadline: the
+        outcome is unknown (`TransactionOutcomeUnknown`)."""
+        deadline = self._calls.monotonic() + _COMMIT_DEADLINE_S
+        while True:
+            try:
+                self._bounded("commit_transaction", producer.commit_transaction, self._timeout_s)
+                return
+            except KafkaClientError as exc:
+                if not exc.retriable:  # refused: not committed
+                    self.abort(exc)
+                    raise
+                if isinstance(exc, CallAbandoned) or self._calls.monotonic() >= deadline:
+                    self._open, self._error = False, None
+                    self._drop_producer()
+                    raise TransactionOutcomeUnknown(f"commit_transaction: {exc}", code=exc.code) from exc
+                log.warning("%s: commit_transaction: %s; asking again", self._consumer, exc)
 
     def abort(self, cause: BaseException | None = None) -> None:
         """Abort the open transaction; a producer that cannot abort is replaced, and so is a fenced one."""

@@ -121,6 +121,34 @@ def test_a_stuck_commit_is_of_unknown_outcome_not_aborted() -> None:
     release.set()
 
 
+class _CommitTimesOut:
+    """A memory broker's transactional producer whose commit times out in librdkafka (retriable) `times` times."""
+
+    def __init__(self, broker: MemoryBroker, times: int) -> None:
+        self._producer = broker.producer(transactional_id="billing-1")
+        self.times = times
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._producer, name)
+
+    def commit_transaction(self, timeout_s: float) -> None:
+        if self.times:
+            self.times -= 1
+            raise KafkaClientError("Timed out", code="_TIMED_OUT", retriable=True)
+        self._producer.commit_transaction(timeout_s)
+
+
+def test_a_commit_that_times_out_in_librdkafka_is_asked_again_and_commits() -> None:
+    broker = MemoryBroker()
+    broker.create_topics(["orders", "out"])
+    member = _group_member(broker)
+    producer = _CommitTimesOut(broker, times=2)
+    publisher = TransactionalPublisher(lambda: producer, Emitter(), timeout_s=0.1)  # type: ignore[arg-type,return-value]
+    publisher.begin()
+    publisher.commit({("orders", 0): 1}, member)
+    assert producer.times == 0 and publisher.healthy and broker.committed("billing") == {("orders", 0): 1}
+
+
 def _stuck_app(broker: MemoryBroker, entered: threading.Event, release: threading.Event,
                **options: Any) -> RetryApp:  # fmt: skip
     app = RetryApp(kafka=KAFKA, group="billing", clients=MemoryClientFactory(broker), **options)
