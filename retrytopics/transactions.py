@@ -5,9 +5,10 @@ Pure: standard library only.
 
 A transaction is open on the broker from its first hand-off until its batch's commit, so at most one poll
 batch plus the calls that commit it: a batch must end within `max.poll.interval.ms` (past it the member
-leaves its group and the transaction can only abort), and each transactional call is abandoned after
+leaves its group and the transaction can only abort), and each transactional call times out after
 `CALL_TIMEOUT_MS` (runtime/transactional.py). `transaction.timeout.ms` must cover both, or the broker
-aborts a transaction that was still legitimately open and the batch is read again, forever. It is also the
+aborts a transaction that was still legitimately open and the batch is read again, forever. (A commit asked
+again across a coordinator's failover may take longer; the broker's abort then ends it cleanly.) It is also the
 longest a crashed process's open transaction holds back read_committed readers of the topics it wrote,
 unless a process with the same transactional id starts and fences it at once (a stable `instance_id`).
 """

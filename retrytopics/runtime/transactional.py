@@ -18,12 +18,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from retrytopics.errors import KafkaClientError, PublishError
-from retrytopics.runtime.bounded import BoundedCalls, CallAbandoned
-from retrytopics.transactions import CALL_TIMEOUT_MS
 from retrytopics.events import Emitter, Event
 from retrytopics.offsets import TopicPartition
 from retrytopics.ports import ProducerPort
+from retrytopics.runtime.bounded import BoundedCalls, CallAbandoned
 from retrytopics.runtime.publish import TOO_LARGE_CODES, PublishJob, produce_job
+from retrytopics.transactions import CALL_TIMEOUT_MS
 
 __all__ = ["TransactionOutcomeUnknown", "TransactionalPublisher"]
 
