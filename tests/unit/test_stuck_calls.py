@@ -180,6 +180,19 @@ def test_a_handler_call_past_the_poll_interval_is_unhealthy_and_counted_abandone
     assert app.stats.abandoned == 1  # not counted again when the call returned
 
 
+def _sigterm_once_handled(original: Any, count: int) -> None:
+    """SIGTERM to this process `count` times, each once `run_until_stopped` handles it (`original`, the handler
+    before, would end the test process)."""
+    deadline = time.monotonic() + 10
+    while signal.getsignal(signal.SIGTERM) is original and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for _ in range(count):
+        if signal.getsignal(signal.SIGTERM) is original:
+            return  # never installed, or already restored: run_until_stopped returned
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)
+
+
 @pytest.mark.parametrize("second_signal", [False, True], ids=["bound", "second-sigterm"])
 def test_sigterm_with_a_handler_that_never_returns_stops_waiting_in_its_bound(
     second_signal: bool, caplog: pytest.LogCaptureFixture
@@ -193,11 +206,8 @@ def test_sigterm_with_a_handler_that_never_returns_stops_waiting_in_its_bound(
     runner = app._runner
     try:
         assert entered.wait(10)
-        timers = [threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGTERM))]
-        if second_signal:
-            timers.append(threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)))
-        for timer in timers:
-            timer.start()
+        threading.Thread(target=_sigterm_once_handled, args=(signal.getsignal(signal.SIGTERM), 2 if second_signal else 1),
+                         daemon=True).start()  # fmt: skip
         started = time.monotonic()
         with caplog.at_level(logging.INFO, logger="retrytopics"):
             runner.run_until_stopped(stop_timeout_s=60.0 if second_signal else 0.5)
