@@ -9,15 +9,19 @@ next call gets a fresh thread; the caller replaces the client the abandoned call
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from retrytopics.errors import KafkaClientError
+from retrytopics.ports import ConsumerPort, Message, PartitionsCallback, TopicPartition
 
-__all__ = ["BoundedCalls", "CallAbandoned"]
+log = logging.getLogger("retrytopics.runtime")
+
+__all__ = ["BoundedCalls", "BoundedCommits", "CallAbandoned"]
 
 T = TypeVar("T")
 
@@ -71,6 +75,7 @@ class BoundedCalls:
         self._worker: _Worker | None = None
         #: when the call in progress started (on `monotonic`), None between calls; read by health checks
         self.started_at: float | None = None
+        self._abandoned: list[_Call] = []
 
     def call(self, what: str, fn: Callable[..., T], *args: Any, bound_s: float | None = None) -> T:
         """`fn(*args)` in the worker thread: its result, or its exception; `CallAbandoned` once `bound_s`
@@ -88,12 +93,67 @@ class BoundedCalls:
             self.started_at = None
         if not finished:
             self._worker = None  # busy for good, maybe: the next call gets a thread of its own
+            self._abandoned.append(call)
             raise CallAbandoned(what, bound)
         if call.error is not None:
             raise call.error
         return call.result  # type: ignore[no-any-return]
 
+    def still_abandoned(self) -> bool:
+        """Whether a call abandoned earlier is still running in its thread."""
+        self._abandoned = [call for call in self._abandoned if not call.done.is_set()]
+        return bool(self._abandoned)
+
     def running_for(self) -> float:
         """How long the call in progress has run (0.0 between calls)."""
         started = self.started_at
         return 0.0 if started is None else self.monotonic() - started
+
+
+class BoundedCommits:
+    """A consumer whose synchronous commits wait at most `calls.timeout_s`: librdkafka's wait has no bound
+    (with the broker frozen, one was still blocked after 90 s). An abandoned commit raises `CallAbandoned`,
+    and its offsets count as not committed. A consumer with an abandoned commit still running is not closed
+    (that thread is inside it): its group membership lapses by the session timeout instead."""
+
+    def __init__(self, consumer: ConsumerPort, calls: BoundedCalls) -> None:
+        self._consumer = consumer
+        self._calls = calls
+        # read by runtime/ownership.py
+        self.max_poll_interval_ms: int = getattr(consumer, "max_poll_interval_ms", 300_000)
+        self.session_timeout_ms: int = getattr(consumer, "session_timeout_ms", 45_000)
+
+    def subscribe(self, topics: Sequence[str], *, on_assign: PartitionsCallback, on_revoke: PartitionsCallback,
+                  on_lost: PartitionsCallback) -> None:  # fmt: skip
+        self._consumer.subscribe(topics, on_assign=on_assign, on_revoke=on_revoke, on_lost=on_lost)
+
+    def consume(self, max_records: int, timeout_s: float) -> list[Message]:
+        return self._consumer.consume(max_records, timeout_s)
+
+    def pause(self, tps: Sequence[TopicPartition]) -> None:
+        self._consumer.pause(tps)
+
+    def resume(self, tps: Sequence[TopicPartition]) -> None:
+        self._consumer.resume(tps)
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self._consumer.seek(tp, offset)
+
+    def commit(self, offsets: Mapping[TopicPartition, int], *, asynchronous: bool) -> None:
+        if asynchronous:
+            self._consumer.commit(offsets, asynchronous=True)
+            return
+        self._calls.call("a synchronous commit", self._commit_now, dict(offsets))
+
+    def _commit_now(self, offsets: Mapping[TopicPartition, int]) -> None:
+        self._consumer.commit(offsets, asynchronous=False)
+
+    def group_metadata(self) -> object:
+        return self._consumer.group_metadata()
+
+    def close(self) -> None:
+        if self._calls.still_abandoned():
+            log.warning("not closing a consumer with a commit still stuck in it; its membership lapses by the "
+                        "session timeout")  # fmt: skip
+            return
+        self._consumer.close()

@@ -35,6 +35,7 @@ from retrytopics.events import Emitter, Event
 from retrytopics.offsets import OffsetTracker, TopicPartition
 from retrytopics.ports import ConsumerPort, ProducerPort
 from retrytopics.runtime.batch_calls import BatchCaller
+from retrytopics.runtime.bounded import BoundedCalls, BoundedCommits
 from retrytopics.runtime.cycle import PollCycle
 from retrytopics.runtime.dispatch import Binding, Invoker
 from retrytopics.runtime.duplicates import DuplicateSuppressor
@@ -48,6 +49,7 @@ from retrytopics.runtime.processing import Decoded, RecordProcessor
 from retrytopics.runtime.rebalance import GroupJoin, RebalanceListener
 from retrytopics.runtime.seeding import TailReader
 from retrytopics.runtime.tally import HandledTally
+from retrytopics.transactions import CALL_TIMEOUT_MS
 
 __all__ = ["ConsumerLoop", "DeadLetterCallback", "LoopSettings"]
 
@@ -180,7 +182,8 @@ class ConsumerLoop:
     def _start_clients(self) -> PollCycle:
         """Create the clients, then once each part that acts through them, given what it needs."""
         s, stop, emit = self.settings, self._stop, self._emit
-        consumer = self._consumer = self._consumer_factory()
+        calls = BoundedCalls(timeout_s=CALL_TIMEOUT_MS / 1000 + 1, name=s.name)
+        consumer = self._consumer = BoundedCommits(self._consumer_factory(), calls)
         pauses = self._pauses = PauseController(
             consumer, self._emitter, consumer_name=s.name, ahead_ms=s.wait_in_memory_ms,
             max_records=s.wait_in_memory_records,

@@ -28,7 +28,7 @@ from retrytopics.client_factory import MemoryClientFactory
 from retrytopics.errors import KafkaClientError
 from retrytopics.events import Emitter
 from retrytopics.memory import MemoryBroker
-from retrytopics.runtime.bounded import BoundedCalls, CallAbandoned
+from retrytopics.runtime.bounded import BoundedCalls, BoundedCommits, CallAbandoned
 from retrytopics.runtime.transactional import TransactionalPublisher, TransactionOutcomeUnknown
 
 KAFKA = KafkaConfig(bootstrap="127.0.0.1:9")
@@ -56,6 +56,40 @@ def test_a_call_past_its_bound_is_abandoned_and_the_next_runs_on_a_fresh_thread(
 
 def _raise(exc: BaseException) -> None:
     raise exc
+
+
+class _CommitBlocks:
+    """A consumer whose synchronous commit waits for `release`."""
+
+    max_poll_interval_ms = 300_000
+
+    def __init__(self, release: threading.Event) -> None:
+        self.release = release
+        self.committed: list[dict[Any, int]] = []
+        self.closed = False
+
+    def commit(self, offsets: dict[Any, int], *, asynchronous: bool) -> None:
+        if not asynchronous:
+            self.release.wait()
+        self.committed.append(dict(offsets))
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_stuck_synchronous_commit_is_abandoned_and_its_consumer_closed_only_once_it_returned() -> None:
+    release = threading.Event()
+    consumer = _CommitBlocks(release)
+    bounded = BoundedCommits(consumer, BoundedCalls(timeout_s=0.1, name="test"))  # type: ignore[arg-type]
+    bounded.commit({("orders", 0): 1}, asynchronous=True)
+    with pytest.raises(CallAbandoned):
+        bounded.commit({("orders", 0): 2}, asynchronous=False)
+    bounded.close()
+    assert not consumer.closed  # the commit's thread is still inside it
+    release.set()
+    _eventually(lambda: len(consumer.committed) == 2)
+    bounded.close()
+    assert consumer.closed
 
 
 class _StuckOn:

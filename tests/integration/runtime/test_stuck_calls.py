@@ -7,6 +7,9 @@ Guarantees:
   past the call bound (5 s, plus 1 s of grace: runtime/bounded.py); the transaction is aborted within it and
   `healthy` turns False. After SIGCONT the batch is handled again on a new producer and committed: each
   record in the tier once (read_committed), the source committed to its end, healthy again;
+- at-least-once, broker frozen during a handler call long enough for the loop to ask the group coordinator
+  whether it still owns the partition (a synchronous commit, which librdkafka waits for without a bound):
+  the question is given up within the call bound, the batch ends, and the offset is committed after SIGCONT;
 - a broker that dies after the group join turns `healthy` False once the client reports the assignment lost
   (`session.timeout.ms` without an answer), and True again after the broker is back and the group rejoined;
 - a handler call past `max.poll.interval.ms` turns `healthy` False and is counted abandoned while it runs;
@@ -110,6 +113,54 @@ def test_a_frozen_broker_never_holds_an_exactly_once_commit_past_the_call_bound(
 
     # then: a and b reached the tier once each
     assert [r.value for r in kit.read_all(tier)] == [b"a", b"b"]
+
+
+def test_a_frozen_broker_never_holds_the_ownership_question_past_the_call_bound(
+    own_broker: ApacheKafkaBroker,
+) -> None:  # fmt: skip
+    # setup: at-least-once; record "slow"'s call lasts longer than half the session (3 s), so that the loop
+    # then asks the group coordinator (a synchronous commit) whether it still owns the partition
+    kafka = own_broker.kafka_config()
+    kit = Kit(kafka)
+    source = kit.create("orders", 1)
+    events = Events()
+    frozen, entered = threading.Event(), threading.Event()
+    app = RetryApp(kafka=kafka, group="billing", consumer_overrides=CONSUMER, hooks=[events])
+
+    @app.handler(source)
+    def handle(record: Record[bytes]) -> None:
+        if record.value == b"slow" and not frozen.is_set():
+            started = time.monotonic()
+            entered.set()
+            assert frozen.wait(30)
+            time.sleep(max(0.0, 3.5 - (time.monotonic() - started)))
+
+    app.provision()
+    kit.produce(source, [(None, b"a", [])])
+    app.start(main=True)
+    try:
+        wait_until(lambda: kit.committed("billing", source, 1) == {0: 1}, 60, "record a committed")
+        kit.produce(source, [(None, b"slow", [])])
+        assert entered.wait(30)
+
+        # when: the broker freezes during the call
+        assert own_broker.pid is not None
+        os.kill(own_broker.pid, signal.SIGSTOP)
+        frozen.set()
+        returned = time.monotonic() + 3.5
+
+        # then: the question is given up within the call bound, and the loop ends its batch
+        wait_until(lambda: events.at(Event.RECORDS_HANDLED, returned - 3.5), 3 * CALL_BOUND_S, "the batch to end")
+        ended_after = events.at(Event.RECORDS_HANDLED, returned - 3.5)[0] - returned
+        print(f"the batch ended {ended_after:.1f} s after the call returned, the broker frozen")
+        assert ended_after < 2 * CALL_BOUND_S
+
+        # when: the broker wakes up; then: slow's offset is committed
+        os.kill(own_broker.pid, signal.SIGCONT)
+        wait_until(lambda: kit.committed("billing", source, 1) == {0: 2}, 90, "record slow committed")
+    finally:
+        os.kill(own_broker.pid or 0, signal.SIGCONT)
+        assert app.stop(30)
 
 
 def test_a_dead_broker_turns_health_false_until_it_is_back(own_broker: ApacheKafkaBroker) -> None:
