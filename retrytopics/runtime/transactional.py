@@ -97,7 +97,8 @@ class TransactionalPublisher:
         self._shrinks: dict[tuple[TopicPartition, int], int] = {}  # source record -> steps its next publish takes
         # None once abandoned: the next transaction makes a new one. At start-up, given longer: a broker
         # that just started may still be loading its transaction coordinator.
-        self._producer: ProducerPort | None = self._start(start_timeout_s)
+        self._producer: ProducerPort | None = None
+        self._producer = self._start(start_timeout_s)
 
     def _start(self, timeout_s: float) -> ProducerPort:
         producer = self._make_producer()

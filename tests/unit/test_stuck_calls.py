@@ -144,6 +144,16 @@ def test_stuck_offsets_abandon_the_producer_and_the_next_transaction_runs_on_a_n
     release.set()
 
 
+def test_a_producer_whose_start_is_stuck_fails_the_publisher_start_within_its_bound() -> None:
+    broker, release, made = MemoryBroker(), threading.Event(), []
+    started = time.monotonic()
+    with pytest.raises(CallAbandoned, match="init_transactions"):
+        TransactionalPublisher(lambda: _StuckOn(broker, "init_transactions", release, made), Emitter(),  # type: ignore[arg-type,return-value]
+                               start_timeout_s=0.1)  # fmt: skip
+    assert time.monotonic() - started < 2
+    release.set()
+
+
 def test_a_stuck_commit_is_of_unknown_outcome_not_aborted() -> None:
     broker, release, made = MemoryBroker(), threading.Event(), []
     broker.create_topics(["orders", "out"])
