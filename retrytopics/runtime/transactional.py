@@ -180,6 +180,8 @@ class TransactionalPublisher:
                 if not exc.fatal:
                     raise
                 self._replace(exc)  # nothing is open yet: a fresh producer starts the transaction instead
+                if self._producer is None:
+                    raise self._failing or exc from None
                 self._producer.begin_transaction()
         except KafkaClientError as exc:
             # No producer to run it (the broker does not answer, say): the transaction can only fail. Its
@@ -273,11 +275,18 @@ class TransactionalPublisher:
             self._drop_producer()
 
     def _replace(self, error: KafkaClientError) -> None:
+        """A new producer now; if it cannot start (the broker does not answer), the next transaction tries
+        again, and this one can only fail."""
         text = str(error) if not error.code or error.code in str(error) else f"{error.code}: {error}"
         log.error("transactional producer failed (%s); replacing it (its open transaction is aborted)", text)
         self._emitter.emit(Event.PRODUCER_RECREATED, consumer=self._consumer, error=text)
         self._drop_producer()
-        self._producer = self._start(self._timeout_s)
+        try:
+            self._producer = self._start(self._timeout_s)
+        except KafkaClientError as exc:
+            log.warning("%s: the new producer did not start (%s); the next transaction tries again", self._consumer,
+                        exc)  # fmt: skip
+            self._failing = exc
 
     def flush(self, timeout_s: float) -> bool:
         return True

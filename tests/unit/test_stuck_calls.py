@@ -154,6 +154,32 @@ def test_a_producer_whose_start_is_stuck_fails_the_publisher_start_within_its_bo
     release.set()
 
 
+def test_a_replacement_that_cannot_start_leaves_the_next_transaction_to_try_again() -> None:
+    """A fenced producer is replaced at once; when the new one cannot start (no answer), the abort does not
+    raise (it ran in a rebalance callback, where that stopped the app): the next transaction tries again."""
+    broker = MemoryBroker()
+    made: list[object] = []
+
+    def make() -> Any:
+        made.append(None)
+        producer = broker.producer(transactional_id="billing-1")
+        if len(made) == 2:
+            producer.init_transactions = _raise_timeout  # type: ignore[method-assign]
+        return producer
+
+    publisher = TransactionalPublisher(make, Emitter(), timeout_s=0.1)
+    publisher.begin()
+    publisher.abort(KafkaClientError("fenced", code="_FENCED", fatal=True))
+    assert not publisher.healthy and len(made) == 2
+    publisher.begin()
+    publisher.commit({}, None)
+    assert publisher.healthy and len(made) == 3
+
+
+def _raise_timeout(timeout_s: float) -> None:
+    raise KafkaClientError("Timed out", code="_TIMED_OUT", retriable=True)
+
+
 def test_a_stuck_commit_is_of_unknown_outcome_not_aborted() -> None:
     broker, release, made = MemoryBroker(), threading.Event(), []
     broker.create_topics(["orders", "out"])
