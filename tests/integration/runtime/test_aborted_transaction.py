@@ -74,8 +74,10 @@ class _Events:
 
 
 def test_purge_reports_of_an_aborted_transaction_do_not_fail_the_next_one(
-    kafka: KafkaConfig, kit: Kit, unique_name: Callable[[str], str], consumer_overrides: dict[str, Any],
+    broker: Any, kafka: KafkaConfig, kit: Kit, unique_name: Callable[[str], str], consumer_overrides: dict[str, Any],
 ) -> None:  # fmt: skip
+    if broker.is_tansu:
+        pytest.skip("tansu shows aborted records to read_committed readers (docs/testing.md), which this view counts")
     # setup: a source with 6 records; its tier, from a registered handler's routing context
     source = kit.create(unique_name("orders"), 1)
     group = unique_name("billing")

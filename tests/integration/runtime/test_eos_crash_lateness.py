@@ -40,9 +40,11 @@ LATENESS_BOUND_MS = 10_000
 
 
 def test_a_restarted_exactly_once_process_fences_its_dead_predecessor_at_once(
-    kafka: KafkaConfig, kit: Kit, unique_name: Callable[[str], str], consumer_overrides: dict[str, Any],
+    broker: Any, kafka: KafkaConfig, kit: Kit, unique_name: Callable[[str], str], consumer_overrides: dict[str, Any],
     apps: list[RetryApp], tmp_path: Path,
 ) -> None:  # fmt: skip
+    if broker.is_tansu:
+        pytest.skip("tansu shows aborted records to read_committed readers: no reader waits behind a transaction")
     # setup: the tier consumer runs here; the main consumer in a process named by its environment
     source = kit.create(unique_name("orders"), 1)
     settings = {"bootstrap": kafka.bootstrap, "group": unique_name("billing"), "source": source,
