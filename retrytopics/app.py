@@ -22,6 +22,7 @@ for the hand-off between topics).
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import uuid
@@ -49,6 +50,7 @@ from retrytopics.runtime.publish import ALONE_OVERRIDES
 from retrytopics.runtime.seeding import verified_tails
 from retrytopics.signing import HeaderKeys, KeyLike
 from retrytopics.runtime.tiers import TIER_CONSUMER_DEFAULTS, tier_settings
+from retrytopics.transactions import EXACTLY_ONCE_MAX_POLL_INTERVAL_MS, default_instance_id, transaction_timeout_ms
 
 __all__ = ["RetryApp"]
 
@@ -64,9 +66,10 @@ class RetryApp:
     `{"session.timeout.ms": 10000}`). `exactly_once=True` republishes and commits each batch in one Kafka
     transaction (consumers read_committed). `on_dead_letter(record, route)` runs after each acknowledged
     DLQ publish. `id_header` names a user header holding a message id (else `<topic>-<partition>-<offset>`).
-    `instance_id` (default: random) names this process in transactional ids (`<consumer group>-<instance_id>`);
-    give each replica a stable one (e.g. its pod name) so that a restarted replica fences its own zombie at
-    once instead of leaving its open transaction to time out. A tier record due within `wait_in_memory`
+    `instance_id` names this process in transactional ids (`<consumer group>-<instance_id>`); by default
+    `RETRYTOPICS_INSTANCE_ID`, else `HOSTNAME` (a container's or pod's name), else random. A restart with
+    the same id fences its crashed predecessor's open transaction at once, instead of leaving it to time out
+    (retrytopics/transactions.py). A tier record due within `wait_in_memory`
     (default 1 s; "0s": never) waits in the tier consumer's memory, at most `wait_in_memory_records` per
     partition, instead of being fetched again when due (see runtime/pausing.py); longer waits happen in Kafka.
     `redact_patterns` (regular expressions) hide more than the built-in secret forms in the exception
@@ -133,7 +136,8 @@ class RetryApp:
             wait_in_memory=wait_in_memory, wait_in_memory_records=wait_in_memory_records,
         )  # fmt: skip
         self._dedupe_capacity = dedupe_capacity
-        self.instance_id = instance_id or uuid.uuid4().hex[:12]
+        self.instance_id = instance_id or default_instance_id(os.environ, lambda: uuid.uuid4().hex[:12])
+        self._eos = _exactly_once_overrides(self) if self.exactly_once else ({}, {})
         self._stats = StatsCollector()
         self._emitter = Emitter([self._stats, LoggingHook(), *hooks])
         self._runner = Runner(threading.Event())
@@ -198,9 +202,9 @@ class RetryApp:
 
     @property
     def max_poll_interval_ms(self) -> int:
-        """The consumers' `max.poll.interval.ms` (librdkafka's default unless overridden)."""
-        merged = {**self.kafka.consumer_config(), **self.consumer_overrides}
-        value = merged.get("max.poll.interval.ms", DEFAULT_MAX_POLL_INTERVAL_MS)
+        """The consumers' `max.poll.interval.ms` (librdkafka's default, 20 s for exactly-once, unless overridden)."""
+        default = EXACTLY_ONCE_MAX_POLL_INTERVAL_MS if self.exactly_once else DEFAULT_MAX_POLL_INTERVAL_MS
+        value = {**self.kafka.consumer_config(), **self.consumer_overrides}.get("max.poll.interval.ms", default)
         try:
             return int(value)
         except (TypeError, ValueError):
@@ -245,6 +249,7 @@ class RetryApp:
         if tiers is not None:
             settings += tier_settings(self._registry.bindings, tiers, **self._loop_defaults, **self._tier_defaults,
                                       exactly_once=self.exactly_once)  # fmt: skip
+        _claim_transactional_ids(self, settings)
         clients = self._client_factory()
         self._runner.start([self._loop(s, clients) for s in settings])
 
@@ -255,12 +260,13 @@ class RetryApp:
     def _loop(self, settings: LoopSettings, clients: ClientFactory) -> ConsumerLoop:
         bindings = self._registry.for_topics(settings.topics)
         is_tier = settings.group_id != self.group
-        overrides = {**(TIER_CONSUMER_DEFAULTS if is_tier else {}), **self.consumer_overrides}
-        transactional_id = f"{settings.group_id}-{self.instance_id}" if self.exactly_once else None
+        overrides = {**(TIER_CONSUMER_DEFAULTS if is_tier else {}), **self.consumer_overrides, **self._eos[0]}
+        producer_overrides = {**self.producer_overrides, **self._eos[1]}
+        transactional_id = _transactional_id(settings, self.instance_id) if self.exactly_once else None
         return ConsumerLoop(
             settings, bindings,
             consumer_factory=lambda: clients.consumer(settings.group_id, overrides),
-            producer_factory=lambda: clients.producer(transactional_id, self.producer_overrides),
+            producer_factory=lambda: clients.producer(transactional_id, producer_overrides),
             alone_producer_factory=lambda: clients.producer(None, {**self.producer_overrides, **ALONE_OVERRIDES}),
             emitter=self._emitter, stop=self._runner.stop_event,
             audit=DuplicateAudit(self._dedupe_capacity), on_dead_letter=self.on_dead_letter,
@@ -304,6 +310,38 @@ class RetryApp:
     def stats(self) -> Stats:
         """Counters since start: handled, retried, dead-lettered by reason, duplicates suppressed, paused partitions."""
         return self._stats.snapshot(paused_partitions=sum(loop.paused_partitions for loop in self._runner.loops))
+
+
+#: the transactional ids of this process's running exactly-once consumers, and the runner of each
+_claimed_ids: dict[str, Runner] = {}
+_claimed_lock = threading.Lock()
+
+
+def _transactional_id(settings: LoopSettings, instance_id: str) -> str:
+    return f"{settings.group_id}-{instance_id}"
+
+
+def _exactly_once_overrides(app: RetryApp) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The consumer and producer settings that bound an open transaction (retrytopics/transactions.py)."""
+    poll_ms = app.max_poll_interval_ms
+    timeout_ms = transaction_timeout_ms(poll_ms, {**app.kafka.producer_config(), **app.producer_overrides})
+    return {"max.poll.interval.ms": poll_ms}, {"transaction.timeout.ms": timeout_ms}
+
+
+def _claim_transactional_ids(app: RetryApp, settings: list[LoopSettings]) -> None:
+    """Refuse to start an exactly-once consumer whose transactional id another running app of this process
+    uses: the two producers would fence each other at every transaction."""
+    if not app.exactly_once:
+        return
+    ids = [_transactional_id(s, app.instance_id) for s in settings]
+    with _claimed_lock:
+        for transactional_id in ids:
+            owner = _claimed_ids.get(transactional_id)
+            if owner is not None and owner is not app._runner and not owner.join(0):
+                raise ConfigError("instance_id", app.instance_id,
+                                  f"another RetryApp of this process runs the consumer with transactional id "
+                                  f"{transactional_id!r}; give each app its own instance_id")  # fmt: skip
+        _claimed_ids.update(dict.fromkeys(ids, app._runner))
 
 
 def _tier_specs(

@@ -33,6 +33,7 @@ from retrytopics.headers import Header
 from retrytopics.memory import MemoryBroker, MemoryConsumer, MemoryProducer
 from retrytopics.ports import ConsumerPort, DeliveryCallback, Message, PartitionsCallback, ProducerPort
 from retrytopics.ports import TopicPartition
+from retrytopics.transactions import CALL_TIMEOUT_MS
 
 __all__ = ["ClientFactory", "KafkaClientFactory", "MemoryClientFactory"]
 
@@ -74,7 +75,9 @@ class KafkaClientFactory:
         return KafkaConsumer(self.kafka, group_id=group_id, overrides=overrides)
 
     def producer(self, transactional_id: str | None, overrides: Mapping[str, Any]) -> ProducerPort:
-        return KafkaProducer(self.kafka, transactional_id=transactional_id, overrides=overrides)
+        # a topic's partition count is asked for in the loop, on a hand-off's first publish to it
+        return KafkaProducer(self.kafka, transactional_id=transactional_id, overrides=overrides,
+                             metadata_timeout_s=CALL_TIMEOUT_MS / 1000)  # fmt: skip
 
     def read_tails(self, topics: Sequence[str], last: int, timeout_s: float) -> list[Message]:
         return read_tails(self.kafka, topics, last=last, timeout_s=timeout_s)

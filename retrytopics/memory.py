@@ -594,10 +594,12 @@ class MemoryProducer:
         self._txn = None
 
     def abort_transaction(self, timeout_s: float) -> None:
-        """Abort: what was produced in the transaction is written (it was in flight, and takes its offsets,
-        as on Kafka) but never reaches a read_committed reader; its offsets are never committed."""
+        """Abort: as librdkafka's abort, it purges the records still queued in the client (they take no
+        offsets; each one's report says `_PURGE_QUEUE`, at a later poll, when the next transaction may be
+        open). What was written in the transaction never reaches a read_committed reader; its offsets are
+        never committed."""
         txn = self._open_txn()
-        self._deliver()
+        self.purge()
         self._broker._end(txn, _TxnState.ABORTED)
         self._txn = None
 

@@ -55,6 +55,7 @@ class PollCycle:
             self._act_on_queued(now)
         wait_ms = handoff.wait_ms(pauses.wait_ms(self._now_ms(), self._max_wait_ms))
         asked = self._monotonic()
+        guard.in_poll = True
         batch = self._consumer.consume(self._batch_size, wait_ms / 1000)
         # Judged from before the wake: a consume() that overran its timeout by more than half the session
         # was frozen in it (SIGSTOP, a VM pause), and its return says nothing about membership yet.

@@ -82,6 +82,8 @@ class Invoker:
     def __init__(self, stop: threading.Event) -> None:
         self._stop = stop
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: the Record (or a batch handler's list) of the latest call, for a watchdog naming a stuck call
+        self.calling: Record[Any] | list[Record[Any]] | None = None
 
     def call(self, binding: Binding, record: Record[Any]) -> Any:
         in_process = binding.policy.in_process
@@ -121,6 +123,7 @@ class Invoker:
         self._stop.wait(seconds)
 
     def _once(self, handler: Callable[[Any], Any], record: Record[Any] | list[Record[Any]]) -> Any:
+        self.calling = record
         result = handler(record)
         if result is None:  # most handlers: no awaitable to look for
             return None

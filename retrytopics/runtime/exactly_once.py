@@ -20,7 +20,7 @@ from retrytopics.ports import ConsumerPort, ProducerPort
 from retrytopics.runtime.handoff import CommitSettings, DeadLetterCallback, HandOffBase
 from retrytopics.runtime.pausing import PauseController
 from retrytopics.runtime.publish import PublishJob
-from retrytopics.runtime.transactional import TransactionalPublisher
+from retrytopics.runtime.transactional import TransactionalPublisher, TransactionOutcomeUnknown
 
 __all__ = ["ExactlyOnce"]
 
@@ -85,6 +85,8 @@ class ExactlyOnce(HandOffBase):
         positions = self._tracker.commit_positions()
         try:
             self.publisher.commit(positions, self._consumer.group_metadata())
+        except TransactionOutcomeUnknown:
+            raise  # rewinding could handle a committed batch twice, going on could lose an aborted one: stop
         except KafkaClientError as exc:
             log.warning("%s: transaction failed (%s); rewinding to the last committed offsets", self._settings.name,
                         exc)  # fmt: skip

@@ -44,13 +44,42 @@ class OwnershipGuard:
         self.sure_until = self.polled_at + check.quiet_s
         #: a record of the current batch was left alone
         self.abandoned = False
+        #: a watchdog found the current batch's handler call past `max.poll.interval.ms` and counted its
+        #: record abandoned already (`overdue`)
+        self.overdue_reported = False
+        #: inside consume(): librdkafka's poll interval restarts with each poll, and a consume() that joins
+        #: the group or seeds the duplicate check may take a while without any handler running
+        self.in_poll = True
 
     def polled(self) -> float:
         """A consume() returned: a new batch, nothing abandoned yet. Returns when (`polled_at`)."""
         self.polled_at = self.monotonic()
         self.sure_until = self.polled_at + self._check.quiet_s
         self.abandoned = False
+        self.overdue_reported = False
+        self.in_poll = False
         return self.polled_at
+
+    def overdue_s(self) -> float:
+        """How far past `max.poll.interval.ms` this batch has run (0.0 within it): librdkafka has left, or is
+        leaving, the group, and the record in hand is read again by whoever owns its partition next."""
+        if self.in_poll:
+            return 0.0
+        return max(0.0, self.monotonic() - self.polled_at - self._check.max_poll_s)
+
+    def report_overdue(self, record: Any) -> None:
+        """From a watchdog thread, once per batch: the handler call in progress (`record`: its Record, or a
+        batch handler's list) has outlived `max.poll.interval.ms`. Its record is counted abandoned now, not
+        when (if ever) the call returns."""
+        if self.overdue_reported:
+            return
+        self.overdue_reported = True
+        first = record[0] if isinstance(record, list) and record else record
+        where = (getattr(first, "topic", None), getattr(first, "partition", None), getattr(first, "offset", None))
+        log.warning("%s: a handler call on %s[%s]@%s has run past max.poll.interval.ms; this consumer is leaving "
+                    "its group, the record is neither handed off nor committed here, and is read again",
+                    self._name, *where)  # fmt: skip
+        self._emit(Event.RECORD_ABANDONED, topic=where[0], partition=where[1], offset=where[2])
 
     def lost_ownership(self, msg: Message) -> bool:
         """True when this consumer may no longer act on `msg`, just handled (`runtime/ownership.py` says why)."""
@@ -63,7 +92,8 @@ class OwnershipGuard:
             self._name, msg.topic, msg.partition, msg.offset, why,
         )  # fmt: skip
         self.abandoned = True
-        self._emit(Event.RECORD_ABANDONED, topic=msg.topic, partition=msg.partition, offset=msg.offset)
+        if not self.overdue_reported:  # else counted already, when the call was found overdue
+            self._emit(Event.RECORD_ABANDONED, topic=msg.topic, partition=msg.partition, offset=msg.offset)
         return True
 
     def woke_expelled(self, gap_s: float, batch: list[Message]) -> bool:

@@ -35,6 +35,7 @@ from retrytopics.events import Emitter, Event
 from retrytopics.offsets import OffsetTracker, TopicPartition
 from retrytopics.ports import ConsumerPort, ProducerPort
 from retrytopics.runtime.batch_calls import BatchCaller
+from retrytopics.runtime.bounded import BoundedCalls, BoundedCommits
 from retrytopics.runtime.cycle import PollCycle
 from retrytopics.runtime.dispatch import Binding, Invoker
 from retrytopics.runtime.duplicates import DuplicateSuppressor
@@ -48,6 +49,7 @@ from retrytopics.runtime.processing import Decoded, RecordProcessor
 from retrytopics.runtime.rebalance import GroupJoin, RebalanceListener
 from retrytopics.runtime.seeding import TailReader
 from retrytopics.runtime.tally import HandledTally
+from retrytopics.transactions import CALL_TIMEOUT_MS
 
 __all__ = ["ConsumerLoop", "DeadLetterCallback", "LoopSettings"]
 
@@ -126,16 +128,27 @@ class ConsumerLoop:
         self._consumer: ConsumerPort | None = None
         self._pauses: PauseController[Decoded] | None = None
         self._handoff: HandOff | None = None  # runtime/handoff.py
+        self._guard: OwnershipGuard | None = None
 
     # -- state for the app -------------------------------------------------------------------------------
 
     @property
     def healthy(self) -> bool:
-        """False after a crash, while a publish is failing, or while the consumer has not joined its group
-        `join_timeout_s` after starting (an unreachable bootstrap, say: librdkafka retries it forever)."""
+        """False after a crash, while a publish is failing, while the consumer is out of its group (not joined
+        `join_timeout_s` after starting, or its assignment lost: the coordinator stopped answering), and while
+        a poll batch (a handler call, say) runs past `max.poll.interval.ms`."""
         if self.crash is not None or not self._join.in_time():
             return False
+        if self.running and self._guard is not None and self._guard.overdue_s() > 0:
+            return False
         return self._handoff is None or self._handoff.publisher.healthy
+
+    def watch(self) -> None:
+        """Called by a watchdog thread (runtime/lifecycle.py): count the record of a handler call that has run
+        past `max.poll.interval.ms` as abandoned when it is found, not when (if ever) the call returns."""
+        guard = self._guard
+        if self.running and guard is not None and not guard.overdue_reported and guard.overdue_s() > 0:
+            guard.report_overdue(self._invoker.calling)
 
     @property
     def paused_partitions(self) -> int:
@@ -171,7 +184,8 @@ class ConsumerLoop:
     def _start_clients(self) -> PollCycle:
         """Create the clients, then once each part that acts through them, given what it needs."""
         s, stop, emit = self.settings, self._stop, self._emit
-        consumer = self._consumer = self._consumer_factory()
+        calls = BoundedCalls(timeout_s=CALL_TIMEOUT_MS / 1000 + 1, name=s.name)
+        consumer = self._consumer = BoundedCommits(self._consumer_factory(), calls)
         pauses = self._pauses = PauseController(
             consumer, self._emitter, consumer_name=s.name, ahead_ms=s.wait_in_memory_ms,
             max_records=s.wait_in_memory_records,
@@ -182,7 +196,7 @@ class ConsumerLoop:
             else AtLeastOnce(*shared, alone_producer_factory=self._alone_producer_factory)
         )  # fmt: skip
         check = OwnershipCheck(consumer, self._tracker, committed_only=handoff.commits_in_transactions)
-        guard = OwnershipGuard(check, pauses, emit, name=s.name, stop=stop, monotonic=time.monotonic)
+        guard = self._guard = OwnershipGuard(check, pauses, emit, name=s.name, stop=stop, monotonic=time.monotonic)
         outcomes = Outcomes(handoff, self._handled, emit, each_handled=self._each_handled,
                             rng=random.Random(), now_ms=_now_ms)  # fmt: skip
         batches = BatchCaller(self._invoker, outcomes, guard, pauses, stop=stop)

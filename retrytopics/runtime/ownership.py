@@ -16,6 +16,7 @@ from __future__ import annotations
 from retrytopics.errors import KafkaClientError
 from retrytopics.offsets import OffsetTracker
 from retrytopics.ports import ConsumerPort
+from retrytopics.runtime.bounded import CallAbandoned
 
 __all__ = ["OwnershipCheck"]
 
@@ -40,6 +41,10 @@ class OwnershipCheck:
         # read once: the client's settings do not change while it runs
         self._max_poll_s = float(getattr(consumer, "max_poll_interval_ms", 300_000)) / 1000
         self._session_s = float(getattr(consumer, "session_timeout_ms", 45_000)) / 1000
+
+    @property
+    def max_poll_s(self) -> float:
+        return self._max_poll_s
 
     @property
     def quiet_s(self) -> float:
@@ -74,6 +79,8 @@ class OwnershipCheck:
             return _UNSURE  # nothing to commit, so nothing to ask with
         try:
             self._consumer.commit(positions, asynchronous=False)
+        except CallAbandoned:
+            return _UNSURE  # the coordinator did not answer within the bound (runtime/bounded.py)
         except KafkaClientError as exc:
             return exc.code if exc.code in NOT_A_MEMBER else None
         self._tracker.mark_committed(dict(positions))

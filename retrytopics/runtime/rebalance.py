@@ -24,8 +24,10 @@ log = logging.getLogger("retrytopics.runtime")
 
 
 class GroupJoin:
-    """Whether a consumer joined its group within `timeout_s` of starting. An unreachable bootstrap, say, is
-    retried by librdkafka forever: the loop reports itself unhealthy instead of waiting silently."""
+    """Whether a consumer is in its group: joined within `timeout_s` of starting (an unreachable bootstrap,
+    say, is retried by librdkafka forever: the loop reports itself unhealthy instead of waiting silently),
+    and not out of it since. librdkafka reports an assignment lost when the group coordinator has not
+    answered for `session.timeout.ms` (its broker died, say): unhealthy from then until the next assignment."""
 
     def __init__(self, *, name: str, group_id: str, timeout_s: float, monotonic: Callable[[], float]) -> None:
         self._name = name
@@ -34,15 +36,27 @@ class GroupJoin:
         self._monotonic = monotonic
         self._started_at: float | None = None
         self._reported = False
-        #: set by the first assignment, even an empty one: the group answered
+        #: set by an assignment, even an empty one: the group answered; reset when the assignment is lost
         self.joined = False
+        self._lost = False
 
     def started(self) -> None:
         self._started_at = self._monotonic()
 
+    def assigned(self) -> None:
+        self.joined = True
+        self._lost = False
+
+    def lost(self) -> None:
+        """The assignment was lost: out of the group until the next assignment."""
+        self.joined = False
+        self._lost = True
+
     def in_time(self) -> bool:
         if self.joined or self._started_at is None:
             return True
+        if self._lost:
+            return False
         late = self._monotonic() - self._started_at > self._timeout_s
         if late and not self._reported:
             self._reported = True
@@ -67,7 +81,7 @@ class RebalanceListener:
         self._join = join
 
     def on_assign(self, tps: list[TopicPartition]) -> None:
-        self._join.joined = True
+        self._join.assigned()
         for tp in tps:
             self._tracker.assign(tp)
         self._pauses.drop(tps)
@@ -81,6 +95,7 @@ class RebalanceListener:
         self._emit(Event.PARTITIONS_REVOKED, partitions=tps)
 
     def on_lost(self, tps: list[TopicPartition]) -> None:
+        self._join.lost()
         self._handoff.lost(tps)
         self._forget(tps)
         self._emit(Event.PARTITIONS_LOST, partitions=tps)

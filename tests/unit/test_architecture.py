@@ -18,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PURE = {"durations", "policy", "backoff", "classify", "naming", "headers", "router", "offsets", "schedule",
         "dedupe", "events", "record", "ports", "errors", "progress", "traces", "redaction", "signing",
-        "memory", "step", "diagnostics"}  # fmt: skip
+        "memory", "step", "diagnostics", "transactions"}  # fmt: skip
 CLIENT_LIBRARIES = {"confluent_kafka", "fastavro", "pyspark"}
 STDLIB = set(sys.stdlib_module_names)
 IO_CONNECTORS = {f"retrytopics.connectors.{m}" for m in ("clients", "kafka", "admin", "embedded", "spark_kafka")}

@@ -12,6 +12,7 @@ import pytest
 from retrytopics.errors import KafkaClientError, PublishError
 from retrytopics.events import Emitter
 from retrytopics.headers import DlqReason, Header
+from retrytopics.memory import MemoryBroker
 from retrytopics.naming import topics_for
 from retrytopics.policy import RetryPolicy
 from retrytopics.router import InboundRecord, RouteContext, RouteKind, route
@@ -193,3 +194,47 @@ def test_a_fenced_transactional_producer_is_replaced_without_a_hanging_abort() -
     publisher.send(_job(b"v", (), []))
     publisher.commit({("orders", 0): 8}, None)
     assert [w[0] for w in made[1].written] == [CTX.topics.tiers[0].topic]
+
+
+def test_purge_reports_of_an_aborted_transaction_never_fail_the_next_one() -> None:
+    """An abort purges the records still queued in the producer, and their reports ("Purged in queue")
+    arrive at a later poll, in the next transaction: they belong to the aborted one. The next transaction
+    commits, with its records and offsets, and the publisher stays healthy. (The same on Apache Kafka:
+    runtime/test_aborted_transaction.py.)"""
+    # setup: a member of the group (its metadata goes into the transaction) and a transactional publisher
+    broker = MemoryBroker()
+    broker.create_topics(["orders", CTX.topics.tiers[0].topic])
+    consumer = broker.consumer("billing")
+    consumer.subscribe(["orders"], on_assign=lambda tps: None, on_revoke=lambda tps: None,
+                       on_lost=lambda tps: None)  # fmt: skip
+    consumer.consume(10, 0)
+    publisher = TransactionalPublisher(lambda: broker.producer(transactional_id="billing-1"), Emitter())
+
+    # when: a transaction aborts with a record still queued; the next one serves the purge report, commits
+    publisher.send(_job(b"aborted", (), []))
+    publisher.abort(KafkaClientError("offsets refused", code="UNKNOWN_MEMBER_ID"))
+    publisher.send(_job(b"committed", (), []))
+    publisher.poll(0)
+    publisher.commit({("orders", 0): 8}, consumer.group_metadata())
+
+    # then
+    assert publisher.healthy
+    assert [m.value for m in broker.records(CTX.topics.tiers[0].topic)] == [b"committed"]
+    assert broker.committed("billing") == {("orders", 0): 8}
+
+
+def test_a_refused_record_fails_its_own_transaction_before_its_commit_is_asked() -> None:
+    """A delivery error reported while its transaction is open fails that transaction: the commit raises
+    (after aborting) without sending its offsets, and nothing of it becomes visible."""
+    broker = MemoryBroker()
+    tier = CTX.topics.tiers[0].topic
+    broker.create_topics(["orders", tier])
+    publisher = TransactionalPublisher(lambda: broker.producer(transactional_id="billing-1"), Emitter())
+    broker.fail_produces(1, "NOT_ENOUGH_REPLICAS", topic=tier)
+    publisher.send(_job(b"refused", (), []))
+    publisher.poll(0)
+    assert not publisher.healthy
+
+    with pytest.raises(PublishError, match="NOT_ENOUGH_REPLICAS"):
+        publisher.commit({("orders", 0): 8}, object())  # not a group's metadata: never sent
+    assert publisher.healthy and broker.records(tier) == [] and broker.committed("billing") == {}

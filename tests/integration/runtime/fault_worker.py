@@ -8,9 +8,10 @@ what the handler does on each attempt (`"<id>:<behaviour>"`):
   elsewhere (an app the test restarts in its own process) it fails on attempt 1 and succeeds after;
 - `block`: writes its ledger entry, then waits (at most 30 s) until the file `release` exists, and raises
   `NonRetryable`. The test SIGSTOPs or SIGTERMs the process meanwhile, so the signal lands inside the handler
-  for sure; an app built without `release` does not wait.
+  for sure; an app built without `release` does not wait;
+- `hang`: writes its ledger entry, then never returns (in the worker process; elsewhere it succeeds).
 
-`kill_on` names an event (`retry.scheduled`, `dlq.dispatched`): the process SIGKILLs itself the first time
+`exactly_once` (default false) runs the app in that mode, `producer` gives it producer overrides. `kill_on` names an event (`retry.scheduled`, `dlq.dispatched`): the process SIGKILLs itself the first time
 that event fires, i.e. right after the broker acknowledged a hand-off and before its source offset can be
 committed. Every handler call is appended to a JSON-lines ledger and flushed before the behaviour runs, so a
 SIGKILL loses nothing the test needs to know.
@@ -24,6 +25,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -63,6 +65,8 @@ def build_app(settings: dict[str, Any], ledger_path: str, *, hooks: tuple[Any, .
         ledger.flush()
         if behaviour == "kill" and record.attempt == 1 and in_worker:
             os.kill(os.getpid(), signal.SIGKILL)
+        if behaviour == "hang" and in_worker:
+            threading.Event().wait()
         if behaviour == "block":
             release = Path(settings["release"]) if settings.get("release") else None
             deadline = time.monotonic() + 30
@@ -90,18 +94,22 @@ def read_ledger(path: Path) -> list[dict[str, Any]]:
     return entries
 
 
-def spawn(settings: dict[str, Any]) -> subprocess.Popen[bytes]:
-    """Start a worker; its log (stderr) goes to the file `settings["log"]`, readable while it runs."""
+def spawn(settings: dict[str, Any], env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Start a worker (with `env` added to this process's environment); its log (stderr) goes to the file
+    `settings["log"]`, readable while it runs."""
     with open(settings["log"], "ab") as log:
         return subprocess.Popen([sys.executable, str(WORKER), json.dumps(settings)], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)  # fmt: skip
+                                stdout=subprocess.DEVNULL, stderr=log, start_new_session=True,
+                                env={**os.environ, **(env or {})})  # fmt: skip
 
 
 def main() -> None:
     settings = json.loads(sys.argv[1])
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     hooks = (KillOn(settings["kill_on"]),) if settings.get("kill_on") else ()
-    app = build_app(settings, settings["ledger"], hooks=hooks, in_worker=True, commit_every=1)
+    app = build_app(settings, settings["ledger"], hooks=hooks, in_worker=True, commit_every=1,
+                    exactly_once=settings.get("exactly_once", False),
+                    producer_overrides=settings.get("producer", {}))  # fmt: skip
     app.run()
 
 

@@ -63,10 +63,11 @@ def test_a_revoke_commits_the_open_transaction_with_the_revoked_offsets(
     in_tier, rebalancing = threading.Event(), threading.Event()
     lock = threading.Lock()
 
-    def make_app() -> tuple[RetryApp, Assignments]:
+    def make_app(instance_id: str) -> tuple[RetryApp, Assignments]:
         # frequent heartbeats: the first member learns of the rebalance within the consume() after the handler
         overrides = {**consumer_overrides, "heartbeat.interval.ms": 100}
-        app = RetryApp(kafka=kafka, group=group, consumer_overrides=overrides, exactly_once=True)
+        app = RetryApp(kafka=kafka, group=group, consumer_overrides=overrides, exactly_once=True,
+                       instance_id=instance_id)  # two replicas: each its own transactional ids
         seen = Assignments()
         app.add_hook(seen)
 
@@ -82,7 +83,7 @@ def test_a_revoke_commits_the_open_transaction_with_the_revoked_offsets(
 
         return app, seen
 
-    first, first_seen = make_app()
+    first, first_seen = make_app("replica-1")
     apps.append(first)
     first.provision()
     tier = first.topics(source).tiers[0].topic
@@ -93,7 +94,7 @@ def test_a_revoke_commits_the_open_transaction_with_the_revoked_offsets(
     # when: while the tier handler runs on the record from memory, a second member joins the tier group;
     # the hand-off is produced in a transaction and the revoke arrives in the next consume()
     wait_until(in_tier.is_set, 30, "the tier handler")
-    second, second_seen = make_app()
+    second, second_seen = make_app("replica-2")
     apps.append(second)
     second.start(main=False, tiers="all")
     wait_until(lambda: _group_rebalancing(kit, tier), 30, "the tier group to rebalance")

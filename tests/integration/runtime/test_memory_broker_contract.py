@@ -9,7 +9,9 @@ One set of scenarios, run on both through the ports (`MemoryConsumer`/`MemoryPro
 - `on_assign` comes before any record of its partitions; a joining member makes the first revoke everything
   before either is assigned (the eager protocol); `close` revokes the assignment;
 - a transaction's records and offsets become visible together on commit; an abort leaves nothing visible to
-  read_committed readers and the offsets unchanged, and its marker takes an offset as a commit's does.
+  read_committed readers and the offsets unchanged, and its marker takes an offset as a commit's does;
+- an abort purges the records still queued in the client: each one's report says `_PURGE_QUEUE`, by a poll
+  after the abort returned, and the next transaction commits.
 
 The fake is for the runtime's own logic; whatever Kafka does beyond this is tested on Kafka.
 """
@@ -47,7 +49,8 @@ class Side:
     def consumer(self, group: str) -> ConsumerPort:
         raise NotImplementedError
 
-    def producer(self, transactional_id: str | None = None) -> ProducerPort:
+    def producer(self, transactional_id: str | None = None, *, queued: bool = False) -> ProducerPort:
+        """`queued`: records stay in the client's queue until a flush (or a transaction's commit)."""
         raise NotImplementedError
 
     def committed(self, group: str, topic: str, partitions: int = 1) -> dict[int, int]:
@@ -89,8 +92,8 @@ class MemorySide(Side):
         self.consumers.append(consumer)
         return consumer
 
-    def producer(self, transactional_id: str | None = None) -> ProducerPort:
-        return self.broker.producer(transactional_id=transactional_id)
+    def producer(self, transactional_id: str | None = None, *, queued: bool = False) -> ProducerPort:
+        return self.broker.producer(transactional_id=transactional_id)  # records wait for a poll anyway
 
     def committed(self, group: str, topic: str, partitions: int = 1) -> dict[int, int]:
         return {p: o for (t, p), o in self.broker.committed(group).items() if t == topic}
@@ -122,8 +125,9 @@ class KafkaSide(Side):
         self.consumers.append(consumer)
         return consumer
 
-    def producer(self, transactional_id: str | None = None) -> ProducerPort:
-        return KafkaProducer(self.kit.kafka, transactional_id=transactional_id)
+    def producer(self, transactional_id: str | None = None, *, queued: bool = False) -> ProducerPort:
+        return KafkaProducer(self.kit.kafka, transactional_id=transactional_id,
+                             overrides={"linger.ms": 30_000} if queued else None)  # fmt: skip
 
     def committed(self, group: str, topic: str, partitions: int = 1) -> dict[int, int]:
         return {p: o for p, o in self.kit.committed(group, topic, partitions).items() if o >= 0}
@@ -372,3 +376,26 @@ def test_an_aborted_transaction_leaves_nothing_visible_and_the_offsets_unchanged
     producer.produce(out, key=None, value=b"after", headers=[], partition=0, on_delivery=lambda error: None)
     producer.commit_transaction(30)
     _eventually(side, lambda: side.visible(out), [(0, 3, None, b"after", ())])
+
+
+def test_an_abort_purges_the_queued_records_and_reports_them_at_a_later_poll(side: Side) -> None:
+    out = side.topic("out")
+    producer = side.producer(transactional_id=side.unique_name("txn"), queued=True)
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    reports: list[str | None] = []
+    for i in range(2):
+        producer.produce(out, key=None, value=f"q{i}".encode(), headers=[], partition=0,
+                         on_delivery=lambda error: reports.append(None if error is None else error.code))  # fmt: skip
+
+    producer.abort_transaction(30)
+    producer.begin_transaction()
+    producer.produce(out, key=None, value=b"next", headers=[], partition=0, on_delivery=lambda error: None)
+    for _ in side.polls():
+        producer.poll(0.1)
+        if len(reports) == 2:
+            break
+    producer.commit_transaction(30)
+
+    assert reports == ["_PURGE_QUEUE", "_PURGE_QUEUE"]
+    _eventually(side, lambda: [value for _, _, _, value, _ in side.visible(out)], [b"next"])

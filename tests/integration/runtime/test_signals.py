@@ -5,6 +5,10 @@ Guarantees:
 - SIGTERM mid-handler: the call finishes, but its failure is no verdict on the record (the shutdown may have
   caused it): the record is neither dead-lettered nor republished, the committed offset points at it, and
   the process exits 0. The next run handles it (here: dead-letters it, once).
+- SIGTERM while a handler never returns, then a second SIGTERM: the process stops waiting for it and exits
+  at once (status 0, one log line naming the consumer left behind); nothing is committed past the record
+  in hand, and nothing is handed off for it. (Without a second signal it exits
+  `STOP_TIMEOUT_S` after the first: tests/unit/test_stuck_calls.py.)
 - SIGSTOP longer than the session, then SIGCONT (a zombie): meanwhile the group gave the partition to a
   replacement, which handles the record. When the zombie wakes inside the handler, the group coordinator
   refuses its commit, so it does not act on the record (no second DLQ record, nothing handled from its stale
@@ -94,6 +98,36 @@ def test_sigterm_mid_handler_leaves_the_record_for_the_next_run(
     # then: it starts at the record and dead-letters it exactly once
     assert [e["id"] for e in read_ledger(tmp_path / "restart.jsonl")] == ["3", "4", "5"]
     assert _dlq_state(kit, restarted, source) == [(b"3:block", f"{source}-0-3", DlqReason.NON_RETRYABLE, 1)]
+
+
+def test_a_second_sigterm_exits_at_once_when_a_handler_never_returns(
+    kafka: KafkaConfig, kit: Kit, unique_name: Callable[[str], str], consumer_overrides: dict[str, Any],
+    apps: list[RetryApp], tmp_path: Path,
+) -> None:  # fmt: skip
+    # setup
+    settings = _settings(kafka, unique_name, tmp_path, consumer_overrides, kit)
+    source = settings["source"]
+    app = build_app(settings, str(tmp_path / "unused.jsonl"))
+    app.provision()
+    kit.produce(source, [(None, v.encode(), []) for v in ["0:ok", "1:ok", "2:ok", "3:hang", "4:ok"]])
+    worker = spawn(settings)
+    try:
+        # when: SIGTERM while the handler of record 3 never returns, then SIGTERM again
+        wait_until(lambda: _started(settings, 3), 30, "the worker to be inside the handler of record 3")
+        os.kill(worker.pid, signal.SIGTERM)
+        wait_until(lambda: "received SIGTERM" in _log(settings), 10, "the worker to handle SIGTERM")
+        os.kill(worker.pid, signal.SIGTERM)
+        # then: it exits at once, cleanly, and says which consumer it left behind
+        assert worker.wait(10) == 0, _log(settings)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait(10)
+    assert "did not stop before the second signal" in _log(settings) and "Traceback" not in _log(settings)
+    # then: nothing committed past the record in hand (the records before it, in its batch, are not either:
+    # their batch never ended), nothing handed off for it
+    assert kit.committed(settings["group"], source, 1)[0] in (-1001, 1, 2, 3)  # -1001: none yet
+    assert kit.read_all(app.topics(source).dlq) == [] and kit.read_all(app.topics(source).tiers[0].topic) == []
 
 
 def test_a_consumer_frozen_past_its_session_does_not_act_when_it_wakes(
