@@ -5,6 +5,11 @@ same `PublishJob`s, but inside a transaction the hand-off strategy (`ExactlyOnce
 commits together with the offsets, or aborts. A failed delivery is not retried here: it fails the
 transaction's commit, which aborts it, and the batch is read again.
 
+The broker refuses a produce batch as a whole when one of its records is larger than the topic accepts, and
+reports that error on every record of the batch. So a record refused as too large is first sent again alone
+(flushed before and after, a batch of its own) in the next attempt of its transaction; only a record refused
+alone takes a shrinking step (`PublishJob.shrink`) toward the DLQ: its batch neighbours go out unchanged.
+
 A delivery error belongs to the transaction its record was sent in. librdkafka reports the records an abort
 purged ("Purged in queue") at a later poll, when the next transaction is open: those reports are ignored.
 Once `commit_transaction()` returned, the transaction is committed, whatever arrives after.
@@ -95,6 +100,7 @@ class TransactionalPublisher:
         self._error: KafkaClientError | None = None  # the first failure in the open transaction
         self._failing: KafkaClientError | None = None  # a call timed out or abandoned since the last commit
         self._shrinks: dict[tuple[TopicPartition, int], int] = {}  # source record -> steps its next publish takes
+        self._alone: set[tuple[TopicPartition, int]] = set()  # source records refused as too large: sent alone
         # None once abandoned: the next transaction makes a new one. At start-up, given longer: a broker
         # that just started may still be loading its transaction coordinator.
         self._producer: ProducerPort | None = None
@@ -105,7 +111,7 @@ class TransactionalPublisher:
         self._bounded("init_transactions", producer.init_transactions, timeout_s, bound_s=timeout_s + _GRACE_S)
         return producer
 
-    def _bounded(self, what: str, fn: Callable[..., None], *args: Any, bound_s: float | None = None) -> None:
+    def _bounded(self, what: str, fn: Callable[..., object], *args: Any, bound_s: float | None = None) -> None:
         """`fn(*args)`, abandoned with the producer it belongs to when it outlives its bound."""
         try:
             self._calls.call(what, fn, *args, bound_s=bound_s)
@@ -138,7 +144,7 @@ class TransactionalPublisher:
         """Produce `job` inside the current transaction (opened on first use)."""
         self.begin()
         source = (job.source, job.offset)
-        for _ in range(self._shrinks.pop(source, 0)):
+        for _ in range(self._shrinks.get(source, 0)):  # kept until delivered: an abort may purge this attempt
             if job.shrink is None or not job.shrink(job):
                 break
         sent_in = self._transaction
@@ -146,18 +152,32 @@ class TransactionalPublisher:
         if producer is None or self._error is not None:
             return  # the transaction has failed already: its commit aborts it, and the batch is read again
 
+        alone = source in self._alone
+
         def delivered(error: PublishError | None) -> None:
             if error is not None and error.code in TOO_LARGE_CODES and job.shrink is not None:
                 # The broker refused it (its own, smaller limit) after the producer let it through. The
-                # transaction fails and the batch is read again; this record's next publish starts smaller.
-                if len(self._shrinks) >= _MAX_REMEMBERED_SHRINKS:
-                    self._shrinks.clear()
-                self._shrinks[source] = job.shrunk + 1
+                # transaction fails and the batch is read again: this record goes alone next time, and once
+                # refused alone, its next publish starts smaller.
+                if len(self._alone) >= _MAX_REMEMBERED_SHRINKS:
+                    self._alone.clear()
+                self._alone.add(source)
+                if alone:
+                    if len(self._shrinks) >= _MAX_REMEMBERED_SHRINKS:
+                        self._shrinks.clear()
+                    self._shrinks[source] = job.shrunk + 1
+            elif error is None:
+                self._alone.discard(source)
+                self._shrinks.pop(source, None)
             if error is not None and self._error is None and self._open and sent_in == self._transaction:
                 self._error = error
 
         try:
+            if alone:  # a batch of its own: what was queued before goes first, what comes after waits
+                self._bounded("flush", producer.flush, self._timeout_s)
             _produce_job_shrinking(producer, job, delivered)
+            if alone:
+                self._bounded("flush", producer.flush, self._timeout_s)
         except KafkaClientError as exc:
             # A fenced producer refuses records at once (_FATAL) once it learnt of the fencing. Raising here
             # stopped the whole app; recorded instead, it fails this transaction's commit, which aborts it,
