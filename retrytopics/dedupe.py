@@ -20,7 +20,8 @@ is told apart from the first life's hops (docs/architecture.md).
 
 A second store, `HandOffs`, seeded from the recent tail of a record's destinations (the tiers and the DLQ)
 when its partition is assigned, holds the keys of hops already written downstream: a record whose
-`hand_off_key` is there, and whose key and value are the bytes that hop carries (`record_digest`), was
+`hand_off_key` is there, and whose key and value are the bytes that hop carries (`record_digest`; or, for a
+hop dead-lettered as a `too_large` reference, the reference it would make: runtime/duplicates.py), was
 handed off by a previous owner that died before committing it, and is suppressed rather than handled and
 handed off again. The digest is only computed for a record whose key is found.
 

@@ -133,10 +133,14 @@ _LINEAGE_SPECS: Final = (
     _Spec(REPLAY_ORIGIN_ID, "replay_origin_id", "text", 1, _ID_LIMIT_BYTES, optional=True),
 )
 _HEADER_OF: Final = {s.attr: s.header for s in (*_RETRY_SPECS, *_LINEAGE_SPECS)}
+#: Headers outside the specs that a hop can carry: `retry.signature`, and on a replayed record
+#: `retry.replay_original` and `retry.replay_mark` (spark/ledger.py).
+_UNSPECIFIED_RETRY_HEADERS: Final = 3
 #: The most user headers a record may carry into the pipeline: with every retry header a hop can have (each
-#: spec, and `retry.signature`), every hop it makes (tiers, DLQ, a replay) stays within `MAX_HEADER_COUNT`, so
-#: it is always read back. The router dead-letters a record with more as `too_many_headers` at once.
-MAX_USER_HEADERS: Final = MAX_HEADER_COUNT - len(_RETRY_SPECS) - len(_LINEAGE_SPECS) - 1
+#: spec, and `_UNSPECIFIED_RETRY_HEADERS`), every hop it makes (tiers, DLQ, a replay to a tier) stays within
+#: `MAX_HEADER_COUNT`, so it is always read back. The router dead-letters a record with more as
+#: `too_many_headers` at once.
+MAX_USER_HEADERS: Final = MAX_HEADER_COUNT - len(_RETRY_SPECS) - len(_LINEAGE_SPECS) - _UNSPECIFIED_RETRY_HEADERS
 #: Upper bound of the encoded retry headers (names + values) of one record: what a hop can add.
 MAX_RETRY_HEADERS_BYTES: Final = sum(
     len(s.header) + {"int": 20, "text": s.hi, "topic": 249, "reason": 32}[s.kind]

@@ -24,7 +24,7 @@ from typing import Final
 
 from retrytopics.errors import ConfigError
 
-__all__ = ["HIDDEN", "Redactor", "redact"]
+__all__ = ["HIDDEN", "Redactor", "redact", "redact_header"]
 
 HIDDEN: Final = "[hidden]"
 
@@ -181,3 +181,18 @@ def redact(text: str) -> str:
     # 'login failed: password=[hidden] at https://[hidden]@db'
     """
     return _DEFAULT(text)
+
+
+#: Header names that carry a credential without a secret word in them.
+_SECRET_HEADERS: Final = frozenset({"cookie", "set-cookie", "proxy-authorization"})
+
+
+def redact_header(name: str, text: str) -> str:
+    """A header's value as shown: [hidden] whole when the header's name names a secret (`authorization`,
+    `x-api-key`, `password`, `cookie`), whatever the value looks like; else ``redact(text)``::
+
+    redact_header("x-api-key", "sk-live-4f9a2c")   # '[hidden]'
+    """
+    if name.lower() in _SECRET_HEADERS or _names_a_secret(name):
+        return HIDDEN
+    return redact(text)

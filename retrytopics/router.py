@@ -36,7 +36,8 @@ from retrytopics.signing import SIGNATURE, HeaderKeys, sign, verify
 
 __all__ = [
     "Consumed", "InboundRecord", "Route", "RouteContext", "RouteKind", "Unread", "longest_wait_ms",
-    "origin_message_id", "read_retry_state", "route", "too_large_reference", "too_large_route",
+    "origin_message_id", "read_retry_state", "route", "too_large_reference", "too_large_reference_record",
+    "too_large_route",
 ]  # fmt: skip
 
 _ID_LIMIT_BYTES: Final = 512
@@ -348,6 +349,20 @@ def too_large_reference(topic: str, partition: int, offset: int, value: bytes | 
     size = -1 if value is None else len(value)
     ref = {"too_large": True, "topic": topic, "partition": partition, "offset": offset, "value_bytes": size}
     return json.dumps(ref, separators=(",", ":")).encode()
+
+
+#: The longest key a record dead-lettered as a reference keeps.
+_MAX_REFERENCE_KEY: Final = 1024
+
+
+def too_large_reference_record(
+    topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None
+) -> tuple[bytes | None, bytes]:
+    """The key and value of the DLQ record that stands for the consumed record `topic`[`partition`]@`offset`
+    (with `key` and `value`) when even its DLQ record without exception details was too large: the key if at
+    most 1 KiB, and `too_large_reference` instead of the value."""
+    kept = key if key is None or len(key) <= _MAX_REFERENCE_KEY else None
+    return kept, too_large_reference(topic, partition, offset, value)
 
 
 def _dead_letter(

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -31,7 +31,7 @@ from retrytopics.errors import ConfigError
 
 __all__ = [
     "MIN_KEY_BYTES", "SIGNATURE", "HeaderKeys", "KeyLike", "mark_keys", "replay_mark", "sign", "signed_message",
-    "verify",
+    "started_mark_keys", "verify",
 ]  # fmt: skip
 
 #: The header carrying the signature: 64 lowercase hex digits. Under ``retry.``, so each hop replaces it.
@@ -180,6 +180,23 @@ def mark_keys(nonce: bytes, keys: HeaderKeys | None) -> tuple[bytes, ...]:
     if keys is None:
         return (nonce,)
     return tuple(_mac(key, _MARK_DOMAIN + nonce) for key in keys.keys)
+
+
+def started_mark_keys(started: Mapping[str, object], keys: HeaderKeys | None) -> tuple[bytes, ...] | None:
+    """The mark keys of a replay id from its first `started` ledger entry (`mark_keys` of its hex nonce);
+    None for an entry without a nonce (written by a release before marks), whose markers a rerun trusts as
+    they are. With header keys such an entry is a `ConfigError` naming the replay id: anyone with WRITE on the
+    ledger can plant one, and the keys are what a rerun's trust rests on (rerun under a new replay id)."""
+    nonce = started.get("nonce")
+    if nonce is None:
+        if keys is not None:
+            raise ConfigError("replay_id", started.get("replay_id"), "its started ledger entry has no nonce, so "
+                              "its markers cannot be checked with the header keys; replay under a new replay id")
+        return None
+    try:
+        return mark_keys(bytes.fromhex(str(nonce)), keys)
+    except ValueError:
+        raise ConfigError("replay_id", started.get("replay_id"), "its ledger entry has a malformed nonce") from None
 
 
 def replay_mark(key: bytes, replay_id: str, topic: str, source_record: str) -> str:

@@ -42,7 +42,7 @@ from retrytopics.connectors.kafka import make_admin
 from retrytopics.connectors.spark_kafka import kafka_options, read_kafka, write_kafka
 from retrytopics.errors import ConfigError
 from retrytopics.naming import TopicSet
-from retrytopics.signing import HeaderKeys, mark_keys
+from retrytopics.signing import HeaderKeys, mark_keys, started_mark_keys
 from retrytopics.spark import checks, ledger, signatures, where as where_filter
 from retrytopics.spark.columns import with_retry_columns
 
@@ -356,23 +356,13 @@ def _not_yet_written(
         ledger.append(kafka, topics.dlq, replay_id,
                       {"event": "started", "marks": ledger.watermarks(kafka, targets), "nonce": nonce.hex()})  # fmt: skip
         return planned, mark_keys(nonce, header_keys)[0]
-    keys = _mark_keys_of(started[0], header_keys)
+    keys = started_mark_keys(started[0], header_keys)
     done = ledger.written_by(spark, kafka, started[0]["marks"], replay_id, kafka_format, keys)
     done = done.withColumnRenamed("topic", "destination")
     descendant = F.coalesce(F.col("replay_id") == replay_id, F.lit(False))
     todo = planned.where(~descendant).join(F.broadcast(done), ["destination", "source_record"], "left_anti")
     return todo.cache(), None if keys is None else keys[0]
 
-
-def _mark_keys_of(started: dict[str, Any], header_keys: HeaderKeys | None) -> tuple[bytes, ...] | None:
-    """The mark keys of a replay id from its first `started` entry; None when it has no nonce."""
-    nonce = started.get("nonce")
-    if nonce is None:
-        return None
-    try:
-        return mark_keys(bytes.fromhex(nonce), header_keys)
-    except (TypeError, ValueError):
-        raise ConfigError("replay_id", started.get("replay_id"), "its ledger entry has a malformed nonce") from None
 
 
 def add_replay_arguments(parser: argparse.ArgumentParser) -> None:

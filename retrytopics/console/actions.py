@@ -42,7 +42,7 @@ from retrytopics.headers import (
     REPLAY_COUNT, REPLAY_ID, REPLAY_ORIGIN_ID, REPLAYED_AT, DlqReason, Header, Lineage, encode, user_headers,
 )  # fmt: skip
 from retrytopics.naming import TopicSet
-from retrytopics.signing import HeaderKeys, mark_keys, replay_mark, sign, verify
+from retrytopics.signing import HeaderKeys, mark_keys, replay_mark, sign, started_mark_keys, verify
 
 __all__ = ["DESTINATIONS", "MAX_SELECTION", "ReplayPlan", "ReplayRequest", "plan_replay", "replay_headers",
            "replay_id_for", "run_replay", "spark_replay_command"]  # fmt: skip
@@ -257,16 +257,6 @@ def _marked(keys: tuple[bytes, ...], replay_id: str, topic: str, source_record: 
     )
 
 
-def _mark_keys_of(started: dict[str, Any], header_keys: HeaderKeys | None) -> tuple[bytes, ...] | None:
-    """The mark keys of a replay id from its first `started` entry; None when it was started without a nonce."""
-    nonce = started.get("nonce")
-    if nonce is None:
-        return None
-    try:
-        return mark_keys(bytes.fromhex(nonce), header_keys)
-    except (TypeError, ValueError):
-        raise ConfigError("replay_id", started.get("replay_id"), "its ledger entry has a malformed nonce") from None
-
 
 def run_replay(kafka: KafkaConfig, topics: TopicSet, entries: Sequence[Entry], request: ReplayRequest, *,
                header_keys: HeaderKeys | None = None, dry_run: bool = False) -> dict[str, Any]:  # fmt: skip
@@ -288,7 +278,7 @@ def run_replay(kafka: KafkaConfig, topics: TopicSet, entries: Sequence[Entry], r
     started = [e for e in ledger.read_entries(kafka, topics.dlq, request.replay_id) if e.get("event") == "started"]
     done: set[tuple[str, str]] = set()
     if started:
-        keys = _mark_keys_of(started[0], header_keys)
+        keys = started_mark_keys(started[0], header_keys)
         done = _written_before(kafka, started[0]["marks"], request.replay_id, keys)
     else:
         nonce = secrets.token_bytes(32)

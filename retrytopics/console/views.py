@@ -19,7 +19,7 @@ from retrytopics.console.tally import Tally
 from retrytopics.headers import RETRY_PREFIX, user_headers
 from retrytopics.naming import TopicSet
 from retrytopics.ops import PartitionState, printable
-from retrytopics.redaction import redact
+from retrytopics.redaction import redact, redact_header
 
 __all__ = [
     "SHOWN_BYTES", "chart_geometry", "instant", "lineage_hops", "pipeline_view", "record_view", "value_text",
@@ -65,11 +65,11 @@ def _rendered(entry: Entry, render: Render | None) -> str:
     return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "…"
 
 
-def _shown(data: bytes | None) -> str | None:
+def _shown(name: str, data: bytes | None) -> str | None:
     """A header value as shown: printable, bounded, and redacted (a header can carry a token as well as an
-    exception text can)."""
+    exception text can; one named as a secret, `authorization`, is hidden whole)."""
     text = printable(data, 200)
-    return None if text is None else redact(text)
+    return None if text is None else redact_header(name, text)
 
 
 def record_view(entry: Entry, *, reveal: bool = False, render: Render | None = None) -> dict[str, Any]:
@@ -79,8 +79,8 @@ def record_view(entry: Entry, *, reveal: bool = False, render: Render | None = N
     view: dict[str, Any] = {
         "coordinates": entry.coordinates, "partition": entry.partition, "offset": entry.offset,
         "time": instant(entry.timestamp_ms), "key": printable(entry.key), "value_size": entry.value_size,
-        "headers": [(name, _shown(data)) for name, data in user_headers(list(entry.headers))],
-        "retry_headers": [(name, _shown(data)) for name, data in entry.headers if name.startswith(RETRY_PREFIX)],
+        "headers": [(name, _shown(name, data)) for name, data in user_headers(list(entry.headers))],
+        "retry_headers": [(name, _shown(name, data)) for name, data in entry.headers if name.startswith(RETRY_PREFIX)],
         "header_error": entry.header_error, "value": _rendered(entry, render) if reveal else None,
         "replay_count": entry.lineage.replay_count, "replay_id": entry.lineage.replay_id,
     }  # fmt: skip

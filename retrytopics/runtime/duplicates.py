@@ -19,7 +19,7 @@ from retrytopics.events import Event
 from retrytopics.headers import RetryHeaders, decode_lineage
 from retrytopics.offsets import TopicPartition
 from retrytopics.ports import Message
-from retrytopics.router import origin_message_id
+from retrytopics.router import origin_message_id, too_large_reference_record
 from retrytopics.runtime.batch_calls import BatchCaller
 from retrytopics.runtime.dispatch import Binding
 from retrytopics.runtime.handoff import HandOff
@@ -65,7 +65,13 @@ class DuplicateSuppressor:
         lineage = state.lineage if state is not None else decode_lineage(list(msg.headers))
         key = hand_off_key(state, (msg.topic, msg.partition, msg.offset), msg.timestamp_ms, lineage.replay_count)
         # the digest only for a key found (rare): a hop of another record at these coordinates is not its hop
-        return key in self._handed_off and self._handed_off.carries(key, record_digest(msg.key, msg.value))
+        if key not in self._handed_off:
+            return False
+        if self._handed_off.carries(key, record_digest(msg.key, msg.value)):
+            return True
+        # a hop refused as too large even without exception details carries a reference instead of the record
+        reference = too_large_reference_record(msg.topic, msg.partition, msg.offset, msg.key, msg.value)
+        return self._handed_off.carries(key, record_digest(*reference))
 
     def suppress(self, msg: Message, state: RetryHeaders) -> None:
         """Finish a hop handled here already."""

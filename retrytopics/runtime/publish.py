@@ -28,7 +28,7 @@ from retrytopics.errors import KafkaClientError, PublishError
 from retrytopics.events import Emitter, Event
 from retrytopics.offsets import TopicPartition
 from retrytopics.ports import ProducerPort
-from retrytopics.router import Route, RouteContext, too_large_reference, too_large_route
+from retrytopics.router import Route, RouteContext, too_large_reference_record, too_large_route
 
 __all__ = ["ALONE_OVERRIDES", "TOO_LARGE_CODES", "PublishJob", "Publisher", "produce_job", "too_large_fallback"]
 
@@ -92,8 +92,7 @@ def too_large_fallback(ctx: RouteContext) -> Callable[[PublishJob], bool]:
         job.shrunk += 1
         steps = job.shrunk
         if steps == 2:
-            job.value = too_large_reference(job.source[0], job.source[1], job.offset, job.value)
-            job.key = job.key if job.key is None or len(job.key) <= _MAX_REFERENCE_KEY else None
+            job.key, job.value = too_large_reference_record(job.source[0], job.source[1], job.offset, job.key, job.value)
         # built after the value and key changed: with header_key, the signature covers what is published
         job.route = too_large_route(ctx, job.route, keep_user_headers=steps == 1, key=job.key, value=job.value)
         log.warning("%s[%d]@%d: republish refused as too large; %s", job.source[0], job.source[1], job.offset,
@@ -102,9 +101,6 @@ def too_large_fallback(ctx: RouteContext) -> Callable[[PublishJob], bool]:
         return True
 
     return shrink
-
-
-_MAX_REFERENCE_KEY = 1024
 
 
 def _partition(producer: ProducerPort, route: Route) -> int | None:

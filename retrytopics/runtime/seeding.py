@@ -7,8 +7,8 @@ carrying the record's audit key (`dedupe.hand_off_key`) and its key and value. S
 assigned, the loop reads the last `seed_last` records of every partition of their destinations (every tier of
 their handler and its DLQ: a retry-after hint may pick any tier), for at most `seed_timeout_s`, assign()-only
 and read_committed, and remembers their keys with a digest of their key and value (`dedupe.HandOffs`); a
-record whose hand-off is among them, carrying its own key and value, is suppressed, neither handled nor
-handed off.
+record whose hand-off is among them, carrying its own key and value (or the `too_large` reference it would
+make), is suppressed, neither handled nor handed off.
 
 Cost per assignment: at most `seed_last` × (tiers + 1) × partitions-per-destination records read, inside the
 rebalance callback (so before any record of the assigned partitions), and never longer than `seed_timeout_s`. A

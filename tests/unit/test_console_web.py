@@ -306,3 +306,16 @@ def test_spark_jobs_refuse_key_and_header_filters_and_a_second_job_at_once() -> 
     assert busy.value.field == "job"
     assert spark_replay_id(chosen, "original") == spark_replay_id(DlqFilter.from_query({"reason": ["exhausted"]}), "original")
     assert spark_replay_id(chosen, "original") != spark_replay_id(chosen, "first_tier")
+
+
+def test_a_user_header_named_as_a_secret_never_reaches_the_browser() -> None:
+    """A header whose name says it holds a credential (`authorization`, `x-api-key`, `password`, `cookie`)
+    is shown as [hidden] on the DLQ page whatever its value looks like; other headers are shown."""
+    secrets_ = {"authorization": b"dXNlcjpodW50ZXIy", "x-api-key": b"sk-live-4f9a2c", "password": b"hunter2",
+                "Cookie": b"sid=3b1e7d"}  # fmt: skip
+    entry = dlq_entry(extra=[*secrets_.items(), ("x-region", b"eu-west-1")])
+    page = client(entries=[entry]).get("/dlq").text
+    for name, value in secrets_.items():
+        assert value.decode() not in page, name
+        assert f"<code>{name}</code> = <code>[hidden]</code>" in page
+    assert "<code>x-region</code> = <code>eu-west-1</code>" in page

@@ -79,3 +79,29 @@ def test_no_retry_header_spec_allows_a_value_the_decoder_refuses() -> None:
     for spec in (*H._RETRY_SPECS, *H._LINEAGE_SPECS):
         longest = {"int": 20, "text": spec.hi, "topic": 249, "reason": max(len(r.value) for r in DlqReason)}[spec.kind]
         assert longest <= H.MAX_VALUE_BYTES, spec.header
+
+
+def test_a_replay_of_the_most_user_headers_allowed_to_the_first_tier_is_read_back() -> None:
+    """The largest hop a record makes is a replay of its DLQ record to the first tier, signed: its user
+    headers, a tier's retry state, every lineage field, `retry.replay_original`, `retry.replay_mark` and
+    the signature. With `MAX_USER_HEADERS` user headers the tier consumer still decodes it (not
+    `invalid_retry_headers` with the tier's coordinates)."""
+    from retrytopics.console import actions
+    from retrytopics.console.entries import entry_of
+    from retrytopics.signing import mark_keys, sign
+
+    ctx = _ctx(signed=True)
+    assert ctx.header_keys is not None
+    dead = route(ctx, _source(MAX_USER_HEADERS), ValueError("x" * 5000), now_ms=NOW, rng=random.Random(0))
+    assert dead.kind is RouteKind.DLQ and dead.reason is DlqReason.NON_RETRYABLE
+    entry = entry_of(topic=TOPICS.dlq, partition=0, offset=0, timestamp_ms=NOW, key=b"k", value=b"v",
+                     headers=list(dead.headers), whole=True)  # fmt: skip
+    tier = TOPICS.tiers[0].topic
+    replayed = actions.replay_headers(entry, to_tier=True, replay_id="r" * 512, now_ms=NOW, topic=tier,
+                                      mark_key=mark_keys(b"n" * 32, ctx.header_keys)[0])  # fmt: skip
+    headers = sign(ctx.header_keys, tier, b"k", b"v", replayed)
+    assert len([h for h in headers if not h[0].startswith("retry.")]) == MAX_USER_HEADERS
+    assert len(headers) <= MAX_HEADER_COUNT
+    record = InboundRecord(topic=tier, partition=0, offset=0, timestamp_ms=NOW, key=b"k", headers=headers, value=b"v")
+    state = read_retry_state(ctx, record, now_ms=NOW)
+    assert state is not None and state.tier == 0 and state.lineage.replay_id == "r" * 512

@@ -8,8 +8,10 @@ failed read seeds nothing rather than stopping the consumer.
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Sequence
+from typing import Any, cast
 
 from retrytopics.connectors.serde import bytes_value
 from retrytopics.dedupe import HandOffs, audit_key, hand_off_key, record_digest
@@ -20,6 +22,8 @@ from retrytopics.policy import RetryPolicy
 from retrytopics.ports import Message
 from retrytopics.router import InboundRecord, RouteContext, route
 from retrytopics.runtime.dispatch import Binding
+from retrytopics.runtime.duplicates import DuplicateSuppressor
+from retrytopics.runtime.publish import PublishJob, too_large_fallback
 from retrytopics.runtime.seeding import destinations, seed
 
 POLICY = RetryPolicy(delays=["1s", "5s"])
@@ -97,3 +101,30 @@ def test_a_failed_or_disabled_read_seeds_nothing() -> None:
     assert seed(audit, broken, ["t"], last=0, timeout_s=1.0) == 0  # seed_last=0: not even asked
     assert seed(audit, broken, [], last=100, timeout_s=1.0) == 0
     assert len(audit) == 0
+
+
+def test_a_record_whose_hop_was_dead_lettered_as_a_too_large_reference_is_found_downstream() -> None:
+    """A hop refused as too large twice carries a reference instead of the record's value (and no key over
+    1 KiB): seeded from it, the record at the coordinates and timestamp it names, with the value size (and key
+    up to 1 KiB) it describes, is still the one handed off (suppressed, not dead-lettered a second time);
+    another record at those coordinates is not."""
+    # given: a keyed source record whose DLQ hop was shrunk to a reference, as publishing it would do
+    key, value = b"k" * 2_000, b"v" * 5_000
+    source = Message("orders", 0, 42, NOW, key, value, ())
+    failed = route(CTX, InboundRecord(topic="orders", partition=0, offset=42, timestamp_ms=NOW, key=key, headers=()),
+                   NonRetryable(ValueError("bad")), now_ms=NOW, rng=random.Random(1))  # fmt: skip
+    job = PublishJob(route=failed, key=key, value=value, source=("orders", 0), offset=42,
+                     shrink=too_large_fallback(CTX))  # fmt: skip
+    assert job.shrink is not None and job.shrink(job) and job.shrink(job)
+    assert job.key is None and json.loads(job.value or b"")["too_large"] is True
+    hop = Message(job.route.topic, 0, 9, NOW + 5, job.key, job.value, tuple(job.route.headers))
+    binding = Binding(topic="orders", handler=lambda r: None, policy=POLICY, ctx=CTX, value_deserializer=bytes_value)
+    suppressor = DuplicateSuppressor(cast(Any, None), cast(Any, None), {"orders": binding}, lambda *a, **k: None,
+                                     name="billing", tail_reader=lambda topics, last, timeout_s: [hop], seed_last=10,
+                                     seed_timeout_s=1.0)  # fmt: skip
+    # when: the partition is assigned
+    suppressor.seed([("orders", 0)])
+    # then: that record was handed off; one with a value of another size, or a key the hop would keep, was not
+    assert suppressor.was_handed_off(source, None, None)
+    assert not suppressor.was_handed_off(source._replace(value=b"v" * 4_999), None, None)
+    assert not suppressor.was_handed_off(source._replace(key=b"short"), None, None)

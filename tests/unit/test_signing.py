@@ -299,3 +299,21 @@ def test_a_replay_mark_binds_its_replay_id_topic_and_source_record_and_needs_the
     assert len(rotated) == 2 and plain not in rotated  # the ledger's nonce alone makes no keyed mark
     assert rotated[1] == mark_keys(nonce, HeaderKeys.of(OLD))[0]  # a rerun after a rotation still checks old marks
     assert mark_keys(bytes(32), KEYS) != mark_keys(nonce, KEYS)
+
+
+def test_with_header_keys_a_started_entry_without_a_nonce_is_refused_not_trusted() -> None:
+    """A `started` ledger entry without a nonce makes a rerun trust plain `retry.replay_id` markers, which any
+    source writer can put on a record. Anyone with WRITE on the ledger can plant one for a replay id not
+    started yet, so with header keys (what a rerun's trust rests on) such an entry is refused, naming the
+    replay id; without keys it is trusted as before, and a nonce gives the keyed mark keys."""
+    from retrytopics.signing import mark_keys, started_mark_keys
+
+    planted = {"event": "started", "replay_id": "fix-1", "marks": {"orders": {"0": 0}}}
+    with pytest.raises(ConfigError) as refused:
+        started_mark_keys(planted, KEYS)
+    assert refused.value.field == "replay_id" and "fix-1" in str(refused.value)
+    assert started_mark_keys(planted, None) is None
+    nonce = bytes(range(32))
+    assert started_mark_keys({**planted, "nonce": nonce.hex()}, KEYS) == mark_keys(nonce, KEYS)
+    with pytest.raises(ConfigError):
+        started_mark_keys({**planted, "nonce": "not hex"}, KEYS)
