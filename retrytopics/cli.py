@@ -318,8 +318,9 @@ def _add_demo(commands: Any) -> None:
     demo.add_argument("--partitions", type=int, default=3)
     demo.add_argument("--delays", type=lambda s: [d for d in s.split(",") if d], default=["200ms", "500ms", "1s"])
     demo.add_argument("--seed", type=int, default=7)
-    demo.add_argument("--broker", choices=["tansu", "apache"], default="tansu",
-                      help="local broker to start: tansu (embedded, starts in <1 s) or apache (Apache Kafka, ~5 s)")
+    demo.add_argument("--broker", choices=["tansu", "apache", "cluster"], default="tansu",
+                      help="local broker to start: tansu (embedded, starts in <1 s), apache (Apache Kafka, ~5 s) "
+                      "or cluster (3 Apache Kafka nodes, replication factor 3, ~10 s)")
     demo.add_argument("--bootstrap", help="use this Kafka cluster instead of starting a local broker")
     demo.add_argument("--json", action="store_true", help="print one JSON summary object on stdout")
     demo.add_argument("--no-spark", action="store_true", help="skip the Spark audit at the end")
@@ -343,8 +344,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     broker = commands.add_parser("broker", help="run a local broker (tansu or Apache Kafka) in the foreground for development")
     broker.add_argument("--port", type=int, default=None, help="listen port (default: a free one)")
-    broker.add_argument("--kind", choices=["tansu", "apache"], default="tansu",
-                        help="tansu (embedded, in memory) or apache (Apache Kafka from the Maven cache)")
+    broker.add_argument("--kind", choices=["tansu", "apache", "cluster"], default="tansu",
+                        help="tansu (embedded, in memory), apache (Apache Kafka from the Maven cache) or cluster "
+                        "(3 Apache Kafka nodes; --port does not apply)")
     broker.set_defaults(run=_cmd_broker)
     _add_topics(commands)
     _add_dlq(commands)
