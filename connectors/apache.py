@@ -252,6 +252,11 @@ class ApacheKafkaBroker(BrokerProcess):
         shutil.rmtree(self._home, ignore_errors=True)
         self._formatted = False
 
+    def shut_down(self, timeout_s: float = 30.0) -> None:
+        """Stop the broker the clean way (SIGTERM: a controlled shutdown) and keep its storage: `start()`
+        brings it back with its data, as after a rolling restart's step."""
+        self._terminate(timeout_s)
+
     def kill(self) -> None:
         """SIGKILL the broker (for fault tests). Its log stays on disk: `start()` brings it back with its data
         on the same ports."""

@@ -198,6 +198,11 @@ class KafkaCluster:
     def node_ids(self) -> list[int]:
         return sorted(self._nodes)
 
+    def shut_down(self, node_id: int, timeout_s: float = 30.0) -> None:
+        """Stop one node the clean way (SIGTERM: controlled shutdown, leadership moved first); its log stays."""
+        self._frozen.discard(node_id)
+        self.node(node_id).shut_down(timeout_s)
+
     def restart(self, node_id: int) -> None:
         """Start a killed (or stopped by `kill`) node again with its data, on its ports; waits until it answers."""
         self.node(node_id).start()
@@ -254,13 +259,14 @@ class KafkaCluster:
                 raise BrokerExitedEarly(f"the cluster did not list {count} brokers within {timeout_s}s", self.log_tail(10))
             time.sleep(0.1)
 
-    def await_in_sync(self, topics: Iterable[str], timeout_s: float = 60.0) -> None:
-        """Wait until every partition of `topics` has all its replicas in sync (before the next fault of a
-        rolling restart: taking a node while another catches up would drop below `min.insync.replicas`)."""
-        names = list(topics)
+    def await_in_sync(self, topics: Iterable[str] | None = None, timeout_s: float = 60.0) -> None:
+        """Wait until every partition of `topics` (default: every topic) has all its replicas in sync (before
+        the next step of a rolling restart: taking a node while another catches up would drop partitions
+        below `min.insync.replicas`)."""
         deadline = time.monotonic() + timeout_s
         while True:
             metadata = self._admin().list_topics(timeout=5).topics
+            names = list(metadata) if topics is None else list(topics)
             lagging = [
                 f"{name}[{p}]" for name in names for p, meta in metadata[name].partitions.items()
                 if len(meta.isrs) < len(meta.replicas)

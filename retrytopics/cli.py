@@ -33,7 +33,8 @@ def _settings(args: argparse.Namespace) -> Any:
     flags = {
         "kafka": {"bootstrap": getattr(args, "bootstrap", None)},
         "app": {name: getattr(args, name, None)
-                for name in ("topic", "group", "delays", "partitions", "naming", "dlq", "header_key_file")},
+                for name in ("topic", "group", "delays", "partitions", "replication_factor", "min_insync_replicas",
+                             "naming", "dlq", "header_key_file")},
         "metrics": {"port": getattr(args, "metrics_port", None)},
         "logging": {"level": getattr(args, "log_level", None), "json": getattr(args, "log_json", None) or None},
     }
@@ -71,7 +72,15 @@ def _cmd_topics_create(args: argparse.Namespace) -> int:
     outcome = provision_pipeline(kafka, pipeline, create_source=args.create_source)
     for topic, what in outcome.items():
         print(f"{what.value:8} {topic}")
+    _warn_durability(kafka, pipeline)
     return 0
+
+
+def _warn_durability(kafka: Any, pipeline: Any) -> None:
+    from retrytopics.ops import durability_warnings
+
+    for warning in durability_warnings(kafka, pipeline):
+        print(f"warning: {warning}", file=sys.stderr)
 
 
 def _cmd_dlq_peek(args: argparse.Namespace) -> int:
@@ -125,12 +134,13 @@ def _cmd_topics_describe(args: argparse.Namespace) -> int:
 
     kafka, pipeline = preflight.pipeline_of(getattr(args, "app", None), _settings(args))
     rows = describe_pipeline(kafka, pipeline, grace_ms=args.grace)
+    _warn_durability(kafka, pipeline)
     if args.json:
         print(json.dumps([row.as_dict() for row in rows]))
         return 0
-    columns = ["topic", "kind", "partition", "end", "committed", "lag", "state"]
-    print(table(columns, [[r.topic, r.kind, r.partition, r.end_offset, r.committed, r.lag, r.state] for r in rows],
-                align="llrrrrl"))  # fmt: skip
+    columns = ["topic", "kind", "partition", "end", "committed", "lag", "state", "replicas", "isr", "min_isr"]
+    print(table(columns, [[r.topic, r.kind, r.partition, r.end_offset, r.committed, r.lag, r.state, r.replicas,
+                           r.in_sync_replicas, r.min_insync_replicas] for r in rows], align="llrrrrlrrr"))  # fmt: skip
     return 0
 
 
@@ -276,6 +286,10 @@ def _add_topics(commands: Any) -> None:
     create = actions.add_parser("create", help="create missing tier and DLQ topics (idempotent)")
     _common(create, pipeline=True)
     create.add_argument("--partitions", type=int, help="partitions of tier and DLQ topics (default: source's)")
+    create.add_argument("--replication-factor", type=int, metavar="N",
+                        help="replicas of each new topic (default: the broker's default.replication.factor)")
+    create.add_argument("--min-insync-replicas", type=int, metavar="N",
+                        help="min.insync.replicas of each new topic (default: the broker's)")
     create.add_argument("--create-source", action="store_true", help="also create the source topic (needs --partitions)")
     create.set_defaults(run=_cmd_topics_create)
     describe = actions.add_parser("describe", help="offsets, lag and waiting/overdue state per tier partition")
