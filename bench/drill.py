@@ -70,6 +70,10 @@ class Outcome:
     duplicate_dead_letters: dict[int, int]
     unplanned_dead_letters: list[int]
     committed_tier_duplicates: dict[tuple[int, int], int]  # (id, failures) -> copies in a tier, read_committed
+    #: partitions whose running consumer had not committed to their end 20 s after the last id was accounted
+    #: for (an asynchronous commit refused during the failover is only retried by a later commit)
+    uncommitted_while_running: list[str]
+    uncommitted: list[str]  # partitions not committed to their end after the app stopped
     extra_calls: int
     stall_s: float
     max_source_lateness_s: float
@@ -85,7 +89,9 @@ class Outcome:
             f"tier lateness max {self.max_tier_lateness_s:.1f} s, lost {len(self.lost)}, early {len(self.early)}, "
             f"duplicate dead letters {sum(self.duplicate_dead_letters.values())}, unplanned dead letters "
             f"{len(self.unplanned_dead_letters)}, committed tier duplicates {sum(self.committed_tier_duplicates.values())}, "
-            f"extra handler calls {self.extra_calls}, group coordinator killed: {self.coordinator_killed}"
+            f"extra handler calls {self.extra_calls}, partitions behind while running {len(self.uncommitted_while_running)} "
+            f"and after the stop {len(self.uncommitted)}, "
+            f"group coordinator killed: {self.coordinator_killed}"
         )
 
 
@@ -246,12 +252,13 @@ def run_drill(cluster: KafkaCluster, plan: DrillPlan, fault: Fault, *, name: Cal
         killed = _killed_node(described)
         cluster.await_brokers(len(cluster.node_ids), timeout_s=120)
         producer.join(plan.timeout_s)
-        _await_accounted(ledger, dead_letters, plan, kafka, group, source, topics)
+        running_behind = _await_accounted(ledger, dead_letters, plan, kafka, group, source, topics)
     finally:
         app.stop(timeout=30)
         dead_letters.close()
+    uncommitted = _await_committed(kafka, group, source, topics, plan, time.monotonic() + 15)
     tier_copies = _tier_copies(kafka, [t.topic for t in topics.tiers], plan.partitions) if plan.exactly_once else {}
-    return _outcome(described, ledger, dead_letters, plan, fault_at, tier_copies,
+    return _outcome(described, ledger, dead_letters, plan, fault_at, tier_copies, (running_behind, uncommitted),
                     None if coordinator is None or killed is None else coordinator == killed)  # fmt: skip
 
 
@@ -289,23 +296,30 @@ def _killed_node(described: str) -> int | None:
 
 def _await_accounted(
     ledger: _Ledger, dead_letters: _DeadLetters, plan: DrillPlan, kafka: Any, group: str, source: str, topics: Any
-) -> None:
+) -> list[str]:
+    """Wait until every id is handled or dead-lettered, then (20 s at most) until every running consumer
+    committed to the end of its topic; returns the partitions still behind."""
     planned_dlq = {i for i in range(plan.records) if fate(i) in (NON_RETRYABLE, ALWAYS_FAIL)}
     planned_ok = set(range(plan.records)) - planned_dlq
     deadline = time.monotonic() + plan.timeout_s
     while not (planned_ok <= ledger.succeeded and planned_dlq <= set(dead_letters.copies)):
         if time.monotonic() > deadline:
-            return  # the outcome names what is missing
+            return []  # the outcome names what is missing
         time.sleep(0.2)
-    # then everything committed: a duplicate still on its way would show up before this
+    # a duplicate still on its way would show up before every offset is committed
+    return _await_committed(kafka, group, source, topics, plan, min(deadline, time.monotonic() + 20))
+
+
+def _await_committed(kafka: Any, group: str, source: str, topics: Any, plan: DrillPlan, deadline: float) -> list[str]:
     groups = [(source, group), *[(t.topic, t.topic) for t in topics.tiers]]
-    while time.monotonic() < deadline:
-        if all(_committed_to_end(kafka, g, t, plan) for t, g in groups):
-            return
+    while True:
+        behind = [where for t, g in groups for where in _not_committed_to_end(kafka, g, t, plan)]
+        if not behind or time.monotonic() > deadline:
+            return behind
         time.sleep(0.5)
 
 
-def _committed_to_end(kafka: Any, group: str, topic: str, plan: DrillPlan) -> bool:
+def _not_committed_to_end(kafka: Any, group: str, topic: str, plan: DrillPlan) -> list[str]:
     consumer = make_consumer(kafka, group_id=None)
     try:
         ends = end_offsets(consumer, topic, plan.partitions)
@@ -314,7 +328,8 @@ def _committed_to_end(kafka: Any, group: str, topic: str, plan: DrillPlan) -> bo
     committed = committed_offsets(kafka, group, topic, plan.partitions)
     # exactly-once, a partition ends with a transaction's commit marker, one offset past the last record
     marker = 1 if plan.exactly_once else 0
-    return all(ends[p] == 0 or (committed[p] or 0) >= ends[p] - marker for p in ends)
+    return [f"{topic}[{p}] committed {committed[p]} of {ends[p]}" for p in ends
+            if ends[p] > 0 and (committed[p] or 0) < ends[p] - marker]  # fmt: skip
 
 
 def _tier_copies(kafka: Any, tiers: list[str], partitions: int) -> dict[tuple[int, int], int]:
@@ -343,7 +358,7 @@ def _tier_copies(kafka: Any, tiers: list[str], partitions: int) -> dict[tuple[in
 
 def _outcome(
     fault: str, ledger: _Ledger, dead_letters: _DeadLetters, plan: DrillPlan, fault_at: float,
-    tier_copies: dict[tuple[int, int], int], coordinator_killed: bool | None,
+    tier_copies: dict[tuple[int, int], int], behind: tuple[list[str], list[str]], coordinator_killed: bool | None,
 ) -> Outcome:  # fmt: skip
     planned_dlq = {i for i in range(plan.records) if fate(i) in (NON_RETRYABLE, ALWAYS_FAIL)}
     accounted = ledger.succeeded | set(dead_letters.copies)
@@ -364,6 +379,8 @@ def _outcome(
         duplicate_dead_letters={i: n - 1 for i, n in dead_letters.copies.items() if n > 1},
         unplanned_dead_letters=sorted(set(dead_letters.copies) - planned_dlq),
         committed_tier_duplicates=tier_copies,
+        uncommitted_while_running=behind[0],
+        uncommitted=behind[1],
         extra_calls=extra,
         stall_s=_stall_s(sorted(ledger.source_handled), fault_at * 1000, max(ledger.produced_at.values(), default=0)),
         max_source_lateness_s=max(source_late, default=0) / 1000,

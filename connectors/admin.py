@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
 
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
@@ -93,17 +93,22 @@ def topic_durability(admin: AdminClient, names: Sequence[str], *, timeout_s: flo
     found = [n for n in names if n in metadata and metadata[n].error is None and metadata[n].partitions]
     if not found:
         return {}
-    resources = [ConfigResource(ResourceType.TOPIC, n) for n in found]
-    durability = {}
-    with map_kafka_errors():
-        answers = admin.describe_configs(resources, request_timeout=timeout_s)
-        for resource, future in answers.items():
-            entries = future.result(timeout=timeout_s)
-            replicas = min(len(p.replicas) for p in metadata[resource.name].partitions.values())
-            durability[resource.name] = TopicDurability(
-                replication_factor=replicas, min_insync_replicas=int(entries["min.insync.replicas"].value)
-            )
-    return durability
+    replicas = {n: min(len(p.replicas) for p in metadata[n].partitions.values()) for n in found}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            answers = admin.describe_configs([ConfigResource(ResourceType.TOPIC, n) for n in found], request_timeout=timeout_s)
+            return {
+                resource.name: TopicDurability(replication_factor=replicas[resource.name],
+                                               min_insync_replicas=int(future.result(timeout_s)["min.insync.replicas"].value))
+                for resource, future in answers.items()
+            }  # fmt: skip
+        except KafkaException as exc:
+            # on a cluster, the broker asked may not know a topic created a moment ago through another one
+            if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART or time.monotonic() > deadline:
+                with map_kafka_errors():
+                    raise
+            time.sleep(0.1)
 
 
 def _existing_partitions(admin: AdminClient, names: Sequence[str], timeout_s: float) -> dict[str, int]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -165,8 +166,12 @@ class KafkaCluster:
         """Stop every node (thawing frozen ones first, so that they can shut down) and delete their storage."""
         for node_id in list(self._frozen):
             self.thaw(node_id)
-        for broker in self._nodes.values():
-            broker.stop()
+        # all at once: a node stopping alone waits for a quorum that the others, stopping after it, still form
+        stopping = [threading.Thread(target=broker.stop) for broker in self._nodes.values()]
+        for thread in stopping:
+            thread.start()
+        for thread in stopping:
+            thread.join()
         self._nodes.clear()
 
     def kill(self, node_id: int | None = None) -> None:
@@ -216,6 +221,15 @@ class KafkaCluster:
         """SIGCONT a frozen node."""
         self._signal(node_id, signal.SIGCONT)
         self._frozen.discard(node_id)
+
+    def heal(self, timeout_s: float = 60.0) -> None:
+        """Thaw every frozen node, restart every stopped one, and wait until all are registered again."""
+        for node_id in list(self._frozen):
+            self.thaw(node_id)
+        for node_id, broker in self._nodes.items():
+            if broker.pid is None:
+                self.restart(node_id)
+        self.await_brokers(len(self._nodes), timeout_s)
 
     def _signal(self, node_id: int, sig: signal.Signals) -> None:
         pid = self.node(node_id).pid

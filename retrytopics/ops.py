@@ -40,18 +40,20 @@ def pipeline_topics(app: AppSettings) -> TopicSet:
 def provision_pipeline(kafka: KafkaConfig, app: AppSettings, *, create_source: bool = False) -> dict[str, ProvisionOutcome]:
     """Create the tier topics and the DLQ (idempotent), and the source topic too when `create_source`.
     Tiers get as many partitions as the source topic unless `app.partitions` says otherwise, so that keyless
-    records keep their partition number."""
+    records keep their partition number; new topics get `app.replication_factor` and `app.min_insync_replicas`."""
     topics = pipeline_topics(app)
     admin = make_admin(kafka)
     outcome: dict[str, ProvisionOutcome] = {}
+    config = replication_config(app.min_insync_replicas)
     if create_source:
         app.require("partitions")
-        source = TopicSpec(name=topics.source, partitions=app.partitions or 1, replication_factor=app.replication_factor)
+        source = TopicSpec(name=topics.source, partitions=app.partitions or 1, replication_factor=app.replication_factor,
+                           config=config)  # fmt: skip
         outcome.update(ensure_topics(admin, [source]))
     partitions = app.partitions or partition_count(admin, topics.source)
     if partitions is None:
         raise ConfigError("app.partitions", None, f"source topic {topics.source!r} does not exist; pass --partitions")
-    specs = [TopicSpec(name=name, partitions=partitions, replication_factor=app.replication_factor)
+    specs = [TopicSpec(name=name, partitions=partitions, replication_factor=app.replication_factor, config=config)
              for name in topics.all_topics]  # fmt: skip
     outcome.update(ensure_topics(admin, specs))
     return outcome
