@@ -72,15 +72,7 @@ def _cmd_topics_create(args: argparse.Namespace) -> int:
     outcome = provision_pipeline(kafka, pipeline, create_source=args.create_source)
     for topic, what in outcome.items():
         print(f"{what.value:8} {topic}")
-    _warn_durability(kafka, pipeline)
     return 0
-
-
-def _warn_durability(kafka: Any, pipeline: Any) -> None:
-    from retrytopics.ops import durability_warnings
-
-    for warning in durability_warnings(kafka, pipeline):
-        print(f"warning: {warning}", file=sys.stderr)
 
 
 def _cmd_dlq_peek(args: argparse.Namespace) -> int:
@@ -134,7 +126,6 @@ def _cmd_topics_describe(args: argparse.Namespace) -> int:
 
     kafka, pipeline = preflight.pipeline_of(getattr(args, "app", None), _settings(args))
     rows = describe_pipeline(kafka, pipeline, grace_ms=args.grace)
-    _warn_durability(kafka, pipeline)
     if args.json:
         print(json.dumps([row.as_dict() for row in rows]))
         return 0

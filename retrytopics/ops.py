@@ -6,6 +6,7 @@ Each function takes validated settings and returns plain data; `cli.py` only par
 from __future__ import annotations
 
 import base64
+import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ __all__ = [
     "PartitionState", "PeekedRecord", "describe_pipeline", "durability_warnings", "peek_dlq", "pipeline_topics", "printable",
     "provision_pipeline",
 ]
+
+log = logging.getLogger("retrytopics.ops")
 
 
 def pipeline_topics(app: AppSettings) -> TopicSet:
@@ -56,7 +59,13 @@ def provision_pipeline(kafka: KafkaConfig, app: AppSettings, *, create_source: b
     specs = [TopicSpec(name=name, partitions=partitions, replication_factor=app.replication_factor, config=config)
              for name in topics.all_topics]  # fmt: skip
     outcome.update(ensure_topics(admin, specs))
+    _warn_less_durable(kafka, app)
     return outcome
+
+
+def _warn_less_durable(kafka: KafkaConfig, app: AppSettings) -> None:
+    for warning in durability_warnings(kafka, app):
+        log.warning("%s", warning)
 
 
 def durability_warnings(kafka: KafkaConfig, app: AppSettings) -> list[str]:
@@ -189,6 +198,7 @@ def describe_pipeline(kafka: KafkaConfig, app: AppSettings, *, grace_ms: int = 3
     topics = pipeline_topics(app)
     admin = make_admin(kafka)
     replication = _replication(admin, [topics.source, *topics.all_topics])
+    _warn_less_durable(kafka, app)
     now_ms = int(time.time() * 1000)
     rows: list[PartitionState] = []
     plan = [(topics.source, "source", app.group), *[(t.topic, "tier", t.topic) for t in topics.tiers], (topics.dlq, "dlq", None)]
