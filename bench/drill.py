@@ -231,8 +231,7 @@ def run_drill(cluster: KafkaCluster, plan: DrillPlan, fault: Fault, *, name: Cal
     kafka = cluster.kafka_config()
     source, group = name("drill"), name("drill-app")
     ensure_topics(make_admin(kafka), [TopicSpec(name=source, partitions=plan.partitions)])
-    app = RetryApp(kafka=kafka, group=group, exactly_once=plan.exactly_once, consumer_overrides=plan.consumer_overrides,
-                   producer_overrides={"message.timeout.ms": 120_000})  # fmt: skip
+    app = RetryApp(kafka=kafka, group=group, exactly_once=plan.exactly_once, consumer_overrides=plan.consumer_overrides)
     ledger = _Ledger()
     app.handler(source, policy=RetryPolicy(delays=list(plan.delays)), value_deserializer=lambda d, c: int(d))(ledger.handle)
     app.provision(partitions=plan.partitions)
@@ -265,6 +264,8 @@ def run_drill(cluster: KafkaCluster, plan: DrillPlan, fault: Fault, *, name: Cal
 def _await_assignment(app: RetryApp, kafka: Any, group: str, source: str, plan: DrillPlan) -> None:
     deadline = time.monotonic() + 60
     while not app.healthy or not _members(kafka, group):
+        if app.error is not None:
+            raise RuntimeError(f"the drill's app stopped: {app.error!r}") from app.error
         if time.monotonic() > deadline:
             raise RuntimeError("the drill's app did not join its group within 60 s")
         time.sleep(0.1)
