@@ -13,6 +13,7 @@ at most once, and in exactly-once mode written to each tier at most once in the 
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections import Counter, defaultdict
@@ -65,7 +66,7 @@ class Outcome:
     """What the ledger says after the drill; the tests assert the counts are 0, the bench reports the times."""
 
     fault: str
-    lost: list[int]
+    lost: list[int]  # neither handled nor dead-lettered when the drill's time ran out: lost, or stuck
     early: list[tuple[int, str, int]]  # (id, topic, ms before its due time)
     duplicate_dead_letters: dict[int, int]
     unplanned_dead_letters: list[int]
@@ -81,6 +82,7 @@ class Outcome:
     max_produce_delay_s: float  # the longest the cluster took to acknowledge a source record
     max_tier_lateness_s: float
     coordinator_killed: bool | None
+    app_error: str | None = None  # what stopped the app, or that it would not stop
 
     def summary(self) -> str:
         return (
@@ -89,8 +91,8 @@ class Outcome:
             f"tier lateness max {self.max_tier_lateness_s:.1f} s, lost {len(self.lost)}, early {len(self.early)}, "
             f"duplicate dead letters {sum(self.duplicate_dead_letters.values())}, unplanned dead letters "
             f"{len(self.unplanned_dead_letters)}, committed tier duplicates {sum(self.committed_tier_duplicates.values())}, "
-            f"extra handler calls {self.extra_calls}, partitions behind while running {len(self.uncommitted_while_running)} "
-            f"and after the stop {len(self.uncommitted)}, "
+            f"extra handler calls {self.extra_calls}, partitions behind while running {self.uncommitted_while_running} "
+            f"and after the stop {self.uncommitted}, app error: {self.app_error}, "
             f"group coordinator killed: {self.coordinator_killed}"
         )
 
@@ -251,14 +253,16 @@ def run_drill(cluster: KafkaCluster, plan: DrillPlan, fault: Fault, *, name: Cal
         killed = _killed_node(described)
         cluster.await_brokers(len(cluster.node_ids), timeout_s=120)
         producer.join(plan.timeout_s)
-        running_behind = _await_accounted(ledger, dead_letters, plan, kafka, group, source, topics)
+        running_behind = _await_accounted(ledger, dead_letters, plan, kafka, group, source, topics, app)
     finally:
-        app.stop(timeout=30)
+        stopped = app.stop(timeout=30)
         dead_letters.close()
+    error = repr(app.error) if app.error is not None else None if stopped else "the app did not stop within 30 s"
     uncommitted = _await_committed(kafka, group, source, topics, plan, time.monotonic() + 15)
     tier_copies = _tier_copies(kafka, [t.topic for t in topics.tiers], plan.partitions) if plan.exactly_once else {}
-    return _outcome(described, ledger, dead_letters, plan, fault_at, tier_copies, (running_behind, uncommitted),
-                    None if coordinator is None or killed is None else coordinator == killed)  # fmt: skip
+    outcome = _outcome(described, ledger, dead_letters, plan, fault_at, tier_copies, (running_behind, uncommitted),
+                       None if coordinator is None or killed is None else coordinator == killed)  # fmt: skip
+    return dataclasses.replace(outcome, app_error=error)
 
 
 def _await_assignment(app: RetryApp, kafka: Any, group: str, source: str, plan: DrillPlan) -> None:
@@ -296,7 +300,8 @@ def _killed_node(described: str) -> int | None:
 
 
 def _await_accounted(
-    ledger: _Ledger, dead_letters: _DeadLetters, plan: DrillPlan, kafka: Any, group: str, source: str, topics: Any
+    ledger: _Ledger, dead_letters: _DeadLetters, plan: DrillPlan, kafka: Any, group: str, source: str, topics: Any,
+    app: RetryApp,
 ) -> list[str]:
     """Wait until every id is handled or dead-lettered, then (20 s at most) until every running consumer
     committed to the end of its topic; returns the partitions still behind."""
@@ -304,7 +309,7 @@ def _await_accounted(
     planned_ok = set(range(plan.records)) - planned_dlq
     deadline = time.monotonic() + plan.timeout_s
     while not (planned_ok <= ledger.succeeded and planned_dlq <= set(dead_letters.copies)):
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline or app.error is not None:
             return []  # the outcome names what is missing
         time.sleep(0.2)
     # a duplicate still on its way would show up before every offset is committed
