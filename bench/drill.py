@@ -14,8 +14,10 @@ at most once, and in exactly-once mode written to each tier at most once in the 
 from __future__ import annotations
 
 import dataclasses
+import sys
 import threading
 import time
+import traceback
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -257,12 +259,24 @@ def run_drill(cluster: KafkaCluster, plan: DrillPlan, fault: Fault, *, name: Cal
     finally:
         stopped = app.stop(timeout=30)
         dead_letters.close()
-    error = repr(app.error) if app.error is not None else None if stopped else "the app did not stop within 30 s"
+    error = repr(app.error) if app.error is not None else None if stopped else f"did not stop within 30 s: {_stuck(group)}"
     uncommitted = _await_committed(kafka, group, source, topics, plan, time.monotonic() + 15)
     tier_copies = _tier_copies(kafka, [t.topic for t in topics.tiers], plan.partitions) if plan.exactly_once else {}
     outcome = _outcome(described, ledger, dead_letters, plan, fault_at, tier_copies, (running_behind, uncommitted),
                        None if coordinator is None or killed is None else coordinator == killed)  # fmt: skip
     return dataclasses.replace(outcome, app_error=error)
+
+
+def _stuck(group: str) -> str:
+    """Where each consumer thread of the app that would not stop is (its innermost frames of our code)."""
+    frames = sys._current_frames()
+    stuck = []
+    for thread in threading.enumerate():
+        frame = frames.get(thread.ident or -1)
+        if group in thread.name and frame is not None:
+            calls = [f"{f.name}" for f in traceback.extract_stack(frame) if "retrytopics" in f.filename][-3:]
+            stuck.append(f"{thread.name.rsplit('.', 1)[-1]} in {' > '.join(calls)}")
+    return "; ".join(stuck) or "no consumer thread left"
 
 
 def _await_assignment(app: RetryApp, kafka: Any, group: str, source: str, plan: DrillPlan) -> None:
