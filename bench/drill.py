@@ -31,7 +31,10 @@ from retrytopics.connectors.cluster import KafkaCluster
 from retrytopics.connectors.kafka import make_admin, make_consumer, make_producer
 from retrytopics.headers import HeaderDecodeError, decode
 
-__all__ = ["DrillPlan", "Outcome", "fate", "kill_active_controller", "kill_partition_leader", "rolling_restart", "run_drill"]
+__all__ = [
+    "DrillPlan", "Outcome", "fate", "freeze_partition_leader", "kill_active_controller", "kill_partition_leader",
+    "rolling_restart", "run_drill",
+]
 
 SUCCEED, FAIL_ONCE, NON_RETRYABLE, ALWAYS_FAIL = "succeed", "fail_once", "non_retryable", "always_fail"
 
@@ -191,6 +194,20 @@ def kill_partition_leader(restart_after_s: float = 10.0, *, coordinator: bool | 
         time.sleep(restart_after_s)
         cluster.restart(target)
         return f"leader kill (node {target}, restarted after {restart_after_s:.0f} s)"
+
+    return fault
+
+
+def freeze_partition_leader(frozen_s: float = 20.0) -> Fault:
+    """SIGSTOP the node leading source partition 0 for `frozen_s` (a long GC pause, a hung host), then SIGCONT:
+    its sockets stay open while nothing answers, and it wakes up fenced, to a cluster that moved on."""
+
+    def fault(cluster: KafkaCluster, source: str, group: str) -> str:
+        leader = cluster.leader_of(source, 0)
+        cluster.freeze(leader)
+        time.sleep(frozen_s)
+        cluster.thaw(leader)
+        return f"leader frozen (node {leader}, for {frozen_s:.0f} s)"
 
     return fault
 
