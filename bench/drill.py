@@ -42,6 +42,10 @@ SUCCEED, FAIL_ONCE, NON_RETRYABLE, ALWAYS_FAIL = "succeed", "fail_once", "non_re
 Fault = Callable[[KafkaCluster, str, str], str]
 
 
+#: the DLQ reason each dead-lettered fate must carry
+_PLANNED_REASON = {NON_RETRYABLE: "non_retryable", ALWAYS_FAIL: "exhausted"}
+
+
 def fate(i: int) -> str:
     """What the drill's handler does with record `i` (see the module docstring)."""
     if i % 20 == 5:
@@ -74,7 +78,7 @@ class Outcome:
     lost: list[int]  # neither handled nor dead-lettered when the drill's time ran out: lost, or stuck
     early: list[tuple[int, str, int]]  # (id, topic, ms before its due time)
     duplicate_dead_letters: dict[int, int]
-    unplanned_dead_letters: list[int]
+    unplanned_dead_letters: list[int]  # dead-lettered although planned to succeed, or with another reason
     committed_tier_duplicates: dict[tuple[int, int], int]  # (id, failures) -> copies in a tier, read_committed
     #: partitions whose running consumer had not committed to their end 20 s after the last id was accounted
     #: for (an asynchronous commit refused during the failover is only retried by a later commit)
@@ -150,9 +154,9 @@ class _DeadLetters:
                     self.copies[i] += 1
                     try:
                         reason = decode(list(message.headers() or ())).dlq_reason
+                        self.reasons[i] = reason.value if reason is not None else "none"
                     except HeaderDecodeError as exc:
-                        reason = f"undecodable: {exc}"
-                    self.reasons[i] = str(reason.value if hasattr(reason, "value") else reason)
+                        self.reasons[i] = f"undecodable: {exc}"
 
     def close(self) -> None:
         self._stop.set()
@@ -414,7 +418,9 @@ def _outcome(
         lost=sorted(set(range(plan.records)) - accounted),
         early=early,
         duplicate_dead_letters={i: n - 1 for i, n in dead_letters.copies.items() if n > 1},
-        unplanned_dead_letters=sorted(set(dead_letters.copies) - planned_dlq),
+        unplanned_dead_letters=sorted(set(dead_letters.copies) - planned_dlq | {
+            i for i, reason in dead_letters.reasons.items() if reason != _PLANNED_REASON.get(fate(i))
+        }),
         committed_tier_duplicates=tier_copies,
         uncommitted_while_running=behind[0],
         uncommitted=behind[1],
