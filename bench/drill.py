@@ -435,8 +435,8 @@ def _outcome(
 
 
 def _stall_s(handled_ms: list[int], fault_ms: float, last_produced_ms: int) -> float:
-    """The longest time after the fault, while records were still being produced, in which no source record
-    was handled (the producer sends 200 a second, so any gap longer than a few ms is the pipeline's)."""
+    """The longest time after the fault in which no source record was handled, among the gaps that began
+    while records were still being produced (records produced at 200 a second waited through all of them)."""
     longest = 0.0
     previous = fault_ms
     for at in handled_ms:
