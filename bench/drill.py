@@ -66,6 +66,8 @@ class DrillPlan:
     delays: tuple[str, ...] = ("1s", "2s")
     exactly_once: bool = False
     consumer_overrides: Mapping[str, str | int | float | bool] = field(default_factory=dict)
+    #: more RetryApp keyword arguments (e.g. `commit_interval`)
+    app_options: Mapping[str, Any] = field(default_factory=dict)
     fault_at_s: float = 4.0
     timeout_s: float = 180.0
 
@@ -256,7 +258,8 @@ def run_drill(cluster: KafkaCluster, plan: DrillPlan, fault: Fault, *, name: Cal
     kafka = cluster.kafka_config()
     source, group = name("drill"), name("drill-app")
     ensure_topics(make_admin(kafka), [TopicSpec(name=source, partitions=plan.partitions)])
-    app = RetryApp(kafka=kafka, group=group, exactly_once=plan.exactly_once, consumer_overrides=plan.consumer_overrides)
+    app = RetryApp(kafka=kafka, group=group, exactly_once=plan.exactly_once, consumer_overrides=plan.consumer_overrides,
+                   **plan.app_options)  # fmt: skip
     ledger = _Ledger()
     app.handler(source, policy=RetryPolicy(delays=list(plan.delays)), value_deserializer=lambda d, c: int(d))(ledger.handle)
     app.provision(partitions=plan.partitions)
