@@ -59,10 +59,11 @@ def replication_config(min_insync_replicas: int | None) -> dict[str, str]:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TopicDurability:
     """How durable a topic's writes are: replicas per partition (the fewest of any partition) and the
-    `min.insync.replicas` an acks=all write needs (the topic's, else the broker's default)."""
+    `min.insync.replicas` an acks=all write needs (the topic's, else the broker's default; None when the
+    broker does not say, as tansu does not)."""
 
     replication_factor: int
-    min_insync_replicas: int
+    min_insync_replicas: int | None
 
 
 def less_durable(source: str, durability: Mapping[str, TopicDurability]) -> list[str]:
@@ -78,7 +79,8 @@ def less_durable(source: str, durability: Mapping[str, TopicDurability]) -> list
         if other.replication_factor < own.replication_factor:
             warnings.append(f"{name} has replication factor {other.replication_factor}, less than its source "
                             f"{source} ({own.replication_factor}): a record handed off there is less durable")  # fmt: skip
-        if other.min_insync_replicas < own.min_insync_replicas:
+        mine, theirs = own.min_insync_replicas, other.min_insync_replicas
+        if mine is not None and theirs is not None and theirs < mine:
             warnings.append(f"{name} has min.insync.replicas={other.min_insync_replicas}, less than its source "
                             f"{source} ({own.min_insync_replicas}): an acks=all hand-off there needs fewer copies")  # fmt: skip
     return warnings
@@ -100,7 +102,7 @@ def topic_durability(admin: AdminClient, names: Sequence[str], *, timeout_s: flo
             answers = admin.describe_configs([ConfigResource(ResourceType.TOPIC, n) for n in found], request_timeout=timeout_s)
             return {
                 resource.name: TopicDurability(replication_factor=replicas[resource.name],
-                                               min_insync_replicas=int(future.result(timeout_s)["min.insync.replicas"].value))
+                                               min_insync_replicas=_min_insync(future.result(timeout_s)))
                 for resource, future in answers.items()
             }  # fmt: skip
         except KafkaException as exc:
@@ -109,6 +111,12 @@ def topic_durability(admin: AdminClient, names: Sequence[str], *, timeout_s: flo
                 with map_kafka_errors():
                     raise
             time.sleep(0.1)
+
+
+def _min_insync(entries: Mapping[str, object]) -> int | None:
+    entry = entries.get("min.insync.replicas")
+    value = getattr(entry, "value", None)
+    return int(value) if isinstance(value, str) and value.isdigit() else None
 
 
 def _existing_partitions(admin: AdminClient, names: Sequence[str], timeout_s: float) -> dict[str, int]:

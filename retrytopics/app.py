@@ -36,7 +36,7 @@ from retrytopics.connectors.config import KafkaConfig, check_replication, valida
 from retrytopics.connectors.serde import Deserializer, bytes_value
 from retrytopics.dedupe import DEFAULT_CAPACITY, DuplicateAudit
 from retrytopics.durations import DurationLike, parse_duration
-from retrytopics.errors import ConfigError
+from retrytopics.errors import ConfigError, KafkaClientError
 from retrytopics.events import Emitter, Hook, LoggingHook, Stats, StatsCollector
 from retrytopics.naming import NamingStrategy, TopicSet, validate_topic_name
 from retrytopics.policy import RetryPolicy
@@ -330,7 +330,11 @@ def _tier_specs(
 
 def _warn_less_durable(bindings: Mapping[str, Binding], clients: ClientFactory, timeout_s: float) -> None:
     for topic, binding in bindings.items():
-        durability = clients.topic_durability([topic, *binding.ctx.topics.all_topics], timeout_s)
+        try:
+            durability = clients.topic_durability([topic, *binding.ctx.topics.all_topics], timeout_s)
+        except KafkaClientError as exc:  # advice only: a broker that will not describe configs provisions the same
+            log.debug("replication of %s's topics not compared: %s", topic, exc)
+            continue
         for warning in less_durable(topic, durability):
             log.warning("%s", warning)
 

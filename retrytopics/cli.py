@@ -283,7 +283,7 @@ def _add_topics(commands: Any) -> None:
                         help="min.insync.replicas of each new topic (default: the broker's)")
     create.add_argument("--create-source", action="store_true", help="also create the source topic (needs --partitions)")
     create.set_defaults(run=_cmd_topics_create)
-    describe = actions.add_parser("describe", help="offsets, lag and waiting/overdue state per tier partition")
+    describe = actions.add_parser("describe", help="offsets, lag, waiting/overdue state and replicas per partition")
     _common(describe, pipeline=True)
     describe.add_argument("--grace", type=_duration_ms, default="30s", metavar="DURATION",
                           help="how long past due a head record is overdue (default 30s)")  # fmt: skip

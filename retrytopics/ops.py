@@ -19,7 +19,7 @@ from retrytopics.connectors.admin import (
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.kafka import make_admin, make_consumer, map_kafka_errors, open_tail
 from retrytopics.connectors.record_headers import read_headers
-from retrytopics.errors import ConfigError, HeaderDecodeError
+from retrytopics.errors import ConfigError, HeaderDecodeError, KafkaClientError
 from retrytopics.headers import decode, user_headers
 from retrytopics.naming import TopicSet, topics_for
 from retrytopics.policy import RetryPolicy
@@ -64,7 +64,12 @@ def provision_pipeline(kafka: KafkaConfig, app: AppSettings, *, create_source: b
 
 
 def _warn_less_durable(kafka: KafkaConfig, app: AppSettings) -> None:
-    for warning in durability_warnings(kafka, app):
+    try:
+        warnings = durability_warnings(kafka, app)
+    except KafkaClientError as exc:  # advice only: a broker that will not describe configs works the same
+        log.debug("replication of the pipeline's topics not compared: %s", exc)
+        return
+    for warning in warnings:
         log.warning("%s", warning)
 
 
@@ -229,7 +234,11 @@ def _replication(admin: object, names: list[str]) -> dict[tuple[str, int], tuple
     """(topic, partition) -> (replicas, in-sync replicas, the topic's min.insync.replicas)."""
     with map_kafka_errors():
         metadata = admin.list_topics(timeout=10).topics  # type: ignore[attr-defined]
-    durability = topic_durability(admin, names)  # type: ignore[arg-type]
+    try:
+        durability = topic_durability(admin, names)  # type: ignore[arg-type]
+    except KafkaClientError as exc:  # a broker that will not describe configs: the column stays empty
+        log.debug("min.insync.replicas of the pipeline's topics not read: %s", exc)
+        durability = {}
     return {
         (name, p): (len(meta.replicas), len(meta.isrs), durability[name].min_insync_replicas if name in durability else None)
         for name in names if name in metadata for p, meta in metadata[name].partitions.items()

@@ -86,3 +86,7 @@ def test_a_tier_or_dlq_less_durable_than_its_source_is_named() -> None:
     assert "orders.dlq has min.insync.replicas=1, less than its source orders (2)" in warnings[2]
     assert less_durable("orders", {"orders": weak_copies, "orders.dlq": strong}) == []  # more durable is fine
     assert less_durable("orders", {"orders.dlq": weak_copies}) == []  # source unknown: nothing to compare
+    # a broker that does not report min.insync.replicas (tansu): only the replicas are compared
+    unknown = TopicDurability(replication_factor=3, min_insync_replicas=None)
+    assert less_durable("orders", {"orders": strong, "orders.dlq": unknown}) == []
+    assert less_durable("orders", {"orders": unknown, "orders.dlq": weak_acks}) == []
