@@ -31,7 +31,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller N; under 3 minutes on 2 cores")
     parser.add_argument("--only", action="append", default=[], metavar="SCENARIO",
-                        help="run scenarios whose name starts with this (e.g. 3 or 3.lateness); repeatable")
+                        help="run scenarios whose name, with or without its number, starts with this "
+                        "(e.g. 3, 3.lateness or failover); repeatable")
     parser.add_argument("--broker", choices=BROKER_NAMES, default="apache",
                         help="apache (Apache Kafka from the Maven cache, the default) or tansu (embedded)")
     parser.add_argument("--no-docs", action="store_true", help="do not rewrite docs/benchmarks.md")
@@ -39,7 +40,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 
 def _selected(only: list[str]) -> list[object]:
-    chosen = [m for m in ALL if not only or any(m.NAME.startswith(o) for o in only)]
+    # "3", "3.lateness" or "lateness": a scenario's number, its full name, or its name without the number
+    chosen = [m for m in ALL if not only or any(m.NAME.startswith(o) or m.NAME.split(".", 1)[-1].startswith(o) for o in only)]
     if not chosen:
         raise SystemExit(f"no scenario matches {only}; scenarios: {[m.NAME for m in ALL]}")
     return chosen

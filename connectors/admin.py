@@ -8,15 +8,17 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
 
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
+from retrytopics.connectors.config import check_replication
 from retrytopics.connectors.kafka import map_kafka_errors
 from retrytopics.errors import ConfigError, KafkaClientError, TopicMismatchError
 
 __all__ = [
-    "ProvisionOutcome", "TopicSpec", "committed_offsets", "end_offsets", "ensure_topics", "partition_count", "read_at",
+    "ProvisionOutcome", "TopicDurability", "TopicSpec", "committed_offsets", "end_offsets", "ensure_topics",
+    "less_durable", "partition_count", "read_at", "replication_config", "topic_durability",
 ]
 
 
@@ -43,9 +45,78 @@ class TopicSpec:
             raise ConfigError("name", self.name, "a topic name is required")
         if self.partitions < 1:
             raise ConfigError(f"{self.name}.partitions", self.partitions, "must be at least 1")
-        if self.replication_factor == 0 or self.replication_factor < -1:
-            raise ConfigError(f"{self.name}.replication_factor", self.replication_factor, "must be -1 or >= 1")
+        check_replication(self.replication_factor, None, field=self.name)
         object.__setattr__(self, "config", MappingProxyType({k: str(v) for k, v in self.config.items()}))
+        if "min.insync.replicas" in self.config:
+            check_replication(self.replication_factor, self.config["min.insync.replicas"], field=self.name)
+
+
+def replication_config(min_insync_replicas: int | None) -> dict[str, str]:
+    """The topic config that carries `min.insync.replicas` (none: the broker's default applies)."""
+    return {} if min_insync_replicas is None else {"min.insync.replicas": str(min_insync_replicas)}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TopicDurability:
+    """How durable a topic's writes are: replicas per partition (the fewest of any partition) and the
+    `min.insync.replicas` an acks=all write needs (the topic's, else the broker's default; None when the
+    broker does not say, as tansu does not)."""
+
+    replication_factor: int
+    min_insync_replicas: int | None
+
+
+def less_durable(source: str, durability: Mapping[str, TopicDurability]) -> list[str]:
+    """One warning per topic of `durability` that keeps fewer copies than `source`, or acknowledges a write
+    with fewer: a record handed off from the source to such a tier or DLQ is more easily lost than it was."""
+    if source not in durability:
+        return []
+    own = durability[source]
+    warnings = []
+    for name, other in durability.items():
+        if name == source:
+            continue
+        if other.replication_factor < own.replication_factor:
+            warnings.append(f"{name} has replication factor {other.replication_factor}, less than its source "
+                            f"{source} ({own.replication_factor}): a record handed off there is less durable")  # fmt: skip
+        mine, theirs = own.min_insync_replicas, other.min_insync_replicas
+        if mine is not None and theirs is not None and theirs < mine:
+            warnings.append(f"{name} has min.insync.replicas={other.min_insync_replicas}, less than its source "
+                            f"{source} ({own.min_insync_replicas}): an acks=all hand-off there needs fewer copies")  # fmt: skip
+    return warnings
+
+
+def topic_durability(admin: AdminClient, names: Sequence[str], *, timeout_s: float = 10.0) -> dict[str, TopicDurability]:
+    """Replication factor and effective `min.insync.replicas` of each existing topic of `names`."""
+    from confluent_kafka.admin import ConfigResource, ResourceType  # type: ignore[attr-defined]
+
+    with map_kafka_errors():
+        metadata = admin.list_topics(timeout=timeout_s).topics
+    found = [n for n in names if n in metadata and metadata[n].error is None and metadata[n].partitions]
+    if not found:
+        return {}
+    replicas = {n: min(len(p.replicas) for p in metadata[n].partitions.values()) for n in found}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            answers = admin.describe_configs([ConfigResource(ResourceType.TOPIC, n) for n in found], request_timeout=timeout_s)
+            return {
+                resource.name: TopicDurability(replication_factor=replicas[resource.name],
+                                               min_insync_replicas=_min_insync(future.result(timeout_s)))
+                for resource, future in answers.items()
+            }  # fmt: skip
+        except KafkaException as exc:
+            # on a cluster, the broker asked may not know a topic created a moment ago through another one
+            if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART or time.monotonic() > deadline:
+                with map_kafka_errors():
+                    raise
+            time.sleep(0.1)
+
+
+def _min_insync(entries: Mapping[str, object]) -> int | None:
+    entry = entries.get("min.insync.replicas")
+    value = getattr(entry, "value", None)
+    return int(value) if isinstance(value, str) and value.isdigit() else None
 
 
 def _existing_partitions(admin: AdminClient, names: Sequence[str], timeout_s: float) -> dict[str, int]:

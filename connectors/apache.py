@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import tempfile
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from retrytopics.connectors.apache_security import BrokerSecurity
@@ -33,7 +34,7 @@ from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.jars import KAFKA_BROKER, KAFKA_VERSION, resolve
 from retrytopics.errors import BrokerBinaryMissing, BrokerExitedEarly, EmbeddedBrokerError
 
-__all__ = ["BROKER_SETTINGS", "ApacheKafkaBroker", "java_major_version"]
+__all__ = ["BROKER_SETTINGS", "ApacheKafkaBroker", "KRaftNode", "java_major_version", "new_cluster_id"]
 
 #: server.properties for a single-node development broker, beyond listeners and storage.
 BROKER_SETTINGS: dict[str, str] = {
@@ -87,12 +88,26 @@ def java_major_version(java: str = "java") -> int:
     return 0
 
 
-def _cluster_id() -> str:
+def new_cluster_id() -> str:
+    """A random KRaft cluster id (the storage of every node of one cluster is formatted with the same)."""
     # base64url may start with "-", which the storage tool's argument parser reads as an option (1 in 64)
     while True:
         candidate = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         if not candidate.startswith("-"):
             return candidate
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KRaftNode:
+    """One node of a multi-node KRaft quorum: its id, the quorum it votes in (`controller.quorum.voters`,
+    `1@127.0.0.1:9093,2@...`), the cluster id all its peers were formatted with, and the ports its peers
+    already know it by (they are in `voters`, so they are chosen before any node starts)."""
+
+    node_id: int
+    voters: str
+    cluster_id: str
+    controller_port: int
+    internal_port: int
 
 
 class ApacheKafkaBroker(BrokerProcess):
@@ -118,6 +133,7 @@ class ApacheKafkaBroker(BrokerProcess):
         settings: dict[str, str] | None = None,
         log_level: str = "WARN",
         security: BrokerSecurity | None = None,
+        node: KRaftNode | None = None,
     ) -> None:
         self._home = Path(tempfile.mkdtemp(prefix="retrytopics-kafka-"))
         super().__init__(host=host, port=port, advertised_port=advertised_port,
@@ -131,8 +147,10 @@ class ApacheKafkaBroker(BrokerProcess):
         secured = {**protocols, **security.server_properties((self.listener, "INTERNAL"))} if security else {}
         self.settings = {**BROKER_SETTINGS, **secured, **(settings or {})}
         self.log_level = log_level
-        self.controller_port: int | None = None
-        self.internal_port: int | None = None
+        #: this node's place in a multi-node quorum (`connectors.cluster`); None: a quorum of one, node 1
+        self.node = node
+        self.controller_port: int | None = node.controller_port if node else None
+        self.internal_port: int | None = node.internal_port if node else None
         self._formatted = False
 
     @property
@@ -146,7 +164,19 @@ class ApacheKafkaBroker(BrokerProcess):
             fields = {**self.security.client_fields(self.security.admin), **fields}
         return KafkaConfig(bootstrap=self.bootstrap, **fields)  # type: ignore[arg-type]
 
+    @property
+    def home(self) -> Path:
+        """The folder holding this node's configuration, log file and data (`data/`)."""
+        return self._home
+
     def start(self) -> ApacheKafkaBroker:
+        self.launch()
+        self.await_ready()
+        return self
+
+    def launch(self) -> None:
+        """Format the storage (first start only) and spawn the JVM without waiting for it: the nodes of a
+        quorum must all be starting before any of them can elect a controller and answer."""
         if self._process is not None:
             raise EmbeddedBrokerError("the broker is already running")
         java = self._java()
@@ -158,11 +188,13 @@ class ApacheKafkaBroker(BrokerProcess):
         if not self._formatted:
             self._format(java, classpath)
         self._spawn([java, *self._jvm_options(), "-cp", classpath, "kafka.Kafka", str(self._home / "server.properties")])
+
+    def await_ready(self) -> None:
+        """Wait until the launched broker lists itself in a metadata answer (see `_await_metadata`)."""
         # Straight to the listener, not the advertised port: a proxy in front may not be running yet.
         fields = self.security.client_fields(self.security.admin) if self.security else {}
         listener = KafkaConfig(bootstrap=f"{self.host}:{self.port}", **fields)  # type: ignore[arg-type]
         self._await_metadata(listener.client_config(), f"{self.host}:{self.port} or {self.controller_port}")
-        return self
 
     def _java(self) -> str:
         if java_major_version() < 17:
@@ -183,8 +215,9 @@ class ApacheKafkaBroker(BrokerProcess):
             f"CONTROLLER://{self.host}:{self.controller_port}",
             "advertised.listeners": f"{self.listener}://{self.host}:{self.advertised_port or self.port},"
             f"INTERNAL://{self.host}:{self.internal_port}",
-            "controller.quorum.voters": f"1@{self.host}:{self.controller_port}",
+            "controller.quorum.voters": self.node.voters if self.node else f"1@{self.host}:{self.controller_port}",
             "log.dirs": str(self._home / "data"),
+            **({"node.id": str(self.node.node_id)} if self.node else {}),
         }
         lines = [f"{key}={value}" for key, value in {**self.settings, **listeners}.items()]
         (self._home / "server.properties").write_text("\n".join(lines) + "\n")
@@ -202,7 +235,7 @@ class ApacheKafkaBroker(BrokerProcess):
             java, "-Xmx256m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC",
             f"-Dlog4j2.configurationFile={self._home / 'log4j2.properties'}", "-cp", classpath,
             "kafka.tools.StorageTool", "format", "--config", str(self._home / "server.properties"),
-            "--cluster-id", _cluster_id(), "--ignore-formatted",
+            "--cluster-id", self.node.cluster_id if self.node else new_cluster_id(), "--ignore-formatted",
             *(self.security.format_arguments() if self.security else []),
         ]  # fmt: skip
         result = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
@@ -218,6 +251,11 @@ class ApacheKafkaBroker(BrokerProcess):
         self._terminate(timeout_s)
         shutil.rmtree(self._home, ignore_errors=True)
         self._formatted = False
+
+    def shut_down(self, timeout_s: float = 30.0) -> None:
+        """Stop the broker the clean way (SIGTERM: a controlled shutdown) and keep its storage: `start()`
+        brings it back with its data, as after a rolling restart's step."""
+        self._terminate(timeout_s)
 
     def kill(self) -> None:
         """SIGKILL the broker (for fault tests). Its log stays on disk: `start()` brings it back with its data

@@ -4,6 +4,8 @@
   broker that counts: the test suite and CI run on it.
 - `tansu`: the embedded tansu broker from the `embedded` extra (`connectors.embedded`), in memory; starts
   in well under a second, but differs from Kafka in measured ways (docs/testing.md).
+- `cluster`: three Apache Kafka nodes in one KRaft quorum (`connectors.cluster`), replication factor 3 and
+  `min.insync.replicas=2`; starts in about 10 s; for failover runs.
 
     with local_broker("apache") as broker:
         run(broker.kafka_config())
@@ -19,16 +21,18 @@ from retrytopics.connectors.config import KafkaConfig
 
 __all__ = ["BROKER_NAMES", "LocalBroker", "local_broker"]
 
-BROKER_NAMES = ("apache", "tansu")
+BROKER_NAMES = ("apache", "tansu", "cluster")
 
 
 class LocalBroker(Protocol):
     """What the demo, the fixtures and the benchmarks use of a broker they start themselves."""
 
     kind: str
-    port: int | None
-    log_path: Path
 
+    @property
+    def port(self) -> int | None: ...
+    @property
+    def log_path(self) -> Path: ...
     @property
     def bootstrap(self) -> str: ...
     @property
@@ -47,7 +51,8 @@ class LocalBroker(Protocol):
 
 
 def local_broker(name: str, *, advertised_port: int | None = None, port: int | None = None) -> LocalBroker:
-    """A not yet started broker of kind `name` ("apache" or "tansu")."""
+    """A not yet started broker of kind `name` ("apache", "tansu" or "cluster"; a cluster picks its own ports
+    and cannot sit behind a proxy)."""
     if name == "apache":
         from retrytopics.connectors.apache import ApacheKafkaBroker
 
@@ -56,4 +61,10 @@ def local_broker(name: str, *, advertised_port: int | None = None, port: int | N
         from retrytopics.connectors.embedded import EmbeddedBroker
 
         return EmbeddedBroker(port=port, advertised_port=advertised_port)
+    if name == "cluster":
+        if port is not None or advertised_port is not None:
+            raise ValueError("the cluster picks free ports for its nodes; port and advertised_port must be unset")
+        from retrytopics.connectors.cluster import KafkaCluster
+
+        return KafkaCluster()
     raise ValueError(f"unknown broker {name!r}; expected one of {', '.join(BROKER_NAMES)}")

@@ -15,7 +15,7 @@ from types import MappingProxyType
 
 from retrytopics.errors import ConfigError
 
-__all__ = ["FORBIDDEN_OVERRIDES", "KafkaConfig", "SecurityProtocol", "redact", "validate_overrides"]
+__all__ = ["FORBIDDEN_OVERRIDES", "KafkaConfig", "SecurityProtocol", "check_replication", "redact", "validate_overrides"]
 
 
 class SecurityProtocol(StrEnum):
@@ -248,3 +248,19 @@ class KafkaConfig:
                 kwargs[name] = value
         return cls(bootstrap=env.get(prefix + "BOOTSTRAP_SERVERS", ""), **kwargs)  # type: ignore[arg-type]
 
+
+def check_replication(replication_factor: int, min_insync_replicas: object, *, field: str) -> None:
+    """Refuse a replication factor that is not -1 (the broker's default) or >= 1, and a `min.insync.replicas`
+    below 1 or above the replication factor (no acks=all write could ever succeed); `field` prefixes the
+    setting named in the error."""
+    valid_factor = isinstance(replication_factor, int) and not isinstance(replication_factor, bool)
+    if not valid_factor or replication_factor == 0 or replication_factor < -1:
+        raise ConfigError(f"{field}.replication_factor", replication_factor, "must be -1 (the broker's default) or >= 1")
+    if min_insync_replicas is None:
+        return
+    text = str(min_insync_replicas)
+    if isinstance(min_insync_replicas, bool) or not text.isascii() or not text.isdigit() or int(text) < 1:
+        raise ConfigError(f"{field}.min_insync_replicas", min_insync_replicas, "must be an integer >= 1")
+    if replication_factor != -1 and int(text) > replication_factor:
+        raise ConfigError(f"{field}.min_insync_replicas", min_insync_replicas,
+                          f"must not exceed the replication factor ({replication_factor}): no acks=all write could succeed")

@@ -22,6 +22,7 @@ for the hand-off between topics).
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import threading
@@ -30,13 +31,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from retrytopics.client_factory import ClientFactory, KafkaClientFactory
-from retrytopics.connectors.admin import ProvisionOutcome, TopicSpec
+from retrytopics.connectors.admin import ProvisionOutcome, TopicSpec, less_durable, replication_config
 from retrytopics.connectors.clients import DEFAULT_MAX_POLL_INTERVAL_MS
-from retrytopics.connectors.config import KafkaConfig, validate_overrides
+from retrytopics.connectors.config import KafkaConfig, check_replication, validate_overrides
 from retrytopics.connectors.serde import Deserializer, bytes_value
 from retrytopics.dedupe import DEFAULT_CAPACITY, DuplicateAudit
 from retrytopics.durations import DurationLike, parse_duration
-from retrytopics.errors import ConfigError
+from retrytopics.errors import ConfigError, KafkaClientError
 from retrytopics.events import Emitter, Hook, LoggingHook, Stats, StatsCollector
 from retrytopics.naming import NamingStrategy, TopicSet, validate_topic_name
 from retrytopics.policy import RetryPolicy
@@ -55,6 +56,8 @@ from retrytopics.transactions import EXACTLY_ONCE_MAX_POLL_INTERVAL_MS, default_
 __all__ = ["RetryApp"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+log = logging.getLogger("retrytopics.app")
 
 TierSelection = str | Sequence[str]
 
@@ -222,17 +225,19 @@ class RetryApp:
     # -- provisioning ----------------------------------------------------------------------------------------
 
     def provision(
-        self, *, partitions: int | None = None, replication_factor: int = -1, timeout: DurationLike = "30s"
-    ) -> dict[str, ProvisionOutcome]:
-        """Create the tier topics and DLQs that are missing (never the source topics).
-
-        Tier topics get the source's partition count unless `partitions` is given, so keyless records keep
-        their partition. An existing topic with another count is a `TopicMismatchError`.
-        """
+        self, *, partitions: int | None = None, replication_factor: int = -1, min_insync_replicas: int | None = None,
+        timeout: DurationLike = "30s",
+    ) -> dict[str, ProvisionOutcome]:  # fmt: skip
+        """Create the tier topics and DLQs that are missing (never the source topics), with the source's
+        partition count unless `partitions` is given (keyless records keep their partition; an existing topic
+        with another count is a `TopicMismatchError`), `replication_factor` copies and `min_insync_replicas`
+        (-1 and None: the broker's defaults). Logs a WARNING per tier or DLQ less durable than its source."""
         clients = self._client_factory()
         timeout_s = parse_duration(timeout, field="timeout") / 1000
-        specs = _tier_specs(self._registry.bindings, clients, partitions, replication_factor, timeout_s)
-        return clients.ensure_topics(specs, timeout_s)
+        specs = _tier_specs(self._registry.bindings, clients, partitions, (replication_factor, min_insync_replicas), timeout_s)
+        outcome = clients.ensure_topics(specs, timeout_s)
+        _warn_less_durable(self._registry.bindings, clients, timeout_s)
+        return outcome
 
     # -- running ---------------------------------------------------------------------------------------------
 
@@ -345,19 +350,33 @@ def _claim_transactional_ids(app: RetryApp, settings: list[LoopSettings]) -> Non
 
 
 def _tier_specs(
-    bindings: Mapping[str, Binding], clients: ClientFactory, partitions: int | None, replication_factor: int,
-    timeout_s: float,
+    bindings: Mapping[str, Binding], clients: ClientFactory, partitions: int | None,
+    replication: tuple[int, int | None], timeout_s: float,
 ) -> list[TopicSpec]:  # fmt: skip
     """The tier and DLQ topics of every registered source, with the source's partition count unless
-    `partitions` is given."""
+    `partitions` is given; `replication` is (replication factor, min.insync.replicas), checked first."""
+    replication_factor, min_insync_replicas = replication
+    check_replication(replication_factor, min_insync_replicas, field="provision")
+    config = replication_config(min_insync_replicas)
     specs: list[TopicSpec] = []
     for topic, binding in bindings.items():
         count = partitions or clients.partition_count(topic, timeout_s)
         if count is None:
             raise ConfigError("topic", topic, "the source topic does not exist; create it, or pass partitions=")
-        specs += [TopicSpec(name=name, partitions=count, replication_factor=replication_factor)
+        specs += [TopicSpec(name=name, partitions=count, replication_factor=replication_factor, config=config)
                   for name in binding.ctx.topics.all_topics]  # fmt: skip
     return specs
+
+
+def _warn_less_durable(bindings: Mapping[str, Binding], clients: ClientFactory, timeout_s: float) -> None:
+    for topic, binding in bindings.items():
+        try:
+            durability = clients.topic_durability([topic, *binding.ctx.topics.all_topics], timeout_s)
+        except KafkaClientError as exc:  # advice only: a broker that will not describe configs provisions the same
+            log.debug("replication of %s's topics not compared: %s", topic, exc)
+            continue
+        for warning in less_durable(topic, durability):
+            log.warning("%s", warning)
 
 
 def _loop_options(

@@ -33,7 +33,8 @@ def _settings(args: argparse.Namespace) -> Any:
     flags = {
         "kafka": {"bootstrap": getattr(args, "bootstrap", None)},
         "app": {name: getattr(args, name, None)
-                for name in ("topic", "group", "delays", "partitions", "naming", "dlq", "header_key_file")},
+                for name in ("topic", "group", "delays", "partitions", "replication_factor", "min_insync_replicas",
+                             "naming", "dlq", "header_key_file")},
         "metrics": {"port": getattr(args, "metrics_port", None)},
         "logging": {"level": getattr(args, "log_level", None), "json": getattr(args, "log_json", None) or None},
     }
@@ -147,9 +148,9 @@ def _cmd_topics_describe(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([row.as_dict() for row in rows]))
         return 0
-    columns = ["topic", "kind", "partition", "end", "committed", "lag", "state"]
-    print(table(columns, [[r.topic, r.kind, r.partition, r.end_offset, r.committed, r.lag, r.state] for r in rows],
-                align="llrrrrl"))  # fmt: skip
+    columns = ["topic", "kind", "partition", "end", "committed", "lag", "state", "replicas", "isr", "min_isr"]
+    print(table(columns, [[r.topic, r.kind, r.partition, r.end_offset, r.committed, r.lag, r.state, r.replicas,
+                           r.in_sync_replicas, r.min_insync_replicas] for r in rows], align="llrrrrlrrr"))  # fmt: skip
     return 0
 
 
@@ -325,9 +326,13 @@ def _add_topics(commands: Any) -> None:
     create = actions.add_parser("create", help="create missing tier and DLQ topics (idempotent)")
     _common(create, pipeline=True)
     create.add_argument("--partitions", type=int, help="partitions of tier and DLQ topics (default: source's)")
+    create.add_argument("--replication-factor", type=int, metavar="N",
+                        help="replicas of each new topic (default: the broker's default.replication.factor)")
+    create.add_argument("--min-insync-replicas", type=int, metavar="N",
+                        help="min.insync.replicas of each new topic (default: the broker's)")
     create.add_argument("--create-source", action="store_true", help="also create the source topic (needs --partitions)")
     create.set_defaults(run=_cmd_topics_create)
-    describe = actions.add_parser("describe", help="offsets, lag and waiting/overdue state per tier partition")
+    describe = actions.add_parser("describe", help="offsets, lag, waiting/overdue state and replicas per partition")
     _common(describe, pipeline=True)
     describe.add_argument("--grace", type=_duration_ms, default="30s", metavar="DURATION",
                           help="how long past due a head record is overdue (default 30s)")  # fmt: skip
@@ -397,8 +402,9 @@ def _add_demo(commands: Any) -> None:
     demo.add_argument("--partitions", type=int, default=3)
     demo.add_argument("--delays", type=lambda s: [d for d in s.split(",") if d], default=["200ms", "500ms", "1s"])
     demo.add_argument("--seed", type=int, default=7)
-    demo.add_argument("--broker", choices=["tansu", "apache"], default="tansu",
-                      help="local broker to start: tansu (embedded, starts in <1 s) or apache (Apache Kafka, ~5 s)")
+    demo.add_argument("--broker", choices=["tansu", "apache", "cluster"], default="tansu",
+                      help="local broker to start: tansu (embedded, starts in <1 s), apache (Apache Kafka, ~5 s) "
+                      "or cluster (3 Apache Kafka nodes, replication factor 3, ~10 s)")
     demo.add_argument("--bootstrap", help="use this Kafka cluster instead of starting a local broker")
     demo.add_argument("--json", action="store_true", help="print one JSON summary object on stdout")
     demo.add_argument("--no-spark", action="store_true", help="skip the Spark audit at the end")
@@ -424,8 +430,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     broker = commands.add_parser("broker", help="run a local broker (tansu or Apache Kafka) in the foreground for development")
     broker.add_argument("--port", type=int, default=None, help="listen port (default: a free one)")
-    broker.add_argument("--kind", choices=["tansu", "apache"], default="tansu",
-                        help="tansu (embedded, in memory) or apache (Apache Kafka from the Maven cache)")
+    broker.add_argument("--kind", choices=["tansu", "apache", "cluster"], default="tansu",
+                        help="tansu (embedded, in memory), apache (Apache Kafka from the Maven cache) or cluster "
+                        "(3 Apache Kafka nodes; --port does not apply)")
     broker.set_defaults(run=_cmd_broker)
     _add_topics(commands)
     _add_dlq(commands)

@@ -23,7 +23,9 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from retrytopics.connectors.admin import ProvisionOutcome, TopicSpec, ensure_topics, partition_count
+from retrytopics.connectors.admin import (
+    ProvisionOutcome, TopicDurability, TopicSpec, ensure_topics, partition_count, topic_durability,
+)  # fmt: skip
 from retrytopics.connectors.clients import DEFAULT_MAX_POLL_INTERVAL_MS, DEFAULT_SESSION_TIMEOUT_MS, KafkaConsumer
 from retrytopics.connectors.clients import KafkaProducer, read_tails
 from retrytopics.connectors.config import KafkaConfig
@@ -62,6 +64,9 @@ class ClientFactory(Protocol):
     def ensure_topics(self, specs: Sequence[TopicSpec], timeout_s: float) -> dict[str, ProvisionOutcome]:
         """Create the missing topics; an existing one with another partition count is a `TopicMismatchError`."""
 
+    def topic_durability(self, topics: Sequence[str], timeout_s: float) -> dict[str, TopicDurability]:
+        """Replication factor and effective min.insync.replicas of each existing topic of `topics`."""
+
 
 class KafkaClientFactory:
     """The default: confluent-kafka clients for `kafka` (connectors/clients.py), every product default
@@ -87,6 +92,9 @@ class KafkaClientFactory:
 
     def ensure_topics(self, specs: Sequence[TopicSpec], timeout_s: float) -> dict[str, ProvisionOutcome]:
         return ensure_topics(self._admin_client(), specs, timeout_s=timeout_s)
+
+    def topic_durability(self, topics: Sequence[str], timeout_s: float) -> dict[str, TopicDurability]:
+        return topic_durability(self._admin_client(), topics, timeout_s=timeout_s)
 
     def _admin_client(self) -> Any:
         if self._admin is None:
@@ -158,6 +166,12 @@ class MemoryClientFactory:
             for spec in specs:
                 self.broker.create_topic(spec.name, spec.partitions)
         return {n: ProvisionOutcome.EXISTS if n in existing else ProvisionOutcome.CREATED for n in names}
+
+    def topic_durability(self, topics: Sequence[str], timeout_s: float) -> dict[str, TopicDurability]:
+        # one copy of everything, in this process's memory
+        with self.lock:
+            return {t: TopicDurability(replication_factor=1, min_insync_replicas=1)
+                    for t in topics if self.partition_count(t, timeout_s) is not None}  # fmt: skip
 
 
 class _LockedConsumer:

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from retrytopics.connectors.config import KafkaConfig
+from retrytopics.connectors.config import KafkaConfig, check_replication
 from retrytopics.durations import parse_duration
 from retrytopics.errors import ConfigError
 from retrytopics.naming import NamingStrategy, validate_topic_name
@@ -63,7 +63,7 @@ _SCHEMA: dict[str, dict[str, type]] = {
     },
     "app": {
         "topic": str, "group": str, "delays": list, "partitions": int, "replication_factor": int,
-        "naming": str, "dlq": str, "header_key": str, "header_key_file": str,
+        "min_insync_replicas": int, "naming": str, "dlq": str, "header_key": str, "header_key_file": str,
     },
     "metrics": {"port": int},
     "logging": {"level": str, "json": bool},
@@ -81,7 +81,8 @@ class AppSettings:
     group: str | None = None
     delays: tuple[str, ...] | None = None  # None: not given; commands that need it say so (no silent ladder)
     partitions: int | None = None  # None: as many as the source topic
-    replication_factor: int = -1
+    replication_factor: int = -1  # -1: the broker's default.replication.factor
+    min_insync_replicas: int | None = None  # None: the broker's default min.insync.replicas
     naming: NamingStrategy = NamingStrategy.BY_DELAY
     dlq: str | None = None
     #: signed retry headers (`RetryApp(header_key=...)`): from `[app] header_key_file` (one key per line, the
@@ -97,6 +98,7 @@ class AppSettings:
             parse_duration(delay, field=f"app.delays[{i}]")
         if self.partitions is not None and self.partitions < 1:
             raise ConfigError("app.partitions", self.partitions, "must be at least 1")
+        check_replication(self.replication_factor, self.min_insync_replicas, field="app")
 
     def require(self, *names: str) -> None:
         """Fail with the field named when a command needs a setting that is not set."""

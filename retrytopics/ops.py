@@ -6,25 +6,30 @@ Each function takes validated settings and returns plain data; `cli.py` only par
 from __future__ import annotations
 
 import base64
+import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from retrytopics.config import AppSettings
 from retrytopics.connectors.admin import (
-    ProvisionOutcome, TopicSpec, committed_offsets, end_offsets, ensure_topics, partition_count, read_at,
+    ProvisionOutcome, TopicSpec, committed_offsets, end_offsets, ensure_topics, less_durable, partition_count, read_at,
+    replication_config, topic_durability,
 )  # fmt: skip
 from retrytopics.connectors.config import KafkaConfig
-from retrytopics.connectors.kafka import make_admin, make_consumer, open_tail
+from retrytopics.connectors.kafka import make_admin, make_consumer, map_kafka_errors, open_tail
 from retrytopics.connectors.record_headers import read_headers
-from retrytopics.errors import ConfigError, HeaderDecodeError
+from retrytopics.errors import ConfigError, HeaderDecodeError, KafkaClientError
 from retrytopics.headers import decode, user_headers
 from retrytopics.naming import TopicSet, topics_for
 from retrytopics.policy import RetryPolicy
 
 __all__ = [
-    "PartitionState", "PeekedRecord", "describe_pipeline", "peek_dlq", "pipeline_topics", "printable", "provision_pipeline",
+    "PartitionState", "PeekedRecord", "describe_pipeline", "durability_warnings", "peek_dlq", "pipeline_topics", "printable",
+    "provision_pipeline",
 ]
+
+log = logging.getLogger("retrytopics.ops")
 
 
 def pipeline_topics(app: AppSettings) -> TopicSet:
@@ -38,21 +43,41 @@ def pipeline_topics(app: AppSettings) -> TopicSet:
 def provision_pipeline(kafka: KafkaConfig, app: AppSettings, *, create_source: bool = False) -> dict[str, ProvisionOutcome]:
     """Create the tier topics and the DLQ (idempotent), and the source topic too when `create_source`.
     Tiers get as many partitions as the source topic unless `app.partitions` says otherwise, so that keyless
-    records keep their partition number."""
+    records keep their partition number; new topics get `app.replication_factor` and `app.min_insync_replicas`."""
     topics = pipeline_topics(app)
     admin = make_admin(kafka)
     outcome: dict[str, ProvisionOutcome] = {}
+    config = replication_config(app.min_insync_replicas)
     if create_source:
         app.require("partitions")
-        source = TopicSpec(name=topics.source, partitions=app.partitions or 1, replication_factor=app.replication_factor)
+        source = TopicSpec(name=topics.source, partitions=app.partitions or 1, replication_factor=app.replication_factor,
+                           config=config)  # fmt: skip
         outcome.update(ensure_topics(admin, [source]))
     partitions = app.partitions or partition_count(admin, topics.source)
     if partitions is None:
         raise ConfigError("app.partitions", None, f"source topic {topics.source!r} does not exist; pass --partitions")
-    specs = [TopicSpec(name=name, partitions=partitions, replication_factor=app.replication_factor)
+    specs = [TopicSpec(name=name, partitions=partitions, replication_factor=app.replication_factor, config=config)
              for name in topics.all_topics]  # fmt: skip
     outcome.update(ensure_topics(admin, specs))
+    _warn_less_durable(kafka, app)
     return outcome
+
+
+def _warn_less_durable(kafka: KafkaConfig, app: AppSettings) -> None:
+    try:
+        warnings = durability_warnings(kafka, app)
+    except KafkaClientError as exc:  # advice only: a broker that will not describe configs works the same
+        log.debug("replication of the pipeline's topics not compared: %s", exc)
+        return
+    for warning in warnings:
+        log.warning("%s", warning)
+
+
+def durability_warnings(kafka: KafkaConfig, app: AppSettings) -> list[str]:
+    """One line per tier or DLQ topic of the pipeline that is less durable than its source (fewer replicas,
+    or a lower `min.insync.replicas`): a record handed off there is more easily lost than it was."""
+    topics = pipeline_topics(app)
+    return less_durable(topics.source, topic_durability(make_admin(kafka), [topics.source, *topics.all_topics]))
 
 
 def printable(data: bytes | None, limit: int = 200) -> str | None:
@@ -147,6 +172,9 @@ class PartitionState:
     committed: int | None
     lag: int | None
     state: str  # "idle", "waiting 12.3s" (paused until due: normal), "overdue 45.0s" (stuck), "-"
+    replicas: int
+    in_sync_replicas: int
+    min_insync_replicas: int | None  # the topic's effective setting (its own, else the broker's default)
 
     def as_dict(self) -> dict[str, object]:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -170,9 +198,12 @@ def _head_state(kafka: KafkaConfig, topic: str, partition: int, offset: int, now
 def describe_pipeline(kafka: KafkaConfig, app: AppSettings, *, grace_ms: int = 30_000) -> list[PartitionState]:
     """End offsets, committed offsets and lag of the source (main group), each tier (its own group: the tier
     topic's name) and the DLQ; for a tier partition with lag, whether its head record is still waiting for
-    its due time (the consumer is paused on it, as designed) or overdue (no consumer, or a stuck one)."""
+    its due time (the consumer is paused on it, as designed) or overdue (no consumer, or a stuck one); the
+    replicas and in-sync replicas of each partition and each topic's `min.insync.replicas`."""
     topics = pipeline_topics(app)
     admin = make_admin(kafka)
+    replication = _replication(admin, [topics.source, *topics.all_topics])
+    _warn_less_durable(kafka, app)
     now_ms = int(time.time() * 1000)
     rows: list[PartitionState] = []
     plan = [(topics.source, "source", app.group), *[(t.topic, "tier", t.topic) for t in topics.tiers], (topics.dlq, "dlq", None)]
@@ -192,6 +223,23 @@ def describe_pipeline(kafka: KafkaConfig, app: AppSettings, *, grace_ms: int = 3
             state = "-"
             if kind == "tier":
                 state = "idle" if not lag else _head_state(kafka, topic, p, start or 0, now_ms, grace_ms)
-            rows.append(PartitionState(topic=topic, kind=kind, partition=p, end_offset=ends[p],
-                                       committed=start, lag=lag, state=state))  # fmt: skip
+            replicas, in_sync, min_insync = replication.get((topic, p), (0, 0, None))
+            rows.append(PartitionState(topic=topic, kind=kind, partition=p, end_offset=ends[p], committed=start, lag=lag,
+                                       state=state, replicas=replicas, in_sync_replicas=in_sync,
+                                       min_insync_replicas=min_insync))  # fmt: skip
     return rows
+
+
+def _replication(admin: object, names: list[str]) -> dict[tuple[str, int], tuple[int, int, int | None]]:
+    """(topic, partition) -> (replicas, in-sync replicas, the topic's min.insync.replicas)."""
+    with map_kafka_errors():
+        metadata = admin.list_topics(timeout=10).topics  # type: ignore[attr-defined]
+    try:
+        durability = topic_durability(admin, names)  # type: ignore[arg-type]
+    except KafkaClientError as exc:  # a broker that will not describe configs: the column stays empty
+        log.debug("min.insync.replicas of the pipeline's topics not read: %s", exc)
+        durability = {}
+    return {
+        (name, p): (len(meta.replicas), len(meta.isrs), durability[name].min_insync_replicas if name in durability else None)
+        for name in names if name in metadata for p, meta in metadata[name].partitions.items()
+    }

@@ -6,7 +6,9 @@ Broker selection (first match wins; the run's header line says which one was use
 2. `RETRYTOPICS_TEST_BROKER=apache` (the default) → Apache Kafka started by the suite from the jars that
    `scripts/setup.sh` resolved (`retrytopics.connectors.apache`);
 3. `RETRYTOPICS_TEST_BROKER=tansu` → the embedded tansu broker (`retrytopics.connectors.embedded`);
-4. `RETRYTOPICS_TEST_BROKER=testcontainers` → testcontainers' Kafka image. Opting in without a reachable
+4. `RETRYTOPICS_TEST_BROKER=cluster` → three Apache Kafka nodes, replication factor 3, min.insync.replicas 2
+   (`retrytopics.connectors.cluster`);
+5. `RETRYTOPICS_TEST_BROKER=testcontainers` → testcontainers' Kafka image. Opting in without a reachable
    Docker daemon is an error, never a silent fallback.
 
 Tests that start a broker of their own (fault tests behind a TCP proxy) use the same kind, Apache Kafka when
@@ -41,11 +43,11 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 #: Consumer settings the tests use for group membership (see the module docstring).
 TEST_SESSION_TIMEOUT_MS = 6000
 
-BROKER_KINDS = ("apache", "tansu", "testcontainers")
+BROKER_KINDS = ("apache", "tansu", "cluster", "testcontainers")
 
 
 def selected_broker_kind() -> str:
-    """external | apache | tansu | testcontainers, from the environment (see the module docstring)."""
+    """external | apache | tansu | cluster | testcontainers, from the environment (see the module docstring)."""
     if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
         return "external"
     kind = os.environ.get("RETRYTOPICS_TEST_BROKER", "apache").strip().lower() or "apache"
@@ -88,7 +90,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 class TestBroker:
     """The broker the session runs against."""
 
-    kind: str  # "external" | "apache" | "tansu" | "testcontainers"
+    kind: str  # "external" | "apache" | "tansu" | "cluster" | "testcontainers"
     kafka: KafkaConfig
 
     @property

@@ -48,7 +48,7 @@ def test_topics_describe_is_a_table_even_with_long_topic_names(kafka: KafkaConfi
     assert not re.search(r"\{'|\['|\bNone\b", text), text
     assert_aligned(text)
     lines = text.splitlines()
-    assert lines[0].split() == ["topic", "kind", "partition", "end", "committed", "lag", "state"]
+    assert lines[0].split() == ["topic", "kind", "partition", "end", "committed", "lag", "state", "replicas", "isr", "min_isr"]
     assert [line.split()[:3] for line in lines[1:3]] == [[source, "source", "0"], [source, "source", "1"]]
     assert len(lines) == 1 + 4 * 2 and lines[-1].split()[1] == "dlq"
 

@@ -145,7 +145,7 @@ def test_kafka_is_three_kraft_nodes_with_three_replicas_and_two_in_sync(compose:
 
 def test_services_provision_three_replicas_on_every_broker(compose: dict[str, Any]) -> None:
     """What the services read (the TOML file, then their environment) names all three brokers' internal
-    listeners and three replicas for the topics `topics create` makes."""
+    listeners, and three replicas with two in sync for the topics `topics create` makes, as for the source."""
     brokers = _brokers(compose)
     for name, service in compose["services"].items():
         if name not in _retrytopics_services(compose):
@@ -156,6 +156,7 @@ def test_services_provision_three_replicas_on_every_broker(compose: dict[str, An
         assert settings.kafka is not None
         assert sorted(settings.kafka.bootstrap.split(",")) == sorted(f"{b}:9092" for b in brokers), name
         assert settings.app.replication_factor == 3, name
+        assert settings.app.min_insync_replicas == 2, name
 
 
 def _published(mapping: str | int) -> tuple[range, int]:

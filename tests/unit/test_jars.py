@@ -83,4 +83,4 @@ def test_cluster_ids_never_look_like_an_option(monkeypatch: pytest.MonkeyPatch) 
     leading_dash = uuid.UUID(bytes=b"\xfb" + bytes(15))  # base64url of 0xfb... starts with "-"
     ids = iter([leading_dash, uuid.UUID(int=1)])
     monkeypatch.setattr(apache.uuid, "uuid4", lambda: next(ids))
-    assert not apache._cluster_id().startswith("-")
+    assert not apache.new_cluster_id().startswith("-")
