@@ -63,7 +63,7 @@ class FakeReader:
 
     def partition_states(self) -> list[PartitionState]:
         return [PartitionState(topic=TOPICS.dlq, kind="dlq", partition=0, end_offset=len(self.entries), committed=None,
-                               lag=None, state="-")]  # fmt: skip
+                               lag=None, state="-", replicas=1, in_sync_replicas=1, min_insync_replicas=None)]  # fmt: skip
 
     def counted(self) -> tuple[int, int]:
         return 0, 0
