@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 from retrytopics.client_factory import ClientFactory, KafkaClientFactory
 from retrytopics.connectors.admin import ProvisionOutcome, TopicSpec, less_durable, replication_config
-from retrytopics.connectors.clients import DEFAULT_MAX_POLL_INTERVAL_MS
+from retrytopics.connectors.clients import DEFAULT_MAX_POLL_INTERVAL_MS, DEFAULT_SESSION_TIMEOUT_MS
 from retrytopics.connectors.config import KafkaConfig, check_replication, validate_overrides
 from retrytopics.connectors.serde import Deserializer, bytes_value
 from retrytopics.dedupe import DEFAULT_CAPACITY, DuplicateAudit
@@ -205,13 +205,13 @@ class RetryApp:
 
     @property
     def max_poll_interval_ms(self) -> int:
-        """The consumers' `max.poll.interval.ms` (librdkafka's default, 20 s for exactly-once, unless overridden)."""
-        default = EXACTLY_ONCE_MAX_POLL_INTERVAL_MS if self.exactly_once else DEFAULT_MAX_POLL_INTERVAL_MS
-        value = {**self.kafka.consumer_config(), **self.consumer_overrides}.get("max.poll.interval.ms", default)
-        try:
-            return int(value)
-        except (TypeError, ValueError):
-            raise ConfigError("max.poll.interval.ms", value, "expected a number of ms") from None
+        """The consumers' `max.poll.interval.ms`: librdkafka's default, or for exactly-once 20 s or the session
+        timeout if longer (librdkafka refuses a poll interval below it), unless overridden."""
+        config = {**self.kafka.consumer_config(), **self.consumer_overrides}
+        default = DEFAULT_MAX_POLL_INTERVAL_MS
+        if self.exactly_once:
+            default = max(EXACTLY_ONCE_MAX_POLL_INTERVAL_MS, _ms(config, "session.timeout.ms", DEFAULT_SESSION_TIMEOUT_MS))
+        return _ms(config, "max.poll.interval.ms", default)
 
     @property
     def handlers(self) -> Mapping[str, Binding]:
@@ -320,6 +320,14 @@ class RetryApp:
 #: the transactional ids of this process's running exactly-once consumers, and the runner of each
 _claimed_ids: dict[str, Runner] = {}
 _claimed_lock = threading.Lock()
+
+
+def _ms(config: Mapping[str, Any], name: str, default: int) -> int:
+    value = config.get(name, default)
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(name, value, "expected a number of ms") from None
 
 
 def _transactional_id(settings: LoopSettings, instance_id: str) -> str:

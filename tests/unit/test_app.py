@@ -72,6 +72,18 @@ def test_in_process_retries_must_fit_in_max_poll_interval_at_registration() -> N
     assert app.max_poll_interval_ms == 10_000 and _app().max_poll_interval_ms == 300_000
 
 
+def test_an_exactly_once_poll_interval_never_falls_below_the_session_timeout() -> None:
+    """librdkafka refuses a consumer whose max.poll.interval.ms is below its session.timeout.ms (45 s by
+    default): the exactly-once default (20 s) yields to a longer session, and an explicit value is kept."""
+    kafka = KafkaConfig(bootstrap="127.0.0.1:9")
+    assert RetryApp(kafka=kafka, group="g", exactly_once=True).max_poll_interval_ms == 45_000
+    short = RetryApp(kafka=kafka, group="g", exactly_once=True, consumer_overrides={"session.timeout.ms": 6000})
+    assert short.max_poll_interval_ms == 20_000
+    given = RetryApp(kafka=kafka, group="g", exactly_once=True,
+                     consumer_overrides={"session.timeout.ms": 6000, "max.poll.interval.ms": 12_000})  # fmt: skip
+    assert given.max_poll_interval_ms == 12_000
+
+
 def test_start_without_handlers_is_refused() -> None:
     with pytest.raises(ConfigError, match="no handler"):
         _app().start()

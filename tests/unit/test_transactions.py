@@ -85,7 +85,7 @@ def test_an_exactly_once_app_starts_its_clients_with_the_bounding_settings(monke
     broker = MemoryBroker()
     broker.create_topic("orders")
     clients = _Recording(broker)
-    app = _eos_app(clients)
+    app = _eos_app(clients, consumer_overrides={"session.timeout.ms": 10_000})
     app.provision()
     app.start(main=True)
     try:
@@ -98,6 +98,9 @@ def test_an_exactly_once_app_starts_its_clients_with_the_bounding_settings(monke
     assert clients.producers[0] == ("billing-billing-0", {"transaction.timeout.ms": 30_000})
     assert clients.consumers[0]["max.poll.interval.ms"] == 20_000
 
+    # librdkafka's 45 s session: the poll interval may not be shorter, and the transaction timeout follows it
+    default_session = _eos_app(MemoryClientFactory(broker))
+    assert default_session._eos == ({"max.poll.interval.ms": 45_000}, {"transaction.timeout.ms": 55_000})
     slower = _eos_app(MemoryClientFactory(broker), consumer_overrides={"max.poll.interval.ms": 60_000})
     assert slower._eos == ({"max.poll.interval.ms": 60_000}, {"transaction.timeout.ms": 70_000})
 
