@@ -279,12 +279,15 @@ class KafkaCluster:
         below `min.insync.replicas`)."""
         deadline = time.monotonic() + timeout_s
         while True:
-            metadata = self._admin().list_topics(timeout=5).topics
-            names = list(metadata) if topics is None else list(topics)
+            try:
+                metadata = self._admin().list_topics(timeout=5).topics
+            except Exception:  # noqa: BLE001 - a node restarting may not answer yet; the deadline bounds the loop
+                metadata = None
+            names = list(metadata or ()) if topics is None else list(topics)
             lagging = [
                 f"{name}[{p}]" for name in names for p, meta in metadata[name].partitions.items()
                 if len(meta.isrs) < len(meta.replicas)
-            ] if all(name in metadata for name in names) else names  # fmt: skip
+            ] if metadata is not None and all(name in metadata for name in names) else names or ["(no metadata)"]  # fmt: skip
             if not lagging:
                 return
             if time.monotonic() > deadline:
