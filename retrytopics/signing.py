@@ -30,8 +30,8 @@ from typing import Final
 from retrytopics.errors import ConfigError
 
 __all__ = [
-    "MIN_KEY_BYTES", "SIGNATURE", "HeaderKeys", "KeyLike", "mark_keys", "replay_mark", "sign", "signed_message",
-    "started_mark_keys", "verify",
+    "MIN_KEY_BYTES", "SIGNATURE", "HeaderKeys", "KeyLike", "mark_keys", "mark_verifies", "replay_mark", "sign",
+    "signed_message", "started_mark_keys", "verify",
 ]  # fmt: skip
 
 #: The header carrying the signature: 64 lowercase hex digits. Under ``retry.``, so each hop replaces it.
@@ -204,3 +204,10 @@ def replay_mark(key: bytes, replay_id: str, topic: str, source_record: str) -> s
     writing the source record `source_record` (`<topic>-<partition>-<offset>`); see spark/ledger.py."""
     parts = [_MARK_DOMAIN, *(_field(text.encode("utf-8", "surrogatepass")) for text in (replay_id, topic, source_record))]
     return _mac(key, b"".join(parts)).hex()
+
+
+def mark_verifies(keys: Sequence[bytes], replay_id: str, topic: str, source_record: str, given: bytes | None) -> bool:
+    """Whether `given` (a `retry.replay_mark` as read) is the mark of one of `keys` for this record."""
+    return given is not None and any(
+        hmac.compare_digest(replay_mark(key, replay_id, topic, source_record).encode(), given) for key in keys
+    )

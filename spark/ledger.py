@@ -23,7 +23,6 @@ A replay id started by a release without marks (its `started` entry has no nonce
 
 from __future__ import annotations
 
-import hmac
 import json
 import time
 from collections.abc import Mapping, Sequence
@@ -40,7 +39,7 @@ from retrytopics.connectors.kafka import make_admin, make_consumer, make_produce
 from retrytopics.connectors.spark_kafka import kafka_options, read_kafka
 from retrytopics.errors import KafkaClientError, PublishError
 from retrytopics.headers import REPLAY_ID
-from retrytopics.signing import replay_mark
+from retrytopics.signing import mark_verifies, replay_mark
 from retrytopics.spark.columns import header_text
 
 __all__ = [
@@ -120,8 +119,7 @@ def written_by(
             if source_record is None or mark is None:
                 return False
             given = str(mark).encode("utf-8", "surrogatepass")
-            return any(hmac.compare_digest(replay_mark(key, replay_id, str(topic), str(source_record)).encode(), given)
-                       for key in keys)  # fmt: skip
+            return mark_verifies(keys, replay_id, str(topic), str(source_record), given)
 
         written = written.where(F.udf(attributed, BooleanType(), useArrow=False)("topic", "source_record", "mark"))
     return written.select("topic", "source_record").distinct()

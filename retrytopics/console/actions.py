@@ -42,7 +42,7 @@ from retrytopics.headers import (
     REPLAY_COUNT, REPLAY_ID, REPLAY_ORIGIN_ID, REPLAYED_AT, DlqReason, Header, Lineage, encode, user_headers,
 )  # fmt: skip
 from retrytopics.naming import TopicSet
-from retrytopics.signing import HeaderKeys, mark_keys, replay_mark, sign, started_mark_keys, verify
+from retrytopics.signing import HeaderKeys, mark_keys, mark_verifies, replay_mark, sign, started_mark_keys, verify
 
 __all__ = ["DESTINATIONS", "MAX_SELECTION", "ReplayPlan", "ReplayRequest", "plan_replay", "replay_headers",
            "replay_id_for", "run_replay", "spark_replay_command"]  # fmt: skip
@@ -244,17 +244,11 @@ def _written_before(kafka: KafkaConfig, marks: dict[str, dict[str, int]], replay
                         if headers.get(REPLAY_ID) != replay_id.encode():
                             continue
                         source_record = (headers.get(REPLAY_ORIGINAL) or b"").decode("utf-8", "replace")
-                        if keys is None or _marked(keys, replay_id, topic, source_record, headers.get(REPLAY_MARK)):
+                        if keys is None or mark_verifies(keys, replay_id, topic, source_record, headers.get(REPLAY_MARK)):
                             done.add((topic, source_record))
     finally:
         consumer.close()
     return done
-
-
-def _marked(keys: tuple[bytes, ...], replay_id: str, topic: str, source_record: str, given: bytes | None) -> bool:
-    return given is not None and any(
-        secrets.compare_digest(replay_mark(key, replay_id, topic, source_record).encode(), given) for key in keys
-    )
 
 
 

@@ -76,6 +76,14 @@ def test_an_oversized_republish_goes_to_the_dlq_and_the_partition_moves_on(
     assert app.stats.dead_lettered.get("too_large") == 2
 
 
+def _accept_at_most(kit: Kit, topic: str, max_bytes: int) -> None:
+    """The broker's own limit for `topic`, below the producer's: it refuses what the producer let through."""
+    limit = ConfigEntry("max.message.bytes", str(max_bytes), incremental_operation=AlterConfigOpType.SET)
+    resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[limit])
+    for future in kit.admin.incremental_alter_configs([resource]).values():
+        future.result(timeout=30)
+
+
 @pytest.mark.parametrize("exactly_once", [False, True], ids=["at_least_once", "exactly_once"])
 def test_a_republish_the_broker_refuses_as_too_large_goes_to_the_dlq(
     broker: Any, kafka: KafkaConfig, kit: Kit, unique_name: Callable[[str], str], consumer_overrides: dict[str, Any],
@@ -98,9 +106,7 @@ def test_a_republish_the_broker_refuses_as_too_large_goes_to_the_dlq(
 
     app.provision()
     tier = app.topics(source).tiers[0].topic
-    limit = ConfigEntry("max.message.bytes", "20000", incremental_operation=AlterConfigOpType.SET)
-    for future in kit.admin.incremental_alter_configs([ConfigResource(ResourceType.TOPIC, tier, incremental_configs=[limit])]).values():
-        future.result(timeout=30)
+    _accept_at_most(kit, tier, 20_000)
     kit.produce(source, [(b"k", b"v" * 30_000, []), (b"k", b"small", [])])
 
     # when
@@ -151,9 +157,7 @@ def test_one_oversized_record_dead_letters_alone_and_its_batch_neighbours_are_re
 
     app.provision()
     tier = app.topics(source).tiers[0].topic
-    limit = ConfigEntry("max.message.bytes", "20000", incremental_operation=AlterConfigOpType.SET)
-    for future in kit.admin.incremental_alter_configs([ConfigResource(ResourceType.TOPIC, tier, incremental_configs=[limit])]).values():
-        future.result(timeout=30)
+    _accept_at_most(kit, tier, 20_000)
     oversized = 3
     values = [b"v" * 30_000 if i == oversized else f"small-{i}".encode() for i in range(7)]
     user_headers = [[("tenant", f"t{i}".encode()), ("tenant", b"dup"), ("trace", None)] for i in range(7)]
