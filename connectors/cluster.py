@@ -243,7 +243,10 @@ class KafkaCluster:
         """The node id leading `topic`'s `partition` (asked of the running nodes)."""
         deadline = time.monotonic() + timeout_s
         while True:
-            meta = self._admin().list_topics(topic, timeout=timeout_s).topics.get(topic)
+            try:
+                meta = self._admin().list_topics(topic, timeout=timeout_s).topics.get(topic)
+            except Exception:  # noqa: BLE001 - a node just frozen or restarting may not answer; the deadline bounds it
+                meta = None
             if meta is not None and partition in meta.partitions and meta.partitions[partition].leader > 0:
                 return int(meta.partitions[partition].leader)
             if time.monotonic() > deadline:
