@@ -30,18 +30,29 @@ FINDINGS = ROOT / "bench" / "findings.md"
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller N; under 3 minutes on 2 cores")
-    parser.add_argument("--only", action="append", default=[], metavar="SCENARIO",
-                        help="run scenarios whose name, with or without its number, starts with this "
-                        "(e.g. 3, 3.lateness or failover); repeatable")
-    parser.add_argument("--broker", choices=BROKER_NAMES, default="apache",
-                        help="apache (Apache Kafka from the Maven cache, the default) or tansu (embedded)")
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="SCENARIO",
+        help="run scenarios whose name, with or without its number, starts with this "
+        "(e.g. 3, 3.lateness or failover); repeatable",
+    )
+    parser.add_argument(
+        "--broker",
+        choices=BROKER_NAMES,
+        default="apache",
+        help="apache (Apache Kafka from the Maven cache, the default) or tansu (embedded)",
+    )
     parser.add_argument("--no-docs", action="store_true", help="do not rewrite docs/benchmarks.md")
     return parser.parse_args(argv)
 
 
 def _selected(only: list[str]) -> list[object]:
     # "3", "3.lateness" or "lateness": a scenario's number, its full name, or its name without the number
-    chosen = [m for m in ALL if not only or any(m.NAME.startswith(o) or m.NAME.split(".", 1)[-1].startswith(o) for o in only)]
+    chosen = [
+        m for m in ALL if not only or any(m.NAME.startswith(o) or m.NAME.split(".", 1)[-1].startswith(o) for o in only)
+    ]
     if not chosen:
         raise SystemExit(f"no scenario matches {only}; scenarios: {[m.NAME for m in ALL]}")
     return chosen
@@ -83,8 +94,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {out.relative_to(ROOT)} (a partial run; {RESULTS.relative_to(ROOT)} is left as it was)")
     if not args.only and not args.no_docs:
         findings = FINDINGS.read_text() if FINDINGS.exists() else ""
-        DOCS.write_text(render_markdown(results, info=machine(), mode="quick" if args.quick else "full",
-                                        broker=described, wall_s=wall_s, findings=findings))  # fmt: skip
+        DOCS.write_text(
+            render_markdown(
+                results,
+                info=machine(),
+                mode="quick" if args.quick else "full",
+                broker=described,
+                wall_s=wall_s,
+                findings=findings,
+            )
+        )
         print(f"wrote {RESULTS.relative_to(ROOT)} and {DOCS.relative_to(ROOT)}")
     return 0 if all(r.value is not None or r.note.startswith("not yet") for r in results) else 1
 

@@ -18,8 +18,13 @@ from typing import Any
 
 from bench.measure import emit
 
-_MODULES = {"raw": "bench.raw", "app": "bench.runtime", "spark": "bench.sparkjobs", "floor": "bench.floor",
-            "console": "bench.consolejobs"}
+_MODULES = {
+    "raw": "bench.raw",
+    "app": "bench.runtime",
+    "spark": "bench.sparkjobs",
+    "floor": "bench.floor",
+    "console": "bench.consolejobs",
+}
 
 
 def main(argv: list[str]) -> int:

@@ -38,13 +38,18 @@ def console_serve(args: dict[str, Any]) -> None:
     """Serve the console (args: bootstrap, source, group, delays_ms), then time: the first DLQ page (cold),
     a page filtered to a third of the records, a filter matching nothing (the scan budget), the pipeline
     page, and the tally's count of every record. Reports "ready", "pages" and "done"."""
-    pipeline = AppSettings(topic=args["source"], group=args["group"],
-                           delays=tuple(format_duration(ms) for ms in args["delays_ms"]))  # fmt: skip
-    reader = PipelineReader(kafka=KafkaConfig(bootstrap=args["bootstrap"]), pipeline=pipeline,
-                            topics=pipeline_topics(pipeline))  # fmt: skip
+    pipeline = AppSettings(
+        topic=args["source"], group=args["group"], delays=tuple(format_duration(ms) for ms in args["delays_ms"])
+    )
+    reader = PipelineReader(
+        kafka=KafkaConfig(bootstrap=args["bootstrap"]), pipeline=pipeline, topics=pipeline_topics(pipeline)
+    )
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(ConsoleOptions(), reader), host="127.0.0.1", port=port,
-                                           log_level="warning", log_config=None))  # fmt: skip
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(ConsoleOptions(), reader), host="127.0.0.1", port=port, log_level="warning", log_config=None
+        )
+    )
     threading.Thread(target=server.run, daemon=True).start()
     while not server.started:
         time.sleep(0.01)
@@ -57,8 +62,14 @@ def console_serve(args: dict[str, Any]) -> None:
     filtered, _ = _timed_get(base + "/dlq?exception_type=bench.BadData")
     nothing, _ = _timed_get(base + "/dlq?origin_id=no-such-id")
     pipeline_s, _ = _timed_get(base + "/")
-    emit("pages", first_page_s=first, rows=rows, filtered_page_s=filtered, no_match_page_s=nothing,
-         pipeline_page_s=pipeline_s)  # fmt: skip
+    emit(
+        "pages",
+        first_page_s=first,
+        rows=rows,
+        filtered_page_s=filtered,
+        no_match_page_s=nothing,
+        pipeline_page_s=pipeline_s,
+    )
     while True:
         counted = json.loads(_timed_get(base + "/api/pipeline")[1])["counted"]
         if counted["records"] >= counted["of"] > 0:

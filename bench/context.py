@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 from bench.measure import Child
 from retrytopics.connectors.config import KafkaConfig
 
-__all__ = ["Bench", "CONSUMER_OVERRIDES"]
+__all__ = ["CONSUMER_OVERRIDES", "Bench"]
 
 T = TypeVar("T")
 
@@ -40,8 +40,16 @@ class Bench:
         return f"bench.{stem}.{next(self._ids)}"
 
     def child(self, role: str, args: Mapping[str, Any]) -> Child:
-        return Child("bench.child", role, {"bootstrap": self.bootstrap, "consumer_overrides": CONSUMER_OVERRIDES,
-                                           "partitions": self.partitions, **args})  # fmt: skip
+        return Child(
+            "bench.child",
+            role,
+            {
+                "bootstrap": self.bootstrap,
+                "consumer_overrides": CONSUMER_OVERRIDES,
+                "partitions": self.partitions,
+                **args,
+            },
+        )
 
     def run_to_done(self, role: str, args: Mapping[str, Any], *, timeout_s: float = 600) -> dict[str, Any]:
         """Run a child role until it reports "done"; its report plus `peak_rss_mb` and `cpu_s` (whole life)."""
@@ -49,5 +57,8 @@ class Bench:
             done = child.wait_for("done", timeout_s=timeout_s + 30)
             child.join(timeout_s=60)
             samples = child.samples_since()
-        return {**done, "peak_rss_mb": max((s.rss for s in samples), default=0) / 2**20,
-                "cpu_s": samples[-1].cpu_s if samples else None}  # fmt: skip
+        return {
+            **done,
+            "peak_rss_mb": max((s.rss for s in samples), default=0) / 2**20,
+            "cpu_s": samples[-1].cpu_s if samples else None,
+        }

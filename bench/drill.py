@@ -32,8 +32,14 @@ from retrytopics.connectors.kafka import make_admin, make_consumer, make_produce
 from retrytopics.headers import HeaderDecodeError, decode
 
 __all__ = [
-    "DrillPlan", "Outcome", "fate", "freeze_partition_leader", "kill_active_controller", "kill_partition_leader",
-    "rolling_restart", "run_drill",
+    "DrillPlan",
+    "Outcome",
+    "fate",
+    "freeze_partition_leader",
+    "kill_active_controller",
+    "kill_partition_leader",
+    "rolling_restart",
+    "run_drill",
 ]
 
 SUCCEED, FAIL_ONCE, NON_RETRYABLE, ALWAYS_FAIL = "succeed", "fail_once", "non_retryable", "always_fail"
@@ -174,8 +180,12 @@ def _produce(kafka: Any, topic: str, plan: DrillPlan, ledger: _Ledger, started: 
         if pause > 0:
             time.sleep(pause)
         ledger.produced_at[i] = int(time.time() * 1000)
-        producer.produce(topic, value=str(i).encode(), partition=i % plan.partitions,
-                         on_delivery=lambda err, _msg, i=i: err or ledger.acked_at.__setitem__(i, int(time.time() * 1000)))
+        producer.produce(
+            topic,
+            value=str(i).encode(),
+            partition=i % plan.partitions,
+            on_delivery=lambda err, _msg, i=i: err or ledger.acked_at.__setitem__(i, int(time.time() * 1000)),
+        )
         producer.poll(0)
         started.set()
     if producer.flush(120) != 0:
@@ -194,7 +204,9 @@ def kill_partition_leader(restart_after_s: float = 10.0, *, coordinator: bool | 
             owner = _coordinator(cluster.kafka_config(), group)
             matching = [n for n in leaders if (n == owner) == coordinator]
             if not matching:
-                raise RuntimeError(f"no source partition leader that {'is' if coordinator else 'is not'} the coordinator")
+                raise RuntimeError(
+                    f"no source partition leader that {'is' if coordinator else 'is not'} the coordinator"
+                )
             target = matching[0]
         cluster.kill(target)
         time.sleep(restart_after_s)
@@ -258,10 +270,17 @@ def run_drill(cluster: KafkaCluster, plan: DrillPlan, fault: Fault, *, name: Cal
     kafka = cluster.kafka_config()
     source, group = name("drill"), name("drill-app")
     ensure_topics(make_admin(kafka), [TopicSpec(name=source, partitions=plan.partitions)])
-    app = RetryApp(kafka=kafka, group=group, exactly_once=plan.exactly_once, consumer_overrides=plan.consumer_overrides,
-                   **plan.app_options)  # fmt: skip
+    app = RetryApp(
+        kafka=kafka,
+        group=group,
+        exactly_once=plan.exactly_once,
+        consumer_overrides=plan.consumer_overrides,
+        **plan.app_options,
+    )
     ledger = _Ledger()
-    app.handler(source, policy=RetryPolicy(delays=list(plan.delays)), value_deserializer=lambda d, c: int(d))(ledger.handle)
+    app.handler(source, policy=RetryPolicy(delays=list(plan.delays)), value_deserializer=lambda d, c: int(d))(
+        ledger.handle
+    )
     app.provision(partitions=plan.partitions)
     topics = app.topics(source)
     dead_letters = _DeadLetters(kafka, topics.dlq, plan.partitions)
@@ -283,11 +302,21 @@ def run_drill(cluster: KafkaCluster, plan: DrillPlan, fault: Fault, *, name: Cal
     finally:
         stopped = app.stop(timeout=30)
         dead_letters.close()
-    error = repr(app.error) if app.error is not None else None if stopped else f"did not stop within 30 s: {_stuck(group)}"
+    error = (
+        repr(app.error) if app.error is not None else None if stopped else f"did not stop within 30 s: {_stuck(group)}"
+    )
     uncommitted = _await_committed(kafka, group, source, topics, plan, time.monotonic() + 15)
     tier_copies = _tier_copies(kafka, [t.topic for t in topics.tiers], plan.partitions) if plan.exactly_once else {}
-    outcome = _outcome(described, ledger, dead_letters, plan, fault_at, tier_copies, (running_behind, uncommitted),
-                       None if coordinator is None or killed is None else coordinator == killed)  # fmt: skip
+    outcome = _outcome(
+        described,
+        ledger,
+        dead_letters,
+        plan,
+        fault_at,
+        tier_copies,
+        (running_behind, uncommitted),
+        None if coordinator is None or killed is None else coordinator == killed,
+    )
     return dataclasses.replace(outcome, app_error=error)
 
 
@@ -338,7 +367,13 @@ def _killed_node(described: str) -> int | None:
 
 
 def _await_accounted(
-    ledger: _Ledger, dead_letters: _DeadLetters, plan: DrillPlan, kafka: Any, group: str, source: str, topics: Any,
+    ledger: _Ledger,
+    dead_letters: _DeadLetters,
+    plan: DrillPlan,
+    kafka: Any,
+    group: str,
+    source: str,
+    topics: Any,
     app: RetryApp,
 ) -> list[str]:
     """Wait until every id is handled or dead-lettered, then (20 s at most) until every running consumer
@@ -372,8 +407,11 @@ def _not_committed_to_end(kafka: Any, group: str, topic: str, plan: DrillPlan) -
     committed = committed_offsets(kafka, group, topic, plan.partitions)
     # exactly-once, a partition ends with a transaction's commit marker, one offset past the last record
     marker = 1 if plan.exactly_once else 0
-    return [f"{topic}[{p}] committed {committed[p]} of {ends[p]}" for p in ends
-            if ends[p] > 0 and (committed[p] or 0) < ends[p] - marker]  # fmt: skip
+    return [
+        f"{topic}[{p}] committed {committed[p]} of {ends[p]}"
+        for p in ends
+        if ends[p] > 0 and (committed[p] or 0) < ends[p] - marker
+    ]
 
 
 def _tier_copies(kafka: Any, tiers: list[str], partitions: int) -> dict[tuple[int, int], int]:
@@ -401,17 +439,32 @@ def _tier_copies(kafka: Any, tiers: list[str], partitions: int) -> dict[tuple[in
 
 
 def _outcome(
-    fault: str, ledger: _Ledger, dead_letters: _DeadLetters, plan: DrillPlan, fault_at: float,
-    tier_copies: dict[tuple[int, int], int], behind: tuple[list[str], list[str]], coordinator_killed: bool | None,
-) -> Outcome:  # fmt: skip
+    fault: str,
+    ledger: _Ledger,
+    dead_letters: _DeadLetters,
+    plan: DrillPlan,
+    fault_at: float,
+    tier_copies: dict[tuple[int, int], int],
+    behind: tuple[list[str], list[str]],
+    coordinator_killed: bool | None,
+) -> Outcome:
     planned_dlq = {i for i in range(plan.records) if fate(i) in (NON_RETRYABLE, ALWAYS_FAIL)}
     accounted = ledger.succeeded | set(dead_letters.copies)
-    early = [(i, topic, due - at) for i, calls in ledger.calls.items() for topic, _, at, due in calls
-             if due is not None and at < due]  # fmt: skip
+    early = [
+        (i, topic, due - at)
+        for i, calls in ledger.calls.items()
+        for topic, _, at, due in calls
+        if due is not None and at < due
+    ]
     planned_calls = {SUCCEED: 1, FAIL_ONCE: 2, NON_RETRYABLE: 1, ALWAYS_FAIL: 1 + len(plan.delays)}
-    extra = sum(len(ledger.calls.get(i, [])) for i in range(plan.records)) - sum(planned_calls[fate(i)] for i in range(plan.records))
-    first_call = {i: min(at for _, failures, at, _ in calls if failures == 0)
-                  for i, calls in ledger.calls.items() if any(f == 0 for _, f, _, _ in calls)}  # fmt: skip
+    extra = sum(len(ledger.calls.get(i, [])) for i in range(plan.records)) - sum(
+        planned_calls[fate(i)] for i in range(plan.records)
+    )
+    first_call = {
+        i: min(at for _, failures, at, _ in calls if failures == 0)
+        for i, calls in ledger.calls.items()
+        if any(f == 0 for _, f, _, _ in calls)
+    }
     source_late = [at - ledger.produced_at[i] for i, at in first_call.items() if i in ledger.produced_at]
     source_wait = [at - ledger.acked_at[i] for i, at in first_call.items() if i in ledger.acked_at]
     produce_delay = [ledger.acked_at[i] - ledger.produced_at[i] for i in ledger.acked_at if i in ledger.produced_at]
@@ -421,9 +474,10 @@ def _outcome(
         lost=sorted(set(range(plan.records)) - accounted),
         early=early,
         duplicate_dead_letters={i: n - 1 for i, n in dead_letters.copies.items() if n > 1},
-        unplanned_dead_letters=sorted(set(dead_letters.copies) - planned_dlq | {
-            i for i, reason in dead_letters.reasons.items() if reason != _PLANNED_REASON.get(fate(i))
-        }),
+        unplanned_dead_letters=sorted(
+            set(dead_letters.copies) - planned_dlq
+            | {i for i, reason in dead_letters.reasons.items() if reason != _PLANNED_REASON.get(fate(i))}
+        ),
         committed_tier_duplicates=tier_copies,
         uncommitted_while_running=behind[0],
         uncommitted=behind[1],

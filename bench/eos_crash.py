@@ -31,12 +31,16 @@ from retrytopics.connectors.brokers import local_broker
 from retrytopics.connectors.kafka import make_admin, make_producer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "integration" / "runtime"))
-from fault_worker import build_app, read_ledger, spawn  # type: ignore[import-not-found]  # noqa: E402
+from fault_worker import build_app, read_ledger, spawn  # type: ignore[import-not-found]
 
 CONSUMER = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
 CASES = {
     "old defaults (random id, 60 s transaction timeout)": (
-        "old", {"transaction.timeout.ms": 60_000}, {"max.poll.interval.ms": 50_000}, False),
+        "old",
+        {"transaction.timeout.ms": 60_000},
+        {"max.poll.interval.ms": 50_000},
+        False,
+    ),
     "new defaults, restarted with its instance id": ("new", {}, {}, True),
     "new defaults, replaced by another instance": ("replaced", {}, {}, False),
 }
@@ -52,16 +56,30 @@ def _wait(predicate: Any, timeout_s: float) -> Any:
     raise TimeoutError(f"nothing after {timeout_s}s")
 
 
-def _case(kafka: KafkaConfig, folder: Path, name: str, producer: dict[str, Any], consumer: dict[str, Any],
-          same_id: bool) -> float:  # fmt: skip
+def _case(
+    kafka: KafkaConfig, folder: Path, name: str, producer: dict[str, Any], consumer: dict[str, Any], same_id: bool
+) -> float:
     source = f"orders-{name}"
     ensure_topics(make_admin(kafka), [TopicSpec(name=source, partitions=1)])
-    settings = {"bootstrap": kafka.bootstrap, "group": f"billing-{name}", "source": source,
-                "consumer": {**CONSUMER, **consumer}, "delays": ["200ms"], "ledger": str(folder / f"{name}.jsonl"),
-                "log": str(folder / f"{name}.log"), "release": str(folder / "never"), "exactly_once": True,
-                "producer": producer}  # fmt: skip
-    tiers = build_app(settings, str(folder / f"{name}-tiers.jsonl"), exactly_once=True, instance_id="tiers",
-                      producer_overrides=producer)  # fmt: skip
+    settings = {
+        "bootstrap": kafka.bootstrap,
+        "group": f"billing-{name}",
+        "source": source,
+        "consumer": {**CONSUMER, **consumer},
+        "delays": ["200ms"],
+        "ledger": str(folder / f"{name}.jsonl"),
+        "log": str(folder / f"{name}.log"),
+        "release": str(folder / "never"),
+        "exactly_once": True,
+        "producer": producer,
+    }
+    tiers = build_app(
+        settings,
+        str(folder / f"{name}-tiers.jsonl"),
+        exactly_once=True,
+        instance_id="tiers",
+        producer_overrides=producer,
+    )
     tiers.provision()
     tiers.start(main=False, tiers="all")
     writer = make_producer(kafka)
@@ -75,8 +93,9 @@ def _case(kafka: KafkaConfig, folder: Path, name: str, producer: dict[str, Any],
     first.wait(10)
     second = spawn({**settings, "release": None}, {"RETRYTOPICS_INSTANCE_ID": "replica-1" if same_id else "replica-2"})
     try:
-        call = _wait(lambda: next((e for e in read_ledger(folder / f"{name}-tiers.jsonl") if e["attempt"] == 2),
-                                  None), 120)  # fmt: skip
+        call = _wait(
+            lambda: next((e for e in read_ledger(folder / f"{name}-tiers.jsonl") if e["attempt"] == 2), None), 120
+        )
     finally:
         second.send_signal(signal.SIGTERM)
         second.wait(30)

@@ -42,13 +42,29 @@ _new = tuple.__new__
 
 def _record(msg: Message) -> _Record:
     headers = msg.headers()
-    return _new(_Record, (msg.topic(), msg.partition(), msg.offset(), msg.timestamp()[1], msg.key(), msg.value(),
-                          () if headers is None else tuple(headers)))  # fmt: skip
+    return _new(
+        _Record,
+        (
+            msg.topic(),
+            msg.partition(),
+            msg.offset(),
+            msg.timestamp()[1],
+            msg.key(),
+            msg.value(),
+            () if headers is None else tuple(headers),
+        ),
+    )
 
 
 def _consumer(args: dict[str, Any]) -> Consumer:
-    consumer = Consumer({**CONSUMER_DEFAULTS, "bootstrap.servers": args["bootstrap"], "group.id": args["group"],
-                         **args.get("consumer_overrides", {})})  # fmt: skip
+    consumer = Consumer(
+        {
+            **CONSUMER_DEFAULTS,
+            "bootstrap.servers": args["bootstrap"],
+            "group.id": args["group"],
+            **args.get("consumer_overrides", {}),
+        }
+    )
     consumer.subscribe([args["topic"]])
     return consumer
 
@@ -109,16 +125,23 @@ def _retry_headers(record: _Record, exc: BaseException, stack: str, group: str, 
     message = str(exc)
     now = str(now_ms).encode()
     return [
-        ("retry.schema_version", b"1"), ("retry.reconsume_times", b"1"),
+        ("retry.schema_version", b"1"),
+        ("retry.reconsume_times", b"1"),
         ("retry.origin_message_id", f"{record.topic}-{record.partition}-{record.offset}".encode()),
-        ("retry.original_topic", record.topic.encode()), ("retry.original_partition", str(record.partition).encode()),
+        ("retry.original_topic", record.topic.encode()),
+        ("retry.original_partition", str(record.partition).encode()),
         ("retry.original_offset", str(record.offset).encode()),
-        ("retry.original_timestamp", str(record.timestamp_ms).encode()), ("retry.consumer_group", group.encode()),
-        ("retry.tier", b"0"), ("retry.due_at", str(now_ms + 3_600_000).encode()), ("retry.first_failed_at", now),
-        ("retry.last_failed_at", now), ("retry.exception_type", name.encode()),
+        ("retry.original_timestamp", str(record.timestamp_ms).encode()),
+        ("retry.consumer_group", group.encode()),
+        ("retry.tier", b"0"),
+        ("retry.due_at", str(now_ms + 3_600_000).encode()),
+        ("retry.first_failed_at", now),
+        ("retry.last_failed_at", now),
+        ("retry.exception_type", name.encode()),
         ("retry.exception_message", message.encode()),
-        ("retry.exception_trace", f"{stack}{name}: {message}\n".encode()), ("retry.replay_count", b"0"),
-    ]  # fmt: skip
+        ("retry.exception_trace", f"{stack}{name}: {message}\n".encode()),
+        ("retry.replay_count", b"0"),
+    ]
 
 
 def floor_failure(args: dict[str, Any]) -> None:
@@ -162,8 +185,13 @@ def floor_failure(args: dict[str, Any]) -> None:
                 headers = _retry_headers(record, exc, stacks.text(exc), group, int(time.time() * 1000))
                 waiting = pending.setdefault(tp, set())
                 waiting.add(record.offset)
-                producer.produce(tier, value=record.value, key=record.key, headers=headers,
-                                 on_delivery=delivered(waiting, record.offset))  # fmt: skip
+                producer.produce(
+                    tier,
+                    value=record.value,
+                    key=record.key,
+                    headers=headers,
+                    on_delivery=delivered(waiting, record.offset),
+                )
         producer.poll(0)
         # at-least-once: a position never passes a republish that is not acknowledged
         positions = {tp: min(pending[tp]) if pending.get(tp) else end for tp, end in consumed.items()}

@@ -39,12 +39,21 @@ def tier_headers(
     """Retry headers a tier consumer accepts: the record failed once at `failed_at` and is due at `due_at`."""
     return encode(
         RetryHeaders(
-            reconsume_times=1, origin_message_id=f"{ts.source}-{partition}-{offset}", original_topic=ts.source,
-            original_partition=partition, original_offset=offset, original_timestamp=failed_at,
-            consumer_group=ts.group, tier=tier, due_at=due_at, first_failed_at=failed_at,
-            last_failed_at=failed_at, exception_type="bench.Failure", exception_message="failed once",
+            reconsume_times=1,
+            origin_message_id=f"{ts.source}-{partition}-{offset}",
+            original_topic=ts.source,
+            original_partition=partition,
+            original_offset=offset,
+            original_timestamp=failed_at,
+            consumer_group=ts.group,
+            tier=tier,
+            due_at=due_at,
+            first_failed_at=failed_at,
+            last_failed_at=failed_at,
+            exception_type="bench.Failure",
+            exception_message="failed once",
             exception_trace="",
-        )  # fmt: skip
+        )
     )
 
 
@@ -53,12 +62,22 @@ def dlq_headers(ts: TopicSet, *, failed_at: int, offset: int, partition: int, ki
     of three exception types so that group-bys have something to count."""
     return encode(
         RetryHeaders(
-            reconsume_times=2, origin_message_id=f"{ts.source}-{partition}-{offset}", original_topic=ts.source,
-            original_partition=partition, original_offset=offset, original_timestamp=failed_at - 1000,
-            consumer_group=ts.group, tier=None, due_at=None, first_failed_at=failed_at - 1000,
-            last_failed_at=failed_at, exception_type=("bench.Timeout", "bench.Refused", "bench.BadData")[kind % 3],
-            exception_message="failed twice", exception_trace="", dlq_reason=DlqReason.EXHAUSTED,
-        )  # fmt: skip
+            reconsume_times=2,
+            origin_message_id=f"{ts.source}-{partition}-{offset}",
+            original_topic=ts.source,
+            original_partition=partition,
+            original_offset=offset,
+            original_timestamp=failed_at - 1000,
+            consumer_group=ts.group,
+            tier=None,
+            due_at=None,
+            first_failed_at=failed_at - 1000,
+            last_failed_at=failed_at,
+            exception_type=("bench.Timeout", "bench.Refused", "bench.BadData")[kind % 3],
+            exception_message="failed twice",
+            exception_trace="",
+            dlq_reason=DlqReason.EXHAUSTED,
+        )
     )
 
 
@@ -114,6 +133,12 @@ def dead_lettered_pipeline(b: Bench, stem: str, delays_ms: Sequence[int], n: int
     ts = tier_topics(source, group, delays_ms)
     create_topics(b.kafka, [source, *ts.all_topics], b.partitions)
     now = int(time.time() * 1000)
-    fill(b.kafka, ts.dlq, n, partitions=b.partitions, exact_end_offsets=b.broker == "tansu",
-         headers=lambda i, p: dlq_headers(ts, failed_at=now, offset=i, partition=p, kind=i))  # fmt: skip
+    fill(
+        b.kafka,
+        ts.dlq,
+        n,
+        partitions=b.partitions,
+        exact_end_offsets=b.broker == "tansu",
+        headers=lambda i, p: dlq_headers(ts, failed_at=now, offset=i, partition=p, kind=i),
+    )
     return ts

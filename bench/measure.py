@@ -81,8 +81,15 @@ class _State:
 class Child:
     """A child Python process (`python -m <module> <role> <json args>`) sampled every `interval_s`."""
 
-    def __init__(self, module: str, role: str, args: Mapping[str, Any], *, interval_s: float = 0.1,
-                 env: Mapping[str, str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        module: str,
+        role: str,
+        args: Mapping[str, Any],
+        *,
+        interval_s: float = 0.1,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self._argv = [sys.executable, "-m", module, role, json.dumps(dict(args))]
         self._role = role
         self._profiler: subprocess.Popen[bytes] | None = None
@@ -99,9 +106,13 @@ class Child:
 
     def __enter__(self) -> Child:
         self._proc = subprocess.Popen(
-            self._argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=self._env,
+            self._argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=self._env,
             cwd=Path(__file__).resolve().parent.parent,
-        )  # fmt: skip
+        )
         threading.Thread(target=self._read, daemon=True).start()
         threading.Thread(target=self._sample, daemon=True).start()
         self._profiler = attach(self._proc.pid, self._role)

@@ -97,9 +97,11 @@ class _Tally:
         try:
             for name, event in (("tiers", self.tiers), ("main", self.main), ("end", self.done)):
                 if not event.wait(timeout_s):
-                    raise TimeoutError(f"no {name} after {timeout_s}s: {self.assigned} tier partitions assigned, "
-                                       f"{self.source_calls} of {self.n} source records called, {len(self.ok)} ids "
-                                       f"OK, {self.dead} dead-lettered")  # fmt: skip
+                    raise TimeoutError(
+                        f"no {name} after {timeout_s}s: {self.assigned} tier partitions assigned, "
+                        f"{self.source_calls} of {self.n} source records called, {len(self.ok)} ids "
+                        f"OK, {self.dead} dead-lettered"
+                    )
                 if event is self.tiers:
                     start_main()
                 emit(name)
@@ -108,10 +110,18 @@ class _Tally:
 
     def report(self) -> None:
         main_s = self.main_at - self.first
-        emit("done", main_s=main_s, main_rate=self.n / main_s, main_cpu_s=self.main_cpu_s,
-             end_s=self.done_at - self.first, ok=len(self.ok), ok_calls=self.ok_calls, dead=self.dead,
-             not_ok=sorted(set(range(self.n)) - self.ok),
-             lateness_ms=[round(x, 3) for x in self.lateness_ms])  # fmt: skip
+        emit(
+            "done",
+            main_s=main_s,
+            main_rate=self.n / main_s,
+            main_cpu_s=self.main_cpu_s,
+            end_s=self.done_at - self.first,
+            ok=len(self.ok),
+            ok_calls=self.ok_calls,
+            dead=self.dead,
+            not_ok=sorted(set(range(self.n)) - self.ok),
+            lateness_ms=[round(x, 3) for x in self.lateness_ms],
+        )
 
 
 # -- retrytopics -------------------------------------------------------------------------------------------
@@ -136,9 +146,12 @@ def app_peer(args: dict[str, Any]) -> None:
     """A RetryApp running the job on `topic` (its tiers and DLQ already exist). Args: bootstrap, topic,
     retry_topics (the app's tier topics), group, n, partitions, consumer_overrides, timeout_s."""
     tally = _Tally(args["n"], len(DELAYS_MS) * args["partitions"])
-    app = RetryApp(kafka=KafkaConfig(bootstrap=args["bootstrap"]), group=args["group"],
-                   consumer_overrides=args.get("consumer_overrides", {}),
-                   hooks=[_Watch(tally, args["retry_topics"])])  # fmt: skip
+    app = RetryApp(
+        kafka=KafkaConfig(bootstrap=args["bootstrap"]),
+        group=args["group"],
+        consumer_overrides=args.get("consumer_overrides", {}),
+        hooks=[_Watch(tally, args["retry_topics"])],
+    )
 
     @app.handler(args["topic"], policy=RetryPolicy(delays=[f"{d}ms" for d in DELAYS_MS]))
     def handle(record: Record[bytes]) -> None:
@@ -162,8 +175,14 @@ def _peer_stage(args: dict[str, Any], stage: int, producer: Producer, tally: _Ta
     failure is produced to the next topic (retry topic or DLQ) with a due-time header; positions are
     committed after each batch without waiting for the acks (naive: a crash may lose those records)."""
     topics = [args["topic"], *args["retry_topics"], args["dlq"]]
-    consumer = Consumer({**CONSUMER_DEFAULTS, "bootstrap.servers": args["bootstrap"],
-                         "group.id": f"{args['group']}.{stage}", **args.get("consumer_overrides", {})})  # fmt: skip
+    consumer = Consumer(
+        {
+            **CONSUMER_DEFAULTS,
+            "bootstrap.servers": args["bootstrap"],
+            "group.id": f"{args['group']}.{stage}",
+            **args.get("consumer_overrides", {}),
+        }
+    )
     consumer.subscribe([topics[stage]], on_assign=lambda _c, tps: tally.tier_assigned(len(tps)) if stage else None)
     last = stage == len(DELAYS_MS)
 
@@ -183,8 +202,13 @@ def _peer_stage(args: dict[str, Any], stage: int, producer: Producer, tally: _Ta
             i = int(msg.value() or b"")
             if _fails(i, stage + 1):
                 next_due = int(time.time() * 1000) + DELAYS_MS[stage] if stage < len(DELAYS_MS) else 0
-                producer.produce(topics[stage + 1], msg.value(), partition=msg.partition(),
-                                 headers=[("due", str(next_due).encode())], on_delivery=acked)  # fmt: skip
+                producer.produce(
+                    topics[stage + 1],
+                    msg.value(),
+                    partition=msg.partition(),
+                    headers=[("due", str(next_due).encode())],
+                    on_delivery=acked,
+                )
             else:
                 tally.handled_ok(i)
             positions[(msg.topic(), msg.partition())] = msg.offset() + 1
@@ -199,8 +223,10 @@ def raw_peer(args: dict[str, Any]) -> None:
     Args: bootstrap, topic, retry_topics, dlq, group, n, partitions, consumer_overrides, timeout_s."""
     tally, stop = _Tally(args["n"], len(DELAYS_MS) * args["partitions"]), threading.Event()
     producer = Producer({**PRODUCER_DEFAULTS, "bootstrap.servers": args["bootstrap"]})
-    threads = [threading.Thread(target=_peer_stage, args=(args, stage, producer, tally, stop), daemon=True)
-               for stage in range(len(DELAYS_MS) + 1)]  # fmt: skip
+    threads = [
+        threading.Thread(target=_peer_stage, args=(args, stage, producer, tally, stop), daemon=True)
+        for stage in range(len(DELAYS_MS) + 1)
+    ]
     for thread in threads[1:]:
         thread.start()
 

@@ -28,10 +28,10 @@ def attach(pid: int, role: str) -> subprocess.Popen[bytes] | None:
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     out = Path(out_dir) / f"{role}-{pid}.txt"
     return subprocess.Popen(
-        [spy, "record", "--pid", str(pid), "--nonblocking", "--rate", "250", "--format", "raw",
-         "-o", str(out)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [spy, "record", "--pid", str(pid), "--nonblocking", "--rate", "250", "--format", "raw", "-o", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def _frame(raw: str) -> str:

@@ -27,8 +27,14 @@ def raw_consume(args: dict[str, Any]) -> None:
 
     Args: bootstrap, topic, group, n, batch, commit_every, commit_interval_s, consumer_overrides.
     """
-    consumer = Consumer({**CONSUMER_DEFAULTS, "bootstrap.servers": args["bootstrap"], "group.id": args["group"],
-                         **args.get("consumer_overrides", {})})  # fmt: skip
+    consumer = Consumer(
+        {
+            **CONSUMER_DEFAULTS,
+            "bootstrap.servers": args["bootstrap"],
+            "group.id": args["group"],
+            **args.get("consumer_overrides", {}),
+        }
+    )
     consumer.subscribe([args["topic"]])
     n, batch, handler = args["n"], args["batch"], _noop
     every, interval = args["commit_every"], args["commit_interval_s"]
@@ -61,7 +67,9 @@ def raw_produce(args: dict[str, Any]) -> None:
 
     Args: bootstrap, topic, n, partitions, value_size, headers (list of [key, value-text]), producer_overrides.
     """
-    producer = Producer({**PRODUCER_DEFAULTS, "bootstrap.servers": args["bootstrap"], **args.get("producer_overrides", {})})
+    producer = Producer(
+        {**PRODUCER_DEFAULTS, "bootstrap.servers": args["bootstrap"], **args.get("producer_overrides", {})}
+    )
     topic, n = args["topic"], args["n"]
     value = b"v" * args["value_size"]
     headers = [(k, v.encode()) for k, v in args["headers"]]
@@ -77,7 +85,9 @@ def raw_produce(args: dict[str, Any]) -> None:
     for i in range(n):
         while True:
             try:
-                producer.produce(topic, value=value, headers=headers, partition=i % args["partitions"], on_delivery=report)
+                producer.produce(
+                    topic, value=value, headers=headers, partition=i % args["partitions"], on_delivery=report
+                )
                 break
             except BufferError:
                 producer.poll(0.05)
@@ -96,8 +106,14 @@ def raw_paused(args: dict[str, Any]) -> None:
 
     Args: bootstrap, topic, group, partitions, consumer_overrides.
     """
-    consumer = Consumer({**CONSUMER_DEFAULTS, "bootstrap.servers": args["bootstrap"], "group.id": args["group"],
-                         **args.get("consumer_overrides", {})})  # fmt: skip
+    consumer = Consumer(
+        {
+            **CONSUMER_DEFAULTS,
+            "bootstrap.servers": args["bootstrap"],
+            "group.id": args["group"],
+            **args.get("consumer_overrides", {}),
+        }
+    )
     consumer.subscribe([args["topic"]])
     paused: set[int] = set()
     emit("ready")

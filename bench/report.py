@@ -18,7 +18,7 @@ import platform
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
@@ -89,9 +89,12 @@ class Result:
             "target": None if self.target is None else str(self.target),
             "met": self.met,
             "note": self.note,
-            **({"extra": {k: _rounded(v) if isinstance(v, float) else v for k, v in self.extra.items()}}
-               if self.extra else {}),
-        }  # fmt: skip
+            **(
+                {"extra": {k: _rounded(v) if isinstance(v, float) else v for k, v in self.extra.items()}}
+                if self.extra
+                else {}
+            ),
+        }
 
 
 def _rounded(x: float | None) -> float | None:
@@ -139,10 +142,17 @@ def _read(path: str) -> str:
 
 def machine() -> dict[str, str]:
     """The machine and software the figures were measured on."""
-    cpu = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines()
-                if line.startswith("model name")), platform.processor() or "unknown")  # fmt: skip
-    mem_kb = next((int(line.split()[1]) for line in _read("/proc/meminfo").splitlines()
-                   if line.startswith("MemTotal:")), 0)  # fmt: skip
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in _read("/proc/cpuinfo").splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor() or "unknown",
+    )
+    mem_kb = next(
+        (int(line.split()[1]) for line in _read("/proc/meminfo").splitlines() if line.startswith("MemTotal:")), 0
+    )
     try:
         import confluent_kafka
 
@@ -160,19 +170,29 @@ def machine() -> dict[str, str]:
 
 
 def render_markdown(
-    results: Sequence[Result], *, info: dict[str, str], mode: str, broker: str, wall_s: float,
-    findings: str = "", when: datetime | None = None,
+    results: Sequence[Result],
+    *,
+    info: dict[str, str],
+    mode: str,
+    broker: str,
+    wall_s: float,
+    findings: str = "",
+    when: datetime | None = None,
 ) -> str:
     """docs/benchmarks.md: machine, results table, how to run, how to read, profiling findings."""
-    when = when or datetime.now(timezone.utc)
-    rows = ["| scenario | N | figure | unit | raw baseline | ratio | target | met |",
-            "|---|---:|---:|---|---:|---:|---|---|"]  # fmt: skip
+    when = when or datetime.now(UTC)
+    rows = [
+        "| scenario | N | figure | unit | raw baseline | ratio | target | met |",
+        "|---|---:|---:|---|---:|---:|---|---|",
+    ]
     for r in results:
         n = "-" if r.n is None else f"{r.n:,}"
         figure = "not measured" if r.value is None else _num(r.value)
         target = "-" if r.target is None else str(r.target)
-        rows.append(f"| {r.scenario} | {n} | {figure} | {r.unit} | {_num(r.baseline)} | {_num(r.ratio)} "
-                    f"| {target} | {_met_word(r.met)} |")  # fmt: skip
+        rows.append(
+            f"| {r.scenario} | {n} | {figure} | {r.unit} | {_num(r.baseline)} | {_num(r.ratio)} "
+            f"| {target} | {_met_word(r.met)} |"
+        )
     notes = [f"- **{r.scenario}**: {r.note}" for r in results if r.note]
     body = [
         "# Benchmarks",

@@ -44,8 +44,10 @@ def spark_jobs(args: dict[str, Any]) -> None:
         for kafka_format in formats:
             start = time.monotonic()
             summaries[kafka_format] = audit(spark, kafka, topics, now_ms=now_ms, kafka_format=kafka_format)
-            audits[kafka_format] = {"seconds": time.monotonic() - start,
-                                    "dlq_records": summaries[kafka_format]["dlq"]["records"]}  # fmt: skip
+            audits[kafka_format] = {
+                "seconds": time.monotonic() - start,
+                "dlq_records": summaries[kafka_format]["dlq"]["records"],
+            }
         if "builtin" in audits:
             audits["builtin"]["same_summary"] = _comparable(summaries["builtin"]) == _comparable(summaries["python"])
         emit("done", **audits)

@@ -17,8 +17,17 @@ from retrytopics.connectors.kafka import map_kafka_errors
 from retrytopics.errors import ConfigError, KafkaClientError, TopicMismatchError
 
 __all__ = [
-    "ProvisionOutcome", "TopicDurability", "TopicSpec", "committed_offsets", "end_offsets", "ensure_topics",
-    "less_durable", "partition_count", "read_at", "replication_config", "topic_durability",
+    "ProvisionOutcome",
+    "TopicDurability",
+    "TopicSpec",
+    "committed_offsets",
+    "end_offsets",
+    "ensure_topics",
+    "less_durable",
+    "partition_count",
+    "read_at",
+    "replication_config",
+    "topic_durability",
 ]
 
 
@@ -77,16 +86,22 @@ def less_durable(source: str, durability: Mapping[str, TopicDurability]) -> list
         if name == source:
             continue
         if other.replication_factor < own.replication_factor:
-            warnings.append(f"{name} has replication factor {other.replication_factor}, less than its source "
-                            f"{source} ({own.replication_factor}): a record handed off there is less durable")  # fmt: skip
+            warnings.append(
+                f"{name} has replication factor {other.replication_factor}, less than its source "
+                f"{source} ({own.replication_factor}): a record handed off there is less durable"
+            )
         mine, theirs = own.min_insync_replicas, other.min_insync_replicas
         if mine is not None and theirs is not None and theirs < mine:
-            warnings.append(f"{name} has min.insync.replicas={other.min_insync_replicas}, less than its source "
-                            f"{source} ({own.min_insync_replicas}): an acks=all hand-off there needs fewer copies")  # fmt: skip
+            warnings.append(
+                f"{name} has min.insync.replicas={other.min_insync_replicas}, less than its source "
+                f"{source} ({own.min_insync_replicas}): an acks=all hand-off there needs fewer copies"
+            )
     return warnings
 
 
-def topic_durability(admin: AdminClient, names: Sequence[str], *, timeout_s: float = 10.0) -> dict[str, TopicDurability]:
+def topic_durability(
+    admin: AdminClient, names: Sequence[str], *, timeout_s: float = 10.0
+) -> dict[str, TopicDurability]:
     """Replication factor and effective `min.insync.replicas` of each existing topic of `names`."""
     from confluent_kafka.admin import ConfigResource, ResourceType  # type: ignore[attr-defined]
 
@@ -99,12 +114,16 @@ def topic_durability(admin: AdminClient, names: Sequence[str], *, timeout_s: flo
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            answers = admin.describe_configs([ConfigResource(ResourceType.TOPIC, n) for n in found], request_timeout=timeout_s)
+            answers = admin.describe_configs(
+                [ConfigResource(ResourceType.TOPIC, n) for n in found], request_timeout=timeout_s
+            )
             return {
-                resource.name: TopicDurability(replication_factor=replicas[resource.name],
-                                               min_insync_replicas=_min_insync(future.result(timeout_s)))
+                resource.name: TopicDurability(
+                    replication_factor=replicas[resource.name],
+                    min_insync_replicas=_min_insync(future.result(timeout_s)),
+                )
                 for resource, future in answers.items()
-            }  # fmt: skip
+            }
         except KafkaException as exc:
             # on a cluster, the broker asked may not know a topic created a moment ago through another one
             if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART or time.monotonic() > deadline:
@@ -172,7 +191,7 @@ def ensure_topics(
             _check(spec, existing[spec.name])
     missing = [s for s in specs if s.name not in existing]
     raced = _create(admin, missing, timeout_s) if missing else set()
-    _wait_visible(admin, [s for s in missing], timeout_s)
+    _wait_visible(admin, list(missing), timeout_s)
     outcome = {s.name: ProvisionOutcome.EXISTS for s in specs if s.name in existing or s.name in raced}
     outcome.update({s.name: ProvisionOutcome.CREATED for s in missing if s.name not in raced})
     return outcome
@@ -209,7 +228,9 @@ def end_offsets(admin_or_consumer: object, topic: str, partitions: int, *, timeo
     return result
 
 
-def committed_offsets(kafka: object, group: str, topic: str, partitions: int, *, timeout_s: float = 10.0) -> dict[int, int | None]:
+def committed_offsets(
+    kafka: object, group: str, topic: str, partitions: int, *, timeout_s: float = 10.0
+) -> dict[int, int | None]:
     """The group's committed offset per partition (None where it never committed). Reads only; the
     consumer used for the query never subscribes, so it never joins or disturbs the group."""
     from retrytopics.connectors.kafka import make_consumer

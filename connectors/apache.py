@@ -136,8 +136,13 @@ class ApacheKafkaBroker(BrokerProcess):
         node: KRaftNode | None = None,
     ) -> None:
         self._home = Path(tempfile.mkdtemp(prefix="retrytopics-kafka-"))
-        super().__init__(host=host, port=port, advertised_port=advertised_port,
-                         startup_timeout_s=startup_timeout_s, log_path=self._home / "broker.log")  # fmt: skip
+        super().__init__(
+            host=host,
+            port=port,
+            advertised_port=advertised_port,
+            startup_timeout_s=startup_timeout_s,
+            log_path=self._home / "broker.log",
+        )
         self.version = version
         self.heap = heap
         self.security = security
@@ -187,7 +192,9 @@ class ApacheKafkaBroker(BrokerProcess):
         classpath = str(jars / "*")
         if not self._formatted:
             self._format(java, classpath)
-        self._spawn([java, *self._jvm_options(), "-cp", classpath, "kafka.Kafka", str(self._home / "server.properties")])
+        self._spawn(
+            [java, *self._jvm_options(), "-cp", classpath, "kafka.Kafka", str(self._home / "server.properties")]
+        )
 
     def await_ready(self) -> None:
         """Wait until the launched broker lists itself in a metadata answer (see `_await_metadata`)."""
@@ -225,19 +232,33 @@ class ApacheKafkaBroker(BrokerProcess):
 
     def _jvm_options(self) -> list[str]:
         return [
-            f"-Xmx{self.heap}", f"-Xms{self.heap}", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
-            "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={self._home / 'log4j2.properties'}",
+            f"-Xmx{self.heap}",
+            f"-Xms{self.heap}",
+            "-XX:+UseSerialGC",
+            "-XX:TieredStopAtLevel=1",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={self._home / 'log4j2.properties'}",
             f"-Dkafka.logs.dir={self._home}",
-        ]  # fmt: skip
+        ]
 
     def _format(self, java: str, classpath: str) -> None:
         command = [
-            java, "-Xmx256m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC",
-            f"-Dlog4j2.configurationFile={self._home / 'log4j2.properties'}", "-cp", classpath,
-            "kafka.tools.StorageTool", "format", "--config", str(self._home / "server.properties"),
-            "--cluster-id", self.node.cluster_id if self.node else new_cluster_id(), "--ignore-formatted",
+            java,
+            "-Xmx256m",
+            "-XX:TieredStopAtLevel=1",
+            "-XX:+UseSerialGC",
+            f"-Dlog4j2.configurationFile={self._home / 'log4j2.properties'}",
+            "-cp",
+            classpath,
+            "kafka.tools.StorageTool",
+            "format",
+            "--config",
+            str(self._home / "server.properties"),
+            "--cluster-id",
+            self.node.cluster_id if self.node else new_cluster_id(),
+            "--ignore-formatted",
             *(self.security.format_arguments() if self.security else []),
-        ]  # fmt: skip
+        ]
         result = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
         if result.returncode != 0:
             output = result.stdout + result.stderr

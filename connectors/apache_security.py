@@ -71,8 +71,7 @@ class BrokerSecurity:
 
     def server_properties(self, listeners: tuple[str, ...]) -> dict[str, str]:
         """server.properties entries that secure the named listeners (SASL_SSL + SCRAM) and turn ACLs on."""
-        admin_login = (f'{_SCRAM_LOGIN} required username="{self.admin}" '
-                       f'password="{self.users[self.admin]}";')  # fmt: skip
+        admin_login = f'{_SCRAM_LOGIN} required username="{self.admin}" password="{self.users[self.admin]}";'
         properties = {
             "sasl.enabled.mechanisms": SCRAM_MECHANISM,
             "sasl.mechanism.inter.broker.protocol": SCRAM_MECHANISM,

@@ -30,8 +30,16 @@ DEFAULT_MAX_DEPTH: Final = 200
 
 _FIXED_SIZE: Final = {"null": 0, "boolean": 1, "float": 4, "double": 8}
 _SKIP, _VARINT, _UNION, _SIZED, _RECORD, _BLOCKS = range(6)
-_CODES: Final = {"skip": _SKIP, "varint": _VARINT, "enum": _VARINT, "union": _UNION, "sized": _SIZED,
-                 "record": _RECORD, "array": _BLOCKS, "map": _BLOCKS}  # fmt: skip
+_CODES: Final = {
+    "skip": _SKIP,
+    "varint": _VARINT,
+    "enum": _VARINT,
+    "union": _UNION,
+    "sized": _SIZED,
+    "record": _RECORD,
+    "array": _BLOCKS,
+    "map": _BLOCKS,
+}
 _NAMED: Final = ("record", "error", "enum", "fixed")
 
 
@@ -49,6 +57,7 @@ class _Node:
     min_size: int = -1  # fewest bytes a value takes; -1 until computed
     code: int = 0  # `kind` as one of the _SKIP... codes, for the walk
     reversed_children: tuple[_Node, ...] = ()  # record: its fields last to first, for the walk
+
 
 def bounds_check(
     schema: Any, *, max_items: int = DEFAULT_MAX_ITEMS, max_depth: int = DEFAULT_MAX_DEPTH

@@ -95,12 +95,17 @@ class BrokerProcess:
     def _spawn(self, command: list[str], env: Mapping[str, str] | None = None) -> None:
         if self._process is not None:
             raise EmbeddedBrokerError("the broker is already running")
-        log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed once the child has it
+        log_file = open(self.log_path, "ab")
         try:
             self._process = subprocess.Popen(
-                command, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=dict(env) if env is not None else None, preexec_fn=_die_with_parent, start_new_session=True,
-            )  # fmt: skip
+                command,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=dict(env) if env is not None else None,
+                preexec_fn=_die_with_parent,
+                start_new_session=True,
+            )
         finally:
             log_file.close()
 
@@ -120,14 +125,18 @@ class BrokerProcess:
                     tail = self.log_tail()
                     if "Address already in use" in tail or "AddrInUse" in tail:
                         raise BrokerPortInUse(f"{ports} is already in use")
-                    raise BrokerExitedEarly(f"{self.product} exited with status {process.returncode} during start-up", tail)
+                    raise BrokerExitedEarly(
+                        f"{self.product} exited with status {process.returncode} during start-up", tail
+                    )
                 try:
                     if admin.list_topics(timeout=0.5).brokers:
                         return
                 except Exception:  # noqa: BLE001 - not ready yet; the deadline bounds the loop
                     pass
                 if time.monotonic() > deadline:
-                    raise BrokerExitedEarly(f"{self.product} did not answer within {self.startup_timeout_s}s", self.log_tail())
+                    raise BrokerExitedEarly(
+                        f"{self.product} did not answer within {self.startup_timeout_s}s", self.log_tail()
+                    )
                 time.sleep(0.05)
         except BaseException:
             self.kill()

@@ -12,15 +12,30 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, KafkaException, Message as CKMessage, Producer
+from confluent_kafka import (
+    TIMESTAMP_NOT_AVAILABLE,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+)
+from confluent_kafka import (
+    Message as CKMessage,
+)
 from confluent_kafka import TopicPartition as CKTopicPartition
 
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.kafka import (
-    delivery_error, kafka_client_error, make_consumer, make_producer, map_kafka_errors,
+    delivery_error,
+    kafka_client_error,
+    make_consumer,
+    make_producer,
+    map_kafka_errors,
 )
 from retrytopics.connectors.record_headers import (
-    UndecodableHeaderError, headers_after_error, listed_headers,
+    UndecodableHeaderError,
+    headers_after_error,
+    listed_headers,
 )
 from retrytopics.errors import KafkaClientError
 from retrytopics.headers import Header
@@ -63,10 +78,19 @@ def _message(msg: CKMessage) -> Message:
             headers = tuple(listed)
     # confluent-kafka's stubs are looser than what it returns for a record (topic, partition, offset are set);
     # tuple.__new__ skips the NamedTuple's Python-level __new__ (half of this function's time, measured)
-    return _new_message(Message, (
-        msg.topic(), msg.partition(), msg.offset(), -1 if kind == TIMESTAMP_NOT_AVAILABLE else timestamp, msg.key(),
-        msg.value(), headers, error,
-    ))  # fmt: skip
+    return _new_message(
+        Message,
+        (
+            msg.topic(),
+            msg.partition(),
+            msg.offset(),
+            -1 if kind == TIMESTAMP_NOT_AVAILABLE else timestamp,
+            msg.key(),
+            msg.value(),
+            headers,
+            error,
+        ),
+    )
 
 
 def _log_failed_commit(err: KafkaError | None, partitions: list[CKTopicPartition]) -> None:
@@ -75,8 +99,10 @@ def _log_failed_commit(err: KafkaError | None, partitions: list[CKTopicPartition
     offsets = ", ".join(f"{p.topic}[{p.partition}]@{p.offset}" for p in partitions)
     log.warning(
         "asynchronous commit of %s failed: %s (these offsets stay uncommitted until a later commit covers them; "
-        "if this consumer lost its session, the new owner reads the records again)", offsets, err.str(),
-    )  # fmt: skip
+        "if this consumer lost its session, the new owner reads the records again)",
+        offsets,
+        err.str(),
+    )
 
 
 class KafkaConsumer:
@@ -222,8 +248,9 @@ class KafkaProducer:
                 if partition is None:
                     self._producer.produce(topic, key=key, value=value, headers=listed, on_delivery=report)
                 else:
-                    self._producer.produce(topic, key=key, value=value, headers=listed, partition=partition,
-                                           on_delivery=report)  # fmt: skip
+                    self._producer.produce(
+                        topic, key=key, value=value, headers=listed, partition=partition, on_delivery=report
+                    )
                 return
             except BufferError:
                 # The local queue is full: serve delivery reports (which frees room) and try again.
@@ -289,8 +316,9 @@ def read_tails(kafka: KafkaConfig, topics: Sequence[str], *, last: int, timeout_
                 described = consumer.list_topics(topic, timeout=max(0.1, deadline - time.monotonic())).topics.get(topic)
                 for partition in sorted(described.partitions) if described is not None and not described.error else ():
                     left = max(0.1, deadline - time.monotonic())
-                    low, high = consumer.get_watermark_offsets(CKTopicPartition(topic, partition), timeout=left,
-                                                               cached=False)  # fmt: skip
+                    low, high = consumer.get_watermark_offsets(
+                        CKTopicPartition(topic, partition), timeout=left, cached=False
+                    )
                     if high > low:
                         assignment.append(CKTopicPartition(topic, partition, max(low, high - last)))
             consumer.assign(assignment)
@@ -308,9 +336,13 @@ def read_tails(kafka: KafkaConfig, topics: Sequence[str], *, last: int, timeout_
                     else:  # its end, or an error (e.g. no READ on the topic): what was read so far is the tail
                         pending.discard((msg.topic(), msg.partition()))
                         if error.code() != KafkaError._PARTITION_EOF:
-                            log.warning("reading the tail of %s[%d] failed (%s); hand-offs to it are not recognised "
-                                        "after a rebalance (the app needs READ on it)", msg.topic(), msg.partition(),
-                                        error.str())  # fmt: skip
+                            log.warning(
+                                "reading the tail of %s[%d] failed (%s); hand-offs to it are not recognised "
+                                "after a rebalance (the app needs READ on it)",
+                                msg.topic(),
+                                msg.partition(),
+                                error.str(),
+                            )
             return read
     finally:
         consumer.close()

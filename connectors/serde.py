@@ -81,7 +81,7 @@ def _parse_schema(schema: str | Mapping[str, Any] | Sequence[Any]) -> Any:
     try:
         loaded = _json.loads(schema) if isinstance(schema, str) else schema
         return fastavro.parse_schema(loaded)  # type: ignore[arg-type]
-    except Exception as exc:  # noqa: BLE001 - any schema problem is a configuration error
+    except Exception as exc:
         raise ConfigError("schema", "<avro schema>", f"not a valid Avro schema: {exc}") from exc
 
 
@@ -181,5 +181,5 @@ def deserialize(
     ctx = SerializationContext(topic, MessageField.KEY if key else MessageField.VALUE, list(headers))
     try:
         return deserializer(data, ctx)
-    except Exception as exc:  # noqa: BLE001 - every decoder failure, whatever its type, is a poison record
+    except Exception as exc:
         raise PoisonRecordError(topic, partition, offset, data, exc) from exc

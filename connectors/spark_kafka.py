@@ -123,9 +123,13 @@ def _read(settings: _Settings, partition: InputPartition) -> Iterator[pa.RecordB
     if r is None:  # Spark replaces an empty plan with [InputPartition(None)]
         return iter(())
     return read_range(
-        settings.props, r, include_headers=settings.include_headers, batch_size=settings.batch_size,
-        poll_timeout_s=settings.poll_timeout_s, fail_on_data_loss=settings.fail_on_data_loss,
-    )  # fmt: skip
+        settings.props,
+        r,
+        include_headers=settings.include_headers,
+        batch_size=settings.batch_size,
+        poll_timeout_s=settings.poll_timeout_s,
+        fail_on_data_loss=settings.fail_on_data_loss,
+    )
 
 
 class _BatchReader(DataSourceReader):
@@ -211,7 +215,9 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return False
         available = sum(max(0, end - begin.get(tp, 0)) for tp, end in latest.items())
         now_ms = int(self._clock() * 1000)
-        if plan.delay_batch(available, s.min_offsets_per_trigger, now_ms, self._last_trigger_ms, s.max_trigger_delay_ms):
+        if plan.delay_batch(
+            available, s.min_offsets_per_trigger, now_ms, self._last_trigger_ms, s.max_trigger_delay_ms
+        ):
             return True
         self._last_trigger_ms = now_ms
         return False
@@ -223,7 +229,9 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         wm = {tp: (wm.get(tp, (0, 0))[0], max(stop[tp], wm.get(tp, (0, 0))[1])) for tp in stop}
         ranges = plan.plan_ranges(starts, stop, wm, fail_on_data_loss=self.settings.fail_on_data_loss)
         s = self.settings
-        return [_Range(r) for r in plan.split_ranges(ranges, min_partitions=s.min_partitions, max_records=s.max_records)]
+        return [
+            _Range(r) for r in plan.split_ranges(ranges, min_partitions=s.min_partitions, max_records=s.max_records)
+        ]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read(self.settings, partition)
@@ -277,10 +285,10 @@ class _StreamArrowWriter(_Producing, DataSourceStreamArrowWriter):
     """Streaming writes (`df.writeStream`): each micro-batch's tasks produce their rows; nothing to commit
     or undo afterwards, as with Spark's sink (a retried batch sends its rows again: at-least-once)."""
 
-    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803 - Spark's name
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Every task's records were acknowledged before it returned."""
 
-    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803 - Spark's name
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Records already sent cannot be taken back (Spark's sink does the same)."""
 
 
@@ -290,9 +298,13 @@ def validate_sink_schema(schema: StructType, topic_option: str | None) -> None:
     fields = {f.name: f.dataType for f in schema.fields}
     text_or_bytes = (StringType(), BinaryType())
     rules: dict[str, tuple[Any, ...]] = {
-        "value": text_or_bytes, "key": text_or_bytes, "topic": (StringType(),),
-        "headers": (_HEADERS,), "partition": (IntegerType(),), "timestamp": (TimestampType(),),
-    }  # fmt: skip
+        "value": text_or_bytes,
+        "key": text_or_bytes,
+        "topic": (StringType(),),
+        "headers": (_HEADERS,),
+        "partition": (IntegerType(),),
+        "timestamp": (TimestampType(),),
+    }
     if "value" not in fields:
         raise ConfigError("value", None, "the DataFrame to write needs a value column (string or binary)")
     if "topic" not in fields and not topic_option:
@@ -331,7 +343,7 @@ class KafkaDataSource(DataSource):
         validate_sink_schema(schema, get_option(self.options, "topic"))
         return _ArrowWriter(self.options)
 
-    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamArrowWriter:  # noqa: N802
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamArrowWriter:
         # Every output mode is accepted, as by Spark's sink: complete mode writes the whole result again.
         validate_sink_schema(schema, get_option(self.options, "topic"))
         return _StreamArrowWriter(self.options)
@@ -355,7 +367,9 @@ class Py4jSecretFilter(logging.Filter):
     ("Command to send: ...", one argument a line, strings prefixed with "s"), so an option such as
     `kafka.sasl.password` passed to a reader or writer would be logged in clear."""
 
-    _SECRET_VALUE = re.compile(r"(\ns[^\n]*(?:password|secret|jaas\.config|private\.key)[^\n]*\n)s[^\n]*", re.IGNORECASE)
+    _SECRET_VALUE = re.compile(
+        r"(\ns[^\n]*(?:password|secret|jaas\.config|private\.key)[^\n]*\n)s[^\n]*", re.IGNORECASE
+    )
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()

@@ -106,9 +106,11 @@ class OffsetResolver:
         # A group coordinator that is still loading (a broker just started or moved the group) answers
         # NOT_COORDINATOR / COORDINATOR_LOAD_IN_PROGRESS: ask again until the resolver's timeout.
         retrying = tenacity.Retrying(
-            retry=tenacity.retry_if_exception(_coordinator_moving), stop=tenacity.stop_after_delay(self._timeout_s),
-            wait=tenacity.wait_exponential(multiplier=0.05, max=1.0), reraise=True,
-        )  # fmt: skip
+            retry=tenacity.retry_if_exception(_coordinator_moving),
+            stop=tenacity.stop_after_delay(self._timeout_s),
+            wait=tenacity.wait_exponential(multiplier=0.05, max=1.0),
+            reraise=True,
+        )
         try:
             for attempt in retrying:
                 with attempt, map_kafka_errors():
@@ -194,8 +196,10 @@ def read_range(
             if not messages and time.monotonic() - waited_since > poll_timeout_s:
                 raise KafkaClientError(
                     f"no record from {r.topic}[{r.partition}] at offset {next_offset} for {poll_timeout_s}s "
-                    f"(reading up to {r.end})", code="TIMED_OUT", retriable=True,
-                )  # fmt: skip
+                    f"(reading up to {r.end})",
+                    code="TIMED_OUT",
+                    retriable=True,
+                )
             for message in messages:
                 next_offset = _accept(message, r, columns, next_offset, fail_on_data_loss)
                 if next_offset >= r.end:
@@ -217,14 +221,16 @@ def _accept(message: Any, r: OffsetRange, columns: _Columns, next_offset: int, f
         if error.code() != KafkaError._PARTITION_EOF:
             raise KafkaClientError(
                 f"reading {r.topic}[{r.partition}] at {next_offset}: {error.name()}: {error.str()}",
-                code=error.name(), retriable=error.retriable(), fatal=error.fatal(),
-            )  # fmt: skip
+                code=error.name(),
+                retriable=error.retriable(),
+                fatal=error.fatal(),
+            )
         if message.offset() < r.end and fail_on_data_loss and message.offset() <= next_offset:
             raise KafkaClientError(
                 f"{r.topic}[{r.partition}] ends at {message.offset()}, before the planned end {r.end} "
                 "(records deleted or the log truncated); set failOnDataLoss=false to accept it",
                 code="DATA_LOSS",
-            )  # fmt: skip
+            )
         return r.end if message.offset() <= next_offset else next_offset
     if message.offset() >= r.end:
         return r.end

@@ -13,6 +13,7 @@ offset asked for and the log's bounds); with `failOnDataLoss=false` it is clampe
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -25,12 +26,29 @@ from retrytopics.durations import parse_duration
 from retrytopics.errors import ConfigError
 
 __all__ = [
-    "EARLIEST", "LATEST", "OffsetRange", "OffsetSpec", "Subscription", "TopicPartitionKey",
-    "allocate_limit", "bool_option", "client_properties", "delay_batch", "duration_option", "get_option",
-    "int_option", "offsets_from_json", "offsets_to_json",
-    "parse_offset_spec", "plan_ranges", "resolve_offsets", "resolve_timestamps", "split_ranges",
-    "subscription_from_options", "timestamp_spec",
-]  # fmt: skip
+    "EARLIEST",
+    "LATEST",
+    "OffsetRange",
+    "OffsetSpec",
+    "Subscription",
+    "TopicPartitionKey",
+    "allocate_limit",
+    "bool_option",
+    "client_properties",
+    "delay_batch",
+    "duration_option",
+    "get_option",
+    "int_option",
+    "offsets_from_json",
+    "offsets_to_json",
+    "parse_offset_spec",
+    "plan_ranges",
+    "resolve_offsets",
+    "resolve_timestamps",
+    "split_ranges",
+    "subscription_from_options",
+    "timestamp_spec",
+]
 
 #: Offset sentinels of the JSON form, as in Spark: -2 = earliest, -1 = latest.
 EARLIEST: Final = -2
@@ -282,9 +300,10 @@ def plan_ranges(
         problem = _range_problem(start, end, low, high)
         if problem and fail_on_data_loss:
             raise ConfigError(
-                "offsets", f"{tp[0]}[{tp[1]}] [{start}, {end})",
+                "offsets",
+                f"{tp[0]}[{tp[1]}] [{start}, {end})",
                 f"{problem}; the log holds [{low}, {high}). Set failOnDataLoss=false to clamp to the log",
-            )  # fmt: skip
+            )
         start, end = min(max(start, low), high), min(max(end, low), high)
         if start > end:
             raise ConfigError("offsets", f"{tp[0]}[{tp[1]}] [{starts[tp]}, {ends[tp]})", "start is after end")
@@ -325,7 +344,7 @@ def split_ranges(
 def _chunks(r: OffsetRange, parts: int) -> list[OffsetRange]:
     parts = max(1, min(parts, r.size or 1))
     bounds = [r.start + (r.size * i) // parts for i in range(parts + 1)]
-    return [OffsetRange(r.topic, r.partition, a, b) for a, b in zip(bounds, bounds[1:], strict=False)]
+    return [OffsetRange(r.topic, r.partition, a, b) for a, b in itertools.pairwise(bounds)]
 
 
 def allocate_limit(

@@ -49,8 +49,8 @@ from retrytopics.runtime.loop import ConsumerLoop, DeadLetterCallback, LoopSetti
 from retrytopics.runtime.main import main_settings
 from retrytopics.runtime.publish import ALONE_OVERRIDES
 from retrytopics.runtime.seeding import verified_tails
-from retrytopics.signing import HeaderKeys, KeyLike
 from retrytopics.runtime.tiers import TIER_CONSUMER_DEFAULTS, tier_settings
+from retrytopics.signing import HeaderKeys, KeyLike
 from retrytopics.transactions import EXACTLY_ONCE_MAX_POLL_INTERVAL_MS, default_instance_id, transaction_timeout_ms
 
 __all__ = ["RetryApp"]
@@ -131,13 +131,23 @@ class RetryApp:
         self.on_dead_letter = on_dead_letter
         self._clients = clients
         self._header_keys = None if header_key is None else HeaderKeys.of(header_key, field="header_key")
-        self._registry = Registry(group=self.group, naming=self.naming, id_header=id_header,
-                                  redact=Redactor.with_patterns(redact_patterns), header_keys=self._header_keys)  # fmt: skip
+        self._registry = Registry(
+            group=self.group,
+            naming=self.naming,
+            id_header=id_header,
+            redact=Redactor.with_patterns(redact_patterns),
+            header_keys=self._header_keys,
+        )
         self._loop_defaults, self._tier_defaults = _loop_options(
-            batch_size=batch_size, commit_every=commit_every, commit_interval=commit_interval,
-            commit_on_ack=commit_on_ack, dedupe_capacity=dedupe_capacity, dedupe_seed=dedupe_seed,
-            wait_in_memory=wait_in_memory, wait_in_memory_records=wait_in_memory_records,
-        )  # fmt: skip
+            batch_size=batch_size,
+            commit_every=commit_every,
+            commit_interval=commit_interval,
+            commit_on_ack=commit_on_ack,
+            dedupe_capacity=dedupe_capacity,
+            dedupe_seed=dedupe_seed,
+            wait_in_memory=wait_in_memory,
+            wait_in_memory_records=wait_in_memory_records,
+        )
         self._dedupe_capacity = dedupe_capacity
         self.instance_id = instance_id or default_instance_id(os.environ, lambda: uuid.uuid4().hex[:12])
         self._eos = _exactly_once_overrides(self) if self.exactly_once else ({}, {})
@@ -185,11 +195,23 @@ class RetryApp:
         return self._register(topic, policy, value_deserializer, dlq, "1s", batch=True)
 
     def _register(
-        self, topic: str, policy: RetryPolicy | None, value_deserializer: Deserializer, dlq: str | None,
-        handler_budget: DurationLike, *, batch: bool,
-    ) -> Callable[[F], F]:  # fmt: skip
-        wanted = Registration(topic=topic, policy=policy, value_deserializer=value_deserializer, dlq=dlq,
-                              handler_budget=handler_budget, batch=batch)  # fmt: skip
+        self,
+        topic: str,
+        policy: RetryPolicy | None,
+        value_deserializer: Deserializer,
+        dlq: str | None,
+        handler_budget: DurationLike,
+        *,
+        batch: bool,
+    ) -> Callable[[F], F]:
+        wanted = Registration(
+            topic=topic,
+            policy=policy,
+            value_deserializer=value_deserializer,
+            dlq=dlq,
+            handler_budget=handler_budget,
+            batch=batch,
+        )
         bind = self._registry.add(wanted, lambda: self.max_poll_interval_ms)
 
         def register(fn: F) -> F:
@@ -210,7 +232,9 @@ class RetryApp:
         config = {**self.kafka.consumer_config(), **self.consumer_overrides}
         default = DEFAULT_MAX_POLL_INTERVAL_MS
         if self.exactly_once:
-            default = max(EXACTLY_ONCE_MAX_POLL_INTERVAL_MS, _ms(config, "session.timeout.ms", DEFAULT_SESSION_TIMEOUT_MS))
+            default = max(
+                EXACTLY_ONCE_MAX_POLL_INTERVAL_MS, _ms(config, "session.timeout.ms", DEFAULT_SESSION_TIMEOUT_MS)
+            )
         return _ms(config, "max.poll.interval.ms", default)
 
     @property
@@ -225,16 +249,22 @@ class RetryApp:
     # -- provisioning ----------------------------------------------------------------------------------------
 
     def provision(
-        self, *, partitions: int | None = None, replication_factor: int = -1, min_insync_replicas: int | None = None,
+        self,
+        *,
+        partitions: int | None = None,
+        replication_factor: int = -1,
+        min_insync_replicas: int | None = None,
         timeout: DurationLike = "30s",
-    ) -> dict[str, ProvisionOutcome]:  # fmt: skip
+    ) -> dict[str, ProvisionOutcome]:
         """Create the tier topics and DLQs that are missing (never the source topics), with the source's
         partition count unless `partitions` is given (keyless records keep their partition; an existing topic
         with another count is a `TopicMismatchError`), `replication_factor` copies and `min_insync_replicas`
         (-1 and None: the broker's defaults). Logs a WARNING per tier or DLQ less durable than its source."""
         clients = self._client_factory()
         timeout_s = parse_duration(timeout, field="timeout") / 1000
-        specs = _tier_specs(self._registry.bindings, clients, partitions, (replication_factor, min_insync_replicas), timeout_s)
+        specs = _tier_specs(
+            self._registry.bindings, clients, partitions, (replication_factor, min_insync_replicas), timeout_s
+        )
         outcome = clients.ensure_topics(specs, timeout_s)
         _warn_less_durable(self._registry.bindings, clients, timeout_s)
         return outcome
@@ -249,11 +279,19 @@ class RetryApp:
             raise ConfigError("app", "stopped", "a stopped RetryApp cannot be restarted; build a new one")
         settings: list[LoopSettings] = []
         if main:
-            settings.append(main_settings(self.group, list(self._registry.bindings), **self._loop_defaults,
-                                          exactly_once=self.exactly_once))  # fmt: skip
+            settings.append(
+                main_settings(
+                    self.group, list(self._registry.bindings), **self._loop_defaults, exactly_once=self.exactly_once
+                )
+            )
         if tiers is not None:
-            settings += tier_settings(self._registry.bindings, tiers, **self._loop_defaults, **self._tier_defaults,
-                                      exactly_once=self.exactly_once)  # fmt: skip
+            settings += tier_settings(
+                self._registry.bindings,
+                tiers,
+                **self._loop_defaults,
+                **self._tier_defaults,
+                exactly_once=self.exactly_once,
+            )
         _claim_transactional_ids(self, settings)
         clients = self._client_factory()
         self._runner.start([self._loop(s, clients) for s in settings])
@@ -269,14 +307,17 @@ class RetryApp:
         producer_overrides = {**self.producer_overrides, **self._eos[1]}
         transactional_id = _transactional_id(settings, self.instance_id) if self.exactly_once else None
         return ConsumerLoop(
-            settings, bindings,
+            settings,
+            bindings,
             consumer_factory=lambda: clients.consumer(settings.group_id, overrides),
             producer_factory=lambda: clients.producer(transactional_id, producer_overrides),
             alone_producer_factory=lambda: clients.producer(None, {**self.producer_overrides, **ALONE_OVERRIDES}),
-            emitter=self._emitter, stop=self._runner.stop_event,
-            audit=DuplicateAudit(self._dedupe_capacity), on_dead_letter=self.on_dead_letter,
+            emitter=self._emitter,
+            stop=self._runner.stop_event,
+            audit=DuplicateAudit(self._dedupe_capacity),
+            on_dead_letter=self.on_dead_letter,
             tail_reader=verified_tails(clients.read_tails, self._header_keys),
-        )  # fmt: skip
+        )
 
     def run(self) -> None:
         """Run the main consumer (all handled topics) until SIGTERM/SIGINT or `stop()`; blocks."""
@@ -351,16 +392,22 @@ def _claim_transactional_ids(app: RetryApp, settings: list[LoopSettings]) -> Non
         for transactional_id in ids:
             owner = _claimed_ids.get(transactional_id)
             if owner is not None and owner is not app._runner and not owner.join(0):
-                raise ConfigError("instance_id", app.instance_id,
-                                  f"another RetryApp of this process runs the consumer with transactional id "
-                                  f"{transactional_id!r}; give each app its own instance_id")  # fmt: skip
+                raise ConfigError(
+                    "instance_id",
+                    app.instance_id,
+                    f"another RetryApp of this process runs the consumer with transactional id "
+                    f"{transactional_id!r}; give each app its own instance_id",
+                )
         _claimed_ids.update(dict.fromkeys(ids, app._runner))
 
 
 def _tier_specs(
-    bindings: Mapping[str, Binding], clients: ClientFactory, partitions: int | None,
-    replication: tuple[int, int | None], timeout_s: float,
-) -> list[TopicSpec]:  # fmt: skip
+    bindings: Mapping[str, Binding],
+    clients: ClientFactory,
+    partitions: int | None,
+    replication: tuple[int, int | None],
+    timeout_s: float,
+) -> list[TopicSpec]:
     """The tier and DLQ topics of every registered source, with the source's partition count unless
     `partitions` is given; `replication` is (replication factor, min.insync.replicas), checked first."""
     replication_factor, min_insync_replicas = replication
@@ -371,8 +418,10 @@ def _tier_specs(
         count = partitions or clients.partition_count(topic, timeout_s)
         if count is None:
             raise ConfigError("topic", topic, "the source topic does not exist; create it, or pass partitions=")
-        specs += [TopicSpec(name=name, partitions=count, replication_factor=replication_factor, config=config)
-                  for name in binding.ctx.topics.all_topics]  # fmt: skip
+        specs += [
+            TopicSpec(name=name, partitions=count, replication_factor=replication_factor, config=config)
+            for name in binding.ctx.topics.all_topics
+        ]
     return specs
 
 
@@ -388,12 +437,23 @@ def _warn_less_durable(bindings: Mapping[str, Binding], clients: ClientFactory, 
 
 
 def _loop_options(
-    *, batch_size: int, commit_every: int, commit_interval: DurationLike, commit_on_ack: bool, dedupe_capacity: int,
-    dedupe_seed: int, wait_in_memory: DurationLike, wait_in_memory_records: int,
-) -> tuple[dict[str, Any], dict[str, Any]]:  # fmt: skip
+    *,
+    batch_size: int,
+    commit_every: int,
+    commit_interval: DurationLike,
+    commit_on_ack: bool,
+    dedupe_capacity: int,
+    dedupe_seed: int,
+    wait_in_memory: DurationLike,
+    wait_in_memory_records: int,
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """The checked LoopSettings fields of every consumer, and those only tier consumers use."""
-    for name, value in (("batch_size", batch_size), ("commit_every", commit_every),
-                        ("dedupe_capacity", dedupe_capacity), ("wait_in_memory_records", wait_in_memory_records)):
+    for name, value in (
+        ("batch_size", batch_size),
+        ("commit_every", commit_every),
+        ("dedupe_capacity", dedupe_capacity),
+        ("wait_in_memory_records", wait_in_memory_records),
+    ):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(name, value, "expected an int >= 1")
     if isinstance(dedupe_seed, bool) or not isinstance(dedupe_seed, int) or dedupe_seed < 0:

@@ -72,8 +72,12 @@ def pipeline_chart(path: str, *, title: str, stages: Sequence[Bar], failures: Se
     import matplotlib.pyplot as plt
 
     longest = max(len(safe_text(b.label, _LABEL_LIMIT)) for b in [*stages, *failures])
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(6.5 + 0.075 * longest, 2.6 + 0.42 * (len(stages) + len(failures))),
-                                      height_ratios=[len(stages), max(1, len(failures))])  # fmt: skip
+    fig, (top, bottom) = plt.subplots(
+        2,
+        1,
+        figsize=(6.5 + 0.075 * longest, 2.6 + 0.42 * (len(stages) + len(failures))),
+        height_ratios=[len(stages), max(1, len(failures))],
+    )
     _bars(top, stages, f"Records per stage: {title}")
     if failures:
         _bars(bottom, failures, "Tier and DLQ records by exception type")

@@ -113,7 +113,9 @@ def classify(policy: RetryPolicy, exc: BaseException) -> Classification:
     return _retryable(policy, chain, allowed)
 
 
-def _first(chain: list[BaseException], kinds: type[BaseException] | tuple[type[BaseException], ...]) -> BaseException | None:
+def _first(
+    chain: list[BaseException], kinds: type[BaseException] | tuple[type[BaseException], ...]
+) -> BaseException | None:
     for link in chain:
         if isinstance(link, kinds):
             return link

@@ -32,9 +32,20 @@ def _settings(args: argparse.Namespace) -> Any:
 
     flags = {
         "kafka": {"bootstrap": getattr(args, "bootstrap", None)},
-        "app": {name: getattr(args, name, None)
-                for name in ("topic", "group", "delays", "partitions", "replication_factor", "min_insync_replicas",
-                             "naming", "dlq", "header_key_file")},
+        "app": {
+            name: getattr(args, name, None)
+            for name in (
+                "topic",
+                "group",
+                "delays",
+                "partitions",
+                "replication_factor",
+                "min_insync_replicas",
+                "naming",
+                "dlq",
+                "header_key_file",
+            )
+        },
         "metrics": {"port": getattr(args, "metrics_port", None)},
         "logging": {"level": getattr(args, "log_level", None), "json": getattr(args, "log_json", None) or None},
     }
@@ -134,9 +145,14 @@ def _peek_row(record: Any) -> list[Any]:
     if retry is None:
         return [where, "bad headers", None, None, shown(record.header_error, _PEEK_EXCEPTION_LIMIT), key]
     exception = ": ".join(str(part) for part in (retry.get("exception_type"), retry.get("exception_message")) if part)
-    return [where, shown(retry.get("reason"), _PEEK_EXCEPTION_LIMIT), retry.get("reconsume_times"),
-            shown(retry.get("origin_message_id"), _PEEK_ID_LIMIT), shown(exception or None, _PEEK_EXCEPTION_LIMIT),
-            key]  # fmt: skip
+    return [
+        where,
+        shown(retry.get("reason"), _PEEK_EXCEPTION_LIMIT),
+        retry.get("reconsume_times"),
+        shown(retry.get("origin_message_id"), _PEEK_ID_LIMIT),
+        shown(exception or None, _PEEK_EXCEPTION_LIMIT),
+        key,
+    ]
 
 
 def _cmd_topics_describe(args: argparse.Namespace) -> int:
@@ -149,8 +165,27 @@ def _cmd_topics_describe(args: argparse.Namespace) -> int:
         print(json.dumps([row.as_dict() for row in rows]))
         return 0
     columns = ["topic", "kind", "partition", "end", "committed", "lag", "state", "replicas", "isr", "min_isr"]
-    print(table(columns, [[r.topic, r.kind, r.partition, r.end_offset, r.committed, r.lag, r.state, r.replicas,
-                           r.in_sync_replicas, r.min_insync_replicas] for r in rows], align="llrrrrlrrr"))  # fmt: skip
+    print(
+        table(
+            columns,
+            [
+                [
+                    r.topic,
+                    r.kind,
+                    r.partition,
+                    r.end_offset,
+                    r.committed,
+                    r.lag,
+                    r.state,
+                    r.replicas,
+                    r.in_sync_replicas,
+                    r.min_insync_replicas,
+                ]
+                for r in rows
+            ],
+            align="llrrrrlrrr",
+        )
+    )
     return 0
 
 
@@ -220,9 +255,15 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     configure_logging(args.log_level or "WARNING")
     options = DemoOptions(
-        records=args.records, partitions=args.partitions, delays=tuple(args.delays), seed=args.seed,
-        bootstrap=args.bootstrap, broker=args.broker, spark=not args.no_spark, timeout_s=args.timeout,
-    )  # fmt: skip
+        records=args.records,
+        partitions=args.partitions,
+        delays=tuple(args.delays),
+        seed=args.seed,
+        bootstrap=args.bootstrap,
+        broker=args.broker,
+        spark=not args.no_spark,
+        timeout_s=args.timeout,
+    )
     if args.console:
         preflight.require_extra("console", True, "starlette", "console")
 
@@ -245,8 +286,10 @@ def _demo_console_command(summary: dict[str, Any], options: Any) -> str:
     """The command that shows the demo's pipeline in the console: on a cluster of the user's, the console
     itself; on a local broker, which stops with the demo, the demo again with --console."""
     if options.bootstrap:
-        return (f"retrytopics console --bootstrap {options.bootstrap} --topic {summary['topics']['source']} "
-                f"--group demo --delays {','.join(summary['delays'])}")  # fmt: skip
+        return (
+            f"retrytopics console --bootstrap {options.bootstrap} --topic {summary['topics']['source']} "
+            f"--group demo --delays {','.join(summary['delays'])}"
+        )
     broker = "" if options.broker == "tansu" else f" --broker {options.broker}"
     return f"retrytopics demo --console{broker} --no-spark  (keeps its broker up and serves the console)"
 
@@ -300,7 +343,10 @@ def _add_spark_jobs(commands: Any) -> None:
 
 
 def _need_spark(missing: str) -> int:
-    print(f"retrytopics: this command needs the spark extra: pip install 'retrytopics[spark]' ({missing})", file=sys.stderr)
+    print(
+        f"retrytopics: this command needs the spark extra: pip install 'retrytopics[spark]' ({missing})",
+        file=sys.stderr,
+    )
     return 2
 
 
@@ -310,12 +356,19 @@ def _common(parser: argparse.ArgumentParser, *, pipeline: bool = False) -> None:
     parser.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     parser.add_argument("--log-json", action="store_true", help="log one JSON object per line")
     if pipeline:
-        parser.add_argument("--app", metavar="MODULE:OBJECT", help="take topic, group, delays and Kafka settings "
-                            "from this RetryApp (the options below override it)")  # fmt: skip
+        parser.add_argument(
+            "--app",
+            metavar="MODULE:OBJECT",
+            help="take topic, group, delays and Kafka settings from this RetryApp (the options below override it)",
+        )
         parser.add_argument("--topic", help="source topic")
         parser.add_argument("--group", help="consumer group that owns the retries")
-        parser.add_argument("--delays", type=lambda s: [d for d in s.split(",") if d], metavar="5s,30s,5m",
-                            help="tier delays (required unless given in [app] or by --app)")  # fmt: skip
+        parser.add_argument(
+            "--delays",
+            type=lambda s: [d for d in s.split(",") if d],
+            metavar="5s,30s,5m",
+            help="tier delays (required unless given in [app] or by --app)",
+        )
         parser.add_argument("--naming", choices=["by_delay", "by_index", "shared"])
         parser.add_argument("--dlq", help="DLQ topic name (default from the naming strategy)")
 
@@ -326,16 +379,31 @@ def _add_topics(commands: Any) -> None:
     create = actions.add_parser("create", help="create missing tier and DLQ topics (idempotent)")
     _common(create, pipeline=True)
     create.add_argument("--partitions", type=int, help="partitions of tier and DLQ topics (default: source's)")
-    create.add_argument("--replication-factor", type=int, metavar="N",
-                        help="replicas of each new topic (default: the broker's default.replication.factor)")
-    create.add_argument("--min-insync-replicas", type=int, metavar="N",
-                        help="min.insync.replicas of each new topic (default: the broker's)")
-    create.add_argument("--create-source", action="store_true", help="also create the source topic (needs --partitions)")
+    create.add_argument(
+        "--replication-factor",
+        type=int,
+        metavar="N",
+        help="replicas of each new topic (default: the broker's default.replication.factor)",
+    )
+    create.add_argument(
+        "--min-insync-replicas",
+        type=int,
+        metavar="N",
+        help="min.insync.replicas of each new topic (default: the broker's)",
+    )
+    create.add_argument(
+        "--create-source", action="store_true", help="also create the source topic (needs --partitions)"
+    )
     create.set_defaults(run=_cmd_topics_create)
     describe = actions.add_parser("describe", help="offsets, lag, waiting/overdue state and replicas per partition")
     _common(describe, pipeline=True)
-    describe.add_argument("--grace", type=_duration_ms, default="30s", metavar="DURATION",
-                          help="how long past due a head record is overdue (default 30s)")  # fmt: skip
+    describe.add_argument(
+        "--grace",
+        type=_duration_ms,
+        default="30s",
+        metavar="DURATION",
+        help="how long past due a head record is overdue (default 30s)",
+    )
     describe.add_argument("--json", action="store_true")
     describe.set_defaults(run=_cmd_topics_describe)
 
@@ -377,8 +445,9 @@ def _cmd_console(args: argparse.Namespace) -> int:
 
     token = console_token(args.token_file, os.environ) if args.actions else None
     render = app_renderer(preflight.load_app(args.app), pipeline.topic) if args.app and pipeline.topic else None
-    options = ConsoleOptions(host=args.host, actions=args.actions, token=token, render=render,
-                             header_keys=pipeline.header_keys)  # fmt: skip
+    options = ConsoleOptions(
+        host=args.host, actions=args.actions, token=token, render=render, header_keys=pipeline.header_keys
+    )
     serve(kafka, pipeline, options, port=args.port, grace_ms=args.grace)
     return 0
 
@@ -386,13 +455,23 @@ def _cmd_console(args: argparse.Namespace) -> int:
 def _add_console(commands: Any) -> None:
     console = commands.add_parser("console", help="the operator console in the browser: pipeline, DLQ, lineage, replay")
     _common(console, pipeline=True)
-    console.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    console.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)"
+    )
     console.add_argument("--port", type=int, default=8765, help="port to listen on (default 8765)")
-    console.add_argument("--grace", type=_duration_ms, default="30s", metavar="DURATION",
-                         help="how long past due a tier head record is overdue (default 30s)")  # fmt: skip
+    console.add_argument(
+        "--grace",
+        type=_duration_ms,
+        default="30s",
+        metavar="DURATION",
+        help="how long past due a tier head record is overdue (default 30s)",
+    )
     console.add_argument("--actions", action="store_true", help="allow replays from the page (needs a token)")
-    console.add_argument("--token-file", metavar="FILE", help="the operators' token, for --actions "
-                         "(or RETRYTOPICS_CONSOLE_TOKEN; at least 16 characters)")  # fmt: skip
+    console.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help="the operators' token, for --actions (or RETRYTOPICS_CONSOLE_TOKEN; at least 16 characters)",
+    )
     console.set_defaults(run=_cmd_console)
 
 
@@ -402,14 +481,21 @@ def _add_demo(commands: Any) -> None:
     demo.add_argument("--partitions", type=int, default=3)
     demo.add_argument("--delays", type=lambda s: [d for d in s.split(",") if d], default=["200ms", "500ms", "1s"])
     demo.add_argument("--seed", type=int, default=7)
-    demo.add_argument("--broker", choices=["tansu", "apache", "cluster"], default="tansu",
-                      help="local broker to start: tansu (embedded, starts in <1 s), apache (Apache Kafka, ~5 s) "
-                      "or cluster (3 Apache Kafka nodes, replication factor 3, ~10 s)")
+    demo.add_argument(
+        "--broker",
+        choices=["tansu", "apache", "cluster"],
+        default="tansu",
+        help="local broker to start: tansu (embedded, starts in <1 s), apache (Apache Kafka, ~5 s) "
+        "or cluster (3 Apache Kafka nodes, replication factor 3, ~10 s)",
+    )
     demo.add_argument("--bootstrap", help="use this Kafka cluster instead of starting a local broker")
     demo.add_argument("--json", action="store_true", help="print one JSON summary object on stdout")
     demo.add_argument("--no-spark", action="store_true", help="skip the Spark audit at the end")
-    demo.add_argument("--console", action="store_true",
-                      help="then serve the console on the demo's pipeline (read-only, port 8765) until Ctrl-C")  # fmt: skip
+    demo.add_argument(
+        "--console",
+        action="store_true",
+        help="then serve the console on the demo's pipeline (read-only, port 8765) until Ctrl-C",
+    )
     demo.add_argument("--timeout", type=_duration_ms, default="5m", metavar="DURATION", help="give up after this long")
     demo.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     demo.set_defaults(run=_cmd_demo)
@@ -428,11 +514,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="retrytopics", description="Non-blocking retries for Apache Kafka.")
     parser.add_argument("--version", action="version", version=f"retrytopics {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    broker = commands.add_parser("broker", help="run a local broker (tansu or Apache Kafka) in the foreground for development")
+    broker = commands.add_parser(
+        "broker", help="run a local broker (tansu or Apache Kafka) in the foreground for development"
+    )
     broker.add_argument("--port", type=int, default=None, help="listen port (default: a free one)")
-    broker.add_argument("--kind", choices=["tansu", "apache", "cluster"], default="tansu",
-                        help="tansu (embedded, in memory), apache (Apache Kafka from the Maven cache) or cluster "
-                        "(3 Apache Kafka nodes; --port does not apply)")
+    broker.add_argument(
+        "--kind",
+        choices=["tansu", "apache", "cluster"],
+        default="tansu",
+        help="tansu (embedded, in memory), apache (Apache Kafka from the Maven cache) or cluster "
+        "(3 Apache Kafka nodes; --port does not apply)",
+    )
     broker.set_defaults(run=_cmd_broker)
     _add_topics(commands)
     _add_dlq(commands)

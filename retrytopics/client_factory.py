@@ -24,17 +24,26 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from retrytopics.connectors.admin import (
-    ProvisionOutcome, TopicDurability, TopicSpec, ensure_topics, partition_count, topic_durability,
-)  # fmt: skip
-from retrytopics.connectors.clients import DEFAULT_MAX_POLL_INTERVAL_MS, DEFAULT_SESSION_TIMEOUT_MS, KafkaConsumer
-from retrytopics.connectors.clients import KafkaProducer, read_tails
+    ProvisionOutcome,
+    TopicDurability,
+    TopicSpec,
+    ensure_topics,
+    partition_count,
+    topic_durability,
+)
+from retrytopics.connectors.clients import (
+    DEFAULT_MAX_POLL_INTERVAL_MS,
+    DEFAULT_SESSION_TIMEOUT_MS,
+    KafkaConsumer,
+    KafkaProducer,
+    read_tails,
+)
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.kafka import make_admin
 from retrytopics.errors import ConfigError, KafkaClientError, TopicMismatchError
 from retrytopics.headers import Header
 from retrytopics.memory import MemoryBroker, MemoryConsumer, MemoryProducer
-from retrytopics.ports import ConsumerPort, DeliveryCallback, Message, PartitionsCallback, ProducerPort
-from retrytopics.ports import TopicPartition
+from retrytopics.ports import ConsumerPort, DeliveryCallback, Message, PartitionsCallback, ProducerPort, TopicPartition
 from retrytopics.transactions import CALL_TIMEOUT_MS
 
 __all__ = ["ClientFactory", "KafkaClientFactory", "MemoryClientFactory"]
@@ -81,8 +90,12 @@ class KafkaClientFactory:
 
     def producer(self, transactional_id: str | None, overrides: Mapping[str, Any]) -> ProducerPort:
         # a topic's partition count is asked for in the loop, on a hand-off's first publish to it
-        return KafkaProducer(self.kafka, transactional_id=transactional_id, overrides=overrides,
-                             metadata_timeout_s=CALL_TIMEOUT_MS / 1000)  # fmt: skip
+        return KafkaProducer(
+            self.kafka,
+            transactional_id=transactional_id,
+            overrides=overrides,
+            metadata_timeout_s=CALL_TIMEOUT_MS / 1000,
+        )
 
     def read_tails(self, topics: Sequence[str], last: int, timeout_s: float) -> list[Message]:
         return read_tails(self.kafka, topics, last=last, timeout_s=timeout_s)
@@ -122,11 +135,12 @@ class MemoryClientFactory:
     def consumer(self, group_id: str, overrides: Mapping[str, Any]) -> ConsumerPort:
         with self.lock:
             consumer = self.broker.consumer(
-                group_id, read_committed=overrides.get("isolation.level", "read_committed") != "read_uncommitted",
+                group_id,
+                read_committed=overrides.get("isolation.level", "read_committed") != "read_uncommitted",
                 auto_offset_reset=str(overrides.get("auto.offset.reset", "earliest")),
                 max_poll_interval_ms=int(overrides.get("max.poll.interval.ms", DEFAULT_MAX_POLL_INTERVAL_MS)),
                 session_timeout_ms=int(overrides.get("session.timeout.ms", DEFAULT_SESSION_TIMEOUT_MS)),
-            )  # fmt: skip
+            )
         return _LockedConsumer(consumer, self._written)
 
     def producer(self, transactional_id: str | None, overrides: Mapping[str, Any]) -> ProducerPort:
@@ -170,8 +184,11 @@ class MemoryClientFactory:
     def topic_durability(self, topics: Sequence[str], timeout_s: float) -> dict[str, TopicDurability]:
         # one copy of everything, in this process's memory
         with self.lock:
-            return {t: TopicDurability(replication_factor=1, min_insync_replicas=1)
-                    for t in topics if self.partition_count(t, timeout_s) is not None}  # fmt: skip
+            return {
+                t: TopicDurability(replication_factor=1, min_insync_replicas=1)
+                for t in topics
+                if self.partition_count(t, timeout_s) is not None
+            }
 
 
 class _LockedConsumer:
@@ -183,8 +200,14 @@ class _LockedConsumer:
         self.max_poll_interval_ms = consumer.max_poll_interval_ms
         self.session_timeout_ms = consumer.session_timeout_ms  # read by runtime/ownership.py
 
-    def subscribe(self, topics: Sequence[str], *, on_assign: PartitionsCallback, on_revoke: PartitionsCallback,
-                  on_lost: PartitionsCallback) -> None:  # fmt: skip
+    def subscribe(
+        self,
+        topics: Sequence[str],
+        *,
+        on_assign: PartitionsCallback,
+        on_revoke: PartitionsCallback,
+        on_lost: PartitionsCallback,
+    ) -> None:
         with self._written:
             self._consumer.subscribe(topics, on_assign=on_assign, on_revoke=on_revoke, on_lost=on_lost)
 
@@ -228,11 +251,20 @@ class _LockedProducer:
         self._producer = producer
         self._written = written
 
-    def produce(self, topic: str, *, key: bytes | None, value: bytes | None, headers: Sequence[Header],
-                partition: int | None, on_delivery: DeliveryCallback) -> None:  # fmt: skip
+    def produce(
+        self,
+        topic: str,
+        *,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Sequence[Header],
+        partition: int | None,
+        on_delivery: DeliveryCallback,
+    ) -> None:
         with self._written:
-            self._producer.produce(topic, key=key, value=value, headers=headers, partition=partition,
-                                   on_delivery=on_delivery)  # fmt: skip
+            self._producer.produce(
+                topic, key=key, value=value, headers=headers, partition=partition, on_delivery=on_delivery
+            )
 
     def poll(self, timeout_s: float) -> None:
         with self._written:
@@ -264,8 +296,9 @@ class _LockedProducer:
         with self._written:
             self._producer.begin_transaction()
 
-    def send_offsets_to_transaction(self, offsets: Mapping[TopicPartition, int], group_metadata: object,
-                                    timeout_s: float) -> None:  # fmt: skip
+    def send_offsets_to_transaction(
+        self, offsets: Mapping[TopicPartition, int], group_metadata: object, timeout_s: float
+    ) -> None:
         with self._written:
             self._producer.send_offsets_to_transaction(offsets, group_metadata, timeout_s)
 

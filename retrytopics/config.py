@@ -37,9 +37,9 @@ import argparse
 import os
 import re
 import tomllib
-from datetime import UTC, datetime
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -56,18 +56,36 @@ _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 #: Accepted keys per section, with the type each one is coerced to from text (environment, flags).
 _SCHEMA: dict[str, dict[str, type]] = {
     "kafka": {
-        "bootstrap": str, "client_id": str, "security_protocol": str, "sasl_mechanism": str,
-        "sasl_username": str, "sasl_password": str, "sasl_password_file": str, "ssl_ca_location": str,
-        "ssl_certificate_location": str, "ssl_key_location": str, "ssl_key_password": str,
-        "overrides": dict, "producer_overrides": dict, "consumer_overrides": dict,
+        "bootstrap": str,
+        "client_id": str,
+        "security_protocol": str,
+        "sasl_mechanism": str,
+        "sasl_username": str,
+        "sasl_password": str,
+        "sasl_password_file": str,
+        "ssl_ca_location": str,
+        "ssl_certificate_location": str,
+        "ssl_key_location": str,
+        "ssl_key_password": str,
+        "overrides": dict,
+        "producer_overrides": dict,
+        "consumer_overrides": dict,
     },
     "app": {
-        "topic": str, "group": str, "delays": list, "partitions": int, "replication_factor": int,
-        "min_insync_replicas": int, "naming": str, "dlq": str, "header_key": str, "header_key_file": str,
+        "topic": str,
+        "group": str,
+        "delays": list,
+        "partitions": int,
+        "replication_factor": int,
+        "min_insync_replicas": int,
+        "naming": str,
+        "dlq": str,
+        "header_key": str,
+        "header_key_file": str,
     },
     "metrics": {"port": int},
     "logging": {"level": str, "json": bool},
-}  # fmt: skip
+}
 _SECRETS = {"kafka.sasl_password", "kafka.ssl_key_password", "app.header_key"}
 _INTEGER = re.compile(r"[+-]?[0-9]+")
 _ONE_OF = {"app.header_key": "header_key_file", "app.header_key_file": "header_key"}
@@ -105,7 +123,9 @@ class AppSettings:
         for name in names:
             if getattr(self, name) is None:
                 raise ConfigError(
-                    f"app.{name}", None, f"required: pass --{name}, set it in [app], or name the app with --app MODULE:OBJECT"
+                    f"app.{name}",
+                    None,
+                    f"required: pass --{name}, set it in [app], or name the app with --app MODULE:OBJECT",
                 )
 
 
@@ -155,9 +175,10 @@ class Settings:
     def require_kafka(self) -> KafkaConfig:
         if self.kafka is None:
             raise ConfigError(
-                "kafka.bootstrap", None,
+                "kafka.bootstrap",
+                None,
                 "required: pass --bootstrap, set RETRYTOPICS_KAFKA_BOOTSTRAP or KAFKA_BOOTSTRAP_SERVERS, or [kafka] bootstrap",
-            )  # fmt: skip
+            )
         return self.kafka
 
 
@@ -301,8 +322,11 @@ def load_settings(
     if "sasl_password" in (flags or {}).get("kafka", {}):
         raise ConfigError("kafka.sasl_password", "[hidden]", "secrets are never taken from the command line")
     if (flags or {}).get("app", {}).get("header_key") is not None:
-        raise ConfigError("app.header_key", "[hidden]", "secrets are never taken from the command line; "
-                          "use --header-key-file or RETRYTOPICS_APP_HEADER_KEY")  # fmt: skip
+        raise ConfigError(
+            "app.header_key",
+            "[hidden]",
+            "secrets are never taken from the command line; use --header-key-file or RETRYTOPICS_APP_HEADER_KEY",
+        )
     app = dict(merged["app"])
     _header_keys(app)
     if "delays" in app:
@@ -334,7 +358,9 @@ def parse_instant(text: str, *, field: str) -> int:
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:
-        raise ConfigError(field, text, "expected epoch milliseconds or an ISO-8601 time such as 2026-11-23T16:50:00Z") from None
+        raise ConfigError(
+            field, text, "expected epoch milliseconds or an ISO-8601 time such as 2026-11-23T16:50:00Z"
+        ) from None
     if moment.tzinfo is None:
         if len(text) > 10:
             raise ConfigError(field, text, "add a time zone (Z or +01:00); a date alone means midnight UTC")

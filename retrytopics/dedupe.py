@@ -49,9 +49,13 @@ DEFAULT_CAPACITY = 100_000
 def audit_key(state: RetryHeaders) -> AuditKey:
     """What identifies one copy of one hop of one source record (see the module docstring)."""
     return (
-        state.original_topic, state.original_partition, state.original_offset, state.original_timestamp,
-        state.lineage.replay_count, state.reconsume_times,
-    )  # fmt: skip
+        state.original_topic,
+        state.original_partition,
+        state.original_offset,
+        state.original_timestamp,
+        state.lineage.replay_count,
+        state.reconsume_times,
+    )
 
 
 def hand_off_key(

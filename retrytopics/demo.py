@@ -71,8 +71,12 @@ class Fate(StrEnum):
 
 #: Fractions of each fate (the rest succeeds first time). They shape the data, never the reported numbers.
 FATE_FRACTIONS: Mapping[Fate, float] = {
-    Fate.FAIL_ONCE: 0.10, Fate.FAIL_TWICE: 0.05, Fate.ALWAYS: 0.02, Fate.NON_RETRYABLE: 0.01, Fate.POISON: 0.005,
-}  # fmt: skip
+    Fate.FAIL_ONCE: 0.10,
+    Fate.FAIL_TWICE: 0.05,
+    Fate.ALWAYS: 0.02,
+    Fate.NON_RETRYABLE: 0.01,
+    Fate.POISON: 0.005,
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -178,7 +182,11 @@ def _percentile(values: Sequence[int], q: float) -> int | None:
 
 
 def summarize(
-    *, records: int, calls: Sequence[HandlerCall], dead_letters: Mapping[str, str], duplicates_suppressed: int,
+    *,
+    records: int,
+    calls: Sequence[HandlerCall],
+    dead_letters: Mapping[str, str],
+    duplicates_suppressed: int,
     wall_s: float,
 ) -> dict[str, Any]:
     """The demo's summary, from the handler's call log and the DLQ's contents (origin id → reason)."""
@@ -198,8 +206,11 @@ def summarize(
         "both_succeeded_and_dead_lettered": len(set(succeeded) & set(dead_letters)),
         "handler_calls": len(calls),
         "early_calls": sum(1 for late in lateness if late < 0),
-        "lateness_ms": {"p50": _percentile(lateness, 0.5), "p99": _percentile(lateness, 0.99),
-                        "max": max(lateness) if lateness else None},  # fmt: skip
+        "lateness_ms": {
+            "p50": _percentile(lateness, 0.5),
+            "p99": _percentile(lateness, 0.99),
+            "max": max(lateness) if lateness else None,
+        },
         "wall_s": round(wall_s, 3),
     }
 
@@ -238,13 +249,21 @@ def _produce_orders(kafka: KafkaConfig, topic: str, fates: Sequence[Fate], seed:
     for i, fate in enumerate(fates):
         order_id = _order_id(i)
         order: dict[str, Any] = {
-            "order_id": order_id, "customer_id": f"customer-{rng.randrange(500):03d}",
-            "amount_cents": rng.randrange(100, 100_000), "currency": rng.choice(["EUR", "USD", "GBP"]),
+            "order_id": order_id,
+            "customer_id": f"customer-{rng.randrange(500):03d}",
+            "amount_cents": rng.randrange(100, 100_000),
+            "currency": rng.choice(["EUR", "USD", "GBP"]),
             "created_at": int(time.time() * 1000),
             "items": [{"sku": f"sku-{rng.randrange(50)}", "quantity": rng.randrange(1, 4)}],
-        }  # fmt: skip
-        value = b'{"order_id": "%s", "note": "JSON, not Avro"}' % order_id.encode() if fate is Fate.POISON else serialize(order, None)
-        producer.produce(topic, key=order["customer_id"].encode(), value=value, headers=[(ID_HEADER, order_id.encode())])
+        }
+        value = (
+            b'{"order_id": "%s", "note": "JSON, not Avro"}' % order_id.encode()
+            if fate is Fate.POISON
+            else serialize(order, None)
+        )
+        producer.produce(
+            topic, key=order["customer_id"].encode(), value=value, headers=[(ID_HEADER, order_id.encode())]
+        )
         producer.poll(0)
     if producer.flush(60) != 0:
         raise RuntimeError("the demo's orders were not all acknowledged by the broker")
@@ -254,7 +273,9 @@ def _stages(app: RetryApp, source: str, counter: _StageCounter, records: int, dl
     topics = app.topics(source)
     stages = [Stage("main", counter.calls[source], records)]
     for tier in topics.tiers:
-        stages.append(Stage(f"tier {tier.topic.rsplit('.', 1)[-1]}", counter.calls[tier.topic], counter.scheduled[tier.topic]))
+        stages.append(
+            Stage(f"tier {tier.topic.rsplit('.', 1)[-1]}", counter.calls[tier.topic], counter.scheduled[tier.topic])
+        )
     stages.append(Stage("dlq", dlq_seen, records, "dead-lettered"))
     return stages
 
@@ -285,10 +306,13 @@ def _run(options: DemoOptions, kafka: KafkaConfig, progress_out: TextIO | None, 
     ensure_topics(make_admin(kafka), [TopicSpec(name=source, partitions=options.partitions)])
     counter = _StageCounter()
     app = RetryApp(
-        kafka=kafka, group="demo", id_header=ID_HEADER, hooks=[counter],
+        kafka=kafka,
+        group="demo",
+        id_header=ID_HEADER,
+        hooks=[counter],
         # short sessions: a demo's group joins and rebalances should take seconds, not tens of seconds
         consumer_overrides={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500},
-    )  # fmt: skip
+    )
     fates = assign_fates(options.records, options.seed)
     handler = FlakyHandler({_order_id(i): fate for i, fate in enumerate(fates)})  # known before the first call
     policy = RetryPolicy(delays=options.delays, non_retryable=(ValueError,))
@@ -312,12 +336,19 @@ def _run(options: DemoOptions, kafka: KafkaConfig, progress_out: TextIO | None, 
             dlq.close()
     assert dlq is not None  # reached only when the run completed
     summary = summarize(
-        records=options.records, calls=handler.calls, dead_letters=dlq.reasons,
-        duplicates_suppressed=app.stats.duplicates_suppressed, wall_s=time.monotonic() - producing,
-    )  # fmt: skip
+        records=options.records,
+        calls=handler.calls,
+        dead_letters=dlq.reasons,
+        duplicates_suppressed=app.stats.duplicates_suppressed,
+        wall_s=time.monotonic() - producing,
+    )
     summary["startup_s"] = round(startup_s, 3)
     summary["delays"] = list(options.delays)
-    summary["topics"] = {"source": source, "tiers": [t.topic for t in app.topics(source).tiers], "dlq": app.topics(source).dlq}
+    summary["topics"] = {
+        "source": source,
+        "tiers": [t.topic for t in app.topics(source).tiers],
+        "dlq": app.topics(source).dlq,
+    }
     summary["bootstrap"] = kafka.bootstrap
     if options.spark:
         summary["audit"] = _spark_audit(kafka, app.topics(source))
@@ -339,9 +370,14 @@ def _wait_until_joined(app: RetryApp, source: str, counter: _StageCounter, optio
 
 
 def _wait_until_accounted(
-    app: RetryApp, source: str, handler: FlakyHandler, dlq: _DlqReader, counter: _StageCounter,
-    board: ProgressBoard, options: DemoOptions,
-) -> None:  # fmt: skip
+    app: RetryApp,
+    source: str,
+    handler: FlakyHandler,
+    dlq: _DlqReader,
+    counter: _StageCounter,
+    board: ProgressBoard,
+    options: DemoOptions,
+) -> None:
     deadline = time.monotonic() + options.timeout_s
     while time.monotonic() < deadline:
         dlq.drain()

@@ -90,18 +90,14 @@ class PoisonRecordError(RetryTopicsError):
         self.offset = offset
         self.raw = raw
         self.cause = cause
-        super().__init__(
-            f"cannot decode {topic}[{partition}]@{offset}: {type(cause).__name__}: {cause}"
-        )
+        super().__init__(f"cannot decode {topic}[{partition}]@{offset}: {type(cause).__name__}: {cause}")
 
 
 class KafkaClientError(RetryTopicsError):
     """A Kafka client or broker error. `retriable` and `fatal` follow librdkafka's classification;
     a fatal error means the producer must be recreated."""
 
-    def __init__(
-        self, message: str, *, code: str = "", retriable: bool = False, fatal: bool = False
-    ) -> None:
+    def __init__(self, message: str, *, code: str = "", retriable: bool = False, fatal: bool = False) -> None:
         self.code = code
         self.retriable = retriable
         self.fatal = fatal

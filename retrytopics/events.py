@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
-from typing import Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 __all__ = ["PER_BATCH", "Emitter", "Event", "Hook", "LoggingHook", "NullHook", "Stats", "StatsCollector"]
 
@@ -105,9 +105,16 @@ class NullHook:
 
 #: Events that are normal operation and frequent: logged at DEBUG by `LoggingHook`.
 _QUIET = frozenset(
-    {Event.RECORD_HANDLED, Event.RECORDS_HANDLED, Event.PARTITION_PAUSED, Event.PARTITION_RESUMED, Event.OFFSETS_COMMITTED,
-     Event.RETRY_SCHEDULED, Event.RECORD_FAILED}
-)  # fmt: skip
+    {
+        Event.RECORD_HANDLED,
+        Event.RECORDS_HANDLED,
+        Event.PARTITION_PAUSED,
+        Event.PARTITION_RESUMED,
+        Event.OFFSETS_COMMITTED,
+        Event.RETRY_SCHEDULED,
+        Event.RECORD_FAILED,
+    }
+)
 _LOUD = frozenset({Event.PUBLISH_FAILED, Event.PRODUCER_RECREATED, Event.TRANSACTION_ABORTED})
 
 
@@ -146,7 +153,7 @@ class StatsCollector:
     """A hook that counts events; thread-safe, since every consumer thread emits."""
 
     wanted_events = PER_BATCH
-    _COUNTED = {
+    _COUNTED: ClassVar[dict[Event, str]] = {
         Event.RECORDS_HANDLED: "handled",
         Event.RECORD_FAILED: "failed",
         Event.RETRY_SCHEDULED: "retried",
@@ -219,5 +226,5 @@ class Emitter:
         for hook in hooks:
             try:
                 hook.on_event(event, view)
-            except Exception:  # noqa: BLE001 - observability must not change record handling
+            except Exception:
                 log.exception("hook %r failed on %s", hook, event.value)

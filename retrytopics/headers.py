@@ -26,14 +26,46 @@ from retrytopics.errors import ConfigError, HeaderDecodeError
 from retrytopics.redaction import redact  # re-exported: the exception headers are redacted with it
 
 __all__ = [
-    "CONSUMER_GROUP", "DLQ_REASON", "DUE_AT", "EXCEPTION_MESSAGE", "EXCEPTION_TRACE", "EXCEPTION_TYPE",
-    "FIRST_FAILED_AT", "LAST_FAILED_AT", "MAX_HEADER_COUNT", "MAX_RETRY_HEADERS_BYTES", "MAX_VALUE_BYTES",
-    "MESSAGE_LIMIT_BYTES", "ORIGINAL_OFFSET", "ORIGINAL_PARTITION", "ORIGINAL_TIMESTAMP", "ORIGINAL_TOPIC",
-    "ORIGIN_MESSAGE_ID", "RECONSUME_TIMES", "REPLAYED_AT", "REPLAY_COUNT", "REPLAY_ID", "REPLAY_ORIGIN_ID",
-    "RETRY_PREFIX", "SCHEMA_VERSION", "TIER", "TRACE_LIMIT_BYTES", "TYPE_LIMIT_BYTES", "DlqReason", "Header",
-    "Lineage", "MAX_USER_HEADERS", "RetryHeaders", "decode", "decode_lineage", "encode", "redact", "to_record",
-    "truncate_utf8", "user_headers",
-]  # fmt: skip
+    "CONSUMER_GROUP",
+    "DLQ_REASON",
+    "DUE_AT",
+    "EXCEPTION_MESSAGE",
+    "EXCEPTION_TRACE",
+    "EXCEPTION_TYPE",
+    "FIRST_FAILED_AT",
+    "LAST_FAILED_AT",
+    "MAX_HEADER_COUNT",
+    "MAX_RETRY_HEADERS_BYTES",
+    "MAX_USER_HEADERS",
+    "MAX_VALUE_BYTES",
+    "MESSAGE_LIMIT_BYTES",
+    "ORIGINAL_OFFSET",
+    "ORIGINAL_PARTITION",
+    "ORIGINAL_TIMESTAMP",
+    "ORIGINAL_TOPIC",
+    "ORIGIN_MESSAGE_ID",
+    "RECONSUME_TIMES",
+    "REPLAYED_AT",
+    "REPLAY_COUNT",
+    "REPLAY_ID",
+    "REPLAY_ORIGIN_ID",
+    "RETRY_PREFIX",
+    "SCHEMA_VERSION",
+    "TIER",
+    "TRACE_LIMIT_BYTES",
+    "TYPE_LIMIT_BYTES",
+    "DlqReason",
+    "Header",
+    "Lineage",
+    "RetryHeaders",
+    "decode",
+    "decode_lineage",
+    "encode",
+    "redact",
+    "to_record",
+    "truncate_utf8",
+    "user_headers",
+]
 
 Header: TypeAlias = tuple[str, bytes | None]
 
@@ -177,7 +209,7 @@ def _fast_check(spec: _Spec) -> Callable[[object], str | None]:
     if spec.kind == "int":
 
         def check(value: object) -> str | None:
-            if type(value) is int and lo <= value <= hi or (value is None and optional):
+            if (type(value) is int and lo <= value <= hi) or (value is None and optional):
                 return None
             return _problem(spec, value)
 
@@ -200,7 +232,7 @@ def _fast_check(spec: _Spec) -> Callable[[object], str | None]:
     else:
 
         def check(value: object) -> str | None:
-            return None if value is None and optional or type(value) is DlqReason else _problem(spec, value)
+            return None if (value is None and optional) or type(value) is DlqReason else _problem(spec, value)
 
     return check
 
@@ -208,10 +240,13 @@ def _fast_check(spec: _Spec) -> Callable[[object], str | None]:
 _KNOWN_NAMES: Final = 4096
 
 
-def _validate(obj: object, checks: tuple[tuple[_Spec, Callable[[object], str | None]], ...],
-              values: Callable[[object], tuple[object, ...]]) -> None:  # fmt: skip
+def _validate(
+    obj: object,
+    checks: tuple[tuple[_Spec, Callable[[object], str | None]], ...],
+    values: Callable[[object], tuple[object, ...]],
+) -> None:
     """Each field of `obj` by its check; `values` reads them all at once (in the order of `checks`)."""
-    for (spec, check), value in zip(checks, values(obj)):
+    for (spec, check), value in zip(checks, values(obj), strict=False):
         reason = check(value)
         if reason is not None:
             raise ConfigError(spec.attr, value if not isinstance(value, str) else _excerpt(value), reason)
@@ -283,7 +318,7 @@ class RetryHeaders:
         if unknown:
             raise TypeError(f"RetryHeaders has no field {sorted(unknown)[0]!r}")
         copy = object.__new__(RetryHeaders)
-        for name, value in zip(_RETRY_FIELD_NAMES, _all_retry_fields(self)):
+        for name, value in zip(_RETRY_FIELD_NAMES, _all_retry_fields(self), strict=False):
             _set(copy, name, value)
         for name, value in changes.items():
             _set(copy, name, value)
@@ -319,19 +354,27 @@ _LINEAGE_HEADERS: Final = frozenset(s.header for s in _LINEAGE_SPECS)
 
 def encode(h: RetryHeaders) -> list[Header]:
     """The ``retry.*`` headers of ``h``: UTF-8 text, decimal numbers, None fields left out."""
-    out: list[Header] = [(header, str(value).encode("utf-8"))
-           for (header, _), value in zip(_RETRY_ENCODING, _retry_values(h)) if value is not None]  # fmt: skip
+    out: list[Header] = [
+        (header, str(value).encode("utf-8"))
+        for (header, _), value in zip(_RETRY_ENCODING, _retry_values(h), strict=False)
+        if value is not None
+    ]
     if h.lineage is _NO_LINEAGE:  # most records: encoded once, at import
         out += _NO_LINEAGE_HEADERS
     else:
-        out += [(header, str(value).encode("utf-8"))
-                for (header, _), value in zip(_LINEAGE_ENCODING, _lineage_values(h.lineage)) if value is not None]  # fmt: skip
+        out += [
+            (header, str(value).encode("utf-8"))
+            for (header, _), value in zip(_LINEAGE_ENCODING, _lineage_values(h.lineage), strict=False)
+            if value is not None
+        ]
     return out
 
 
-_NO_LINEAGE_HEADERS: Final = [(header, str(value).encode("utf-8"))
-                              for (header, _), value in zip(_LINEAGE_ENCODING, _lineage_values(_NO_LINEAGE))
-                              if value is not None]  # fmt: skip
+_NO_LINEAGE_HEADERS: Final = [
+    (header, str(value).encode("utf-8"))
+    for (header, _), value in zip(_LINEAGE_ENCODING, _lineage_values(_NO_LINEAGE), strict=False)
+    if value is not None
+]
 
 
 def decode(headers: Sequence[Header]) -> RetryHeaders:

@@ -18,8 +18,16 @@ __all__ = ["RECORD_FIELDS", "JsonFormatter", "TextFormatter", "configure_logging
 
 #: `extra` fields that identify a record or a pipeline stage in a log line.
 RECORD_FIELDS = (
-    "origin_message_id", "topic", "partition", "offset", "tier", "reason", "reconsume_times", "due_at", "event",
-)  # fmt: skip
+    "origin_message_id",
+    "topic",
+    "partition",
+    "offset",
+    "tier",
+    "reason",
+    "reconsume_times",
+    "due_at",
+    "event",
+)
 
 
 def _fields(record: logging.LogRecord) -> dict[str, object]:

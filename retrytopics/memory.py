@@ -158,8 +158,16 @@ class MemoryBroker:
     def partition_count(self, topic: str) -> int:
         return len(self._partitions_of(topic))
 
-    def append(self, topic: str, value: bytes | None, *, key: bytes | None = None, headers: Sequence[Header] = (),
-               partition: int | None = None, timestamp_ms: int | None = None) -> Message:  # fmt: skip
+    def append(
+        self,
+        topic: str,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        headers: Sequence[Header] = (),
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+    ) -> Message:
         """Write one record at once (no producer, no delivery report): the setup of a test."""
         tp = (topic, self._choose_partition(topic, key, partition))
         ts = self.clock.now_ms() if timestamp_ms is None else timestamp_ms
@@ -181,21 +189,39 @@ class MemoryBroker:
 
     # -- clients -----------------------------------------------------------------------------------------
 
-    def consumer(self, group_id: str, *, read_committed: bool = True, auto_offset_reset: str = "earliest",
-                 max_poll_interval_ms: int = DEFAULT_MAX_POLL_INTERVAL_MS,
-                 session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS) -> MemoryConsumer:  # fmt: skip
+    def consumer(
+        self,
+        group_id: str,
+        *,
+        read_committed: bool = True,
+        auto_offset_reset: str = "earliest",
+        max_poll_interval_ms: int = DEFAULT_MAX_POLL_INTERVAL_MS,
+        session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS,
+    ) -> MemoryConsumer:
         return MemoryConsumer(
-            self, self._group(group_id), read_committed=read_committed, auto_offset_reset=auto_offset_reset,
-            max_poll_interval_ms=max_poll_interval_ms, session_timeout_ms=session_timeout_ms,
-        )  # fmt: skip
+            self,
+            self._group(group_id),
+            read_committed=read_committed,
+            auto_offset_reset=auto_offset_reset,
+            max_poll_interval_ms=max_poll_interval_ms,
+            session_timeout_ms=session_timeout_ms,
+        )
 
     def producer(self, *, transactional_id: str | None = None) -> MemoryProducer:
         return MemoryProducer(self, transactional_id=transactional_id)
 
     # -- injected failures -------------------------------------------------------------------------------
 
-    def fail_produces(self, count: int, code: str, *, retriable: bool = False, fatal: bool = False,
-                      at_once: bool = False, topic: str | None = None) -> None:  # fmt: skip
+    def fail_produces(
+        self,
+        count: int,
+        code: str,
+        *,
+        retriable: bool = False,
+        fatal: bool = False,
+        at_once: bool = False,
+        topic: str | None = None,
+    ) -> None:
         """Refuse the next `count` produces (to `topic`, or any) with error `code`: in their delivery report,
         or raised by `produce()` itself when `at_once` (librdkafka's local checks, e.g. MSG_SIZE_TOO_LARGE)."""
         self._failures += [_ProduceFailure(code, retriable, fatal, at_once, topic)] * count
@@ -235,8 +261,15 @@ class MemoryBroker:
             return next(self._round_robin) % count
         return zlib.crc32(key) % count  # librdkafka's `consistent` partitioner
 
-    def _write(self, tp: TopicPartition, key: bytes | None, value: bytes | None, headers: Sequence[Header],
-               timestamp_ms: int, txn: _Transaction | None) -> Message:  # fmt: skip
+    def _write(
+        self,
+        tp: TopicPartition,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Sequence[Header],
+        timestamp_ms: int,
+        txn: _Transaction | None,
+    ) -> Message:
         log = self._log(tp)
         msg = Message(tp[0], tp[1], len(log), timestamp_ms, key, value, tuple(headers))
         log.append(_Entry(msg, txn))
@@ -343,8 +376,16 @@ class MemoryConsumer:
     """`ConsumerPort` over a `MemoryBroker` group member. Rebalance callbacks run inside `consume`, in
     librdkafka's order: `on_lost` (expelled), `on_revoke` (before any new assignment), then `on_assign`."""
 
-    def __init__(self, broker: MemoryBroker, group: _Group, *, read_committed: bool, auto_offset_reset: str,
-                 max_poll_interval_ms: int, session_timeout_ms: int) -> None:  # fmt: skip
+    def __init__(
+        self,
+        broker: MemoryBroker,
+        group: _Group,
+        *,
+        read_committed: bool,
+        auto_offset_reset: str,
+        max_poll_interval_ms: int,
+        session_timeout_ms: int,
+    ) -> None:
         if auto_offset_reset not in ("earliest", "latest"):
             raise ValueError(f"auto_offset_reset={auto_offset_reset!r}: expected 'earliest' or 'latest'")
         self._broker = broker
@@ -393,8 +434,14 @@ class MemoryConsumer:
 
     # -- ConsumerPort ------------------------------------------------------------------------------------
 
-    def subscribe(self, topics: Sequence[str], *, on_assign: PartitionsCallback, on_revoke: PartitionsCallback,
-                  on_lost: PartitionsCallback) -> None:  # fmt: skip
+    def subscribe(
+        self,
+        topics: Sequence[str],
+        *,
+        on_assign: PartitionsCallback,
+        on_revoke: PartitionsCallback,
+        on_lost: PartitionsCallback,
+    ) -> None:
         self._check_open()
         for topic in topics:
             self._broker.partition_count(topic)  # raises for a topic that does not exist
@@ -525,20 +572,30 @@ class MemoryProducer:
         self._fenced = False
         self._txn: _Transaction | None = None
 
-    def produce(self, topic: str, *, key: bytes | None, value: bytes | None, headers: Sequence[Header],
-                partition: int | None, on_delivery: DeliveryCallback) -> None:  # fmt: skip
+    def produce(
+        self,
+        topic: str,
+        *,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Sequence[Header],
+        partition: int | None,
+        on_delivery: DeliveryCallback,
+    ) -> None:
         self._check_usable()
         if self._transactional_id is not None and self._txn is None:
             raise KafkaClientError("produce outside a transaction", code="_STATE")
         tp = (topic, self._broker._choose_partition(topic, key, partition))
         failure = self._broker._take_failure(topic)
         if failure is not None and failure.at_once:
-            raise KafkaClientError(f"{failure.code} (injected)", code=failure.code, retriable=failure.retriable,
-                                   fatal=failure.fatal)  # fmt: skip
+            raise KafkaClientError(
+                f"{failure.code} (injected)", code=failure.code, retriable=failure.retriable, fatal=failure.fatal
+            )
         error = None
         if failure is not None:
-            error = PublishError(topic, f"{failure.code} (injected)", code=failure.code,
-                                 retriable=failure.retriable, fatal=failure.fatal)  # fmt: skip
+            error = PublishError(
+                topic, f"{failure.code} (injected)", code=failure.code, retriable=failure.retriable, fatal=failure.fatal
+            )
         msg = Message(topic, tp[1], -1, self._broker.clock.now_ms(), key, value, tuple(headers))
         self._pending.append(_Pending(tp, msg, on_delivery, error, self._broker.ack_after_polls))
 
@@ -557,8 +614,10 @@ class MemoryProducer:
     def purge(self) -> None:
         """Drop what is not delivered yet; each one's report says `_PURGE_QUEUE`, at the next poll."""
         pending, self._pending = self._pending, []
-        self._purged += [(on_delivery, PublishError(tp[0], "purged", code="_PURGE_QUEUE"))
-                         for tp, _msg, on_delivery, _error, _polls in pending]  # fmt: skip
+        self._purged += [
+            (on_delivery, PublishError(tp[0], "purged", code="_PURGE_QUEUE"))
+            for tp, _msg, on_delivery, _error, _polls in pending
+        ]
 
     def init_transactions(self, timeout_s: float) -> None:
         if self._transactional_id is None:
@@ -572,8 +631,9 @@ class MemoryProducer:
             raise KafkaClientError("begin_transaction: not initialised, or a transaction is open", code="_STATE")
         self._txn = _Transaction()
 
-    def send_offsets_to_transaction(self, offsets: Mapping[TopicPartition, int], group_metadata: object,
-                                    timeout_s: float) -> None:  # fmt: skip
+    def send_offsets_to_transaction(
+        self, offsets: Mapping[TopicPartition, int], group_metadata: object, timeout_s: float
+    ) -> None:
         txn = self._open_txn()
         if not isinstance(group_metadata, GroupMetadata):
             raise KafkaClientError(f"not a group's metadata: {group_metadata!r}", code="_INVALID_ARG")
@@ -635,8 +695,9 @@ class MemoryProducer:
 
     def _check_not_fenced(self) -> None:
         if self._fenced:
-            raise KafkaClientError("fenced by a newer producer with the same transactional id", code="_FENCED",
-                                   fatal=True)  # fmt: skip
+            raise KafkaClientError(
+                "fenced by a newer producer with the same transactional id", code="_FENCED", fatal=True
+            )
 
     def _fence(self) -> None:
         if self._txn is not None:

@@ -61,25 +61,34 @@ class PrometheusHook:
             "retrytopics_publish_failures", "Republish or DLQ publish attempts that failed", ["topic"], registry=r
         )
         self.abandoned = Counter(
-            "retrytopics_records_abandoned", "Records left to a new owner after losing a partition", ["topic"], registry=r
+            "retrytopics_records_abandoned",
+            "Records left to a new owner after losing a partition",
+            ["topic"],
+            registry=r,
         )
         self.lateness = Histogram(
-            "retrytopics_lateness_seconds", "handled_at - due_at of retried records", ["topic"],
-            buckets=LATENESS_BUCKETS_S, registry=r,
-        )  # fmt: skip
+            "retrytopics_lateness_seconds",
+            "handled_at - due_at of retried records",
+            ["topic"],
+            buckets=LATENESS_BUCKETS_S,
+            registry=r,
+        )
         self.paused = Gauge("retrytopics_paused_partitions", "Partitions paused right now", ["topic"], registry=r)
         self.commits = Counter("retrytopics_commits", "Offset commits sent", ["consumer"], registry=r)
         self.healthy = Gauge(
             "retrytopics_healthy", "1 while every consumer loop of the app is healthy (app.healthy), else 0", registry=r
         )
         self.lag = Gauge(
-            "retrytopics_consumer_lag", "Records after the committed offset, summed over the assigned partitions "
-            "(a tier's lag includes records waiting for their due time)", ["topic"], registry=r,
-        )  # fmt: skip
+            "retrytopics_consumer_lag",
+            "Records after the committed offset, summed over the assigned partitions "
+            "(a tier's lag includes records waiting for their due time)",
+            ["topic"],
+            registry=r,
+        )
         self._paused: set[tuple[str, int]] = set()
         self._lock = threading.Lock()
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:  # noqa: S104 - a metrics port is meant to be scraped
+    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         """Expose `/metrics` over HTTP on `port` (a daemon thread)."""
         start_http_server(port, addr=addr, registry=self.registry)
 
@@ -159,7 +168,7 @@ class PrometheusHook:
         per_topic: dict[str, int] = {}
         for topic, _ in self._paused:
             per_topic[topic] = per_topic.get(topic, 0) + 1
-        for labels in list(self.paused._metrics):  # noqa: SLF001 - reset topics that have no paused partition left
+        for labels in list(self.paused._metrics):
             if labels[0] not in per_topic:
                 self.paused.labels(*labels).set(0)
         for topic, count in per_topic.items():

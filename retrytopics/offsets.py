@@ -140,9 +140,7 @@ class OffsetTracker:
     def commit_positions(self, tps: list[TopicPartition] | None = None) -> dict[TopicPartition, int]:
         """Positions (of `tps`, default all) that moved since they were last handed to `mark_committed`."""
         return {
-            tp: position
-            for tp, position in self.positions(tps).items()
-            if position != self._partitions[tp].committed
+            tp: position for tp, position in self.positions(tps).items() if position != self._partitions[tp].committed
         }
 
     def positions(self, tps: list[TopicPartition] | None = None) -> dict[TopicPartition, int]:

@@ -13,9 +13,17 @@ from dataclasses import dataclass
 
 from retrytopics.config import AppSettings
 from retrytopics.connectors.admin import (
-    ProvisionOutcome, TopicSpec, committed_offsets, end_offsets, ensure_topics, less_durable, partition_count, read_at,
-    replication_config, topic_durability,
-)  # fmt: skip
+    ProvisionOutcome,
+    TopicSpec,
+    committed_offsets,
+    end_offsets,
+    ensure_topics,
+    less_durable,
+    partition_count,
+    read_at,
+    replication_config,
+    topic_durability,
+)
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.kafka import make_admin, make_consumer, map_kafka_errors, open_tail
 from retrytopics.connectors.record_headers import read_headers
@@ -25,7 +33,13 @@ from retrytopics.naming import TopicSet, topics_for
 from retrytopics.policy import RetryPolicy
 
 __all__ = [
-    "PartitionState", "PeekedRecord", "describe_pipeline", "durability_warnings", "peek_dlq", "pipeline_topics", "printable",
+    "PartitionState",
+    "PeekedRecord",
+    "describe_pipeline",
+    "durability_warnings",
+    "peek_dlq",
+    "pipeline_topics",
+    "printable",
     "provision_pipeline",
 ]
 
@@ -40,7 +54,9 @@ def pipeline_topics(app: AppSettings) -> TopicSet:
     return topics_for(app.topic, app.group, policy.tier_delays_ms, strategy=app.naming, dlq=app.dlq)
 
 
-def provision_pipeline(kafka: KafkaConfig, app: AppSettings, *, create_source: bool = False) -> dict[str, ProvisionOutcome]:
+def provision_pipeline(
+    kafka: KafkaConfig, app: AppSettings, *, create_source: bool = False
+) -> dict[str, ProvisionOutcome]:
     """Create the tier topics and the DLQ (idempotent), and the source topic too when `create_source`.
     Tiers get as many partitions as the source topic unless `app.partitions` says otherwise, so that keyless
     records keep their partition number; new topics get `app.replication_factor` and `app.min_insync_replicas`."""
@@ -50,14 +66,17 @@ def provision_pipeline(kafka: KafkaConfig, app: AppSettings, *, create_source: b
     config = replication_config(app.min_insync_replicas)
     if create_source:
         app.require("partitions")
-        source = TopicSpec(name=topics.source, partitions=app.partitions or 1, replication_factor=app.replication_factor,
-                           config=config)  # fmt: skip
+        source = TopicSpec(
+            name=topics.source, partitions=app.partitions or 1, replication_factor=app.replication_factor, config=config
+        )
         outcome.update(ensure_topics(admin, [source]))
     partitions = app.partitions or partition_count(admin, topics.source)
     if partitions is None:
         raise ConfigError("app.partitions", None, f"source topic {topics.source!r} does not exist; pass --partitions")
-    specs = [TopicSpec(name=name, partitions=partitions, replication_factor=app.replication_factor, config=config)
-             for name in topics.all_topics]  # fmt: skip
+    specs = [
+        TopicSpec(name=name, partitions=partitions, replication_factor=app.replication_factor, config=config)
+        for name in topics.all_topics
+    ]
     outcome.update(ensure_topics(admin, specs))
     _warn_less_durable(kafka, app)
     return outcome
@@ -118,21 +137,28 @@ def _peeked(message: object) -> PeekedRecord:
         decoded = decode(headers)
         retry = {
             "reason": decoded.dlq_reason.value if decoded.dlq_reason else None,
-            "reconsume_times": decoded.reconsume_times, "origin_message_id": decoded.origin_message_id,
+            "reconsume_times": decoded.reconsume_times,
+            "origin_message_id": decoded.origin_message_id,
             "original": f"{decoded.original_topic}[{decoded.original_partition}]@{decoded.original_offset}",
-            "exception_type": decoded.exception_type, "exception_message": decoded.exception_message,
-            "first_failed_at": decoded.first_failed_at, "last_failed_at": decoded.last_failed_at,
+            "exception_type": decoded.exception_type,
+            "exception_message": decoded.exception_message,
+            "first_failed_at": decoded.first_failed_at,
+            "last_failed_at": decoded.last_failed_at,
             "replay_count": decoded.lineage.replay_count,
-        }  # fmt: skip
+        }
     except HeaderDecodeError as exc:
         error = str(exc) if error is None else f"{error}; {exc}"
     return PeekedRecord(
-        topic=message.topic(), partition=message.partition(), offset=message.offset(),  # type: ignore[attr-defined]
+        topic=message.topic(),  # type: ignore[attr-defined]
+        partition=message.partition(),  # type: ignore[attr-defined]
+        offset=message.offset(),  # type: ignore[attr-defined]
         timestamp_ms=message.timestamp()[1],  # type: ignore[attr-defined]
-        key=printable(message.key()), value=printable(message.value()),  # type: ignore[attr-defined]
+        key=printable(message.key()),  # type: ignore[attr-defined]
+        value=printable(message.value()),  # type: ignore[attr-defined]
         user_headers={k: printable(v, 80) for k, v in user_headers(headers)},
-        retry=retry, header_error=error,
-    )  # fmt: skip
+        retry=retry,
+        header_error=error,
+    )
 
 
 def peek_dlq(
@@ -206,7 +232,11 @@ def describe_pipeline(kafka: KafkaConfig, app: AppSettings, *, grace_ms: int = 3
     _warn_less_durable(kafka, app)
     now_ms = int(time.time() * 1000)
     rows: list[PartitionState] = []
-    plan = [(topics.source, "source", app.group), *[(t.topic, "tier", t.topic) for t in topics.tiers], (topics.dlq, "dlq", None)]
+    plan = [
+        (topics.source, "source", app.group),
+        *[(t.topic, "tier", t.topic) for t in topics.tiers],
+        (topics.dlq, "dlq", None),
+    ]
     for topic, kind, group in plan:
         partitions = partition_count(admin, topic)
         if partitions is None:
@@ -224,9 +254,20 @@ def describe_pipeline(kafka: KafkaConfig, app: AppSettings, *, grace_ms: int = 3
             if kind == "tier":
                 state = "idle" if not lag else _head_state(kafka, topic, p, start or 0, now_ms, grace_ms)
             replicas, in_sync, min_insync = replication.get((topic, p), (0, 0, None))
-            rows.append(PartitionState(topic=topic, kind=kind, partition=p, end_offset=ends[p], committed=start, lag=lag,
-                                       state=state, replicas=replicas, in_sync_replicas=in_sync,
-                                       min_insync_replicas=min_insync))  # fmt: skip
+            rows.append(
+                PartitionState(
+                    topic=topic,
+                    kind=kind,
+                    partition=p,
+                    end_offset=ends[p],
+                    committed=start,
+                    lag=lag,
+                    state=state,
+                    replicas=replicas,
+                    in_sync_replicas=in_sync,
+                    min_insync_replicas=min_insync,
+                )
+            )
     return rows
 
 
@@ -240,6 +281,12 @@ def _replication(admin: object, names: list[str]) -> dict[tuple[str, int], tuple
         log.debug("min.insync.replicas of the pipeline's topics not read: %s", exc)
         durability = {}
     return {
-        (name, p): (len(meta.replicas), len(meta.isrs), durability[name].min_insync_replicas if name in durability else None)
-        for name in names if name in metadata for p, meta in metadata[name].partitions.items()
+        (name, p): (
+            len(meta.replicas),
+            len(meta.isrs),
+            durability[name].min_insync_replicas if name in durability else None,
+        )
+        for name in names
+        if name in metadata
+        for p, meta in metadata[name].partitions.items()
     }

@@ -33,9 +33,7 @@ __all__ = [
 ]
 
 #: RocketMQ's 18 broker delay levels (``messageDelayLevel``), in order.
-ROCKETMQ_LEVELS: Final[tuple[str, ...]] = tuple(
-    "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h".split()
-)
+ROCKETMQ_LEVELS: Final[tuple[str, ...]] = tuple("1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h".split())
 #: ``max_retries=UNLIMITED``: the last tier of the schedule repeats until ``timeout`` (if any).
 UNLIMITED: Final = "unlimited"
 #: Upper bound on distinct tier delays (one topic each) and on the length of one schedule.
@@ -197,9 +195,7 @@ class RetryPolicy:
         if value is None or value == UNLIMITED:
             return
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_RETRIES_BOUND:
-            raise ConfigError(
-                "max_retries", value, f"expected None, 'unlimited' or an int in 0..{_MAX_RETRIES_BOUND}"
-            )
+            raise ConfigError("max_retries", value, f"expected None, 'unlimited' or an int in 0..{_MAX_RETRIES_BOUND}")
 
     def _check_jitter(self) -> None:
         j = self.jitter
@@ -237,8 +233,10 @@ class RetryPolicy:
         timeout_ms = parse_duration(self.timeout, field="timeout")
         if timeout_ms < self.tier_delays_ms[0]:
             raise ConfigError(
-                "timeout", self.timeout, f"shorter than the shortest tier ({self.tier_delays_ms[0]} ms): "
-                "no retry could ever happen; use max_retries=0 to go straight to the DLQ"
+                "timeout",
+                self.timeout,
+                f"shorter than the shortest tier ({self.tier_delays_ms[0]} ms): "
+                "no retry could ever happen; use max_retries=0 to go straight to the DLQ",
             )
         object.__setattr__(self, "timeout_ms", timeout_ms)
 

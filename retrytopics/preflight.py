@@ -17,9 +17,16 @@ from retrytopics.connectors.config import KafkaConfig
 from retrytopics.errors import ConfigError
 
 __all__ = [
-    "UNREACHABLE", "app_pipeline", "check_kafka", "command_kafka", "connection_hint", "load_app", "pipeline_of",
-    "prepare_app", "require_extra",
-]  # fmt: skip
+    "UNREACHABLE",
+    "app_pipeline",
+    "check_kafka",
+    "command_kafka",
+    "connection_hint",
+    "load_app",
+    "pipeline_of",
+    "prepare_app",
+    "require_extra",
+]
 
 
 def require_extra(field: str, value: object, module: str, extra: str) -> None:
@@ -29,7 +36,9 @@ def require_extra(field: str, value: object, module: str, extra: str) -> None:
     except (ImportError, ValueError):  # ValueError: a module blocked as None in sys.modules
         found = False
     if not found:
-        raise ConfigError(field, value, f"needs the {extra} extra ({module} is not installed): pip install 'retrytopics[{extra}]'")
+        raise ConfigError(
+            field, value, f"needs the {extra} extra ({module} is not installed): pip install 'retrytopics[{extra}]'"
+        )
 
 
 def command_kafka(settings: Settings) -> KafkaConfig:
@@ -74,8 +83,14 @@ def app_pipeline(app: Any, topic: str | None) -> AppSettings:
     pipeline = AppSettings(topic=topic, group=app.group, delays=delays, naming=app.naming)
     # a DLQ name of the app's own choosing only; a default one follows a --group given over the app's
     custom_dlq = own.dlq if own.dlq != pipeline_topics(pipeline).dlq else None
-    return AppSettings(topic=topic, group=app.group, delays=delays, naming=app.naming, dlq=custom_dlq,
-                       header_keys=app.handlers[topic].ctx.header_keys)
+    return AppSettings(
+        topic=topic,
+        group=app.group,
+        delays=delays,
+        naming=app.naming,
+        dlq=custom_dlq,
+        header_keys=app.handlers[topic].ctx.header_keys,
+    )
 
 
 def prepare_app(reference: str, settings: Settings) -> Any:
@@ -124,10 +139,14 @@ def connection_hint(code: str, last_error: str | None) -> str | None:
     if code not in UNREACHABLE:
         return None
     if last_error and "authentication" in last_error.lower():
-        return (f"the broker refused the credentials ({last_error}): check kafka.sasl_username, kafka.sasl_password "
-                "(or kafka.sasl_password_file) and kafka.sasl_mechanism")
+        return (
+            f"the broker refused the credentials ({last_error}): check kafka.sasl_username, kafka.sasl_password "
+            "(or kafka.sasl_password_file) and kafka.sasl_mechanism"
+        )
     hint = "no broker answered: check kafka.bootstrap (host:port reachable from here, the broker up)"
     if last_error and any(word in last_error.lower() for word in ("ssl", "certificate", "handshake")):
-        return f"{hint}; the TLS handshake failed ({last_error}): check kafka.ssl_ca_location and kafka.security_protocol"
+        return (
+            f"{hint}; the TLS handshake failed ({last_error}): check kafka.ssl_ca_location and kafka.security_protocol"
+        )
     hint += "; with SSL or SASL_SSL, a wrong CA (kafka.ssl_ca_location) or protocol (kafka.security_protocol) fails the same way"
     return f"{hint} (last client error: {last_error})" if last_error else hint

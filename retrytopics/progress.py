@@ -14,9 +14,17 @@ from dataclasses import dataclass
 from typing import TextIO
 
 __all__ = [
-    "JobStatus", "ProgressBoard", "Stage", "StatusLine", "finish", "note", "rate", "render_bar", "render_status",
+    "JobStatus",
+    "ProgressBoard",
+    "Stage",
+    "StatusLine",
+    "finish",
+    "note",
+    "rate",
+    "render_bar",
+    "render_status",
     "step",
-]  # fmt: skip
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,9 +108,14 @@ class StatusLine:
     """
 
     def __init__(
-        self, out: TextIO, poll: Callable[[], JobStatus | None], *, interval_s: float = 0.5,
-        clock: Callable[[], float] = time.monotonic, width: int | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        out: TextIO,
+        poll: Callable[[], JobStatus | None],
+        *,
+        interval_s: float = 0.5,
+        clock: Callable[[], float] = time.monotonic,
+        width: int | None = None,
+    ) -> None:
         self.out = out
         self.poll = poll
         self.interval_s = interval_s

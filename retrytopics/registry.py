@@ -41,9 +41,14 @@ class Registry:
     """Source topic → `Binding`, for one consumer group; every binding checked against the others."""
 
     def __init__(
-        self, *, group: str, naming: NamingStrategy, id_header: str | None, redact: Redactor,
+        self,
+        *,
+        group: str,
+        naming: NamingStrategy,
+        id_header: str | None,
+        redact: Redactor,
         header_keys: HeaderKeys | None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self._group = group
         self._naming = naming
         self._id_header = id_header
@@ -51,7 +56,9 @@ class Registry:
         self._header_keys = header_keys
         self._bindings: dict[str, Binding] = {}
 
-    def add(self, wanted: Registration, max_poll_interval_ms: Callable[[], int]) -> Callable[[Callable[..., Any]], None]:
+    def add(
+        self, wanted: Registration, max_poll_interval_ms: Callable[[], int]
+    ) -> Callable[[Callable[..., Any]], None]:
         """Check `wanted` now and return what binds the decorated function to it. `max_poll_interval_ms` is
         asked only when in-process retries must fit in it."""
         topic = validate_topic_name(wanted.topic, field="topic")
@@ -61,16 +68,26 @@ class Registry:
         topics = topics_for(topic, self._group, policy.tier_delays_ms, strategy=self._naming, dlq=wanted.dlq)
         self._check_collisions(topics)
         ctx = RouteContext(
-            policy=policy, topics=topics, group=self._group, id_header=self._id_header, redact=self._redact,
+            policy=policy,
+            topics=topics,
+            group=self._group,
+            id_header=self._id_header,
+            redact=self._redact,
             header_keys=self._header_keys,
-        )  # fmt: skip
+        )
 
         def bind(fn: Callable[..., Any]) -> None:
             if not callable(fn):
                 what = "a list of Records" if wanted.batch else "a Record"
                 raise ConfigError("handler", fn, f"expected a callable taking {what}")
-            self._bindings[topic] = Binding(topic=topic, handler=fn, policy=policy, ctx=ctx,
-                                            value_deserializer=wanted.value_deserializer, batch=wanted.batch)  # fmt: skip
+            self._bindings[topic] = Binding(
+                topic=topic,
+                handler=fn,
+                policy=policy,
+                ctx=ctx,
+                value_deserializer=wanted.value_deserializer,
+                batch=wanted.batch,
+            )
 
         return bind
 
@@ -82,8 +99,11 @@ class Registry:
         if policy.in_process is None:
             return policy
         if wanted.batch:
-            raise ConfigError("policy.in_process", policy.in_process, "in-process retries are per record; a batch "
-                              "handler's failed records are retried through the tiers")  # fmt: skip
+            raise ConfigError(
+                "policy.in_process",
+                policy.in_process,
+                "in-process retries are per record; a batch handler's failed records are retried through the tiers",
+            )
         budget_ms = parse_duration(wanted.handler_budget, field="handler_budget")
         policy.in_process.check_fits(max_poll_interval_ms(), handler_budget_ms=budget_ms)
         return policy
@@ -93,8 +113,12 @@ class Registry:
         for other in self._bindings.values():
             theirs = {t.topic for t in other.ctx.topics.tiers} | {other.topic}
             if mine & theirs or topics.source in {t.topic for t in other.ctx.topics.tiers}:
-                raise ConfigError("naming", self._naming.value, f"{topics.source!r} and {other.topic!r} would share "
-                                  f"tier topics {sorted(mine & theirs)}; use NamingStrategy.BY_DELAY")  # fmt: skip
+                raise ConfigError(
+                    "naming",
+                    self._naming.value,
+                    f"{topics.source!r} and {other.topic!r} would share "
+                    f"tier topics {sorted(mine & theirs)}; use NamingStrategy.BY_DELAY",
+                )
 
     @property
     def bindings(self) -> Mapping[str, Binding]:

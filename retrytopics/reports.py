@@ -115,7 +115,9 @@ def counts(mapping: Mapping[str, int], *, unknown: str = "unknown") -> str:
     for a missing value ("None") reads as `unknown`."""
     if not mapping:
         return "none"
-    return ", ".join(f"{unknown if key in ('None', '') else safe_text(key, _NAME_LIMIT)} {n}" for key, n in mapping.items())
+    return ", ".join(
+        f"{unknown if key in ('None', '') else safe_text(key, _NAME_LIMIT)} {n}" for key, n in mapping.items()
+    )
 
 
 #: The longest a name from a record (an exception type, an origin id) is printed in a line or a sample cell.
@@ -139,8 +141,11 @@ def replay_text(result: Mapping[str, Any]) -> str:
     dry = bool(result.get("dry_run"))
     written = "nothing written (dry run)" if dry else f"{result.get('written', 0)} written"
     destinations = ", ".join(result.get("destination_topics") or []) or "none"
-    lines = [f"replay {result.get('replay_id')} to the {str(result.get('destination', '')).replace('_', ' ')} "
-             f"topic: {written}", ""]  # fmt: skip
+    lines = [
+        f"replay {result.get('replay_id')} to the {str(result.get('destination', '')).replace('_', ' ')} "
+        f"topic: {written}",
+        "",
+    ]
     pairs: list[tuple[str, Cell]] = [("selected (match the filters)", result.get("selected", 0))]
     for key, label in _SKIPPED:
         if key in result and not (dry and key == "skipped_already_replayed"):
@@ -159,8 +164,11 @@ def replay_text(result: Mapping[str, Any]) -> str:
     sample = result.get("sample") or []
     if sample:
         headers = list(sample[0])
-        lines += ["", f"sample ({len(sample)} of {result.get('selected', len(sample))} selected):",
-                  table(headers, [[_short(row.get(h)) for h in headers] for row in sample], indent="  ")]  # fmt: skip
+        lines += [
+            "",
+            f"sample ({len(sample)} of {result.get('selected', len(sample))} selected):",
+            table(headers, [[_short(row.get(h)) for h in headers] for row in sample], indent="  "),
+        ]
     return "\n".join(lines)
 
 

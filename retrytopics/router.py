@@ -28,17 +28,35 @@ from retrytopics.classify import Classification, Verdict, classify
 from retrytopics.diagnostics import describe
 from retrytopics.errors import ConfigError, HeaderDecodeError
 from retrytopics.headers import (
-    MAX_USER_HEADERS, DlqReason, Header, RetryHeaders, decode, decode_lineage, encode, redact, user_headers,
-)  # fmt: skip
+    MAX_USER_HEADERS,
+    DlqReason,
+    Header,
+    RetryHeaders,
+    decode,
+    decode_lineage,
+    encode,
+    redact,
+    user_headers,
+)
 from retrytopics.naming import NamingStrategy, TierTopic, TopicSet
 from retrytopics.policy import RetryPolicy
 from retrytopics.signing import SIGNATURE, HeaderKeys, sign, verify
 
 __all__ = [
-    "Consumed", "InboundRecord", "Route", "RouteContext", "RouteKind", "Unread", "longest_wait_ms",
-    "origin_message_id", "read_retry_state", "route", "too_large_reference", "too_large_reference_record",
+    "Consumed",
+    "InboundRecord",
+    "Route",
+    "RouteContext",
+    "RouteKind",
+    "Unread",
+    "longest_wait_ms",
+    "origin_message_id",
+    "read_retry_state",
+    "route",
+    "too_large_reference",
+    "too_large_reference_record",
     "too_large_route",
-]  # fmt: skip
+]
 
 _ID_LIMIT_BYTES: Final = 512
 _MAX_RECONSUME_TIMES: Final = 2**31 - 2
@@ -134,7 +152,9 @@ class RouteContext:
         delays = tuple(t.delay_ms for t in self.topics.tiers)
         if delays != self.policy.tier_delays_ms:
             raise ConfigError(
-                "topics", delays, f"tier delays differ from policy.tier_delays_ms {self.policy.tier_delays_ms}; "
+                "topics",
+                delays,
+                f"tier delays differ from policy.tier_delays_ms {self.policy.tier_delays_ms}; "
                 "build the TopicSet from the policy",
             )
         if self.group != self.topics.group:
@@ -187,13 +207,19 @@ def _check_bounds(ctx: RouteContext, tier: TierTopic, h: RetryHeaders, now_ms: i
     if h.consumer_group != ctx.group:
         raise HeaderDecodeError("retry.consumer_group", h.consumer_group, f"this is group {ctx.group!r}")
     if ctx.topics.strategy is not NamingStrategy.SHARED and h.original_topic != ctx.topics.source:
-        raise HeaderDecodeError("retry.original_topic", h.original_topic, f"these tiers carry {ctx.topics.source!r} only")
+        raise HeaderDecodeError(
+            "retry.original_topic", h.original_topic, f"these tiers carry {ctx.topics.source!r} only"
+        )
     if h.reconsume_times > bound:
-        raise HeaderDecodeError("retry.reconsume_times", h.reconsume_times, f"the policy allows at most {bound} retries")
+        raise HeaderDecodeError(
+            "retry.reconsume_times", h.reconsume_times, f"the policy allows at most {bound} retries"
+        )
     if h.last_failed_at > now_ms + skew:
         raise HeaderDecodeError("retry.last_failed_at", h.last_failed_at, "in the future")
     if h.due_at is not None and h.due_at > now_ms + longest + skew:
-        raise HeaderDecodeError("retry.due_at", h.due_at, f"later than now + this tier's delay ({longest} ms with jitter)")
+        raise HeaderDecodeError(
+            "retry.due_at", h.due_at, f"later than now + this tier's delay ({longest} ms with jitter)"
+        )
     if h.due_at is not None and h.due_at > h.last_failed_at + longest:
         raise HeaderDecodeError(
             "retry.due_at", h.due_at, f"more than this tier's delay ({longest} ms) after retry.last_failed_at"
@@ -207,9 +233,14 @@ class Unread(Enum):
 
 
 def route(
-    ctx: RouteContext, record: Consumed, failure: BaseException, *, now_ms: int, rng: random.Random,
-    previous: RetryHeaders | None | Literal[Unread.STATE] = Unread.STATE,
-) -> Route:  # fmt: skip
+    ctx: RouteContext,
+    record: Consumed,
+    failure: BaseException,
+    *,
+    now_ms: int,
+    rng: random.Random,
+    previous: RetryHeaders | Literal[Unread.STATE] | None = Unread.STATE,
+) -> Route:
     """Decide the next destination of ``record`` after ``failure`` at ``now_ms`` (see the module docstring).
 
     ``previous``: the record's retry state as :func:`read_retry_state` returned it, when the caller read it
@@ -278,19 +309,31 @@ def _next_due(ctx: RouteContext, verdict: Classification, hop: _Hop, rng: random
 
 
 def _state(
-    ctx: RouteContext, record: Consumed, previous: RetryHeaders | None, hop: _Hop, failure: BaseException, *,
-    tier: int | None, due_at: int | None, dlq_reason: DlqReason | None,
-) -> RetryHeaders:  # fmt: skip
+    ctx: RouteContext,
+    record: Consumed,
+    previous: RetryHeaders | None,
+    hop: _Hop,
+    failure: BaseException,
+    *,
+    tier: int | None,
+    due_at: int | None,
+    dlq_reason: DlqReason | None,
+) -> RetryHeaders:
     """The state a record is published with after `failure`. A first failure starts from the record's own
     coordinates (incoming ``retry.*`` headers are ignored); a later one copies origin and original
     coordinates from `previous`, never recomputing them."""
     described = describe(failure, ctx.redact)
     if previous is not None:
         return previous.evolve(
-            reconsume_times=hop.reconsume_times, last_failed_at=hop.last_failed_at, tier=tier, due_at=due_at,
-            dlq_reason=dlq_reason, exception_type=described.exception_type,
-            exception_message=described.exception_message, exception_trace=described.exception_trace,
-        )  # fmt: skip
+            reconsume_times=hop.reconsume_times,
+            last_failed_at=hop.last_failed_at,
+            tier=tier,
+            due_at=due_at,
+            dlq_reason=dlq_reason,
+            exception_type=described.exception_type,
+            exception_message=described.exception_message,
+            exception_trace=described.exception_trace,
+        )
     return RetryHeaders(
         reconsume_times=hop.reconsume_times,
         origin_message_id=origin_message_id(ctx, record),
@@ -333,15 +376,23 @@ def too_large_route(
     replaced by :func:`too_large_reference`. ``key`` and ``value`` are what will be published (signed with
     ``ctx.header_keys``; unused without keys)."""
     retry = refused.retry.evolve(
-        tier=None, due_at=None, dlq_reason=DlqReason.TOO_LARGE, exception_message="",
+        tier=None,
+        due_at=None,
+        dlq_reason=DlqReason.TOO_LARGE,
+        exception_message="",
         exception_trace="",
-    )  # fmt: skip
+    )
     users = tuple(user_headers(refused.headers)) if keep_user_headers else ()
     headers = _signed(ctx, ctx.topics.dlq, key, value, (*users, *encode(retry)))
     return dataclasses.replace(
-        refused, kind=RouteKind.DLQ, topic=ctx.topics.dlq, due_at_ms=None, reason=DlqReason.TOO_LARGE, retry=retry,
+        refused,
+        kind=RouteKind.DLQ,
+        topic=ctx.topics.dlq,
+        due_at_ms=None,
+        reason=DlqReason.TOO_LARGE,
+        retry=retry,
         headers=headers,
-    )  # fmt: skip
+    )
 
 
 def too_large_reference(topic: str, partition: int, offset: int, value: bytes | None) -> bytes:
@@ -366,9 +417,13 @@ def too_large_reference_record(
 
 
 def _dead_letter(
-    ctx: RouteContext, record: Consumed, previous: RetryHeaders | None, hop: _Hop, failure: BaseException,
+    ctx: RouteContext,
+    record: Consumed,
+    previous: RetryHeaders | None,
+    hop: _Hop,
+    failure: BaseException,
     reason: DlqReason,
-) -> Route:  # fmt: skip
+) -> Route:
     retry = _state(ctx, record, previous, hop, failure, tier=None, due_at=None, dlq_reason=reason)
     return _make_route(ctx, RouteKind.DLQ, ctx.topics.dlq, retry, record)
 
@@ -397,4 +452,3 @@ def _make_route(ctx: RouteContext, kind: RouteKind, topic: str, retry: RetryHead
         headers=headers,
         partition_hint=None if record.key is not None else retry.original_partition,
     )
-

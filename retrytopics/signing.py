@@ -30,9 +30,18 @@ from typing import Final
 from retrytopics.errors import ConfigError
 
 __all__ = [
-    "MIN_KEY_BYTES", "SIGNATURE", "HeaderKeys", "KeyLike", "mark_keys", "mark_verifies", "replay_mark", "sign",
-    "signed_message", "started_mark_keys", "verify",
-]  # fmt: skip
+    "MIN_KEY_BYTES",
+    "SIGNATURE",
+    "HeaderKeys",
+    "KeyLike",
+    "mark_keys",
+    "mark_verifies",
+    "replay_mark",
+    "sign",
+    "signed_message",
+    "started_mark_keys",
+    "verify",
+]
 
 #: The header carrying the signature: 64 lowercase hex digits. Under ``retry.``, so each hop replaces it.
 SIGNATURE: Final = "retry.signature"
@@ -95,12 +104,14 @@ def signed_message(topic: str, key: bytes | None, value: bytes | None, headers: 
     return _message(_DOMAIN, topic, key, value, covered)
 
 
-def _signed_message_v1(topic: str, key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, object]]) -> bytes:
+def _signed_message_v1(
+    topic: str, key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, object]]
+) -> bytes:
     """Version 1: the ``retry.*`` headers only, sorted by name then value."""
     retry = sorted(
         ((name, data) for name, data in headers if name.startswith(_PREFIX) and name != SIGNATURE),
         key=lambda item: (_name(item[0]), _bytes(item[1]) is not None, _bytes(item[1]) or b""),
-    )  # fmt: skip
+    )
     return _message(_DOMAIN_V1, topic, key, value, retry)
 
 
@@ -161,8 +172,10 @@ def verify(
     if _verifies(keys, _signed_message_v1(topic, key, value, headers), expected_mac):
         if keys.accept_v1:
             return None
-        return ("version 1: an earlier release's signature, which does not cover user headers; refused "
-                "unless the keys accept version 1")
+        return (
+            "version 1: an earlier release's signature, which does not cover user headers; refused "
+            "unless the keys accept version 1"
+        )
     return "wrong: does not verify with any configured key (forged, altered, or moved from another topic)"
 
 
@@ -190,8 +203,12 @@ def started_mark_keys(started: Mapping[str, object], keys: HeaderKeys | None) ->
     nonce = started.get("nonce")
     if nonce is None:
         if keys is not None:
-            raise ConfigError("replay_id", started.get("replay_id"), "its started ledger entry has no nonce, so "
-                              "its markers cannot be checked with the header keys; replay under a new replay id")
+            raise ConfigError(
+                "replay_id",
+                started.get("replay_id"),
+                "its started ledger entry has no nonce, so "
+                "its markers cannot be checked with the header keys; replay under a new replay id",
+            )
         return None
     try:
         return mark_keys(bytes.fromhex(str(nonce)), keys)
@@ -202,7 +219,10 @@ def started_mark_keys(started: Mapping[str, object], keys: HeaderKeys | None) ->
 def replay_mark(key: bytes, replay_id: str, topic: str, source_record: str) -> str:
     """`retry.replay_mark`: 64 hex digits that attribute a record on `topic` to the replay `replay_id`
     writing the source record `source_record` (`<topic>-<partition>-<offset>`); see spark/ledger.py."""
-    parts = [_MARK_DOMAIN, *(_field(text.encode("utf-8", "surrogatepass")) for text in (replay_id, topic, source_record))]
+    parts = [
+        _MARK_DOMAIN,
+        *(_field(text.encode("utf-8", "surrogatepass")) for text in (replay_id, topic, source_record)),
+    ]
     return _mac(key, b"".join(parts)).hex()
 
 

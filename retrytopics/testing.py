@@ -58,15 +58,33 @@ def make_record(
     if attempt > 1:
         now = int(time.time() * 1000) if now_ms is None else now_ms
         retry = RetryHeaders(
-            reconsume_times=attempt - 1, origin_message_id=origin, original_topic=topic,
-            original_partition=partition, original_offset=offset, original_timestamp=timestamp_ms,
-            consumer_group=group, tier=min(attempt - 2, 99), due_at=now, first_failed_at=now,
-            last_failed_at=now, exception_type="builtins.RuntimeError", exception_message="", exception_trace="",
-        )  # fmt: skip
+            reconsume_times=attempt - 1,
+            origin_message_id=origin,
+            original_topic=topic,
+            original_partition=partition,
+            original_offset=offset,
+            original_timestamp=timestamp_ms,
+            consumer_group=group,
+            tier=min(attempt - 2, 99),
+            due_at=now,
+            first_failed_at=now,
+            last_failed_at=now,
+            exception_type="builtins.RuntimeError",
+            exception_message="",
+            exception_trace="",
+        )
     return Record(
-        topic=topic, partition=partition, offset=offset, timestamp_ms=timestamp_ms, key=key, value=value,
-        raw_value=raw_value, headers=tuple(headers), retry=retry, origin_message_id=origin,
-    )  # fmt: skip
+        topic=topic,
+        partition=partition,
+        offset=offset,
+        timestamp_ms=timestamp_ms,
+        key=key,
+        value=value,
+        raw_value=raw_value,
+        headers=tuple(headers),
+        retry=retry,
+        origin_message_id=origin,
+    )
 
 
 def call(handler: Callable[[Record[Any]], Any], record: Record[Any]) -> Any:
@@ -81,8 +99,9 @@ async def _await(awaitable: Any) -> Any:
     return await awaitable
 
 
-def route_for(app: RetryApp, record: Record[Any], failure: BaseException, *, now_ms: int | None = None,
-              seed: int = 0) -> Route:  # fmt: skip
+def route_for(
+    app: RetryApp, record: Record[Any], failure: BaseException, *, now_ms: int | None = None, seed: int = 0
+) -> Route:
     """Where `app` would send `record` if its handler raised `failure` (for a Record from `make_record`)."""
     retry = record.retry
     ctx = app.handlers[retry.original_topic if retry is not None else record.topic].ctx
@@ -94,7 +113,13 @@ def route_for(app: RetryApp, record: Record[Any], failure: BaseException, *, now
         topic, headers = tier.topic, headers + tuple(encode(retry))
         if ctx.header_keys is not None:  # as the app's own previous hop would have signed it
             headers = sign(ctx.header_keys, topic, record.key, record.raw_value, headers)
-    inbound = InboundRecord(topic=topic, partition=record.partition, offset=record.offset,
-                            timestamp_ms=record.timestamp_ms, key=record.key, headers=headers,
-                            value=record.raw_value)  # fmt: skip
+    inbound = InboundRecord(
+        topic=topic,
+        partition=record.partition,
+        offset=record.offset,
+        timestamp_ms=record.timestamp_ms,
+        key=record.key,
+        headers=headers,
+        value=record.raw_value,
+    )
     return route(ctx, inbound, failure, now_ms=now, rng=random.Random(seed))

@@ -55,8 +55,12 @@ def _stack_text(exc: BaseException, redact: Callable[[str], str]) -> str:
     return _site_text(type(exc), tuple((frame.f_code, lineno) for frame, lineno in frames), frames, redact)
 
 
-def _site_text(cls: type[BaseException], where: tuple[tuple[CodeType, int], ...], frames: list[tuple[FrameType, int]],
-               redact: Callable[[str], str]) -> str:  # fmt: skip
+def _site_text(
+    cls: type[BaseException],
+    where: tuple[tuple[CodeType, int], ...],
+    frames: list[tuple[FrameType, int]],
+    redact: Callable[[str], str],
+) -> str:
     """The stack text of `frames` (whose (code, line) are `where`), formatted once per failure site."""
     if not frames:
         return ""
@@ -67,7 +71,9 @@ def _site_text(cls: type[BaseException], where: tuple[tuple[CodeType, int], ...]
             _sites.move_to_end(site)
             return cached
     # walk_tb gives no column positions, so StackSummary prints no carets and never parses source
-    text = redact("Traceback (most recent call last):\n" + "".join(traceback.StackSummary.extract(iter(frames)).format()))
+    text = redact(
+        "Traceback (most recent call last):\n" + "".join(traceback.StackSummary.extract(iter(frames)).format())
+    )
     with _sites_lock:
         _sites[site] = text
         if len(_sites) > _SITE_CACHE_SIZE:

@@ -54,10 +54,13 @@ def transaction_timeout_ms(max_poll_interval_ms: int, producer: Mapping[str, Any
     given = producer.get("transaction.timeout.ms")
     if given is None:
         if needed > _BROKER_MAX_TIMEOUT_MS:
-            raise ConfigError("max.poll.interval.ms", max_poll_interval_ms,
-                              f"exactly-once needs transaction.timeout.ms above it plus {_COMMIT_CALLS * CALL_TIMEOUT_MS}"
-                              f" ms for the commit calls, and brokers allow at most {_BROKER_MAX_TIMEOUT_MS} ms "
-                              "by default (transaction.max.timeout.ms)")  # fmt: skip
+            raise ConfigError(
+                "max.poll.interval.ms",
+                max_poll_interval_ms,
+                f"exactly-once needs transaction.timeout.ms above it plus {_COMMIT_CALLS * CALL_TIMEOUT_MS}"
+                f" ms for the commit calls, and brokers allow at most {_BROKER_MAX_TIMEOUT_MS} ms "
+                "by default (transaction.max.timeout.ms)",
+            )
         return needed
     try:
         timeout = int(given)
@@ -65,12 +68,13 @@ def transaction_timeout_ms(max_poll_interval_ms: int, producer: Mapping[str, Any
         raise ConfigError("transaction.timeout.ms", given, "expected a number of ms") from None
     if timeout < needed:
         raise ConfigError(
-            "transaction.timeout.ms", timeout,
+            "transaction.timeout.ms",
+            timeout,
             f"must be at least max.poll.interval.ms ({max_poll_interval_ms}) + {_COMMIT_CALLS} x "
             f"{CALL_TIMEOUT_MS} ms for the commit calls = {needed}: a transaction stays open for up to a poll batch "
             "and its commit, and the broker would abort it while still in use (then the batch is read again, "
             "forever); lower max.poll.interval.ms or raise transaction.timeout.ms",
-        )  # fmt: skip
+        )
     return timeout
 
 

@@ -1,7 +1,7 @@
 """Avro schemas shipped with retrytopics (`.avsc` files beside this module), read with fastavro.
 
-    from retrytopics.schemas import load_schema
-    order = load_schema("order")        # parsed by fastavro, ready for schemaless_reader/writer
+from retrytopics.schemas import load_schema
+order = load_schema("order")        # parsed by fastavro, ready for schemaless_reader/writer
 """
 
 from __future__ import annotations

@@ -35,9 +35,19 @@ def installed_layout(into: Path) -> Path:
 def main() -> int:
     with tempfile.TemporaryDirectory(prefix="retrytopics-typecheck-") as tmp:
         installed_layout(Path(tmp))
-        command = [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"),
-                   "--python-executable", sys.executable, "--cache-dir", str(Path(tmp) / ".mypy_cache"),
-                   "-p", "retrytopics"]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--config-file",
+            str(ROOT / "pyproject.toml"),
+            "--python-executable",
+            sys.executable,
+            "--cache-dir",
+            str(Path(tmp) / ".mypy_cache"),
+            "-p",
+            "retrytopics",
+        ]
         return subprocess.run(command, cwd=tmp, check=False).returncode
 
 

@@ -44,8 +44,14 @@ from retrytopics.spark.columns import with_retry_columns
 from retrytopics.spark.session import job_step
 
 __all__ = [
-    "add_audit_arguments", "audit", "episodes", "format_table", "pipeline_records", "record_facts", "run_audit_cli",
-]  # fmt: skip
+    "add_audit_arguments",
+    "audit",
+    "episodes",
+    "format_table",
+    "pipeline_records",
+    "record_facts",
+    "run_audit_cli",
+]
 
 
 def _committed(kafka: KafkaConfig, topics: TopicSet) -> list[tuple[str, int, int]]:
@@ -74,7 +80,13 @@ def _lookup(committed: list[tuple[str, int, int]]) -> Column:
 
 
 def pipeline_records(
-    spark: SparkSession, kafka: KafkaConfig, topics: TopicSet, *, now_ms: int, grace_ms: int, kafka_format: str = "python"
+    spark: SparkSession,
+    kafka: KafkaConfig,
+    topics: TopicSet,
+    *,
+    now_ms: int,
+    grace_ms: int,
+    kafka_format: str = "python",
 ) -> DataFrame:
     """Every record of the pipeline with typed retry columns plus `kind` (source|tier|dlq), `tier_index`,
     `handled`, `overdue` and `age_ms`. Committed offsets are read first, so no hop is missed."""
@@ -83,9 +95,7 @@ def pipeline_records(
     options = kafka_options(kafka, subscribe=",".join(all_topics), includeHeaders="true")
     df = with_retry_columns(read_kafka(spark, options, kafka_format=kafka_format))
     tier_of = F.create_map(*[x for t in topics.tiers for x in (F.lit(t.topic), F.lit(t.index))])
-    kind = (
-        F.when(F.col("topic") == topics.source, "source").when(F.col("topic") == topics.dlq, "dlq").otherwise("tier")
-    )
+    kind = F.when(F.col("topic") == topics.source, "source").when(F.col("topic") == topics.dlq, "dlq").otherwise("tier")
     now = F.lit(now_ms)
     df = (
         df.withColumn("committed", committed)
@@ -106,13 +116,17 @@ def record_facts(records: DataFrame) -> list[Row]:
     """Every per-record number of the audit in one aggregation (and so one Spark job): per topic (records,
     overdue, unhandled, age percentiles) and per (topic, exception_type, dlq_reason, reconsume_times) counts,
     as grouping sets; `coarse` tells the per-topic rows apart. The result is small: a few rows per topic."""
-    return records.groupingSets([["topic"], list(_FACETS)], *_FACETS).agg(
-        (F.grouping("exception_type") == 1).alias("coarse"),
-        F.count("*").alias("records"),
-        F.sum(F.col("overdue").cast("long")).alias("overdue"),
-        F.sum((~F.col("handled")).cast("long")).alias("unhandled"),
-        F.percentile_approx("age_ms", [0.5, 1.0], 10_000).alias("age"),
-    ).collect()
+    return (
+        records.groupingSets([["topic"], list(_FACETS)], *_FACETS)
+        .agg(
+            (F.grouping("exception_type") == 1).alias("coarse"),
+            F.count("*").alias("records"),
+            F.sum(F.col("overdue").cast("long")).alias("overdue"),
+            F.sum((~F.col("handled")).cast("long")).alias("unhandled"),
+            F.percentile_approx("age_ms", [0.5, 1.0], 10_000).alias("age"),
+        )
+        .collect()
+    )
 
 
 def _stages(facts: list[Row], topics: TopicSet) -> list[dict[str, Any]]:
@@ -122,12 +136,17 @@ def _stages(facts: list[Row], topics: TopicSet) -> list[dict[str, Any]]:
     for topic, kind in order:
         row = found.get(topic)
         age = (row.age if row is not None and row.age else None) or [None, None]
-        stages.append({
-            "topic": topic, "kind": kind, "records": row.records if row else 0,
-            "overdue": int(row.overdue or 0) if row else 0,
-            "unhandled": None if kind == "dlq" else (int(row.unhandled or 0) if row else 0),
-            "age_ms_p50": age[0], "age_ms_max": age[1],
-        })  # fmt: skip
+        stages.append(
+            {
+                "topic": topic,
+                "kind": kind,
+                "records": row.records if row else 0,
+                "overdue": int(row.overdue or 0) if row else 0,
+                "unhandled": None if kind == "dlq" else (int(row.unhandled or 0) if row else 0),
+                "age_ms_p50": age[0],
+                "age_ms_max": age[1],
+            }
+        )
     return stages
 
 
@@ -149,10 +168,12 @@ def _dlq(records: DataFrame, facts: list[Row], topics: TopicSet) -> dict[str, An
     replayed = dlq.join(replay_marks.distinct(), "origin_message_id", "left_semi").count()
     total = sum(r.records for r in facts if not r.coarse and in_dlq(r))
     return {
-        "records": total, "by_reason": _counts(facts, "dlq_reason", where=in_dlq),
-        "by_exception_type": _counts(facts, "exception_type", where=in_dlq), "replayed": replayed,
+        "records": total,
+        "by_reason": _counts(facts, "dlq_reason", where=in_dlq),
+        "by_exception_type": _counts(facts, "exception_type", where=in_dlq),
+        "replayed": replayed,
         "pending": total - replayed,
-    }  # fmt: skip
+    }
 
 
 def episodes(records: DataFrame) -> DataFrame:
@@ -168,27 +189,39 @@ def episodes(records: DataFrame) -> DataFrame:
         F.max(F.when(tier, F.col("overdue"))).alias("overdue"),
     )
     outcome = (
-        F.when(F.col("in_dlq") == 1, "dead_lettered").when(F.col("last_tier.handled"), "recovered").otherwise("in_flight")
+        F.when(F.col("in_dlq") == 1, "dead_lettered")
+        .when(F.col("last_tier.handled"), "recovered")
+        .otherwise("in_flight")
     )
     return grouped.withColumn("outcome", outcome).select(
-        "origin_message_id", "replays", "failures", "outcome", "first_failed_at",
-        F.col("last_tier.tier_index").alias("last_tier_index"), F.col("last_tier.topic").alias("last_tier_topic"),
+        "origin_message_id",
+        "replays",
+        "failures",
+        "outcome",
+        "first_failed_at",
+        F.col("last_tier.tier_index").alias("last_tier_index"),
+        F.col("last_tier.topic").alias("last_tier_topic"),
         F.coalesce("overdue", F.lit(False)).alias("overdue"),
         F.when(F.col("outcome") == "recovered", F.col("failures") + 1).alias("attempts"),
-        F.when(F.col("outcome") == "recovered",
-               F.unix_millis("last_tier.due_at") - F.unix_millis("first_failed_at")).alias("time_to_recover_ms"),
-    )  # fmt: skip
+        F.when(
+            F.col("outcome") == "recovered", F.unix_millis("last_tier.due_at") - F.unix_millis("first_failed_at")
+        ).alias("time_to_recover_ms"),
+    )
 
 
 def _lineage(facts: list[Row], eps: DataFrame, topics: TopicSet) -> dict[str, Any]:
     """Episode numbers in one aggregation: all episodes (with the attempts and time-to-recover percentiles,
     which are NULL except for recovered episodes), per outcome, and per (outcome, last tier)."""
-    rows = eps.groupingSets([[], ["outcome"], ["outcome", "last_tier_topic"]], "outcome", "last_tier_topic").agg(
-        F.grouping_id().alias("level"),
-        F.count("*").alias("n"),
-        F.percentile_approx("attempts", [0.5, 0.99], 10_000).alias("attempts"),
-        F.percentile_approx("time_to_recover_ms", [0.5, 0.99], 10_000).alias("ttr"),
-    ).collect()
+    rows = (
+        eps.groupingSets([[], ["outcome"], ["outcome", "last_tier_topic"]], "outcome", "last_tier_topic")
+        .agg(
+            F.grouping_id().alias("level"),
+            F.count("*").alias("n"),
+            F.percentile_approx("attempts", [0.5, 0.99], 10_000).alias("attempts"),
+            F.percentile_approx("time_to_recover_ms", [0.5, 0.99], 10_000).alias("ttr"),
+        )
+        .collect()
+    )
     total = next((r for r in rows if r.level == 3), None)
     by_outcome = {str(r.outcome): r.n for r in sorted(rows, key=lambda r: (-r.n, str(r.outcome))) if r.level == 1}
     wins = {r.last_tier_topic: r.n for r in rows if r.level == 0 and r.outcome == "recovered"}
@@ -197,15 +230,24 @@ def _lineage(facts: list[Row], eps: DataFrame, topics: TopicSet) -> dict[str, An
     coarse = {r.topic: r for r in facts if r.coarse}
     handled = {t: int(r.records - (r.unhandled or 0)) for t, r in coarse.items()}
     per_tier = [
-        {"topic": t.topic, "handled": handled.get(t.topic, 0), "recovered": wins.get(t.topic, 0),
-         "success_rate": round(wins.get(t.topic, 0) / handled[t.topic], 4) if handled.get(t.topic) else None}
+        {
+            "topic": t.topic,
+            "handled": handled.get(t.topic, 0),
+            "recovered": wins.get(t.topic, 0),
+            "success_rate": round(wins.get(t.topic, 0) / handled[t.topic], 4) if handled.get(t.topic) else None,
+        }
         for t in topics.tiers
-    ]  # fmt: skip
+    ]
     return {
-        "episodes": total.n if total else 0, "by_outcome": by_outcome, "recovered": by_outcome.get("recovered", 0),
-        "attempts_p50": attempts[0], "attempts_p99": attempts[1],
-        "time_to_recover_ms_p50": ttr[0], "time_to_recover_ms_p99": ttr[1], "tiers": per_tier,
-    }  # fmt: skip
+        "episodes": total.n if total else 0,
+        "by_outcome": by_outcome,
+        "recovered": by_outcome.get("recovered", 0),
+        "attempts_p50": attempts[0],
+        "attempts_p99": attempts[1],
+        "time_to_recover_ms_p50": ttr[0],
+        "time_to_recover_ms_p99": ttr[1],
+        "tiers": per_tier,
+    }
 
 
 def audit(
@@ -240,13 +282,18 @@ def audit(
         job_step(spark, "audit: following failure episodes and replays")
         hop: Callable[[Row], bool] = lambda r: r.topic != topics.source  # noqa: E731
         summary: dict[str, Any] = {
-            "source": topics.source, "group": topics.group, "now_ms": now_ms, "grace_ms": grace_ms,
-            "stages": _stages(facts, topics), "dlq": _dlq(records, facts, topics),
+            "source": topics.source,
+            "group": topics.group,
+            "now_ms": now_ms,
+            "grace_ms": grace_ms,
+            "stages": _stages(facts, topics),
+            "dlq": _dlq(records, facts, topics),
             "by_exception_type": _counts(facts, "exception_type", where=hop),
-            "reconsume_times": _counts(facts, "reconsume_times",
-                                       where=lambda r: hop(r) and r.reconsume_times is not None),
+            "reconsume_times": _counts(
+                facts, "reconsume_times", where=lambda r: hop(r) and r.reconsume_times is not None
+            ),
             "lineage": _lineage(facts, eps, topics),
-        }  # fmt: skip
+        }
         note(f"{summary['lineage']['episodes']:,} failure episodes, {summary['dlq']['records']:,} DLQ records")
         if out:
             job_step(spark, f"audit: writing Parquet to {out}")
@@ -282,8 +329,12 @@ def _refuse_a_used_folder(spark: SparkSession, out: str) -> None:
     conf = spark._jsc.hadoopConfiguration()
     fs = path.getFileSystem(conf)
     if fs.exists(path) and (not fs.getFileStatus(path).isDirectory() or len(fs.listStatus(path)) > 0):
-        raise ConfigError("out", out, "exists and is not an empty folder: choose a new one, or pass "
-                          "--overwrite to replace its records/, episodes/ and summary.json")  # fmt: skip
+        raise ConfigError(
+            "out",
+            out,
+            "exists and is not an empty folder: choose a new one, or pass "
+            "--overwrite to replace its records/, episodes/ and summary.json",
+        )
 
 
 def _write_parquet(records: DataFrame, eps: DataFrame, summary: Mapping[str, Any], out: str) -> None:
@@ -315,8 +366,12 @@ def _chart(facts: list[Row], topics: TopicSet, path: str) -> None:
             failures["unknown" if r.exception_type is None else str(r.exception_type)] += r.records
     ranked = failures.most_common()
     shown = ranked[:8] + ([("other", sum(n for _, n in ranked[8:]))] if len(ranked) > 8 else [])
-    pipeline_chart(path, title=f"{topics.source}, group {topics.group}", stages=stages,
-                   failures=[Bar(label=name, value=n, kind="failure") for name, n in shown])  # fmt: skip
+    pipeline_chart(
+        path,
+        title=f"{topics.source}, group {topics.group}",
+        stages=stages,
+        failures=[Bar(label=name, value=n, kind="failure") for name, n in shown],
+    )
 
 
 def format_table(summary: Mapping[str, Any]) -> str:
@@ -325,46 +380,80 @@ def format_table(summary: Mapping[str, Any]) -> str:
     from retrytopics.reports import counts, duration, table
 
     stages = [
-        [s["topic"], s["kind"], s["records"], s["overdue"], s["unhandled"], duration(s["age_ms_p50"]),
-         duration(s["age_ms_max"])]
+        [
+            s["topic"],
+            s["kind"],
+            s["records"],
+            s["overdue"],
+            s["unhandled"],
+            duration(s["age_ms_p50"]),
+            duration(s["age_ms_max"]),
+        ]
         for s in summary["stages"]
-    ]  # fmt: skip
+    ]
     dlq, lineage = summary["dlq"], summary["lineage"]
-    rates = [[t["topic"], t["handled"], t["recovered"],
-              None if t["success_rate"] is None else f"{100 * t['success_rate']:.1f}%"] for t in lineage["tiers"]]  # fmt: skip
-    failures = ", ".join(f"{n} with {k} failure{'' if k == '1' else 's'}" for k, n in summary["reconsume_times"].items())
-    attempts, ttr = (lineage["attempts_p50"], lineage["attempts_p99"]), (
-        lineage["time_to_recover_ms_p50"], lineage["time_to_recover_ms_p99"])  # fmt: skip
-    recovery = "none" if attempts[0] is None else (
-        f"{attempts[0]} / {attempts[1]} attempts, {duration(ttr[0])} / {duration(ttr[1])} after the first failure")  # fmt: skip
-    return "\n".join([
-        f"pipeline {summary['source']} (group {summary['group']})", "",
-        table(["stage", "kind", "records", "overdue", "unhandled", "age p50", "age max"], stages, align="llrrrrr"),
-        "",
-        f"DLQ: {dlq['records']} records, {dlq['replayed']} replayed, {dlq['pending']} pending",
-        f"  by reason: {counts(dlq['by_reason'])}",
-        f"  by exception type: {counts(dlq['by_exception_type'])}",
-        f"retried records: {failures or 'none'}",
-        "",
-        f"failure episodes: {lineage['episodes']} ({counts(lineage['by_outcome'])})",
-        f"  recovery (p50 / p99): {recovery}",
-        "",
-        table(["tier", "handled", "recovered", "success rate"], rates, align="lrrr"),
-    ])  # fmt: skip
+    rates = [
+        [
+            t["topic"],
+            t["handled"],
+            t["recovered"],
+            None if t["success_rate"] is None else f"{100 * t['success_rate']:.1f}%",
+        ]
+        for t in lineage["tiers"]
+    ]
+    failures = ", ".join(
+        f"{n} with {k} failure{'' if k == '1' else 's'}" for k, n in summary["reconsume_times"].items()
+    )
+    attempts, ttr = (
+        (lineage["attempts_p50"], lineage["attempts_p99"]),
+        (lineage["time_to_recover_ms_p50"], lineage["time_to_recover_ms_p99"]),
+    )
+    recovery = (
+        "none"
+        if attempts[0] is None
+        else (
+            f"{attempts[0]} / {attempts[1]} attempts, {duration(ttr[0])} / {duration(ttr[1])} after the first failure"
+        )
+    )
+    return "\n".join(
+        [
+            f"pipeline {summary['source']} (group {summary['group']})",
+            "",
+            table(["stage", "kind", "records", "overdue", "unhandled", "age p50", "age max"], stages, align="llrrrrr"),
+            "",
+            f"DLQ: {dlq['records']} records, {dlq['replayed']} replayed, {dlq['pending']} pending",
+            f"  by reason: {counts(dlq['by_reason'])}",
+            f"  by exception type: {counts(dlq['by_exception_type'])}",
+            f"retried records: {failures or 'none'}",
+            "",
+            f"failure episodes: {lineage['episodes']} ({counts(lineage['by_outcome'])})",
+            f"  recovery (p50 / p99): {recovery}",
+            "",
+            table(["tier", "handled", "recovered", "success rate"], rates, align="lrrr"),
+        ]
+    )
 
 
 def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `retrytopics audit` (the pipeline itself comes from --topic/--group/--delays or --config)."""
-    parser.add_argument("--grace", default="1m", help="a tier record due longer ago than this and not handled "
-                        "is overdue (default 1m)")  # fmt: skip
+    parser.add_argument(
+        "--grace", default="1m", help="a tier record due longer ago than this and not handled is overdue (default 1m)"
+    )
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     parser.add_argument("--out", metavar="DIR", help="write records/, episodes/ and summary.json as Parquet/text")
-    parser.add_argument("--overwrite", action="store_true", help="let --out replace the outputs of an earlier "
-                        "audit in a folder that is not empty")  # fmt: skip
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="let --out replace the outputs of an earlier audit in a folder that is not empty",
+    )
     parser.add_argument("--chart", metavar="PNG", help="write a chart of records per stage and exception type")
     parser.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
-    parser.add_argument("--kafka-format", choices=["python", "builtin"], default="python",
-                        help="read with this package's data source (default) or Spark's kafka jar")  # fmt: skip
+    parser.add_argument(
+        "--kafka-format",
+        choices=["python", "builtin"],
+        default="python",
+        help="read with this package's data source (default) or Spark's kafka jar",
+    )
 
 
 def run_audit_cli(args: argparse.Namespace, *, kafka: KafkaConfig, topics: TopicSet) -> int:
@@ -373,9 +462,15 @@ def run_audit_cli(args: argparse.Namespace, *, kafka: KafkaConfig, topics: Topic
 
     spark = get_session(args.master, "retrytopics-audit")
     summary = audit(
-        spark, kafka, topics, grace_ms=parse_duration(args.grace, field="--grace"), out=args.out, chart=args.chart,
-        kafka_format=args.kafka_format, overwrite=args.overwrite,
-    )  # fmt: skip
+        spark,
+        kafka,
+        topics,
+        grace_ms=parse_duration(args.grace, field="--grace"),
+        out=args.out,
+        chart=args.chart,
+        kafka_format=args.kafka_format,
+        overwrite=args.overwrite,
+    )
     finish()  # the progress line, if any, ends before the result
     print(json.dumps(summary, sort_keys=True) if args.json else format_table(summary))
     return 0

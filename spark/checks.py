@@ -48,7 +48,7 @@ def _checks(source_partitions: int) -> dict[str, str]:
         "consumer_group": f"consumer_group IS NULL OR NOT consumer_group RLIKE '{_TOPIC}'",
         "reconsume_times": "reconsume_times IS NULL OR reconsume_times < 1",
         "failed_at": "first_failed_at IS NULL OR last_failed_at IS NULL OR unix_millis(first_failed_at) < 0 "
-                     "OR first_failed_at > last_failed_at",
+        "OR first_failed_at > last_failed_at",
         "tier": f"{_present(H.TIER)} OR {_present(H.DUE_AT)}",  # a DLQ record has neither
         "exception_type": _text_bounds("exception_type", 1, H.TYPE_LIMIT_BYTES),
         "exception_message": _text_bounds("exception_message", 0, H.MESSAGE_LIMIT_BYTES),
@@ -56,7 +56,7 @@ def _checks(source_partitions: int) -> dict[str, str]:
         "dlq_reason": f"dlq_reason IS NULL OR dlq_reason NOT IN ({reasons})",
         # One more replay must still fit in an int; a present but unreadable count is not "never replayed".
         "replay_count": f"CASE WHEN replay_count IS NULL THEN {_present(H.REPLAY_COUNT)} "
-                        f"ELSE replay_count < 0 OR replay_count >= {_INT32} END",  # fmt: skip
+        f"ELSE replay_count < 0 OR replay_count >= {_INT32} END",
     }
 
 
@@ -87,10 +87,13 @@ def reference_only() -> Column:
     Recognised by the reason and the reference's shape, so a record whose own value happens to be JSON is
     not mistaken for one unless it has every field of a reference."""
     value = "CAST(value AS STRING)"
-    fields = " AND ".join(f"get_json_object({value}, '$.{name}') IS NOT NULL"
-                          for name in ("topic", "partition", "offset", "value_bytes"))  # fmt: skip
-    return F.expr(f"coalesce(dlq_reason = '{H.DlqReason.TOO_LARGE.value}' "
-                  f"AND get_json_object({value}, '$.too_large') = 'true' AND {fields}, false)")  # fmt: skip
+    fields = " AND ".join(
+        f"get_json_object({value}, '$.{name}') IS NOT NULL" for name in ("topic", "partition", "offset", "value_bytes")
+    )
+    return F.expr(
+        f"coalesce(dlq_reason = '{H.DlqReason.TOO_LARGE.value}' "
+        f"AND get_json_object({value}, '$.too_large') = 'true' AND {fields}, false)"
+    )
 
 
 def headers_dropped() -> Column:

@@ -43,9 +43,15 @@ from retrytopics import headers as H
 from retrytopics.errors import ConfigError
 
 __all__ = [
-    "RETRY_COLUMNS", "avro_to_spark_type", "header_bytes", "header_text", "load_schema", "retry_columns",
-    "with_avro_value", "with_retry_columns",
-]  # fmt: skip
+    "RETRY_COLUMNS",
+    "avro_to_spark_type",
+    "header_bytes",
+    "header_text",
+    "load_schema",
+    "retry_columns",
+    "with_avro_value",
+    "with_retry_columns",
+]
 
 #: Typed column name → (header, kind). kind: text, int, long, time (epoch ms → timestamp).
 RETRY_COLUMNS: Final[dict[str, tuple[str, str]]] = {
@@ -142,13 +148,17 @@ def with_retry_columns(df: DataFrame, headers: str = "headers", *, exclude_trace
         raise ConfigError("headers", headers, "no such column: read Kafka with includeHeaders=true")
     wanted = {**RETRY_COLUMNS, **({} if exclude_trace else {"exception_trace": (H.EXCEPTION_TRACE, "text")})}
     keys = f"{_sql_name(headers)}.key"
-    by_key = F.expr(f"CASE WHEN size(array_distinct({keys})) = size({keys}) "
-                    f"THEN map_from_arrays({keys}, {_sql_name(headers)}.value) END").alias("__retry_map")  # fmt: skip
+    by_key = F.expr(
+        f"CASE WHEN size(array_distinct({keys})) = size({keys}) "
+        f"THEN map_from_arrays({keys}, {_sql_name(headers)}.value) END"
+    ).alias("__retry_map")
     texts = [
-        F.expr(f"CAST(CASE WHEN __retry_map IS NOT NULL THEN try_element_at(__retry_map, {_sql_string(key)}) "
-               f"ELSE {_header_bytes_sql(key, headers)} END AS STRING)").alias(f"__retry_{name}")
+        F.expr(
+            f"CAST(CASE WHEN __retry_map IS NOT NULL THEN try_element_at(__retry_map, {_sql_string(key)}) "
+            f"ELSE {_header_bytes_sql(key, headers)} END AS STRING)"
+        ).alias(f"__retry_{name}")
         for name, (key, _) in wanted.items()
-    ]  # fmt: skip
+    ]
     typed = [F.expr(_typed_sql(_sql_name(f"__retry_{name}"), kind)).alias(name) for name, (_, kind) in wanted.items()]
     original = [_sql_name(c) for c in df.columns]
     return df.select("*", by_key).select(*original, *texts).select(*original, *typed)
@@ -162,12 +172,20 @@ def load_schema(name: str) -> dict[str, Any]:
 
 
 _PRIMITIVES: Final[dict[str, DataType]] = {
-    "null": StringType(), "boolean": BooleanType(), "int": IntegerType(), "long": LongType(),
-    "float": FloatType(), "double": DoubleType(), "bytes": BinaryType(), "string": StringType(),
-}  # fmt: skip
+    "null": StringType(),
+    "boolean": BooleanType(),
+    "int": IntegerType(),
+    "long": LongType(),
+    "float": FloatType(),
+    "double": DoubleType(),
+    "bytes": BinaryType(),
+    "string": StringType(),
+}
 _LOGICAL: Final[dict[str, DataType]] = {
-    "timestamp-millis": TimestampType(), "timestamp-micros": TimestampType(), "date": DateType(),
-}  # fmt: skip
+    "timestamp-millis": TimestampType(),
+    "timestamp-micros": TimestampType(),
+    "date": DateType(),
+}
 
 
 def avro_to_spark_type(schema: Any, named: dict[str, DataType] | None = None) -> DataType:

@@ -43,9 +43,16 @@ from retrytopics.signing import mark_verifies, replay_mark
 from retrytopics.spark.columns import header_text
 
 __all__ = [
-    "REPLAY_MARK", "REPLAY_ORIGINAL", "append", "ledger_topic", "mark_header", "partition_counts", "read_entries",
-    "watermarks", "written_by",
-]  # fmt: skip
+    "REPLAY_MARK",
+    "REPLAY_ORIGINAL",
+    "append",
+    "ledger_topic",
+    "mark_header",
+    "partition_counts",
+    "read_entries",
+    "watermarks",
+    "written_by",
+]
 
 Marks = dict[str, dict[str, int]]
 
@@ -94,9 +101,13 @@ def partition_counts(kafka: KafkaConfig, topics: Sequence[str]) -> dict[str, int
 
 
 def written_by(
-    spark: SparkSession, kafka: KafkaConfig, marks: Marks, replay_id: str, kafka_format: str,
+    spark: SparkSession,
+    kafka: KafkaConfig,
+    marks: Marks,
+    replay_id: str,
+    kafka_format: str,
     mark_keys: Sequence[bytes] | None = None,
-) -> DataFrame:  # fmt: skip
+) -> DataFrame:
     """(topic, source_record) of every record `replay_id` wrote since its first start `marks`; `source_record`
     is the record's `retry.replay_original` (NULL for one written before that header existed). With
     `mark_keys`, only records whose `retry.replay_mark` verifies with one of them count: the others were
@@ -106,12 +117,16 @@ def written_by(
     if not marks:
         return spark.createDataFrame([], schema)
     options = kafka_options(
-        kafka, assign=json.dumps({t: [int(p) for p in parts] for t, parts in marks.items()}),
-        startingOffsets=json.dumps(marks), endingOffsets="latest", includeHeaders="true",
-    )  # fmt: skip
+        kafka,
+        assign=json.dumps({t: [int(p) for p in parts] for t, parts in marks.items()}),
+        startingOffsets=json.dumps(marks),
+        endingOffsets="latest",
+        includeHeaders="true",
+    )
     written = read_kafka(spark, options, kafka_format=kafka_format).where(header_text(REPLAY_ID) == replay_id)
-    written = written.select("topic", header_text(REPLAY_ORIGINAL).alias("source_record"),
-                             header_text(REPLAY_MARK).alias("mark"))  # fmt: skip
+    written = written.select(
+        "topic", header_text(REPLAY_ORIGINAL).alias("source_record"), header_text(REPLAY_MARK).alias("mark")
+    )
     if mark_keys is not None:
         keys = tuple(mark_keys)  # inside the function, never a SQL literal: a plan shows its literals
 
@@ -132,8 +147,10 @@ def mark_header(mark_key: bytes, replay_id: str, topic: Column, source_record: C
     def mark(topic: Any, source_record: Any) -> str:
         return replay_mark(mark_key, replay_id, str(topic), str(source_record or ""))
 
-    return F.struct(F.lit(REPLAY_MARK).alias("key"),
-                    F.udf(mark, StringType(), useArrow=False)(topic, source_record).cast("binary").alias("value"))  # fmt: skip
+    return F.struct(
+        F.lit(REPLAY_MARK).alias("key"),
+        F.udf(mark, StringType(), useArrow=False)(topic, source_record).cast("binary").alias("value"),
+    )
 
 
 def append(kafka: KafkaConfig, dlq: str, replay_id: str, entry: Mapping[str, Any]) -> None:

@@ -43,7 +43,8 @@ from retrytopics.connectors.spark_kafka import kafka_options, read_kafka, write_
 from retrytopics.errors import ConfigError
 from retrytopics.naming import TopicSet
 from retrytopics.signing import HeaderKeys, mark_keys, started_mark_keys
-from retrytopics.spark import checks, ledger, signatures, where as where_filter
+from retrytopics.spark import checks, ledger, signatures
+from retrytopics.spark import where as where_filter
 from retrytopics.spark.columns import with_retry_columns
 
 __all__ = ["DESTINATIONS", "add_replay_arguments", "replay", "run_replay_cli", "select_records"]
@@ -91,14 +92,17 @@ def _ms(column: str) -> Column:
 
 
 def _output_headers(destination: str, *, replay_id: str, now_ms: int, reset: bool) -> Column:
-    user = F.filter(F.coalesce("headers", F.array().cast("array<struct<key:string,value:binary>>")),
-                    lambda h: ~h["key"].startswith(H.RETRY_PREFIX))  # fmt: skip
+    user = F.filter(
+        F.coalesce("headers", F.array().cast("array<struct<key:string,value:binary>>")),
+        lambda h: ~h["key"].startswith(H.RETRY_PREFIX),
+    )
     lineage = [
-        _header(H.REPLAY_ID, F.lit(replay_id)), _header(H.REPLAYED_AT, F.lit(now_ms)),
+        _header(H.REPLAY_ID, F.lit(replay_id)),
+        _header(H.REPLAYED_AT, F.lit(now_ms)),
         _header(H.REPLAY_COUNT, F.coalesce("replay_count", F.lit(0)) + 1),
         _header(H.REPLAY_ORIGIN_ID, F.col("origin_message_id")),
         _header(ledger.REPLAY_ORIGINAL, F.col("source_record")),
-    ]  # fmt: skip
+    ]
     if destination == "original":
         return F.concat(user, F.array(*lineage))
     failed_first = F.lit(now_ms) if reset else _ms("first_failed_at")
@@ -112,12 +116,14 @@ def _output_headers(destination: str, *, replay_id: str, now_ms: int, reset: boo
         _header(H.ORIGINAL_OFFSET, F.col("original_offset")),
         _header(H.ORIGINAL_TIMESTAMP, F.coalesce(_ms("original_timestamp"), F.lit(-1))),
         _header(H.CONSUMER_GROUP, F.col("consumer_group")),
-        _header(H.TIER, F.lit(0)), _header(H.DUE_AT, F.lit(now_ms)),
-        _header(H.FIRST_FAILED_AT, failed_first), _header(H.LAST_FAILED_AT, failed_last),
+        _header(H.TIER, F.lit(0)),
+        _header(H.DUE_AT, F.lit(now_ms)),
+        _header(H.FIRST_FAILED_AT, failed_first),
+        _header(H.LAST_FAILED_AT, failed_last),
         _header(H.EXCEPTION_TYPE, F.col("exception_type")),
         _header(H.EXCEPTION_MESSAGE, F.coalesce("exception_message", F.lit(""))),
         _header(H.EXCEPTION_TRACE, F.coalesce("exception_trace", F.lit(""))),
-    ]  # fmt: skip
+    ]
     return F.concat(user, F.array(*state, *lineage))
 
 
@@ -129,8 +135,14 @@ def _source_record() -> Column:
 
 
 def _plan(
-    dlq: DataFrame, topics: TopicSet, destination: str, max_replays: int, allow_replayed: bool, park: bool,
-    source_partitions: int, header_keys: HeaderKeys | None = None,
+    dlq: DataFrame,
+    topics: TopicSet,
+    destination: str,
+    max_replays: int,
+    allow_replayed: bool,
+    park: bool,
+    source_partitions: int,
+    header_keys: HeaderKeys | None = None,
 ) -> tuple[DataFrame, dict[str, Any], tuple[int, int]]:
     """Assign each selected record its destination topic (or drop it). Returns the records to write, the
     counts of what was skipped, and (records to write, destination partitions) (see `_tally`).
@@ -164,21 +176,39 @@ def _plan(
     duplicate = usable & (F.col("rank") > 1)
     reference = usable & ~duplicate & checks.reference_only()
     dropped = usable & ~duplicate & checks.headers_dropped()
-    looped = (usable & ~duplicate & ~reference & ~dropped & (F.coalesce("replay_count", F.lit(0)) >= max_replays)
-              & F.lit(not allow_replayed))  # fmt: skip
+    looped = (
+        usable
+        & ~duplicate
+        & ~reference
+        & ~dropped
+        & (F.coalesce("replay_count", F.lit(0)) >= max_replays)
+        & F.lit(not allow_replayed)
+    )
     dest = (
         F.when(~usable | duplicate | reference | dropped, None)
         .when(looped, F.lit(f"{topics.dlq}.parked") if park else None)
         .otherwise(F.lit(target))
     )
     planned = latest.withColumn("destination", dest).cache()
-    counts, sizes = _tally(planned, duplicate=duplicate, foreign=foreign, reference=reference, dropped=dropped,
-                           skipped_looped=looped & F.lit(not park), parked_topic=f"{topics.dlq}.parked")  # fmt: skip
+    counts, sizes = _tally(
+        planned,
+        duplicate=duplicate,
+        foreign=foreign,
+        reference=reference,
+        dropped=dropped,
+        skipped_looped=looped & F.lit(not park),
+        parked_topic=f"{topics.dlq}.parked",
+    )
     return planned.where(F.col("destination").isNotNull()), counts, sizes
 
 
 def _tally(
-    planned: DataFrame, *, duplicate: Column, foreign: Column, reference: Column, dropped: Column,
+    planned: DataFrame,
+    *,
+    duplicate: Column,
+    foreign: Column,
+    reference: Column,
+    dropped: Column,
     skipped_looped: Column,
     parked_topic: str,
 ) -> tuple[dict[str, Any], tuple[int, int]]:
@@ -254,24 +284,56 @@ def replay(
     partitions = ledger.partition_counts(kafka, sorted({topics.source, target}))
     for topic in sorted({topics.source, target} - set(partitions)):
         raise ConfigError("topic", topic, "does not exist: a replay writes only to existing pipeline topics")
-    dlq = with_retry_columns(read_kafka(spark, kafka_options(kafka, subscribe=topics.dlq, includeHeaders="true"),
-                                        kafka_format=kafka_format),
-                             exclude_trace=False)  # fmt: skip
-    chosen = select_records(dlq, reasons=reasons, exception_types=exception_types, since_ms=since_ms,
-                            until_ms=until_ms, origin_ids=origin_ids, where=where)  # fmt: skip
-    planned, counts, sizes = _plan(chosen, topics, destination, max_replays, allow_replayed, park,
-                                   partitions[topics.source], header_keys)  # fmt: skip
+    dlq = with_retry_columns(
+        read_kafka(spark, kafka_options(kafka, subscribe=topics.dlq, includeHeaders="true"), kafka_format=kafka_format),
+        exclude_trace=False,
+    )
+    chosen = select_records(
+        dlq,
+        reasons=reasons,
+        exception_types=exception_types,
+        since_ms=since_ms,
+        until_ms=until_ms,
+        origin_ids=origin_ids,
+        where=where,
+    )
+    planned, counts, sizes = _plan(
+        chosen, topics, destination, max_replays, allow_replayed, park, partitions[topics.source], header_keys
+    )
     result: dict[str, Any] = {"replay_id": replay_id, "dry_run": dry_run, "destination": destination, **counts}
     try:
         if dry_run:
-            sample = planned.select("partition", "offset", "origin_message_id", "dlq_reason", "exception_type",
-                                    "replay_count", "destination").limit(10).collect()  # fmt: skip
+            sample = (
+                planned.select(
+                    "partition",
+                    "offset",
+                    "origin_message_id",
+                    "dlq_reason",
+                    "exception_type",
+                    "replay_count",
+                    "destination",
+                )
+                .limit(10)
+                .collect()
+            )
             result.update(written=0, skipped_already_replayed=None, sample=[r.asDict() for r in sample])
             return result
-        return _write(spark, kafka, topics, planned, result, replay_id=replay_id, destination=destination,
-                      kafka_format=kafka_format,
-                      now_ms=now_ms, reset=reset_reconsume_times, rate_per_s=rate_per_s, sizes=sizes,
-                      target_partitions=partitions[target], header_keys=header_keys)  # fmt: skip
+        return _write(
+            spark,
+            kafka,
+            topics,
+            planned,
+            result,
+            replay_id=replay_id,
+            destination=destination,
+            kafka_format=kafka_format,
+            now_ms=now_ms,
+            reset=reset_reconsume_times,
+            rate_per_s=rate_per_s,
+            sizes=sizes,
+            target_partitions=partitions[target],
+            header_keys=header_keys,
+        )
     finally:
         planned.unpersist()
 
@@ -286,13 +348,33 @@ def _partition(destination: str, target_partitions: int) -> Column:
 
 
 def _write(
-    spark: SparkSession, kafka: KafkaConfig, topics: TopicSet, planned: DataFrame, result: dict[str, Any], *,
-    replay_id: str, destination: str, now_ms: int, reset: bool, rate_per_s: int | None, sizes: tuple[int, int],
-    target_partitions: int, kafka_format: str, header_keys: HeaderKeys | None = None,
-) -> dict[str, Any]:  # fmt: skip
-    todo, mark_key = _not_yet_written(spark, kafka, topics, planned, replay_id=replay_id, destination=destination,
-                                      parked=bool(result["parked"]), kafka_format=kafka_format,
-                                      header_keys=header_keys)  # fmt: skip
+    spark: SparkSession,
+    kafka: KafkaConfig,
+    topics: TopicSet,
+    planned: DataFrame,
+    result: dict[str, Any],
+    *,
+    replay_id: str,
+    destination: str,
+    now_ms: int,
+    reset: bool,
+    rate_per_s: int | None,
+    sizes: tuple[int, int],
+    target_partitions: int,
+    kafka_format: str,
+    header_keys: HeaderKeys | None = None,
+) -> dict[str, Any]:
+    todo, mark_key = _not_yet_written(
+        spark,
+        kafka,
+        topics,
+        planned,
+        replay_id=replay_id,
+        destination=destination,
+        parked=bool(result["parked"]),
+        kafka_format=kafka_format,
+        header_keys=header_keys,
+    )
     eligible, tasks = sizes
     pending = eligible
     if todo is not planned:  # a rerun: count what is left
@@ -311,10 +393,15 @@ def _write(
         mark = ledger.mark_header(mark_key, replay_id, F.col("destination"), F.col("source_record"))
         chosen_headers = F.concat(chosen_headers, F.array(mark))
     out = ordered.select(
-        F.col("destination").alias("topic"), "key", "value", chosen_headers.alias("headers"),
+        F.col("destination").alias("topic"),
+        "key",
+        "value",
+        chosen_headers.alias("headers"),
         F.when(F.col("destination") == f"{topics.dlq}.parked", F.lit(None))
-        .otherwise(_partition(destination, target_partitions)).cast("int").alias("partition"),
-    )  # fmt: skip
+        .otherwise(_partition(destination, target_partitions))
+        .cast("int")
+        .alias("partition"),
+    )
     if header_keys is not None and destination == "first_tier":  # the tier consumers refuse unsigned records
         mac = signatures.signature(header_keys, F.col("topic"), F.col("key"), F.col("value"), F.col("headers"))
         to_tier = F.col("topic") == topics.tiers[0].topic
@@ -329,14 +416,24 @@ def _write(
         if todo is not planned:
             todo.unpersist()
     result.update(written=pending, skipped_already_replayed=eligible - pending)
-    ledger.append(kafka, topics.dlq, replay_id, {"event": "finished", **{k: v for k, v in result.items() if k != "sample"}})
+    ledger.append(
+        kafka, topics.dlq, replay_id, {"event": "finished", **{k: v for k, v in result.items() if k != "sample"}}
+    )
     return result
 
 
 def _not_yet_written(
-    spark: SparkSession, kafka: KafkaConfig, topics: TopicSet, planned: DataFrame, *, replay_id: str,
-    destination: str, parked: bool, kafka_format: str, header_keys: HeaderKeys | None,
-) -> tuple[DataFrame, bytes | None]:  # fmt: skip
+    spark: SparkSession,
+    kafka: KafkaConfig,
+    topics: TopicSet,
+    planned: DataFrame,
+    *,
+    replay_id: str,
+    destination: str,
+    parked: bool,
+    kafka_format: str,
+    header_keys: HeaderKeys | None,
+) -> tuple[DataFrame, bytes | None]:
     """The planned records this replay id has not written yet (`planned` itself when that is all of them),
     and the key this run marks its records with (None for a replay id started by a release without marks).
 
@@ -353,8 +450,12 @@ def _not_yet_written(
     if not started:
         targets = sorted({topics.source if destination == "original" else topics.tiers[0].topic, parked_topic})
         nonce = secrets.token_bytes(32)
-        ledger.append(kafka, topics.dlq, replay_id,
-                      {"event": "started", "marks": ledger.watermarks(kafka, targets), "nonce": nonce.hex()})  # fmt: skip
+        ledger.append(
+            kafka,
+            topics.dlq,
+            replay_id,
+            {"event": "started", "marks": ledger.watermarks(kafka, targets), "nonce": nonce.hex()},
+        )
         return planned, mark_keys(nonce, header_keys)[0]
     keys = started_mark_keys(started[0], header_keys)
     done = ledger.written_by(spark, kafka, started[0]["marks"], replay_id, kafka_format, keys)
@@ -364,22 +465,39 @@ def _not_yet_written(
     return todo.cache(), None if keys is None else keys[0]
 
 
-
 def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `retrytopics replay` (the pipeline itself comes from --topic/--group/--delays or --config)."""
     parser.add_argument("--replay-id", required=True, help="names this replay; rerunning the same id is idempotent")
     parser.add_argument("--reason", action="append", help="DLQ reason to select (repeatable)")
     parser.add_argument("--exception-type", action="append", help="exception type to select (repeatable)")
-    parser.add_argument("--since", type=instant_argument("--since"), metavar="TIME",
-                        help="DLQ records at or after this time (ISO-8601 such as 2026-11-23T16:50:00Z, or epoch ms)")
-    parser.add_argument("--until", type=instant_argument("--until"), metavar="TIME", help="DLQ records before this time")
+    parser.add_argument(
+        "--since",
+        type=instant_argument("--since"),
+        metavar="TIME",
+        help="DLQ records at or after this time (ISO-8601 such as 2026-11-23T16:50:00Z, or epoch ms)",
+    )
+    parser.add_argument(
+        "--until", type=instant_argument("--until"), metavar="TIME", help="DLQ records before this time"
+    )
     parser.add_argument("--origin-ids", metavar="FILE", help="file with one origin message id per line")
-    parser.add_argument("--where", metavar="FILTER", help="filter over the typed columns: comparisons, AND/OR/NOT, "
-                        "IN, BETWEEN, LIKE, IS NULL and a few pure functions (docs/spark.md)")  # fmt: skip
-    parser.add_argument("--to", dest="destination", choices=DESTINATIONS, default="original",
-                        help="original topic (default) or the first retry tier")  # fmt: skip
-    parser.add_argument("--keep-reconsume-times", action="store_true", help="to a tier: keep the retry count and "
-                        "failure times instead of resetting them")  # fmt: skip
+    parser.add_argument(
+        "--where",
+        metavar="FILTER",
+        help="filter over the typed columns: comparisons, AND/OR/NOT, "
+        "IN, BETWEEN, LIKE, IS NULL and a few pure functions (docs/spark.md)",
+    )
+    parser.add_argument(
+        "--to",
+        dest="destination",
+        choices=DESTINATIONS,
+        default="original",
+        help="original topic (default) or the first retry tier",
+    )
+    parser.add_argument(
+        "--keep-reconsume-times",
+        action="store_true",
+        help="to a tier: keep the retry count and failure times instead of resetting them",
+    )
     parser.add_argument("--max-replays", type=int, default=1, help="skip records replayed this often (default 1)")
     parser.add_argument("--allow-replayed", action="store_true", help="replay such records anyway")
     parser.add_argument("--park", action="store_true", help="send such records to <dlq>.parked instead")
@@ -387,13 +505,25 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true", help="print counts and a sample, write nothing")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
     parser.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
-    parser.add_argument("--header-key-file", metavar="FILE", help="signed retry headers: file with the app's "
-                        "header keys, one per line, the first signing (or RETRYTOPICS_APP_HEADER_KEY)")  # fmt: skip
-    parser.add_argument("--accept-v1-signatures", action="store_true", help="with header keys, also accept DLQ "
-                        "records signed by a release before user headers were signed (their user headers are "
-                        "not covered: docs/headers.md)")  # fmt: skip
-    parser.add_argument("--kafka-format", choices=["python", "builtin"], default="python",
-                        help="read and write with this project's Python data source or Spark's own kafka format")
+    parser.add_argument(
+        "--header-key-file",
+        metavar="FILE",
+        help="signed retry headers: file with the app's "
+        "header keys, one per line, the first signing (or RETRYTOPICS_APP_HEADER_KEY)",
+    )
+    parser.add_argument(
+        "--accept-v1-signatures",
+        action="store_true",
+        help="with header keys, also accept DLQ "
+        "records signed by a release before user headers were signed (their user headers are "
+        "not covered: docs/headers.md)",
+    )
+    parser.add_argument(
+        "--kafka-format",
+        choices=["python", "builtin"],
+        default="python",
+        help="read and write with this project's Python data source or Spark's own kafka format",
+    )
 
 
 def run_replay_cli(args: argparse.Namespace, *, kafka: KafkaConfig, topics: TopicSet) -> int:
@@ -414,13 +544,26 @@ def run_replay_cli(args: argparse.Namespace, *, kafka: KafkaConfig, topics: Topi
     job_step(spark, "replay: selecting DLQ records" + (" (dry run)" if args.dry_run else " and writing them"))
     started = time.monotonic()
     result = replay(
-        spark, kafka, topics, replay_id=args.replay_id,
-        destination=args.destination, reasons=args.reason, exception_types=args.exception_type,
-        since_ms=args.since, until_ms=args.until, origin_ids=origin_ids, where=args.where,
-        reset_reconsume_times=not args.keep_reconsume_times, max_replays=args.max_replays,
-        allow_replayed=args.allow_replayed, park=args.park, rate_per_s=args.rate, dry_run=args.dry_run,
-        kafka_format=args.kafka_format, header_keys=header_keys,
-    )  # fmt: skip
+        spark,
+        kafka,
+        topics,
+        replay_id=args.replay_id,
+        destination=args.destination,
+        reasons=args.reason,
+        exception_types=args.exception_type,
+        since_ms=args.since,
+        until_ms=args.until,
+        origin_ids=origin_ids,
+        where=args.where,
+        reset_reconsume_times=not args.keep_reconsume_times,
+        max_replays=args.max_replays,
+        allow_replayed=args.allow_replayed,
+        park=args.park,
+        rate_per_s=args.rate,
+        dry_run=args.dry_run,
+        kafka_format=args.kafka_format,
+        header_keys=header_keys,
+    )
     seconds, written = time.monotonic() - started, int(result.get("written") or 0)
     note(f"{result.get('selected', 0):,} selected, {written:,} written in {seconds:.1f}s ({rate(written, seconds)})")
     finish()  # the progress line, if any, ends before the result

@@ -26,9 +26,15 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 __all__ = [
-    "builtin_kafka_jars", "driver_java_options", "get_session", "job_status", "job_step", "local_shuffle_partitions",
-    "spark_progress", "warm_up_workers",
-]  # fmt: skip
+    "builtin_kafka_jars",
+    "driver_java_options",
+    "get_session",
+    "job_status",
+    "job_step",
+    "local_shuffle_partitions",
+    "spark_progress",
+    "warm_up_workers",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -111,11 +117,13 @@ def job_status() -> JobStatus | None:
     stages = [stage for job in jobs for stage in map(tracker.getStageInfo, job.stageIds)]
     known = [stage for stage in stages if stage is not None]
     return JobStatus(
-        jobs=len(jobs), stages=len(stages),
+        jobs=len(jobs),
+        stages=len(stages),
         stages_done=sum(1 for s in known if s.numTasks and s.numCompletedTasks >= s.numTasks),
-        tasks=sum(s.numTasks for s in known), tasks_done=sum(s.numCompletedTasks for s in known),
+        tasks=sum(s.numTasks for s in known),
+        tasks_done=sum(s.numCompletedTasks for s in known),
         tasks_running=sum(s.numActiveTasks for s in known),
-    )  # fmt: skip
+    )
 
 
 @contextmanager

@@ -24,18 +24,50 @@ from retrytopics.errors import ConfigError
 __all__ = ["ALLOWED_COLUMNS", "FUNCTIONS", "MAX_DEPTH", "MAX_LENGTH", "to_sql"]
 
 #: Columns a filter may name: the typed retry columns and the DLQ record's own Kafka coordinates.
-ALLOWED_COLUMNS: Final = frozenset({
-    "schema_version", "reconsume_times", "origin_message_id", "original_topic", "original_partition",
-    "original_offset", "original_timestamp", "consumer_group", "tier", "due_at", "first_failed_at",
-    "last_failed_at", "exception_type", "exception_message", "exception_trace", "dlq_reason", "replay_id",
-    "replayed_at", "replay_count", "replay_origin_id", "key", "value", "topic", "partition", "offset", "timestamp",
-})  # fmt: skip
+ALLOWED_COLUMNS: Final = frozenset(
+    {
+        "schema_version",
+        "reconsume_times",
+        "origin_message_id",
+        "original_topic",
+        "original_partition",
+        "original_offset",
+        "original_timestamp",
+        "consumer_group",
+        "tier",
+        "due_at",
+        "first_failed_at",
+        "last_failed_at",
+        "exception_type",
+        "exception_message",
+        "exception_trace",
+        "dlq_reason",
+        "replay_id",
+        "replayed_at",
+        "replay_count",
+        "replay_origin_id",
+        "key",
+        "value",
+        "topic",
+        "partition",
+        "offset",
+        "timestamp",
+    }
+)
 #: Pure functions a filter may call → (fewest, most) arguments.
 FUNCTIONS: Final[dict[str, tuple[int, int]]] = {
-    "lower": (1, 1), "upper": (1, 1), "trim": (1, 1), "length": (1, 1), "abs": (1, 1),
-    "coalesce": (1, 8), "startswith": (2, 2), "endswith": (2, 2), "contains": (2, 2),
-    "unix_millis": (1, 1), "timestamp_millis": (1, 1),
-}  # fmt: skip
+    "lower": (1, 1),
+    "upper": (1, 1),
+    "trim": (1, 1),
+    "length": (1, 1),
+    "abs": (1, 1),
+    "coalesce": (1, 8),
+    "startswith": (2, 2),
+    "endswith": (2, 2),
+    "contains": (2, 2),
+    "unix_millis": (1, 1),
+    "timestamp_millis": (1, 1),
+}
 MAX_LENGTH: Final = 4096
 MAX_DEPTH: Final = 40
 _KEYWORDS: Final = frozenset({"and", "or", "not", "in", "is", "null", "true", "false", "between", "like"})
@@ -48,7 +80,17 @@ _TOKEN: Final = re.compile(
     )""",
     re.VERBOSE | re.DOTALL,
 )
-_COMPARISONS: Final = {"=": "=", "==": "=", "<=>": "<=>", "!=": "!=", "<>": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
+_COMPARISONS: Final = {
+    "=": "=",
+    "==": "=",
+    "<=>": "<=>",
+    "!=": "!=",
+    "<>": "!=",
+    "<": "<",
+    "<=": "<=",
+    ">": ">",
+    ">=": ">=",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +115,7 @@ def _tokens(text: str) -> list[_Token]:
     while text[position:].strip():
         match = _TOKEN.match(text, position)
         if match is None:
-            raise ConfigError("where", text[position:position + 40], "not allowed here: " + _RULE)
+            raise ConfigError("where", text[position : position + 40], "not allowed here: " + _RULE)
         kind = match.lastgroup or ""
         raw = match.group(kind)
         if kind == "string":
@@ -87,8 +129,10 @@ def _tokens(text: str) -> list[_Token]:
     return [*out, _Token("end", "")]
 
 
-_RULE = "a --where filter may use the typed columns, literals, comparisons, AND/OR/NOT, + - * / %, IS NULL, IN, " \
-        "BETWEEN, LIKE and the functions " + ", ".join(sorted(FUNCTIONS))  # fmt: skip
+_RULE = (
+    "a --where filter may use the typed columns, literals, comparisons, AND/OR/NOT, + - * / %, IS NULL, IN, "
+    "BETWEEN, LIKE and the functions " + ", ".join(sorted(FUNCTIONS))
+)
 
 
 def _quote(body: str) -> str:
@@ -256,4 +300,3 @@ def to_sql(text: str) -> str:
     if len(text) > MAX_LENGTH:
         raise ConfigError("where", len(text), f"longer than {MAX_LENGTH} characters")
     return _Parser(_tokens(text)).parse()
-

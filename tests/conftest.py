@@ -104,10 +104,8 @@ def _testcontainers_broker() -> Iterator[TestBroker]:
 
     try:
         docker.from_env().ping()
-    except Exception as exc:  # noqa: BLE001
-        raise RuntimeError(
-            "RETRYTOPICS_TEST_BROKER=testcontainers, but no Docker daemon answers: " f"{exc}"
-        ) from exc
+    except Exception as exc:
+        raise RuntimeError(f"RETRYTOPICS_TEST_BROKER=testcontainers, but no Docker daemon answers: {exc}") from exc
     with KafkaContainer().with_kraft() as container:
         yield TestBroker("testcontainers", KafkaConfig(bootstrap=container.get_bootstrap_server()))
 

@@ -7,11 +7,33 @@ from __future__ import annotations
 from types import ModuleType
 
 from bench.scenarios import (
-    backlog, console, failover, failure, floor, growth, idle, lateness, loop, peer, spark, success,
-)  # fmt: skip
+    backlog,
+    console,
+    failover,
+    failure,
+    floor,
+    growth,
+    idle,
+    lateness,
+    loop,
+    peer,
+    spark,
+    success,
+)
 
 __all__ = ["ALL"]
 
 ALL: tuple[ModuleType, ...] = (
-    loop, success, failure, lateness, backlog, idle, growth, spark, console, peer, floor, failover,
-)  # fmt: skip
+    loop,
+    success,
+    failure,
+    lateness,
+    backlog,
+    idle,
+    growth,
+    spark,
+    console,
+    peer,
+    floor,
+    failover,
+)

@@ -48,15 +48,31 @@ def run(b: Bench) -> list[Result]:
         figures = {name: _memory(child) for name, child in (("app", app), ("raw", raw))}
     a, r = figures["app"], figures["raw"]
     return [
-        Result(scenario=NAME, n=n, value=a["peak"], unit="MB peak RSS", baseline=r["peak"],
-               target=Target("<=", 200), extra={f"{k}_{side}": v for side, f in figures.items() for k, v in f.items()}),
-        Result(scenario="4.backlog.drift", n=n, value=a["drift"], unit="MB",
-               note=f"RSS change over {window_s:.0f} s with every partition paused (raw consumer: {r['drift']:+.1f} MB)"),
-    ]  # fmt: skip
+        Result(
+            scenario=NAME,
+            n=n,
+            value=a["peak"],
+            unit="MB peak RSS",
+            baseline=r["peak"],
+            target=Target("<=", 200),
+            extra={f"{k}_{side}": v for side, f in figures.items() for k, v in f.items()},
+        ),
+        Result(
+            scenario="4.backlog.drift",
+            n=n,
+            value=a["drift"],
+            unit="MB",
+            note=f"RSS change over {window_s:.0f} s with every partition paused (raw consumer: {r['drift']:+.1f} MB)",
+        ),
+    ]
 
 
 def _memory(child: Child) -> dict[str, float]:
     mb = 2**20
     after = child.samples_since("paused")
-    return {"peak": child.peak_rss() / mb, "at_paused": after[0].rss / mb, "end": after[-1].rss / mb,
-            "drift": (after[-1].rss - after[0].rss) / mb}  # fmt: skip
+    return {
+        "peak": child.peak_rss() / mb,
+        "at_paused": after[0].rss / mb,
+        "end": after[-1].rss / mb,
+        "drift": (after[-1].rss - after[0].rss) / mb,
+    }

@@ -20,7 +20,9 @@ DELAYS_MS = [3_600_000]
 
 def run(b: Bench) -> list[Result]:
     if importlib.util.find_spec("starlette") is None:
-        return [Result(scenario=NAME, n=None, value=None, unit="s", note="not measurable: the console extra is missing")]
+        return [
+            Result(scenario=NAME, n=None, value=None, unit="s", note="not measurable: the console extra is missing")
+        ]
     n = b.size(100_000, 1_000_000)
     ts = dead_lettered_pipeline(b, "console", DELAYS_MS, n)
     with b.child("console_serve", {"source": ts.source, "group": ts.group, "delays_ms": DELAYS_MS}) as child:
@@ -32,15 +34,41 @@ def run(b: Bench) -> list[Result]:
         peak = child.peak_rss() / 2**20
     note = f"{n:,} DLQ records over {b.partitions} partitions"
     return [
-        Result(scenario="8.console.first_page", n=n, value=pages["first_page_s"], unit="s",
-               note=f"{note}; cold, the tally running; {pages['rows']} rows", extra={"rss_mb_after_pages": pages_rss}),
-        Result(scenario="8.console.filtered_page", n=n, value=pages["filtered_page_s"], unit="s",
-               note="exception type filter matching a third of the records"),
-        Result(scenario="8.console.no_match_page", n=n, value=pages["no_match_page_s"], unit="s",
-               note="origin id filter matching nothing: stops at the 50,000-record scan budget"),
+        Result(
+            scenario="8.console.first_page",
+            n=n,
+            value=pages["first_page_s"],
+            unit="s",
+            note=f"{note}; cold, the tally running; {pages['rows']} rows",
+            extra={"rss_mb_after_pages": pages_rss},
+        ),
+        Result(
+            scenario="8.console.filtered_page",
+            n=n,
+            value=pages["filtered_page_s"],
+            unit="s",
+            note="exception type filter matching a third of the records",
+        ),
+        Result(
+            scenario="8.console.no_match_page",
+            n=n,
+            value=pages["no_match_page_s"],
+            unit="s",
+            note="origin id filter matching nothing: stops at the 50,000-record scan budget",
+        ),
         Result(scenario="8.console.pipeline_page", n=n, value=pages["pipeline_page_s"], unit="s"),
-        Result(scenario="8.console.tally", n=n, value=done["tally_s"], unit="s",
-               note=f"background count of every tier and DLQ record ({done['counted']:,})"),
-        Result(scenario="8.console.peak_rss", n=n, value=peak, unit="MB",
-               note=f"whole life; {ready_rss:.0f} MB when ready, {pages_rss:.0f} MB after the pages"),
-    ]  # fmt: skip
+        Result(
+            scenario="8.console.tally",
+            n=n,
+            value=done["tally_s"],
+            unit="s",
+            note=f"background count of every tier and DLQ record ({done['counted']:,})",
+        ),
+        Result(
+            scenario="8.console.peak_rss",
+            n=n,
+            value=peak,
+            unit="MB",
+            note=f"whole life; {ready_rss:.0f} MB when ready, {pages_rss:.0f} MB after the pages",
+        ),
+    ]

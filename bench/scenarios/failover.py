@@ -38,7 +38,10 @@ VARIANTS = [
     Variant("alo.group-protocol-consumer", {"group.protocol": "consumer"}),
     Variant("alo.metadata-refresh-1s", {"topic.metadata.refresh.interval.ms": 1000, "metadata.max.age.ms": 3000}),
     Variant("eos.defaults", exactly_once=True),
-    Variant("alo.broker-session-4s", cluster=(("broker.session.timeout.ms", "4000"), ("broker.heartbeat.interval.ms", "1000"))),
+    Variant(
+        "alo.broker-session-4s",
+        cluster=(("broker.session.timeout.ms", "4000"), ("broker.heartbeat.interval.ms", "1000")),
+    ),
 ]
 QUICK = ("alo.defaults", "eos.defaults", "alo.broker-session-4s")
 
@@ -61,19 +64,25 @@ def run(b: Bench) -> list[Result]:
 
 
 def _result(label: str, plan: DrillPlan, outcome: Outcome) -> Result:
-    ledger_ok = not (outcome.lost or outcome.early or outcome.duplicate_dead_letters or outcome.committed_tier_duplicates)
+    ledger_ok = not (
+        outcome.lost or outcome.early or outcome.duplicate_dead_letters or outcome.committed_tier_duplicates
+    )
     return Result(
-        scenario=f"{NAME}.{label}.stall", n=plan.records, value=outcome.stall_s, unit="s",
+        scenario=f"{NAME}.{label}.stall",
+        n=plan.records,
+        value=outcome.stall_s,
+        unit="s",
         note=outcome.fault + ("" if ledger_ok else "; LEDGER NOT CLEAN: " + outcome.summary()),
         extra={
             "source_lateness_max_s": round(outcome.max_source_lateness_s, 2),
             "produce_ack_max_s": round(outcome.max_produce_delay_s, 2),
             "waiting_in_source_max_s": round(outcome.max_source_wait_s, 2),
             "tier_lateness_max_s": round(outcome.max_tier_lateness_s, 2),
-            "lost": len(outcome.lost), "early": len(outcome.early),
+            "lost": len(outcome.lost),
+            "early": len(outcome.early),
             "duplicate_dead_letters": sum(outcome.duplicate_dead_letters.values()),
             "committed_tier_duplicates": sum(outcome.committed_tier_duplicates.values()),
             "extra_handler_calls": outcome.extra_calls,
             "coordinator_killed": str(outcome.coordinator_killed),
         },
-    )  # fmt: skip
+    )

@@ -24,14 +24,24 @@ def run(b: Bench) -> list[Result]:
     headers = _first_headers(b, tier)
     target_topic = b.name("rawproduce")
     create_topics(b.kafka, [target_topic], b.partitions)
-    raw = b.run_to_done("raw_produce", {"topic": target_topic, "n": n, "value_size": 100,
-                                        "headers": [[k, (v or b"").decode()] for k, v in headers]})  # fmt: skip
+    raw = b.run_to_done(
+        "raw_produce",
+        {"topic": target_topic, "n": n, "value_size": 100, "headers": [[k, (v or b"").decode()] for k, v in headers]},
+    )
     return [
-        Result(scenario=NAME, n=n, value=app["rate"], unit="records/s", baseline=raw["rate"],
-               target=Target(">=", 0.5, on="ratio"),
-               extra={"header_bytes": sum(len(k) + len(v or b"") for k, v in headers),
-                      "app_peak_rss_mb": app["peak_rss_mb"]})
-    ]  # fmt: skip
+        Result(
+            scenario=NAME,
+            n=n,
+            value=app["rate"],
+            unit="records/s",
+            baseline=raw["rate"],
+            target=Target(">=", 0.5, on="ratio"),
+            extra={
+                "header_bytes": sum(len(k) + len(v or b"") for k, v in headers),
+                "app_peak_rss_mb": app["peak_rss_mb"],
+            },
+        )
+    ]
 
 
 def _first_headers(b: Bench, topic: str) -> list[tuple[str, bytes | None]]:

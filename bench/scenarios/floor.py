@@ -35,16 +35,31 @@ def run(b: Bench) -> list[Result]:
     failing, tier, produced = b.name("floor-fail"), b.name("floor-tier"), b.name("floor-produce")
     create_topics(b.kafka, [failing, tier, produced], b.partitions)
     fill(b.kafka, failing, n_fail, partitions=b.partitions)
-    failed = b.run_to_done("floor_failure", {"topic": failing, "tier": tier, "group": b.name("floor-fail"),
-                                             "n": n_fail, "batch": BATCH})  # fmt: skip
+    failed = b.run_to_done(
+        "floor_failure", {"topic": failing, "tier": tier, "group": b.name("floor-fail"), "n": n_fail, "batch": BATCH}
+    )
     headers = _first_headers(b, tier)
-    raw_produce = b.run_to_done("raw_produce", {"topic": produced, "n": n_fail, "value_size": 100,
-                                                "headers": [[k, (v or b"").decode()] for k, v in headers]})  # fmt: skip
+    raw_produce = b.run_to_done(
+        "raw_produce",
+        {"topic": produced, "n": n_fail, "value_size": 100, "headers": [[k, (v or b"").decode()] for k, v in headers]},
+    )
     best_raw, best_floor = max(r["rate"] for r in raw), max(f["rate"] for f in floor)
     return [
-        Result(scenario=f"{NAME}.batch", n=n, value=best_floor, unit="records/s", baseline=best_raw,
-               note="a hand-written batch consumer building one record per message; 1.success.batch's target is 0.8x"),
-        Result(scenario=f"{NAME}.failure", n=n_fail, value=failed["rate"], unit="records/s",
-               baseline=raw_produce["rate"], extra={"headers": len(headers)},
-               note="a hand-written failure path (describe, 16 headers, commit behind acks); 2.failure's target is 0.5x"),
-    ]  # fmt: skip
+        Result(
+            scenario=f"{NAME}.batch",
+            n=n,
+            value=best_floor,
+            unit="records/s",
+            baseline=best_raw,
+            note="a hand-written batch consumer building one record per message; 1.success.batch's target is 0.8x",
+        ),
+        Result(
+            scenario=f"{NAME}.failure",
+            n=n_fail,
+            value=failed["rate"],
+            unit="records/s",
+            baseline=raw_produce["rate"],
+            extra={"headers": len(headers)},
+            note="a hand-written failure path (describe, 16 headers, commit behind acks); 2.failure's target is 0.5x",
+        ),
+    ]

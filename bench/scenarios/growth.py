@@ -23,8 +23,14 @@ def run(b: Bench) -> list[Result]:
         done = b.run_to_done("app_success", {"topic": topic, "group": b.name("app"), "n": n})
         first = first or {"n": n, "seconds": done["seconds"], "rss": done["peak_rss_mb"]}
         results += [
-            Result(scenario="6.growth.time", n=n, value=done["seconds"], unit="s",
-                   baseline=first["seconds"] * n / first["n"], extra={"records_per_s": done["rate"]}),
+            Result(
+                scenario="6.growth.time",
+                n=n,
+                value=done["seconds"],
+                unit="s",
+                baseline=first["seconds"] * n / first["n"],
+                extra={"records_per_s": done["rate"]},
+            ),
             Result(scenario="6.growth.rss", n=n, value=done["peak_rss_mb"], unit="MB peak RSS", baseline=first["rss"]),
-        ]  # fmt: skip
+        ]
     return results

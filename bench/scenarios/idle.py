@@ -23,8 +23,14 @@ def run(b: Bench) -> list[Result]:
         time.sleep(window_s)
         (app_cpu, app_wall), (raw_cpu, raw_wall) = app.cpu_since("paused"), raw.cpu_since("paused")
     return [
-        Result(scenario=NAME, n=b.partitions, value=100 * app_cpu / app_wall, unit="% of a core",
-               baseline=100 * raw_cpu / raw_wall, target=Target("<=", 1.0),
-               note=f"{b.partitions} partitions paused for {app_wall:.0f} s; n = partitions",
-               extra={"app_cpu_s": app_cpu, "raw_cpu_s": raw_cpu})
-    ]  # fmt: skip
+        Result(
+            scenario=NAME,
+            n=b.partitions,
+            value=100 * app_cpu / app_wall,
+            unit="% of a core",
+            baseline=100 * raw_cpu / raw_wall,
+            target=Target("<=", 1.0),
+            note=f"{b.partitions} partitions paused for {app_wall:.0f} s; n = partitions",
+            extra={"app_cpu_s": app_cpu, "raw_cpu_s": raw_cpu},
+        )
+    ]

@@ -70,8 +70,14 @@ def _raw_produce(n: int) -> float:
 
     def run() -> None:
         for i in range(n):
-            producer.produce(CTX.topics.tiers[0].topic, key=b"%d" % i, value=b"v" * 100, headers=[], partition=None,
-                             on_delivery=lambda err: None)  # fmt: skip
+            producer.produce(
+                CTX.topics.tiers[0].topic,
+                key=b"%d" % i,
+                value=b"v" * 100,
+                headers=[],
+                partition=None,
+                on_delivery=lambda err: None,
+            )
             if i % BATCH == 0:
                 producer.poll(0)
         producer.flush(10)
@@ -94,13 +100,18 @@ class _Counter:
 
 def _app(n: int, handler: Callable[[Any], None], *, batch: bool) -> float:
     broker, stop = _broker(n), threading.Event()
-    binding = Binding(topic="orders", handler=handler, policy=POLICY, ctx=CTX, value_deserializer=bytes_value,
-                      batch=batch)  # fmt: skip
+    binding = Binding(
+        topic="orders", handler=handler, policy=POLICY, ctx=CTX, value_deserializer=bytes_value, batch=batch
+    )
     loop = ConsumerLoop(
-        LoopSettings(name="main", group_id="billing", topics=("orders",), max_wait_ms=100), {"orders": binding},
-        consumer_factory=lambda: broker.consumer("billing"), producer_factory=broker.producer,
-        emitter=Emitter([StatsCollector(), LoggingHook(), _Counter(n, stop)]), stop=stop, audit=DuplicateAudit(),
-    )  # fmt: skip
+        LoopSettings(name="main", group_id="billing", topics=("orders",), max_wait_ms=100),
+        {"orders": binding},
+        consumer_factory=lambda: broker.consumer("billing"),
+        producer_factory=broker.producer,
+        emitter=Emitter([StatsCollector(), LoggingHook(), _Counter(n, stop)]),
+        stop=stop,
+        audit=DuplicateAudit(),
+    )
     seconds = _cpu(loop.run)
     if loop.crash is not None:
         raise loop.crash
@@ -120,10 +131,31 @@ def run(b: Bench) -> list[Result]:
     failure = max(_app(n_fail, _fail, batch=False) for _ in range(3))
     note = "in process, no broker: records/s of CPU time"
     return [
-        Result(scenario=f"{NAME}.success", n=n, value=single, unit="records/s", baseline=raw,
-               target=Target(">=", 0.35, on="ratio"), extra={"note": note}),
-        Result(scenario=f"{NAME}.batch", n=n, value=batch, unit="records/s", baseline=raw,
-               target=Target(">=", 0.8, on="ratio"), extra={"note": note}),
-        Result(scenario=f"{NAME}.failure", n=n_fail, value=failure, unit="records/s", baseline=produce,
-               target=Target(">=", 0.5, on="ratio"), extra={"note": note}),
-    ]  # fmt: skip
+        Result(
+            scenario=f"{NAME}.success",
+            n=n,
+            value=single,
+            unit="records/s",
+            baseline=raw,
+            target=Target(">=", 0.35, on="ratio"),
+            extra={"note": note},
+        ),
+        Result(
+            scenario=f"{NAME}.batch",
+            n=n,
+            value=batch,
+            unit="records/s",
+            baseline=raw,
+            target=Target(">=", 0.8, on="ratio"),
+            extra={"note": note},
+        ),
+        Result(
+            scenario=f"{NAME}.failure",
+            n=n_fail,
+            value=failure,
+            unit="records/s",
+            baseline=produce,
+            target=Target(">=", 0.5, on="ratio"),
+            extra={"note": note},
+        ),
+    ]

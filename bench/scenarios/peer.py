@@ -53,9 +53,17 @@ def _run_side(b: Bench, role: str) -> dict[str, Any]:
         retry_topics, dlq = [f"{source}.retry.{d}ms" for d in DELAYS_MS], f"{source}.dlq"
     create_topics(b.kafka, [source, *retry_topics, dlq], b.partitions)
     _fill_ids(b, source, N)
-    args = {"bootstrap": b.bootstrap, "topic": source, "retry_topics": retry_topics, "dlq": dlq, "group": group,
-            "n": N, "partitions": b.partitions, "consumer_overrides": CONSUMER_OVERRIDES,
-            "timeout_s": TIMEOUT_S}  # fmt: skip
+    args = {
+        "bootstrap": b.bootstrap,
+        "topic": source,
+        "retry_topics": retry_topics,
+        "dlq": dlq,
+        "group": group,
+        "n": N,
+        "partitions": b.partitions,
+        "consumer_overrides": CONSUMER_OVERRIDES,
+        "timeout_s": TIMEOUT_S,
+    }
     started = time.monotonic()
     with Child("bench.peerjobs", role, args) as child:
         done = child.wait_for("done", timeout_s=2 * TIMEOUT_S + 30)
@@ -64,17 +72,21 @@ def _run_side(b: Bench, role: str) -> dict[str, Any]:
     dlq_ids = _read_ids(b, dlq)
     _account(role, done, dlq_ids)
     done["dlq_records"] = len(dlq_ids)
-    print(f"  {role}: main pass {done['main_rate']:,.0f} records/s ({1e6 * done['main_cpu_s'] / N:.0f} µs of CPU per "
-          f"record in its thread), end {done['end_s']:.1f} s, "
-          f"lateness p50/p99 {percentile(done['lateness_ms'], 50):.1f}/{percentile(done['lateness_ms'], 99):.1f} ms, "
-          f"{done['ok_calls'] - done['ok']} duplicate OK calls, {done['wall_s']:.0f} s wall", flush=True)  # fmt: skip
+    print(
+        f"  {role}: main pass {done['main_rate']:,.0f} records/s ({1e6 * done['main_cpu_s'] / N:.0f} µs of CPU per "
+        f"record in its thread), end {done['end_s']:.1f} s, "
+        f"lateness p50/p99 {percentile(done['lateness_ms'], 50):.1f}/{percentile(done['lateness_ms'], 99):.1f} ms, "
+        f"{done['ok_calls'] - done['ok']} duplicate OK calls, {done['wall_s']:.0f} s wall",
+        flush=True,
+    )
     return done
 
 
 def _fill_ids(b: Bench, topic: str, n: int) -> None:
     """Values are the ids 0..n-1 as text, round-robin over the partitions; raises unless all are acknowledged."""
-    producer = Producer({**b.kafka.producer_config(), **PRODUCER_DEFAULTS, "linger.ms": 20,
-                         "batch.num.messages": 10_000})  # fmt: skip
+    producer = Producer(
+        {**b.kafka.producer_config(), **PRODUCER_DEFAULTS, "linger.ms": 20, "batch.num.messages": 10_000}
+    )
     failed: list[object] = []
 
     def report(err: object, _msg: object) -> None:
@@ -115,8 +127,10 @@ def _account(role: str, done: dict[str, Any], dlq_ids: list[int]) -> None:
     if done["ok"] != N - len(dead):
         problems.append(f"{done['ok']} ids handled OK, expected {N - len(dead)}")
     if sorted(dlq_ids) != dead:
-        problems.append(f"{len(dlq_ids)} DLQ records ({len(set(dlq_ids))} distinct ids), expected the {len(dead)} "
-                        f"always-failing ids once each")  # fmt: skip
+        problems.append(
+            f"{len(dlq_ids)} DLQ records ({len(set(dlq_ids))} distinct ids), expected the {len(dead)} "
+            f"always-failing ids once each"
+        )
     lost = set(done["not_ok"]) - set(dlq_ids)
     if lost:
         problems.append(f"{len(lost)} ids neither handled OK nor in the DLQ (lost), e.g. {sorted(lost)[:5]}")
@@ -134,26 +148,52 @@ def _results(app: list[dict[str, Any]], peer: list[dict[str, Any]]) -> list[Resu
     main, peer_main = median(app, "main_rate"), median(peer, "main_rate")
     rounds = f"median of {len(app)} rounds; " if len(app) > 1 else ""
     last = app[-1]
-    counts: Extra = {"handled_ok": last["ok"], "dead_lettered": last["dlq_records"],
-              "lost": N - last["ok"] - last["dlq_records"],
-              "duplicate_ok_calls": max(r["ok_calls"] - r["ok"] for r in app),
-              "app_wall_s": median(app, "wall_s"), "peer_wall_s": median(peer, "wall_s")}  # fmt: skip
+    counts: Extra = {
+        "handled_ok": last["ok"],
+        "dead_lettered": last["dlq_records"],
+        "lost": N - last["ok"] - last["dlq_records"],
+        "duplicate_ok_calls": max(r["ok_calls"] - r["ok"] for r in app),
+        "app_wall_s": median(app, "wall_s"),
+        "peer_wall_s": median(peer, "wall_s"),
+    }
     lateness: Extra = {"peer_p50_ms": late(peer, 50), "peer_p99_ms": late(peer, 99), "peer_max_ms": late(peer, 100)}
     n_late = len(app[-1]["lateness_ms"])
     return [
-        Result(scenario=f"{NAME}.main", n=N, value=main, unit="records/s", baseline=peer_main,
-               target=Target(">=", MAIN_TARGET),
-               note=f"{rounds}main-topic pass; baseline: the hand-rolled peer; target >= {MAIN_TARGET:,.0f}/s "
-                    f"(issue 13), reached {main / MAIN_TARGET:.2f}x",
-               extra={"peer_ratio": main / peer_main, "target_ratio": main / MAIN_TARGET,
-                      "app_main_cpu_us": 1e6 * median(app, "main_cpu_s") / N,
-                      "peer_main_cpu_us": 1e6 * median(peer, "main_cpu_s") / N}),
-        Result(scenario=f"{NAME}.end", n=N, value=median(app, "end_s"), unit="s", baseline=median(peer, "end_s"),
-               note="first source record to the last id settled (handled OK, or acknowledged by the DLQ); "
-                    "accounted exactly: 19,800 OK, 200 in the DLQ, none lost", extra=counts),
+        Result(
+            scenario=f"{NAME}.main",
+            n=N,
+            value=main,
+            unit="records/s",
+            baseline=peer_main,
+            target=Target(">=", MAIN_TARGET),
+            note=f"{rounds}main-topic pass; baseline: the hand-rolled peer; target >= {MAIN_TARGET:,.0f}/s "
+            f"(issue 13), reached {main / MAIN_TARGET:.2f}x",
+            extra={
+                "peer_ratio": main / peer_main,
+                "target_ratio": main / MAIN_TARGET,
+                "app_main_cpu_us": 1e6 * median(app, "main_cpu_s") / N,
+                "peer_main_cpu_us": 1e6 * median(peer, "main_cpu_s") / N,
+            },
+        ),
+        Result(
+            scenario=f"{NAME}.end",
+            n=N,
+            value=median(app, "end_s"),
+            unit="s",
+            baseline=median(peer, "end_s"),
+            note="first source record to the last id settled (handled OK, or acknowledged by the DLQ); "
+            "accounted exactly: 19,800 OK, 200 in the DLQ, none lost",
+            extra=counts,
+        ),
         Result(scenario=f"{NAME}.lateness.p50", n=n_late, value=late(app, 50), unit="ms", extra=lateness),
-        Result(scenario=f"{NAME}.lateness.p99", n=n_late, value=late(app, 99), unit="ms",
-               target=Target("<=", LATENESS_P99_TARGET),
-               note=f"tier records, handled_at - due_at; target <= {LATENESS_P99_TARGET:g} ms (issue 13); the "
-                    f"peer's in extra", extra={**lateness, "max_ms": late(app, 100)}),
-    ]  # fmt: skip
+        Result(
+            scenario=f"{NAME}.lateness.p99",
+            n=n_late,
+            value=late(app, 99),
+            unit="ms",
+            target=Target("<=", LATENESS_P99_TARGET),
+            note=f"tier records, handled_at - due_at; target <= {LATENESS_P99_TARGET:g} ms (issue 13); the "
+            f"peer's in extra",
+            extra={**lateness, "max_ms": late(app, 100)},
+        ),
+    ]

@@ -29,8 +29,10 @@ def run(b: Bench) -> list[Result]:
     missing = _missing()
     if missing is not None:
         note = f"not yet measurable: {missing} is not importable"
-        return [Result(scenario="7.spark.read", n=None, value=None, unit="records/s", note=note),
-                Result(scenario="7.spark.audit", n=None, value=None, unit="s", note=note)]  # fmt: skip
+        return [
+            Result(scenario="7.spark.read", n=None, value=None, unit="records/s", note=note),
+            Result(scenario="7.spark.audit", n=None, value=None, unit="s", note=note),
+        ]
     n = b.size(20_000, 1_000_000)  # quick: one-record batches load at ~7k/s, and the audit is ~1 ms/record
     ts = dead_lettered_pipeline(b, "spark", DELAYS_MS, n)
     raw = b.run_to_done("raw_read", {"topic": ts.dlq, "n": n})
@@ -39,21 +41,41 @@ def run(b: Bench) -> list[Result]:
         done = child.wait_for("done", timeout_s=1800)
     results = [
         _read_result("7.spark.read", n, read["python"], raw["rate"]),
-        Result(scenario="7.spark.audit", n=n, value=done["python"]["seconds"], unit="s",
-               note=f"audit of {done['python']['dlq_records']:,} DLQ records, local[2]", extra={"master": "local[2]"}),
-    ]  # fmt: skip
+        Result(
+            scenario="7.spark.audit",
+            n=n,
+            value=done["python"]["seconds"],
+            unit="s",
+            note=f"audit of {done['python']['dlq_records']:,} DLQ records, local[2]",
+            extra={"master": "local[2]"},
+        ),
+    ]
     builtin_read, builtin_audit = read.get("builtin"), done.get("builtin")
     if builtin_read and builtin_audit:
         # Spark's own connector in the same session, same topic: the Python source's ratio against it
         results.append(_read_result("7.spark.read.builtin", n, builtin_read, raw["rate"]))
-        results.append(Result(scenario="7.spark.audit.builtin", n=n, value=builtin_audit["seconds"], unit="s",
-                              baseline=done["python"]["seconds"], extra={"master": "local[2]"},
-                              note=f"format('kafka'); ratio = builtin / python seconds; same answer: "
-                                   f"{builtin_audit['same_summary']}"))  # fmt: skip
+        results.append(
+            Result(
+                scenario="7.spark.audit.builtin",
+                n=n,
+                value=builtin_audit["seconds"],
+                unit="s",
+                baseline=done["python"]["seconds"],
+                extra={"master": "local[2]"},
+                note=f"format('kafka'); ratio = builtin / python seconds; same answer: {builtin_audit['same_summary']}",
+            )
+        )
     return results
 
 
 def _read_result(scenario: str, n: int, read: dict[str, float], raw_rate: float) -> Result:
     note = "" if read["count"] == n else f"the reader returned {read['count']} of {n} records"
-    return Result(scenario=scenario, n=n, value=read["rate"], unit="records/s", baseline=raw_rate, note=note,
-                  extra={"warm_read_s": read["seconds"], "cold_read_s": read["cold_seconds"], "master": "local[2]"})
+    return Result(
+        scenario=scenario,
+        n=n,
+        value=read["rate"],
+        unit="records/s",
+        baseline=raw_rate,
+        note=note,
+        extra={"warm_read_s": read["seconds"], "cold_read_s": read["cold_seconds"], "master": "local[2]"},
+    )

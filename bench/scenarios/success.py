@@ -22,17 +22,41 @@ def run(b: Bench) -> list[Result]:
     fill(b.kafka, topic, n, partitions=b.partitions)
     raw, app, batch = [], [], []
     for _ in range(b.size(1, 2)):  # alternate, keep each side's best: the broker shares the cores
-        raw.append(b.run_to_done("raw_consume", {"topic": topic, "group": b.name("raw"), "n": n, "batch": BATCH,
-                                                 "commit_every": BATCH, "commit_interval_s": 1.0}))  # fmt: skip
+        raw.append(
+            b.run_to_done(
+                "raw_consume",
+                {
+                    "topic": topic,
+                    "group": b.name("raw"),
+                    "n": n,
+                    "batch": BATCH,
+                    "commit_every": BATCH,
+                    "commit_interval_s": 1.0,
+                },
+            )
+        )
         app.append(b.run_to_done("app_success", {"topic": topic, "group": b.name("app"), "n": n}))
         batch.append(b.run_to_done("app_success_batch", {"topic": topic, "group": b.name("batch"), "n": n}))
     best_raw = max(raw, key=lambda d: d["rate"])
     best_app = max(app, key=lambda d: d["rate"])
     best_batch = max(batch, key=lambda d: d["rate"])
     return [
-        Result(scenario=NAME, n=n, value=best_app["rate"], unit="records/s", baseline=best_raw["rate"],
-               target=Target(">=", 0.35, on="ratio"),
-               extra={"app_peak_rss_mb": best_app["peak_rss_mb"], "raw_peak_rss_mb": best_raw["peak_rss_mb"]}),
-        Result(scenario=f"{NAME}.batch", n=n, value=best_batch["rate"], unit="records/s", baseline=best_raw["rate"],
-               target=Target(">=", 0.8, on="ratio"), extra={"app_peak_rss_mb": best_batch["peak_rss_mb"]}),
-    ]  # fmt: skip
+        Result(
+            scenario=NAME,
+            n=n,
+            value=best_app["rate"],
+            unit="records/s",
+            baseline=best_raw["rate"],
+            target=Target(">=", 0.35, on="ratio"),
+            extra={"app_peak_rss_mb": best_app["peak_rss_mb"], "raw_peak_rss_mb": best_raw["peak_rss_mb"]},
+        ),
+        Result(
+            scenario=f"{NAME}.batch",
+            n=n,
+            value=best_batch["rate"],
+            unit="records/s",
+            baseline=best_raw["rate"],
+            target=Target(">=", 0.8, on="ratio"),
+            extra={"app_peak_rss_mb": best_batch["peak_rss_mb"]},
+        ),
+    ]

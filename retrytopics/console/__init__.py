@@ -40,14 +40,27 @@ def app_renderer(app: Any, topic: str) -> Callable[[Any], Any]:
     binding = app.handlers[topic]
 
     def render(entry: Any) -> Any:
-        return deserialize(binding.value_deserializer, entry.value, topic=topic, partition=entry.partition,
-                           offset=entry.offset, headers=list(entry.headers))  # fmt: skip
+        return deserialize(
+            binding.value_deserializer,
+            entry.value,
+            topic=topic,
+            partition=entry.partition,
+            offset=entry.offset,
+            headers=list(entry.headers),
+        )
 
     return render
 
 
-def serve(kafka: KafkaConfig, pipeline: AppSettings, options: Any, *, port: int, grace_ms: int = 30_000,
-          on_ready: Callable[[str], None] = print) -> None:  # fmt: skip
+def serve(
+    kafka: KafkaConfig,
+    pipeline: AppSettings,
+    options: Any,
+    *,
+    port: int,
+    grace_ms: int = 30_000,
+    on_ready: Callable[[str], None] = print,
+) -> None:
     """Serve the console until interrupted (Ctrl-C, SIGTERM)."""
     import uvicorn
 
@@ -59,16 +72,20 @@ def serve(kafka: KafkaConfig, pipeline: AppSettings, options: Any, *, port: int,
     reader.bounds(reader.topics.dlq)  # a missing pipeline fails now, naming the topic, not on the first page
     reader.start_tally()
     app = create_app(options, reader)
-    config = uvicorn.Config(app, host=options.host, port=port, log_level="warning", access_log=False,
-                            server_header=False, log_config=None)  # fmt: skip
+    config = uvicorn.Config(
+        app, host=options.host, port=port, log_level="warning", access_log=False, server_header=False, log_config=None
+    )
     server = uvicorn.Server(config)
     if options.host not in ("127.0.0.1", "localhost", "::1"):
         logging.getLogger("retrytopics.console").warning(
-            "the console listens on %s: whoever reaches that address sees the DLQ's records", options.host)
+            "the console listens on %s: whoever reaches that address sees the DLQ's records", options.host
+        )
     host = f"[{options.host}]" if ":" in options.host else options.host
     mode = "actions on" if options.actions else "read-only"
     on_ready(f"retrytopics console ({mode}) on http://{host}:{port}/  (Ctrl-C to stop)")
-    logging.getLogger("retrytopics.console").info("console serving %s on %s:%d", reader.topics.source, options.host, port)
+    logging.getLogger("retrytopics.console").info(
+        "console serving %s on %s:%d", reader.topics.source, options.host, port
+    )
     try:
         server.run()
     finally:

@@ -39,13 +39,30 @@ from retrytopics.console.entries import Entry
 from retrytopics.console.filters import DlqFilter
 from retrytopics.errors import ConfigError, PublishError
 from retrytopics.headers import (
-    REPLAY_COUNT, REPLAY_ID, REPLAY_ORIGIN_ID, REPLAYED_AT, DlqReason, Header, Lineage, encode, user_headers,
-)  # fmt: skip
+    REPLAY_COUNT,
+    REPLAY_ID,
+    REPLAY_ORIGIN_ID,
+    REPLAYED_AT,
+    DlqReason,
+    Header,
+    Lineage,
+    encode,
+    user_headers,
+)
 from retrytopics.naming import TopicSet
 from retrytopics.signing import HeaderKeys, mark_keys, mark_verifies, replay_mark, sign, started_mark_keys, verify
 
-__all__ = ["DESTINATIONS", "MAX_SELECTION", "ReplayPlan", "ReplayRequest", "plan_replay", "replay_headers",
-           "replay_id_for", "run_replay", "spark_replay_command"]  # fmt: skip
+__all__ = [
+    "DESTINATIONS",
+    "MAX_SELECTION",
+    "ReplayPlan",
+    "ReplayRequest",
+    "plan_replay",
+    "replay_headers",
+    "replay_id_for",
+    "run_replay",
+    "spark_replay_command",
+]
 
 #: Where a replay may write (as `retrytopics replay --to`).
 DESTINATIONS: Final = ("original", "first_tier")
@@ -75,8 +92,11 @@ class ReplayRequest:
         if self.destination not in DESTINATIONS:
             raise ConfigError("destination", self.destination, f"expected one of {DESTINATIONS}")
         if not 0 < len(self.coordinates) <= MAX_SELECTION:
-            raise ConfigError("records", len(self.coordinates), f"select 1 to {MAX_SELECTION} records "
-                              "(larger selections: retrytopics replay, with Spark)")  # fmt: skip
+            raise ConfigError(
+                "records",
+                len(self.coordinates),
+                f"select 1 to {MAX_SELECTION} records (larger selections: retrytopics replay, with Spark)",
+            )
         if self.max_replays < 0:
             raise ConfigError("max_replays", self.max_replays, "must be >= 0")
 
@@ -137,11 +157,28 @@ def _problem(entry: Entry, source_partitions: int, header_keys: HeaderKeys | Non
     return None
 
 
-def plan_replay(entries: Sequence[Entry], *, topics: TopicSet, request: ReplayRequest, source_partitions: int,
-                header_keys: HeaderKeys | None = None) -> ReplayPlan:  # fmt: skip
+def plan_replay(
+    entries: Sequence[Entry],
+    *,
+    topics: TopicSet,
+    request: ReplayRequest,
+    source_partitions: int,
+    header_keys: HeaderKeys | None = None,
+) -> ReplayPlan:
     """Which of `entries` (DLQ records) to write where, by the rules in the module docstring."""
-    counts = dict.fromkeys(("selected", "skipped_foreign", "skipped_invalid", "skipped_duplicates",
-                            "skipped_reference_only", "skipped_headers_dropped", "skipped_max_replays", "parked"), 0)  # fmt: skip
+    counts = dict.fromkeys(
+        (
+            "selected",
+            "skipped_foreign",
+            "skipped_invalid",
+            "skipped_duplicates",
+            "skipped_reference_only",
+            "skipped_headers_dropped",
+            "skipped_max_replays",
+            "parked",
+        ),
+        0,
+    )
     counts["selected"] = len(entries)
     problems: dict[str, str] = {}
     usable: dict[str, Entry] = {}
@@ -196,39 +233,59 @@ def _is_reference(value: bytes | None) -> bool:
         parsed = json.loads(value or b"")
     except ValueError:
         return False
-    return (isinstance(parsed, dict) and parsed.get("too_large") is True
-            and all(parsed.get(name) is not None for name in ("topic", "partition", "offset", "value_bytes")))  # fmt: skip
+    return (
+        isinstance(parsed, dict)
+        and parsed.get("too_large") is True
+        and all(parsed.get(name) is not None for name in ("topic", "partition", "offset", "value_bytes"))
+    )
 
 
 def _episode(entry: Entry) -> tuple[int, int, int]:
     return entry.lineage.replay_count, entry.partition, entry.offset
 
 
-def replay_headers(entry: Entry, *, to_tier: bool, replay_id: str, now_ms: int, topic: str = "",
-                   mark_key: bytes | None = None) -> list[Header]:  # fmt: skip
+def replay_headers(
+    entry: Entry, *, to_tier: bool, replay_id: str, now_ms: int, topic: str = "", mark_key: bytes | None = None
+) -> list[Header]:
     """The headers of the replayed record: its user headers byte for byte, to a tier the retry state with
     the count and failure times reset and due now, then the replay lineage (as the Spark replay writes them),
     and with `mark_key` the `retry.replay_mark` that attributes it on `topic` to this replay."""
     retry = entry.retry
     assert retry is not None  # planned records decoded
-    lineage = Lineage(replay_id=replay_id, replayed_at=now_ms, replay_count=entry.lineage.replay_count + 1,
-                      replay_origin_id=retry.origin_message_id)  # fmt: skip
+    lineage = Lineage(
+        replay_id=replay_id,
+        replayed_at=now_ms,
+        replay_count=entry.lineage.replay_count + 1,
+        replay_origin_id=retry.origin_message_id,
+    )
     original = (REPLAY_ORIGINAL, (entry.source_record or "").encode())
     marked = [original]
     if mark_key is not None:
         marked.append((REPLAY_MARK, replay_mark(mark_key, replay_id, topic, entry.source_record or "").encode()))
     user = user_headers(list(entry.headers))
     if to_tier:
-        state = retry.evolve(tier=0, due_at=now_ms, dlq_reason=None, reconsume_times=1, first_failed_at=now_ms,
-                             last_failed_at=now_ms, lineage=lineage)  # fmt: skip
+        state = retry.evolve(
+            tier=0,
+            due_at=now_ms,
+            dlq_reason=None,
+            reconsume_times=1,
+            first_failed_at=now_ms,
+            last_failed_at=now_ms,
+            lineage=lineage,
+        )
         return [*user, *encode(state), *marked]
-    values = ((REPLAY_ID, replay_id), (REPLAYED_AT, now_ms), (REPLAY_COUNT, lineage.replay_count),
-              (REPLAY_ORIGIN_ID, retry.origin_message_id))  # fmt: skip
+    values = (
+        (REPLAY_ID, replay_id),
+        (REPLAYED_AT, now_ms),
+        (REPLAY_COUNT, lineage.replay_count),
+        (REPLAY_ORIGIN_ID, retry.origin_message_id),
+    )
     return [*user, *((name, str(value).encode()) for name, value in values), *marked]
 
 
-def _written_before(kafka: KafkaConfig, marks: dict[str, dict[str, int]], replay_id: str,
-                    keys: tuple[bytes, ...] | None) -> set[tuple[str, str]]:  # fmt: skip
+def _written_before(
+    kafka: KafkaConfig, marks: dict[str, dict[str, int]], replay_id: str, keys: tuple[bytes, ...] | None
+) -> set[tuple[str, str]]:
     """(topic, source record) of every record `replay_id` wrote since its start `marks`: with mark `keys`, only
     records whose `retry.replay_mark` verifies with one of them (anyone may write the other markers)."""
     consumer = range_reader(kafka)
@@ -244,16 +301,24 @@ def _written_before(kafka: KafkaConfig, marks: dict[str, dict[str, int]], replay
                         if headers.get(REPLAY_ID) != replay_id.encode():
                             continue
                         source_record = (headers.get(REPLAY_ORIGINAL) or b"").decode("utf-8", "replace")
-                        if keys is None or mark_verifies(keys, replay_id, topic, source_record, headers.get(REPLAY_MARK)):
+                        if keys is None or mark_verifies(
+                            keys, replay_id, topic, source_record, headers.get(REPLAY_MARK)
+                        ):
                             done.add((topic, source_record))
     finally:
         consumer.close()
     return done
 
 
-
-def run_replay(kafka: KafkaConfig, topics: TopicSet, entries: Sequence[Entry], request: ReplayRequest, *,
-               header_keys: HeaderKeys | None = None, dry_run: bool = False) -> dict[str, Any]:  # fmt: skip
+def run_replay(
+    kafka: KafkaConfig,
+    topics: TopicSet,
+    entries: Sequence[Entry],
+    request: ReplayRequest,
+    *,
+    header_keys: HeaderKeys | None = None,
+    dry_run: bool = False,
+) -> dict[str, Any]:
     """Plan the replay of `entries` (read whole) and, unless `dry_run`, write what this replay id has not
     written yet; returns the counts as `retrytopics replay --json` names them, with a sample of the plan."""
     from retrytopics.spark import ledger  # the replay ledger is shared with the Spark replay
@@ -262,11 +327,18 @@ def run_replay(kafka: KafkaConfig, topics: TopicSet, entries: Sequence[Entry], r
     partitions = ledger.partition_counts(kafka, sorted({topics.source, target}))
     for topic in sorted({topics.source, target} - set(partitions)):
         raise ConfigError("topic", topic, "does not exist: a replay writes only to existing pipeline topics")
-    plan = plan_replay(entries, topics=topics, request=request, source_partitions=partitions[topics.source],
-                       header_keys=header_keys)  # fmt: skip
-    result: dict[str, Any] = {"replay_id": request.replay_id, "dry_run": dry_run, "destination": request.destination,
-                              **plan.counts, "to_write": len(plan.writes), "problems": plan.problems,
-                              "sample": [{"record": e.coordinates, "origin_id": e.origin_id, "to": t} for e, t in plan.writes[:20]]}  # fmt: skip
+    plan = plan_replay(
+        entries, topics=topics, request=request, source_partitions=partitions[topics.source], header_keys=header_keys
+    )
+    result: dict[str, Any] = {
+        "replay_id": request.replay_id,
+        "dry_run": dry_run,
+        "destination": request.destination,
+        **plan.counts,
+        "to_write": len(plan.writes),
+        "problems": plan.problems,
+        "sample": [{"record": e.coordinates, "origin_id": e.origin_id, "to": t} for e, t in plan.writes[:20]],
+    }
     if dry_run:
         return {**result, "written": 0, "skipped_already_replayed": None}
     started = [e for e in ledger.read_entries(kafka, topics.dlq, request.replay_id) if e.get("event") == "started"]
@@ -279,17 +351,31 @@ def run_replay(kafka: KafkaConfig, topics: TopicSet, entries: Sequence[Entry], r
         marks = ledger.watermarks(kafka, sorted({target, f"{topics.dlq}.parked"}))
         ledger.append(kafka, topics.dlq, request.replay_id, {"event": "started", "marks": marks, "nonce": nonce.hex()})
         keys = mark_keys(nonce, header_keys)
-    todo = [(e, t) for e, t in plan.writes
-            if (t, e.source_record or "") not in done and e.lineage.replay_id != request.replay_id]  # fmt: skip
+    todo = [
+        (e, t)
+        for e, t in plan.writes
+        if (t, e.source_record or "") not in done and e.lineage.replay_id != request.replay_id
+    ]
     _write(kafka, todo, request.replay_id, topics, partitions[target], header_keys, None if keys is None else keys[0])
     result.update(written=len(todo), skipped_already_replayed=len(plan.writes) - len(todo))
-    ledger.append(kafka, topics.dlq, request.replay_id,
-                  {"event": "finished", **{k: v for k, v in result.items() if k not in ("sample", "problems")}})  # fmt: skip
+    ledger.append(
+        kafka,
+        topics.dlq,
+        request.replay_id,
+        {"event": "finished", **{k: v for k, v in result.items() if k not in ("sample", "problems")}},
+    )
     return result
 
 
-def _write(kafka: KafkaConfig, todo: Sequence[tuple[Entry, str]], replay_id: str, topics: TopicSet,
-           target_partitions: int, header_keys: HeaderKeys | None, mark_key: bytes | None) -> None:  # fmt: skip
+def _write(
+    kafka: KafkaConfig,
+    todo: Sequence[tuple[Entry, str]],
+    replay_id: str,
+    topics: TopicSet,
+    target_partitions: int,
+    header_keys: HeaderKeys | None,
+    mark_key: bytes | None,
+) -> None:
     """Write in DLQ order, acknowledged (acks=all, idempotent producer) before the replay counts as done."""
     if not todo:
         return
@@ -305,8 +391,9 @@ def _write(kafka: KafkaConfig, todo: Sequence[tuple[Entry, str]], replay_id: str
     with map_kafka_errors():
         for entry, topic in todo:
             to_tier = topic == first_tier
-            headers = replay_headers(entry, to_tier=to_tier, replay_id=replay_id, now_ms=now_ms, topic=topic,
-                                     mark_key=mark_key)  # fmt: skip
+            headers = replay_headers(
+                entry, to_tier=to_tier, replay_id=replay_id, now_ms=now_ms, topic=topic, mark_key=mark_key
+            )
             if to_tier and header_keys is not None:  # the tier consumers refuse unsigned records
                 headers = list(sign(header_keys, topic, entry.key, entry.value, headers))
             assert entry.retry is not None
@@ -319,8 +406,9 @@ def _write(kafka: KafkaConfig, todo: Sequence[tuple[Entry, str]], replay_id: str
             if partition < 0:
                 producer.produce(topic, key=entry.key, value=entry.value, headers=wire, on_delivery=delivered)
             else:
-                producer.produce(topic, key=entry.key, value=entry.value, headers=wire, on_delivery=delivered,
-                                 partition=partition)
+                producer.produce(
+                    topic, key=entry.key, value=entry.value, headers=wire, on_delivery=delivered, partition=partition
+                )
             producer.poll(0)
         remaining = producer.flush(30)
     if failures or remaining:

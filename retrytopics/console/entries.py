@@ -61,9 +61,17 @@ def _kept(data: bytes | None, limit: int | None) -> bytes | None:
 
 
 def entry_of(
-    *, topic: str, partition: int, offset: int, timestamp_ms: int, key: bytes | None, value: bytes | None,
-    headers: Sequence[Header], unreadable: str | None = None, whole: bool = False,
-) -> Entry:  # fmt: skip
+    *,
+    topic: str,
+    partition: int,
+    offset: int,
+    timestamp_ms: int,
+    key: bytes | None,
+    value: bytes | None,
+    headers: Sequence[Header],
+    unreadable: str | None = None,
+    whole: bool = False,
+) -> Entry:
     """An :class:`Entry` for one consumed record (`unreadable`: why some header keys could not be read).
     `whole`: keep every byte (a replay republishes the record); otherwise values, keys and headers are cut."""
     retry: RetryHeaders | None = None
@@ -75,10 +83,18 @@ def entry_of(
     small, large = (None, None) if whole else (_SMALL_KEEP_BYTES, VALUE_KEEP_BYTES)
     kept = tuple((name, _kept(data, small)) for name, data in headers)
     return Entry(
-        topic=topic, partition=partition, offset=offset, timestamp_ms=timestamp_ms, key=_kept(key, small),
-        value=_kept(value, large), value_size=0 if value is None else len(value), headers=kept,
-        retry=retry, lineage=decode_lineage(list(headers)), header_error=error,
-    )  # fmt: skip
+        topic=topic,
+        partition=partition,
+        offset=offset,
+        timestamp_ms=timestamp_ms,
+        key=_kept(key, small),
+        value=_kept(value, large),
+        value_size=0 if value is None else len(value),
+        headers=kept,
+        retry=retry,
+        lineage=decode_lineage(list(headers)),
+        header_error=error,
+    )
 
 
 def header_text(entry: Entry, name: str) -> list[str]:

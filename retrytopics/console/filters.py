@@ -19,7 +19,7 @@ from retrytopics.config import parse_instant
 from retrytopics.console.entries import Entry, header_text
 from retrytopics.errors import ConfigError
 
-__all__ = ["Cursor", "DlqFilter", "PARAMETERS"]
+__all__ = ["PARAMETERS", "Cursor", "DlqFilter"]
 
 #: The query parameters a filter reads (anything else in the query string is not the filter's).
 PARAMETERS: Final = ("reason", "exception_type", "since", "until", "key", "origin_id", "header")
@@ -73,11 +73,14 @@ class DlqFilter:
                 raise ConfigError("header", header, "expected NAME=VALUE, e.g. trace-id=abc")
             pair = (name.strip(), value.strip())
         return cls(
-            reasons=frozenset(_texts(query, "reason")), exception_types=frozenset(_texts(query, "exception_type")),
+            reasons=frozenset(_texts(query, "reason")),
+            exception_types=frozenset(_texts(query, "exception_type")),
             since_ms=None if since is None else parse_instant(since, field="since"),
             until_ms=None if until is None else parse_instant(until, field="until"),
-            key=_one(query, "key"), origin_id=_one(query, "origin_id"), header=pair,
-        )  # fmt: skip
+            key=_one(query, "key"),
+            origin_id=_one(query, "origin_id"),
+            header=pair,
+        )
 
     @property
     def empty(self) -> bool:
@@ -103,8 +106,12 @@ class DlqFilter:
         """The filter as query parameters (for links to the next page; times as epoch ms)."""
         pairs = [("reason", r) for r in sorted(self.reasons)]
         pairs += [("exception_type", t) for t in sorted(self.exception_types)]
-        for name, value in (("since", self.since_ms), ("until", self.until_ms), ("key", self.key),
-                            ("origin_id", self.origin_id)):  # fmt: skip
+        for name, value in (
+            ("since", self.since_ms),
+            ("until", self.until_ms),
+            ("key", self.key),
+            ("origin_id", self.origin_id),
+        ):
             if value is not None:
                 pairs.append((name, str(value)))
         if self.header is not None:

@@ -74,16 +74,28 @@ class SparkJobs:
         with self._lock:
             return self._jobs.get(job_id)
 
-    def start(self, chosen: DlqFilter, *, destination: str, replay_id: str, dry_run: bool, operator: str) -> SparkReplay:
+    def start(
+        self, chosen: DlqFilter, *, destination: str, replay_id: str, dry_run: bool, operator: str
+    ) -> SparkReplay:
         """Start a replay of every DLQ record `chosen` matches; refused while another one runs."""
         if chosen.key is not None or chosen.header is not None:
-            raise ConfigError("filter", chosen.query(), "the Spark replay selects by reason, exception type, "
-                              "time and origin id: run `retrytopics replay --where ...` for keys and headers")  # fmt: skip
+            raise ConfigError(
+                "filter",
+                chosen.query(),
+                "the Spark replay selects by reason, exception type, "
+                "time and origin id: run `retrytopics replay --where ...` for keys and headers",
+            )
         with self._lock:
             if any(job.state in ("starting", "running") for job in self._jobs.values()):
                 raise ConfigError("job", "running", "a Spark replay is running: wait for it to finish")
-            job = SparkReplay(job_id=f"{replay_id}-{'dry' if dry_run else 'run'}-{int(time.time())}", filter=chosen,
-                              destination=destination, replay_id=replay_id, dry_run=dry_run, operator=operator)  # fmt: skip
+            job = SparkReplay(
+                job_id=f"{replay_id}-{'dry' if dry_run else 'run'}-{int(time.time())}",
+                filter=chosen,
+                destination=destination,
+                replay_id=replay_id,
+                dry_run=dry_run,
+                operator=operator,
+            )
             self._jobs[job.job_id] = job
             for old in list(self._jobs)[:-_KEPT]:
                 del self._jobs[old]
@@ -101,16 +113,26 @@ class SparkJobs:
             # fails with DATA_SOURCE_NOT_FOUND once a session exists (the dry run's thread made it).
             jvm: Any = spark._jvm
             jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
-            job.state, job.step = "running", "replay: selecting DLQ records" + (" (dry run)" if job.dry_run else " and writing them")
+            job.state, job.step = (
+                "running",
+                "replay: selecting DLQ records" + (" (dry run)" if job.dry_run else " and writing them"),
+            )
             job_step(spark, job.step)
             chosen = job.filter
             job.result = replay(
-                spark, self._kafka, self._topics, replay_id=job.replay_id, destination=job.destination,
-                reasons=sorted(chosen.reasons) or None, exception_types=sorted(chosen.exception_types) or None,
-                since_ms=chosen.since_ms, until_ms=chosen.until_ms,
+                spark,
+                self._kafka,
+                self._topics,
+                replay_id=job.replay_id,
+                destination=job.destination,
+                reasons=sorted(chosen.reasons) or None,
+                exception_types=sorted(chosen.exception_types) or None,
+                since_ms=chosen.since_ms,
+                until_ms=chosen.until_ms,
                 origin_ids=None if chosen.origin_id is None else [chosen.origin_id],
-                dry_run=job.dry_run, header_keys=self._header_keys,
-            )  # fmt: skip
+                dry_run=job.dry_run,
+                header_keys=self._header_keys,
+            )
             job.state, job.step = "done", "replay: done"
         except Exception as exc:  # noqa: BLE001 - the job's page shows why it failed; the console goes on
             job.state, job.step, job.error = "failed", "replay: failed", redact(f"{type(exc).__name__}: {exc}")

@@ -36,8 +36,9 @@ class Page:
     budget_spent: bool
 
 
-def _newest_first(partition: int, low: int, upper: int, read_block: BlockReader, block: int,
-                  older_than_wanted: Callable[[int], bool]) -> Iterator[Entry]:  # fmt: skip
+def _newest_first(
+    partition: int, low: int, upper: int, read_block: BlockReader, block: int, older_than_wanted: Callable[[int], bool]
+) -> Iterator[Entry]:
     end = upper
     while end > low:
         start = max(low, end - block)
@@ -50,11 +51,19 @@ def _newest_first(partition: int, low: int, upper: int, read_block: BlockReader,
 
 
 def read_page(
-    *, bounds: Mapping[int, tuple[int, int]], cursor: Cursor, keep: Callable[[Entry], bool], size: int,
-    read_block: BlockReader, block: int = 500, scan_limit: int = 50_000, since_ms: int | None = None,
-) -> Page:  # fmt: skip
+    *,
+    bounds: Mapping[int, tuple[int, int]],
+    cursor: Cursor,
+    keep: Callable[[Entry], bool],
+    size: int,
+    read_block: BlockReader,
+    block: int = 500,
+    scan_limit: int = 50_000,
+    since_ms: int | None = None,
+) -> Page:
     """Up to `size` entries that `keep` accepts, newest first, below `cursor`. `bounds`: partition → (low,
     high) watermarks. Records older than `since_ms` end a partition's scan early."""
+
     def older(timestamp_ms: int) -> bool:
         return since_ms is not None and timestamp_ms < since_ms
 

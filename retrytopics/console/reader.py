@@ -23,8 +23,7 @@ from retrytopics.console.entries import Entry, entry_of
 from retrytopics.console.filters import Cursor, DlqFilter
 from retrytopics.console.paging import Page, read_page
 from retrytopics.console.tally import Tally
-from retrytopics.errors import ConfigError
-from retrytopics.errors import HeaderDecodeError
+from retrytopics.errors import ConfigError, HeaderDecodeError
 from retrytopics.headers import ORIGIN_MESSAGE_ID, REPLAY_ORIGIN_ID, Header, decode
 from retrytopics.naming import TopicSet
 from retrytopics.ops import PartitionState, describe_pipeline
@@ -39,10 +38,16 @@ def entry_from(message: Any, *, whole: bool = False, read: tuple[list[Header], A
     """An entry for a consumed message (`read`: its `read_headers` answer, when the caller has it already)."""
     headers, unreadable = read_headers(message) if read is None else read
     return entry_of(
-        topic=message.topic(), partition=message.partition(), offset=message.offset(),
-        timestamp_ms=message.timestamp()[1], key=message.key(), value=message.value(), headers=headers,
-        unreadable=None if unreadable is None else str(unreadable), whole=whole,
-    )  # fmt: skip
+        topic=message.topic(),
+        partition=message.partition(),
+        offset=message.offset(),
+        timestamp_ms=message.timestamp()[1],
+        key=message.key(),
+        value=message.value(),
+        headers=headers,
+        unreadable=None if unreadable is None else str(unreadable),
+        whole=whole,
+    )
 
 
 #: Offsets one read of `records_at` may span: nearby records are read in one go, far ones apart (a span's
@@ -116,8 +121,15 @@ class PipelineReader:
             def block(partition: int, start: int, end: int) -> list[Entry]:
                 return [entry_from(m) for m in read_range(consumer, self.topics.dlq, partition, start, end)]
 
-            return read_page(bounds=bounds, cursor=cursor, keep=dlq_filter.matches, size=size, read_block=block,
-                             scan_limit=scan_limit, since_ms=dlq_filter.since_ms)  # fmt: skip
+            return read_page(
+                bounds=bounds,
+                cursor=cursor,
+                keep=dlq_filter.matches,
+                size=size,
+                read_block=block,
+                scan_limit=scan_limit,
+                since_ms=dlq_filter.since_ms,
+            )
         finally:
             consumer.close()
 
@@ -165,7 +177,9 @@ class PipelineReader:
                     # raw header bytes first: most records are skipped undecoded
                     if len(hops) < limit and any(k in _ID_HEADERS and v == wanted for k, v in read[0]):
                         hops.append(entry_from(message, read=read))
-            first = next((h.retry for h in hops if h.retry is not None and h.retry.origin_message_id == origin_id), None)
+            first = next(
+                (h.retry for h in hops if h.retry is not None and h.retry.origin_message_id == origin_id), None
+            )
             origin = None
             if first is not None and first.original_topic == self.topics.source:
                 found = self.records_at(self.topics.source, [(first.original_partition, first.original_offset)])
@@ -237,7 +251,7 @@ class PipelineReader:
                 if self._stop.is_set():
                     return
                 self._add(batch, kinds)
-        except Exception:  # noqa: BLE001 - the page says the counts stopped; the console keeps serving
+        except Exception:
             log.exception("the console's tally of the tiers and DLQ stopped")
         finally:
             consumer.close()

@@ -61,8 +61,12 @@ class Sessions:
         self._sessions = {sid: s for sid, s in self._sessions.items() if now - s.created_s < self._ttl_s}
         while len(self._sessions) >= self._limit:
             del self._sessions[min(self._sessions, key=lambda sid: self._sessions[sid].created_s)]
-        session = Session(sid=secrets.token_urlsafe(32), csrf=secrets.token_urlsafe(32), operator=operator_name(operator),
-                          created_s=now)  # fmt: skip
+        session = Session(
+            sid=secrets.token_urlsafe(32),
+            csrf=secrets.token_urlsafe(32),
+            operator=operator_name(operator),
+            created_s=now,
+        )
         self._sessions[session.sid] = session
         return session
 

@@ -22,8 +22,14 @@ from retrytopics.ops import PartitionState, printable
 from retrytopics.redaction import redact, redact_header
 
 __all__ = [
-    "SHOWN_BYTES", "chart_geometry", "instant", "lineage_hops", "pipeline_view", "record_view", "value_text",
-]  # fmt: skip
+    "SHOWN_BYTES",
+    "chart_geometry",
+    "instant",
+    "lineage_hops",
+    "pipeline_view",
+    "record_view",
+    "value_text",
+]
 
 SHOWN_BYTES: Final = 4096
 _SHOWN_CHARS: Final = 8192
@@ -77,34 +83,54 @@ def record_view(entry: Entry, *, reveal: bool = False, render: Render | None = N
     exception and trace, and the value only when `reveal`."""
     retry = entry.retry
     view: dict[str, Any] = {
-        "coordinates": entry.coordinates, "partition": entry.partition, "offset": entry.offset,
-        "time": instant(entry.timestamp_ms), "key": printable(entry.key), "value_size": entry.value_size,
+        "coordinates": entry.coordinates,
+        "partition": entry.partition,
+        "offset": entry.offset,
+        "time": instant(entry.timestamp_ms),
+        "key": printable(entry.key),
+        "value_size": entry.value_size,
         "headers": [(name, _shown(name, data)) for name, data in user_headers(list(entry.headers))],
         "retry_headers": [(name, _shown(name, data)) for name, data in entry.headers if name.startswith(RETRY_PREFIX)],
-        "header_error": entry.header_error, "value": _rendered(entry, render) if reveal else None,
-        "replay_count": entry.lineage.replay_count, "replay_id": entry.lineage.replay_id,
-    }  # fmt: skip
+        "header_error": entry.header_error,
+        "value": _rendered(entry, render) if reveal else None,
+        "replay_count": entry.lineage.replay_count,
+        "replay_id": entry.lineage.replay_id,
+    }
     if retry is not None:
         view.update(
-            reason=retry.dlq_reason.value if retry.dlq_reason else None, attempts=retry.reconsume_times,
+            reason=retry.dlq_reason.value if retry.dlq_reason else None,
+            attempts=retry.reconsume_times,
             origin_id=retry.origin_message_id,
             original=f"{retry.original_topic}[{retry.original_partition}]@{retry.original_offset}",
-            exception_type=retry.exception_type, exception_message=redact(retry.exception_message),
-            exception_trace=redact(retry.exception_trace), first_failed=instant(retry.first_failed_at),
+            exception_type=retry.exception_type,
+            exception_message=redact(retry.exception_message),
+            exception_trace=redact(retry.exception_trace),
+            first_failed=instant(retry.first_failed_at),
             last_failed=instant(retry.last_failed_at),
-        )  # fmt: skip
+        )
     return view
 
 
-def pipeline_view(rows: Sequence[PartitionState], tally: Tally, topics: TopicSet, *, now_ms: int,
-                  counted: tuple[int, int]) -> dict[str, Any]:  # fmt: skip
+def pipeline_view(
+    rows: Sequence[PartitionState], tally: Tally, topics: TopicSet, *, now_ms: int, counted: tuple[int, int]
+) -> dict[str, Any]:
     """The pipeline page's data: one stage per topic (records, lag, heads waiting and overdue), DLQ counts by
     reason and exception type, each tier's recovery, and the chart's series. `counted`: (records tallied,
     records in the tiers and DLQ)."""
     stages: dict[str, dict[str, Any]] = {}
     for row in rows:
-        stage = stages.setdefault(row.topic, {"topic": row.topic, "kind": row.kind, "records": 0, "lag": None,
-                                              "waiting": 0, "overdue": 0, "partitions": 0})  # fmt: skip
+        stage = stages.setdefault(
+            row.topic,
+            {
+                "topic": row.topic,
+                "kind": row.kind,
+                "records": 0,
+                "lag": None,
+                "waiting": 0,
+                "overdue": 0,
+                "partitions": 0,
+            },
+        )
         stage["records"] += row.end_offset
         stage["partitions"] += 1
         if row.lag is not None:
@@ -113,16 +139,24 @@ def pipeline_view(rows: Sequence[PartitionState], tally: Tally, topics: TopicSet
         stage["overdue"] += row.state.startswith("overdue")
     lag = {t: s["lag"] or 0 for t, s in stages.items()}
     recovery = [
-        {"topic": r.topic, "held": r.held, "handled": r.handled, "recovered": r.recovered,
-         "rate": None if r.rate is None else round(r.rate, 4)}
+        {
+            "topic": r.topic,
+            "held": r.held,
+            "handled": r.handled,
+            "recovered": r.recovered,
+            "rate": None if r.rate is None else round(r.rate, 4),
+        }
         for r in tally.recovery([t.topic for t in topics.tiers], lag)
-    ]  # fmt: skip
+    ]
     return {
-        "at": instant(now_ms), "stages": list(stages.values()), "recovery": recovery,
-        "dlq_by_reason": tally.dlq_by_reason.most_common(), "dlq_by_type": tally.dlq_by_type.most_common(20),
+        "at": instant(now_ms),
+        "stages": list(stages.values()),
+        "recovery": recovery,
+        "dlq_by_reason": tally.dlq_by_reason.most_common(),
+        "dlq_by_type": tally.dlq_by_type.most_common(20),
         "counted": {"records": counted[0], "of": counted[1]},
         "series": [list(point) for point in tally.series(now_ms)],
-    }  # fmt: skip
+    }
 
 
 def chart_geometry(series: Sequence[Sequence[int]], *, width: int = 720, height: int = 200) -> dict[str, Any]:
@@ -135,9 +169,15 @@ def chart_geometry(series: Sequence[Sequence[int]], *, width: int = 720, height:
         return " ".join(f"{i * step:.1f},{height - point[column] * height / top:.1f}" for i, point in enumerate(series))
 
     return {
-        "width": width, "height": height, "top": top, "failures": line(1), "retries": line(2), "dead": line(3),
-        "first": instant(series[0][0]) if series else "", "last": instant(series[-1][0]) if series else "",
-    }  # fmt: skip
+        "width": width,
+        "height": height,
+        "top": top,
+        "failures": line(1),
+        "retries": line(2),
+        "dead": line(3),
+        "first": instant(series[0][0]) if series else "",
+        "last": instant(series[-1][0]) if series else "",
+    }
 
 
 def lineage_hops(entries: Iterable[Entry], topics: TopicSet) -> list[dict[str, Any]]:
@@ -149,14 +189,19 @@ def lineage_hops(entries: Iterable[Entry], topics: TopicSet) -> list[dict[str, A
     hops = []
     for i, entry in enumerate(ordered):
         retry = entry.retry
-        hops.append({
-            "stage": kinds.get(entry.topic, entry.topic) + (" (replayed)" if entry.lineage.replay_id else ""),
-            "topic": entry.topic, "coordinates": entry.coordinates,
-            "time": instant(entry.timestamp_ms), "attempt": retry.reconsume_times if retry else None,
-            "tier": retry.tier if retry else None, "due": instant(retry.due_at) if retry else "",
-            "exception": f"{retry.exception_type}: {redact(retry.exception_message)}" if retry else None,
-            "reason": retry.dlq_reason.value if retry and retry.dlq_reason else None,
-            "replay_id": entry.lineage.replay_id,
-            "handled": instant(ordered[i + 1].timestamp_ms) if i + 1 < len(ordered) else "",
-        })  # fmt: skip
+        hops.append(
+            {
+                "stage": kinds.get(entry.topic, entry.topic) + (" (replayed)" if entry.lineage.replay_id else ""),
+                "topic": entry.topic,
+                "coordinates": entry.coordinates,
+                "time": instant(entry.timestamp_ms),
+                "attempt": retry.reconsume_times if retry else None,
+                "tier": retry.tier if retry else None,
+                "due": instant(retry.due_at) if retry else "",
+                "exception": f"{retry.exception_type}: {redact(retry.exception_message)}" if retry else None,
+                "reason": retry.dlq_reason.value if retry and retry.dlq_reason else None,
+                "replay_id": entry.lineage.replay_id,
+                "handled": instant(ordered[i + 1].timestamp_ms) if i + 1 < len(ordered) else "",
+            }
+        )
     return hops

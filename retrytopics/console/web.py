@@ -55,9 +55,12 @@ CONTENT_SECURITY_POLICY = (
     "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 )
 _SECURITY_HEADERS = [
-    (b"content-security-policy", CONTENT_SECURITY_POLICY.encode()), (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"same-origin"), (b"x-frame-options", b"DENY"), (b"cache-control", b"no-store"),
-]  # fmt: skip
+    (b"content-security-policy", CONTENT_SECURITY_POLICY.encode()),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"same-origin"),
+    (b"x-frame-options", b"DENY"),
+    (b"cache-control", b"no-store"),
+]
 _COOKIE = "retrytopics_console"
 _LOOPBACK_NAMES = ["127.0.0.1", "localhost", "::1", "[::1]"]
 Render = Callable[[Entry], Any]
@@ -77,7 +80,9 @@ class ConsoleOptions:
 
     def __post_init__(self) -> None:
         if self.actions and not self.token:
-            raise ConfigError("console.token", None, "actions need a token: --token-file FILE or RETRYTOPICS_CONSOLE_TOKEN")
+            raise ConfigError(
+                "console.token", None, "actions need a token: --token-file FILE or RETRYTOPICS_CONSOLE_TOKEN"
+            )
         if not 1 <= self.page_size <= 500:
             raise ConfigError("console.page_size", self.page_size, "1 to 500")
 
@@ -134,9 +139,13 @@ def create_app(options: ConsoleOptions, reader: PipelineReader) -> Starlette:
     def page(request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
         session = session_of(request)
         html = env.get_template(name).render(
-            topics=reader.topics, actions=options.actions, operator=session.operator if session else None,
-            csrf=session.csrf if session else None, path=request.url.path, **context,
-        )  # fmt: skip
+            topics=reader.topics,
+            actions=options.actions,
+            operator=session.operator if session else None,
+            csrf=session.csrf if session else None,
+            path=request.url.path,
+            **context,
+        )
         return HTMLResponse(html, status_code=status)
 
     def failure(request: Request, exc: RetryTopicsError) -> HTMLResponse:
@@ -147,7 +156,9 @@ def create_app(options: ConsoleOptions, reader: PipelineReader) -> Starlette:
         rows = await run_in_threadpool(reader.partition_states)
         counted = await run_in_threadpool(reader.counted)
         now_ms = int(time.time() * 1000)
-        data: dict[str, Any] = reader.snapshot(lambda tally: views.pipeline_view(rows, tally, reader.topics, now_ms=now_ms, counted=counted))
+        data: dict[str, Any] = reader.snapshot(
+            lambda tally: views.pipeline_view(rows, tally, reader.topics, now_ms=now_ms, counted=counted)
+        )
         return data
 
     async def pipeline(request: Request) -> Response:
@@ -179,16 +190,32 @@ def create_app(options: ConsoleOptions, reader: PipelineReader) -> Starlette:
             return failure(request, exc)
         if reveal:
             session = session_of(request)
-            actions_log.info("console action %s", json.dumps({
-                "action": "reveal", "record": f"{reader.topics.dlq}:{reveal[:32]}", "at": views.instant(int(time.time() * 1000)),
-                "who": session.operator if session else None, "from": request.client.host if request.client else None,
-            }))  # fmt: skip
+            actions_log.info(
+                "console action %s",
+                json.dumps(
+                    {
+                        "action": "reveal",
+                        "record": f"{reader.topics.dlq}:{reveal[:32]}",
+                        "at": views.instant(int(time.time() * 1000)),
+                        "who": session.operator if session else None,
+                        "from": request.client.host if request.client else None,
+                    }
+                ),
+            )
         records = [views.record_view(e, reveal=e.coordinates == reveal, render=options.render) for e in found.entries]
         base = chosen.query()
-        return page(request, "dlq.html", records=records, filter=chosen, filter_query=base, page=found,
-                    reasons=[r.value for r in DlqReason], reveal=reveal,
-                    next_query=None if found.next is None else [*base, ("after", found.next.text())],
-                    here_query=[*base, *([("after", cursor.text())] if cursor.before else [])])  # fmt: skip
+        return page(
+            request,
+            "dlq.html",
+            records=records,
+            filter=chosen,
+            filter_query=base,
+            page=found,
+            reasons=[r.value for r in DlqReason],
+            reveal=reveal,
+            next_query=None if found.next is None else [*base, ("after", found.next.text())],
+            here_query=[*base, *([("after", cursor.text())] if cursor.before else [])],
+        )
 
     async def lineage(request: Request) -> Response:
         origin_id = (request.query_params.get("id") or "").strip()
@@ -201,8 +228,13 @@ def create_app(options: ConsoleOptions, reader: PipelineReader) -> Starlette:
             except RetryTopicsError as exc:
                 return failure(request, exc)
             hops = views.lineage_hops(found, reader.topics)
-        return page(request, "lineage.html", origin_id=origin_id, hops=hops,
-                    origin=None if origin is None else views.record_view(origin))  # fmt: skip
+        return page(
+            request,
+            "lineage.html",
+            origin_id=origin_id,
+            hops=hops,
+            origin=None if origin is None else views.record_view(origin),
+        )
 
     async def login(request: Request) -> Response:
         if sessions is None:
@@ -260,28 +292,49 @@ def create_app(options: ConsoleOptions, reader: PipelineReader) -> Starlette:
                 picked, more = await run_in_threadpool(reader.matching, chosen, limit=actions.MAX_SELECTION)
                 if more:
                     _log_action(request, session, "replay handed over", {"filter": chosen.query()})
-                    command = actions.spark_replay_command(chosen, pipeline=_pipeline_flags(reader), destination=destination)
-                    return page(request, "handover.html", limit=actions.MAX_SELECTION, command=command,
-                                spark=spark_jobs is not None and chosen.key is None and chosen.header is None,
-                                filter_query=chosen.query(), destination=destination)  # fmt: skip
+                    command = actions.spark_replay_command(
+                        chosen, pipeline=_pipeline_flags(reader), destination=destination
+                    )
+                    return page(
+                        request,
+                        "handover.html",
+                        limit=actions.MAX_SELECTION,
+                        command=command,
+                        spark=spark_jobs is not None and chosen.key is None and chosen.header is None,
+                        filter_query=chosen.query(),
+                        destination=destination,
+                    )
                 form_records = [f"{p}:{o}" for p, o in picked]
             else:
                 form_records = [str(v) for v in form.getlist("records")]
             coordinates = _coordinates(form_records)
             replay_id = str(form.get("replay_id", "")) or actions.replay_id_for(destination, coordinates)
-            request_ = actions.ReplayRequest(replay_id=replay_id, destination=destination, coordinates=coordinates,
-                                             park=form.get("park") == "1")  # fmt: skip
+            request_ = actions.ReplayRequest(
+                replay_id=replay_id, destination=destination, coordinates=coordinates, park=form.get("park") == "1"
+            )
             dry_run = form.get("step") != "run"
             entries = await run_in_threadpool(reader.records_at, reader.topics.dlq, coordinates, whole=True)
-            result = await run_in_threadpool(actions.run_replay, reader.kafka, reader.topics, entries, request_,
-                                             header_keys=options.header_keys, dry_run=dry_run)  # fmt: skip
+            result = await run_in_threadpool(
+                actions.run_replay,
+                reader.kafka,
+                reader.topics,
+                entries,
+                request_,
+                header_keys=options.header_keys,
+                dry_run=dry_run,
+            )
         except RetryTopicsError as exc:
             _log_action(request, session, "replay failed", {"error": f"{type(exc).__name__}: {exc}"})
             return failure(request, exc)
-        _log_action(request, session, "replay preview" if dry_run else "replay",
-                    {k: v for k, v in result.items() if k != "sample"} | {"records": [f"{p}:{o}" for p, o in coordinates]})  # fmt: skip
-        return page(request, "replay.html", result=result, records=[f"{p}:{o}" for p, o in coordinates],
-                    park=request_.park)  # fmt: skip
+        _log_action(
+            request,
+            session,
+            "replay preview" if dry_run else "replay",
+            {k: v for k, v in result.items() if k != "sample"} | {"records": [f"{p}:{o}" for p, o in coordinates]},
+        )
+        return page(
+            request, "replay.html", result=result, records=[f"{p}:{o}" for p, o in coordinates], park=request_.park
+        )
 
     async def spark_replay(request: Request) -> Response:
         allowed = await authorized(request)
@@ -295,12 +348,21 @@ def create_app(options: ConsoleOptions, reader: PipelineReader) -> Starlette:
             destination = str(form.get("destination", "original"))
             if destination not in actions.DESTINATIONS:
                 raise ConfigError("destination", destination, f"expected one of {actions.DESTINATIONS}")
-            job = spark_jobs.start(chosen, destination=destination, replay_id=spark_replay_id(chosen, destination),
-                                   dry_run=form.get("step") != "run", operator=session.operator)  # fmt: skip
+            job = spark_jobs.start(
+                chosen,
+                destination=destination,
+                replay_id=spark_replay_id(chosen, destination),
+                dry_run=form.get("step") != "run",
+                operator=session.operator,
+            )
         except RetryTopicsError as exc:
             return failure(request, exc)
-        _log_action(request, session, "spark replay started", {"job": job.job_id, "replay_id": job.replay_id,
-                                                               "dry_run": job.dry_run, "filter": chosen.query()})  # fmt: skip
+        _log_action(
+            request,
+            session,
+            "spark replay started",
+            {"job": job.job_id, "replay_id": job.replay_id, "dry_run": job.dry_run, "filter": chosen.query()},
+        )
         return RedirectResponse(f"/actions/jobs/{job.job_id}", status_code=303)
 
     def job_of(request: Request) -> SparkReplay | None:
@@ -310,8 +372,14 @@ def create_app(options: ConsoleOptions, reader: PipelineReader) -> Starlette:
         job = job_of(request)
         if job is None:
             return page(request, "error.html", 404, message="no such job")
-        return page(request, "job.html", job=job, progress=job.progress(), result=job.result or {},
-                    filter_query=job.filter.query())  # fmt: skip
+        return page(
+            request,
+            "job.html",
+            job=job,
+            progress=job.progress(),
+            result=job.result or {},
+            filter_query=job.filter.query(),
+        )
 
     async def job_json(request: Request) -> Response:
         job = job_of(request)
@@ -320,19 +388,35 @@ def create_app(options: ConsoleOptions, reader: PipelineReader) -> Starlette:
         return JSONResponse({"state": job.state, "progress": job.progress()})
 
     def _log_action(request: Request, session: Session | None, what: str, details: dict[str, Any]) -> None:
-        actions_log.info("console action %s", json.dumps({
-            "action": what, "who": session.operator if session else None, "at": views.instant(int(time.time() * 1000)),
-            "from": request.client.host if request.client else None, **details,
-        }, sort_keys=True, default=str))  # fmt: skip
+        actions_log.info(
+            "console action %s",
+            json.dumps(
+                {
+                    "action": what,
+                    "who": session.operator if session else None,
+                    "at": views.instant(int(time.time() * 1000)),
+                    "from": request.client.host if request.client else None,
+                    **details,
+                },
+                sort_keys=True,
+                default=str,
+            ),
+        )
 
     routes = [
-        Route("/", pipeline), Route("/api/pipeline", pipeline_json), Route("/chart.svg", chart),
-        Route("/dlq", dlq), Route("/lineage", lineage), Route("/login", login, methods=["GET", "POST"]),
-        Route("/logout", logout, methods=["POST"]), Route("/actions/replay", replay, methods=["POST"]),
-        Route("/actions/spark-replay", spark_replay, methods=["POST"]), Route("/actions/jobs/{job_id}", job_page),
+        Route("/", pipeline),
+        Route("/api/pipeline", pipeline_json),
+        Route("/chart.svg", chart),
+        Route("/dlq", dlq),
+        Route("/lineage", lineage),
+        Route("/login", login, methods=["GET", "POST"]),
+        Route("/logout", logout, methods=["POST"]),
+        Route("/actions/replay", replay, methods=["POST"]),
+        Route("/actions/spark-replay", spark_replay, methods=["POST"]),
+        Route("/actions/jobs/{job_id}", job_page),
         Route("/api/jobs/{job_id}", job_json),
         Mount("/static", StaticFiles(packages=[("retrytopics.console", "static")]), name="static"),
-    ]  # fmt: skip
+    ]
     loopback = options.host in ("127.0.0.1", "localhost", "::1")
     middleware = [Middleware(_SecurityHeaders)]
     if loopback:  # a page of another site, rebinding its name to 127.0.0.1, must not reach the console

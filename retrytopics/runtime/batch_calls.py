@@ -25,9 +25,14 @@ class BatchCaller:
     """Holds the deferred records of one loop and calls their batch handlers."""
 
     def __init__(
-        self, invoker: Invoker, outcomes: Outcomes, guard: OwnershipGuard, pauses: PauseController[Any], *,
+        self,
+        invoker: Invoker,
+        outcomes: Outcomes,
+        guard: OwnershipGuard,
+        pauses: PauseController[Any],
+        *,
         stop: threading.Event,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self._invoker = invoker
         self._outcomes = outcomes
         self._guard = guard
@@ -57,7 +62,7 @@ class BatchCaller:
         A record that fails before the call (poison) makes it an ordinary group, settled in offset order."""
         built = [build_record(binding, m, None) for m in msgs]
         if any(poison is not None for _, poison in built):
-            self._call([Deferred(binding, m, None, r, None, p) for m, (r, p) in zip(msgs, built)])
+            self._call([Deferred(binding, m, None, r, None, p) for m, (r, p) in zip(msgs, built, strict=False)])
             return
         records = [record for record, _ in built]
         outcomes = self._called(binding, msgs[0], records)
@@ -66,7 +71,9 @@ class BatchCaller:
         if all(o is None for o in outcomes):
             self._outcomes.run_succeeded(msgs[0].tp, msgs)
             return
-        self._settle_each([Deferred(binding, m, None, r, None, None) for m, r in zip(msgs, records)], iter(outcomes))
+        self._settle_each(
+            [Deferred(binding, m, None, r, None, None) for m, r in zip(msgs, records, strict=False)], iter(outcomes)
+        )
 
     def _call(self, group: list[Deferred]) -> None:
         first = group[0]

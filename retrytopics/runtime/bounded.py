@@ -30,8 +30,7 @@ class CallAbandoned(KafkaClientError):
     """A client call outlived its bound and was left running in its thread; what it did is unknown."""
 
     def __init__(self, what: str, timeout_s: float) -> None:
-        super().__init__(f"{what} did not return within {timeout_s:g} s; abandoned", code="_ABANDONED",
-                         retriable=True)  # fmt: skip
+        super().__init__(f"{what} did not return within {timeout_s:g} s; abandoned", code="_ABANDONED", retriable=True)
 
 
 class _Call:
@@ -123,8 +122,14 @@ class BoundedCommits:
         self.max_poll_interval_ms: int = getattr(consumer, "max_poll_interval_ms", 300_000)
         self.session_timeout_ms: int = getattr(consumer, "session_timeout_ms", 45_000)
 
-    def subscribe(self, topics: Sequence[str], *, on_assign: PartitionsCallback, on_revoke: PartitionsCallback,
-                  on_lost: PartitionsCallback) -> None:  # fmt: skip
+    def subscribe(
+        self,
+        topics: Sequence[str],
+        *,
+        on_assign: PartitionsCallback,
+        on_revoke: PartitionsCallback,
+        on_lost: PartitionsCallback,
+    ) -> None:
         self._consumer.subscribe(topics, on_assign=on_assign, on_revoke=on_revoke, on_lost=on_lost)
 
     def consume(self, max_records: int, timeout_s: float) -> list[Message]:
@@ -153,7 +158,8 @@ class BoundedCommits:
 
     def close(self) -> None:
         if self._calls.still_abandoned():
-            log.warning("not closing a consumer with a commit still stuck in it; its membership lapses by the "
-                        "session timeout")  # fmt: skip
+            log.warning(
+                "not closing a consumer with a commit still stuck in it; its membership lapses by the session timeout"
+            )
             return
         self._consumer.close()

@@ -26,10 +26,22 @@ class PollCycle:
     """Runs a loop's iterations, one `run_once()` each."""
 
     def __init__(
-        self, consumer: ConsumerPort, pauses: PauseController[Decoded], handoff: HandOff, guard: OwnershipGuard,
-        processor: RecordProcessor, batches: BatchCaller, outcomes: Outcomes, *, batch_size: int, max_wait_ms: int,
-        assigned: set[TopicPartition], stop: threading.Event, now_ms: Callable[[], int], monotonic: Callable[[], float],
-    ) -> None:  # fmt: skip
+        self,
+        consumer: ConsumerPort,
+        pauses: PauseController[Decoded],
+        handoff: HandOff,
+        guard: OwnershipGuard,
+        processor: RecordProcessor,
+        batches: BatchCaller,
+        outcomes: Outcomes,
+        *,
+        batch_size: int,
+        max_wait_ms: int,
+        assigned: set[TopicPartition],
+        stop: threading.Event,
+        now_ms: Callable[[], int],
+        monotonic: Callable[[], float],
+    ) -> None:
         self._batch_size = batch_size
         self._max_wait_ms = max_wait_ms
         self._consumer = consumer

@@ -42,16 +42,22 @@ class Binding:
         return getattr(self.handler, "__qualname__", repr(self.handler))
 
 
-def build_record(binding: Binding, msg: Message, state: RetryHeaders | None) -> tuple[Record[Any], PoisonRecordError | None]:
+def build_record(
+    binding: Binding, msg: Message, state: RetryHeaders | None
+) -> tuple[Record[Any], PoisonRecordError | None]:
     """The handler's Record; on a decode failure, a Record with `value=None` and the poison error."""
     value: Any = msg.value
     poison: PoisonRecordError | None = None
     if binding.value_deserializer is not bytes_value:  # the default needs no call (nor its context)
         try:
             value = deserialize(
-                binding.value_deserializer, msg.value, topic=msg.topic, partition=msg.partition,
-                offset=msg.offset, headers=msg.headers,
-            )  # fmt: skip
+                binding.value_deserializer,
+                msg.value,
+                topic=msg.topic,
+                partition=msg.partition,
+                offset=msg.offset,
+                headers=msg.headers,
+            )
         except PoisonRecordError as exc:
             value, poison = None, exc
     if msg.header_error is not None and poison is None:  # a header key the client could not read
@@ -64,8 +70,10 @@ def build_record(binding: Binding, msg: Message, state: RetryHeaders | None) -> 
         origin = origin_message_id(binding.ctx, msg)
     headers = tuple(user_headers(msg.headers)) if msg.headers else ()
     # in field order, through tuple.__new__ (the NamedTuple's own __new__ is a Python call): once per record
-    record: Record[Any] = _new_record(Record, (msg.topic, msg.partition, msg.offset, msg.timestamp_ms, msg.key, value,
-                                               msg.value, headers, state, origin))  # fmt: skip
+    record: Record[Any] = _new_record(
+        Record,
+        (msg.topic, msg.partition, msg.offset, msg.timestamp_ms, msg.key, value, msg.value, headers, state, origin),
+    )
     return record, poison
 
 
@@ -143,12 +151,15 @@ class Invoker:
 def _outcomes(records: list[Record[Any]], failed: BatchFailed) -> list[BaseException | None]:
     """Each record's failure as `failed` names it, matched by coordinates. A name not in the call (or not a
     record) fails the whole call: a failure the handler meant must never pass for a success."""
-    index: dict[tuple[object, object, object], int] = {(r.topic, r.partition, r.offset): i for i, r in enumerate(records)}
+    index: dict[tuple[object, object, object], int] = {
+        (r.topic, r.partition, r.offset): i for i, r in enumerate(records)
+    }
     outcomes: list[BaseException | None] = [None] * len(records)
     for item in failed.failures:
         record, exc = item if isinstance(item, tuple) and len(item) == 2 else (item, None)
-        where = index.get((getattr(record, "topic", None), getattr(record, "partition", None),
-                           getattr(record, "offset", None)))  # fmt: skip
+        where = index.get(
+            (getattr(record, "topic", None), getattr(record, "partition", None), getattr(record, "offset", None))
+        )
         if where is None or not isinstance(exc, BaseException):
             bad = RuntimeError(f"BatchFailed names {item!r:.200}, which is not (a record of this call, an exception)")
             bad.__cause__ = failed

@@ -34,9 +34,17 @@ class DuplicateSuppressor:
     """Finishes the duplicates of one loop; reads the hand-offs found downstream of its new partitions."""
 
     def __init__(
-        self, handoff: HandOff, batches: BatchCaller, bindings: Mapping[str, Binding], emit: Callable[..., None],
-        *, name: str, tail_reader: TailReader | None, seed_last: int, seed_timeout_s: float,
-    ) -> None:  # fmt: skip
+        self,
+        handoff: HandOff,
+        batches: BatchCaller,
+        bindings: Mapping[str, Binding],
+        emit: Callable[..., None],
+        *,
+        name: str,
+        tail_reader: TailReader | None,
+        seed_last: int,
+        seed_timeout_s: float,
+    ) -> None:
         self._handoff = handoff
         self._batches = batches
         self._bindings = bindings
@@ -50,8 +58,13 @@ class DuplicateSuppressor:
     def seed(self, tps: list[TopicPartition]) -> None:
         """Partitions were assigned: remember the hand-offs already downstream of them."""
         if self._tail_reader is not None:
-            seed(self._handed_off, self._tail_reader, destinations(self._bindings, tps),
-                 last=self._seed_last, timeout_s=self._seed_timeout_s)  # fmt: skip
+            seed(
+                self._handed_off,
+                self._tail_reader,
+                destinations(self._bindings, tps),
+                last=self._seed_last,
+                timeout_s=self._seed_timeout_s,
+            )
 
     @property
     def seeded(self) -> bool:
@@ -79,24 +92,47 @@ class DuplicateSuppressor:
             return
         log.info(
             "%s: duplicate suppressed: %s[%d]@%d repeats %s[%d]@%d attempt %d (a republish was duplicated by a crash)",
-            self._name, msg.topic, msg.partition, msg.offset, state.original_topic, state.original_partition,
-            state.original_offset, state.reconsume_times,
-        )  # fmt: skip
-        self._emit(Event.DUPLICATE_SUPPRESSED, topic=msg.topic, partition=msg.partition, offset=msg.offset,
-                   origin_message_id=state.origin_message_id, reconsume_times=state.reconsume_times)  # fmt: skip
+            self._name,
+            msg.topic,
+            msg.partition,
+            msg.offset,
+            state.original_topic,
+            state.original_partition,
+            state.original_offset,
+            state.reconsume_times,
+        )
+        self._emit(
+            Event.DUPLICATE_SUPPRESSED,
+            topic=msg.topic,
+            partition=msg.partition,
+            offset=msg.offset,
+            origin_message_id=state.origin_message_id,
+            reconsume_times=state.reconsume_times,
+        )
 
     def finish_handed_off(self, msg: Message, state: RetryHeaders | None) -> None:
         """Finish a record handed off already, counted as a suppressed duplicate."""
         if not self._finish(msg):
             return
-        log.info("%s: duplicate suppressed: %s[%d]@%d was handed off already (found downstream at assignment)",
-                 self._name, msg.topic, msg.partition, msg.offset)  # fmt: skip
+        log.info(
+            "%s: duplicate suppressed: %s[%d]@%d was handed off already (found downstream at assignment)",
+            self._name,
+            msg.topic,
+            msg.partition,
+            msg.offset,
+        )
         if state is None:
             origin, attempt = origin_message_id(self._bindings[msg.topic].ctx, msg), 0
         else:
             origin, attempt = state.origin_message_id, state.reconsume_times
-        self._emit(Event.DUPLICATE_SUPPRESSED, topic=msg.topic, partition=msg.partition, offset=msg.offset,
-                   origin_message_id=origin, reconsume_times=attempt)  # fmt: skip
+        self._emit(
+            Event.DUPLICATE_SUPPRESSED,
+            topic=msg.topic,
+            partition=msg.partition,
+            offset=msg.offset,
+            origin_message_id=origin,
+            reconsume_times=attempt,
+        )
 
     def _finish(self, msg: Message) -> bool:
         """Finish `msg` without a call; False (nothing done: it is read again with the rest) when settling

@@ -33,13 +33,22 @@ class ExactlyOnce(HandOffBase):
     commits_in_transactions = True
 
     def __init__(
-        self, settings: CommitSettings, consumer: ConsumerPort, tracker: OffsetTracker, audit: DuplicateAudit,
-        emitter: Emitter, on_dead_letter: DeadLetterCallback | None, producer_factory: Callable[[], ProducerPort],
-        *, pauses: PauseController[Any], assigned: set[TopicPartition],
-    ) -> None:  # fmt: skip
+        self,
+        settings: CommitSettings,
+        consumer: ConsumerPort,
+        tracker: OffsetTracker,
+        audit: DuplicateAudit,
+        emitter: Emitter,
+        on_dead_letter: DeadLetterCallback | None,
+        producer_factory: Callable[[], ProducerPort],
+        *,
+        pauses: PauseController[Any],
+        assigned: set[TopicPartition],
+    ) -> None:
         super().__init__(settings, consumer, tracker, audit, emitter, on_dead_letter)
-        self.publisher: TransactionalPublisher = TransactionalPublisher(producer_factory, emitter,
-                                                                        consumer=settings.name)  # fmt: skip
+        self.publisher: TransactionalPublisher = TransactionalPublisher(
+            producer_factory, emitter, consumer=settings.name
+        )
         self._pauses = pauses
         self._assigned = assigned  # the loop's set of assigned partitions (a rewind seeks only those)
         self._keys: list[AuditKey] = []  # audit entries of the open transaction
@@ -88,8 +97,9 @@ class ExactlyOnce(HandOffBase):
         except TransactionOutcomeUnknown:
             raise  # rewinding could handle a committed batch twice, going on could lose an aborted one: stop
         except KafkaClientError as exc:
-            log.warning("%s: transaction failed (%s); rewinding to the last committed offsets", self._settings.name,
-                        exc)  # fmt: skip
+            log.warning(
+                "%s: transaction failed (%s); rewinding to the last committed offsets", self._settings.name, exc
+            )
             self._rewind()
             return
         self._tracker.mark_committed(positions)

@@ -28,9 +28,15 @@ class OwnershipGuard:
     """Says when a record must be left alone; `abandoned` tells the loop to read the rest of its batch again."""
 
     def __init__(
-        self, check: OwnershipCheck, pauses: PauseController[Any], emit: Callable[..., None], *, name: str,
-        stop: threading.Event, monotonic: Callable[[], float],
-    ) -> None:  # fmt: skip
+        self,
+        check: OwnershipCheck,
+        pauses: PauseController[Any],
+        emit: Callable[..., None],
+        *,
+        name: str,
+        stop: threading.Event,
+        monotonic: Callable[[], float],
+    ) -> None:
         self._check = check
         self._pauses = pauses
         self._emit = emit
@@ -76,9 +82,12 @@ class OwnershipGuard:
         self.overdue_reported = True
         first = record[0] if isinstance(record, list) and record else record
         where = (getattr(first, "topic", None), getattr(first, "partition", None), getattr(first, "offset", None))
-        log.warning("%s: a handler call on %s[%s]@%s has run past max.poll.interval.ms; this consumer is leaving "
-                    "its group, the record is neither handed off nor committed here, and is read again",
-                    self._name, *where)  # fmt: skip
+        log.warning(
+            "%s: a handler call on %s[%s]@%s has run past max.poll.interval.ms; this consumer is leaving "
+            "its group, the record is neither handed off nor committed here, and is read again",
+            self._name,
+            *where,
+        )
         self._emit(Event.RECORD_ABANDONED, topic=where[0], partition=where[1], offset=where[2])
 
     def lost_ownership(self, msg: Message) -> bool:
@@ -89,8 +98,12 @@ class OwnershipGuard:
         log.warning(
             "%s: handling %s[%d]@%d %s; the record is neither handed off nor committed here, and is read again "
             "by whoever owns its partition now",
-            self._name, msg.topic, msg.partition, msg.offset, why,
-        )  # fmt: skip
+            self._name,
+            msg.topic,
+            msg.partition,
+            msg.offset,
+            why,
+        )
         self.abandoned = True
         if not self.overdue_reported:  # else counted already, when the call was found overdue
             self._emit(Event.RECORD_ABANDONED, topic=msg.topic, partition=msg.partition, offset=msg.offset)
@@ -115,8 +128,12 @@ class OwnershipGuard:
             return False
         log.warning(
             "%s: woke after a %.1fs gap in polling (%s); the records of %d partitions in memory are not acted on "
-            "here and are read again by whoever owns their partitions now", self._name, gap_s, why, len(starts),
-        )  # fmt: skip
+            "here and are read again by whoever owns their partitions now",
+            self._name,
+            gap_s,
+            why,
+            len(starts),
+        )
         for tp, offset in starts.items():
             self._emit(Event.RECORD_ABANDONED, topic=tp[0], partition=tp[1], offset=offset)
             self._pauses.restart_at(tp, offset)
@@ -130,7 +147,11 @@ class OwnershipGuard:
             return False
         log.warning(
             "%s: %s[%d]@%d failed while stopping (%s); not handed off, left uncommitted for the next run",
-            self._name, msg.topic, msg.partition, msg.offset, type(failure).__name__,
-        )  # fmt: skip
+            self._name,
+            msg.topic,
+            msg.partition,
+            msg.offset,
+            type(failure).__name__,
+        )
         self._emit(Event.RECORD_ABANDONED, topic=msg.topic, partition=msg.partition, offset=msg.offset)
         return True

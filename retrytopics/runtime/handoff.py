@@ -95,9 +95,14 @@ class HandOffBase:
     """State and steps both strategies have."""
 
     def __init__(
-        self, settings: CommitSettings, consumer: ConsumerPort, tracker: OffsetTracker, audit: DuplicateAudit,
-        emitter: Emitter, on_dead_letter: DeadLetterCallback | None,
-    ) -> None:  # fmt: skip
+        self,
+        settings: CommitSettings,
+        consumer: ConsumerPort,
+        tracker: OffsetTracker,
+        audit: DuplicateAudit,
+        emitter: Emitter,
+        on_dead_letter: DeadLetterCallback | None,
+    ) -> None:
         self._settings = settings
         self._consumer = consumer
         self._tracker = tracker
@@ -138,7 +143,7 @@ class HandOffBase:
         if self._on_dead_letter is not None:
             try:
                 self._on_dead_letter(job.context, r)
-            except Exception:  # noqa: BLE001 - a callback must not undo a durable dead-lettering
+            except Exception:
                 log.exception("on_dead_letter callback failed for %s", where)
 
 
@@ -148,13 +153,21 @@ class AtLeastOnce(HandOffBase):
     commits_in_transactions = False
 
     def __init__(
-        self, settings: CommitSettings, consumer: ConsumerPort, tracker: OffsetTracker, audit: DuplicateAudit,
-        emitter: Emitter, on_dead_letter: DeadLetterCallback | None, producer_factory: Callable[[], ProducerPort],
-        *, alone_producer_factory: Callable[[], ProducerPort] | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        settings: CommitSettings,
+        consumer: ConsumerPort,
+        tracker: OffsetTracker,
+        audit: DuplicateAudit,
+        emitter: Emitter,
+        on_dead_letter: DeadLetterCallback | None,
+        producer_factory: Callable[[], ProducerPort],
+        *,
+        alone_producer_factory: Callable[[], ProducerPort] | None = None,
+    ) -> None:
         super().__init__(settings, consumer, tracker, audit, emitter, on_dead_letter)
-        self.publisher: Publisher = Publisher(producer_factory, emitter, make_alone_producer=alone_producer_factory,
-                                              consumer=settings.name)  # fmt: skip
+        self.publisher: Publisher = Publisher(
+            producer_factory, emitter, make_alone_producer=alone_producer_factory, consumer=settings.name
+        )
         self._finished_since_commit = 0
         self._acked_since_commit = False
         self._last_commit = time.monotonic()
@@ -237,6 +250,9 @@ class AtLeastOnce(HandOffBase):
 
     def shutdown(self) -> None:
         if not self.publisher.flush(self._settings.drain_timeout_s):
-            log.warning("%s: %d publishes unacknowledged at shutdown; their offsets stay uncommitted",
-                        self._settings.name, self.publisher.in_flight)  # fmt: skip
+            log.warning(
+                "%s: %d publishes unacknowledged at shutdown; their offsets stay uncommitted",
+                self._settings.name,
+                self.publisher.in_flight,
+            )
         self._commit(self._tracker.positions(), asynchronous=False)

@@ -86,9 +86,12 @@ class Runner:
                 hurry.wait(0.05)
         stuck = [loop.settings.name for loop, t in zip(self.loops, self._threads, strict=True) if t.is_alive()]
         if stuck:
-            log.error("%s did not stop %s; exiting without them (nothing they did not finish is committed: its "
-                      "records are read again)", ", ".join(stuck),
-                      "before the second signal" if hurry.is_set() else f"within {stop_timeout_s:g} s")  # fmt: skip
+            log.error(
+                "%s did not stop %s; exiting without them (nothing they did not finish is committed: its "
+                "records are read again)",
+                ", ".join(stuck),
+                "before the second signal" if hurry.is_set() else f"within {stop_timeout_s:g} s",
+            )
         crash = self.crash
         if crash is not None:
             raise crash
@@ -107,8 +110,12 @@ def _stop_on_signals(stop: threading.Event, hurry: threading.Event) -> Iterator[
             log.warning("received %s again; exiting without waiting for the consumers to stop", name)
             hurry.set()
             return
-        log.info("received %s; stopping after the current record (at most %g s; a second %s exits at once)",
-                 name, STOP_TIMEOUT_S, name)  # fmt: skip
+        log.info(
+            "received %s; stopping after the current record (at most %g s; a second %s exits at once)",
+            name,
+            STOP_TIMEOUT_S,
+            name,
+        )
         stop.set()
 
     previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGTERM, signal.SIGINT)}

@@ -120,8 +120,9 @@ class ConsumerLoop:
         self._assigned: set[TopicPartition] = set()
         self._handled = HandledTally()
         self._each_handled = emitter.wants(Event.RECORD_HANDLED)  # a hook asked for one event per record
-        self._join = GroupJoin(name=settings.name, group_id=settings.group_id, timeout_s=settings.join_timeout_s,
-                               monotonic=time.monotonic)  # fmt: skip
+        self._join = GroupJoin(
+            name=settings.name, group_id=settings.group_id, timeout_s=settings.join_timeout_s, monotonic=time.monotonic
+        )
         self.crash: BaseException | None = None
         self.running = False
         # made by `_start_clients`; read by the app's thread (health) and at shutdown, so None until then
@@ -169,7 +170,7 @@ class ConsumerLoop:
             self._emit(Event.CONSUMER_STARTED, group=self.settings.group_id, topics=list(self.settings.topics))
             while not self._stop.is_set():
                 cycle.run_once()
-        except BaseException as exc:  # noqa: BLE001 - recorded, re-raised by the app after a clean shutdown
+        except BaseException as exc:
             self.crash = exc
             if isinstance(exc, Exception):
                 log.error("%s: stopping the app after an unexpected error", self.settings.name, exc_info=exc)
@@ -187,31 +188,67 @@ class ConsumerLoop:
         calls = BoundedCalls(timeout_s=CALL_TIMEOUT_MS / 1000 + 1, name=s.name)
         consumer = self._consumer = BoundedCommits(self._consumer_factory(), calls)
         pauses = self._pauses = PauseController(
-            consumer, self._emitter, consumer_name=s.name, ahead_ms=s.wait_in_memory_ms,
+            consumer,
+            self._emitter,
+            consumer_name=s.name,
+            ahead_ms=s.wait_in_memory_ms,
             max_records=s.wait_in_memory_records,
-        )  # fmt: skip
+        )
         shared = (s, consumer, self._tracker, self._audit, self._emitter, self._on_dead_letter, self._producer_factory)
         handoff = self._handoff = (
-            ExactlyOnce(*shared, pauses=pauses, assigned=self._assigned) if s.exactly_once
+            ExactlyOnce(*shared, pauses=pauses, assigned=self._assigned)
+            if s.exactly_once
             else AtLeastOnce(*shared, alone_producer_factory=self._alone_producer_factory)
-        )  # fmt: skip
+        )
         check = OwnershipCheck(consumer, self._tracker, committed_only=handoff.commits_in_transactions)
         guard = self._guard = OwnershipGuard(check, pauses, emit, name=s.name, stop=stop, monotonic=time.monotonic)
-        outcomes = Outcomes(handoff, self._handled, emit, each_handled=self._each_handled,
-                            rng=random.Random(), now_ms=_now_ms)  # fmt: skip
+        outcomes = Outcomes(
+            handoff, self._handled, emit, each_handled=self._each_handled, rng=random.Random(), now_ms=_now_ms
+        )
         batches = BatchCaller(self._invoker, outcomes, guard, pauses, stop=stop)
-        duplicates = DuplicateSuppressor(handoff, batches, self._bindings, emit, name=s.name,
-                                         tail_reader=self._tail_reader, seed_last=s.seed_last,
-                                         seed_timeout_s=s.seed_timeout_s)  # fmt: skip
-        processor = RecordProcessor(self._bindings, pauses, self._audit, self._invoker, guard, outcomes, batches,
-                                    duplicates, now_ms=_now_ms, stop=stop)  # fmt: skip
-        rebalance = RebalanceListener(self._tracker, pauses, handoff, duplicates, emit, assigned=self._assigned,
-                                      join=self._join)  # fmt: skip
-        consumer.subscribe(s.topics, on_assign=rebalance.on_assign, on_revoke=rebalance.on_revoke,
-                           on_lost=rebalance.on_lost)  # fmt: skip
-        return PollCycle(consumer, pauses, handoff, guard, processor, batches, outcomes, batch_size=s.batch_size,
-                         max_wait_ms=s.max_wait_ms, assigned=self._assigned, stop=stop, now_ms=_now_ms,
-                         monotonic=time.monotonic)  # fmt: skip
+        duplicates = DuplicateSuppressor(
+            handoff,
+            batches,
+            self._bindings,
+            emit,
+            name=s.name,
+            tail_reader=self._tail_reader,
+            seed_last=s.seed_last,
+            seed_timeout_s=s.seed_timeout_s,
+        )
+        processor = RecordProcessor(
+            self._bindings,
+            pauses,
+            self._audit,
+            self._invoker,
+            guard,
+            outcomes,
+            batches,
+            duplicates,
+            now_ms=_now_ms,
+            stop=stop,
+        )
+        rebalance = RebalanceListener(
+            self._tracker, pauses, handoff, duplicates, emit, assigned=self._assigned, join=self._join
+        )
+        consumer.subscribe(
+            s.topics, on_assign=rebalance.on_assign, on_revoke=rebalance.on_revoke, on_lost=rebalance.on_lost
+        )
+        return PollCycle(
+            consumer,
+            pauses,
+            handoff,
+            guard,
+            processor,
+            batches,
+            outcomes,
+            batch_size=s.batch_size,
+            max_wait_ms=s.max_wait_ms,
+            assigned=self._assigned,
+            stop=stop,
+            now_ms=_now_ms,
+            monotonic=time.monotonic,
+        )
 
     # -- shutdown ------------------------------------------------------------------------------------------
 
@@ -220,7 +257,7 @@ class ConsumerLoop:
         try:
             if self._handoff is not None:
                 self._handoff.shutdown()
-        except BaseException:  # noqa: BLE001 - closing the consumer matters more
+        except BaseException:
             log.exception("%s: error while draining", self.settings.name)
         finally:
             try:

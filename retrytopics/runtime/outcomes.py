@@ -11,11 +11,11 @@ from types import MappingProxyType
 from typing import Any
 
 from retrytopics.dedupe import AuditKey
+from retrytopics.diagnostics import described_failure
 from retrytopics.events import Event
 from retrytopics.headers import RetryHeaders
 from retrytopics.offsets import TopicPartition
 from retrytopics.ports import Message
-from retrytopics.diagnostics import described_failure
 from retrytopics.router import route
 from retrytopics.runtime.batching import Deferred
 from retrytopics.runtime.dispatch import Binding
@@ -33,9 +33,15 @@ class Outcomes:
     """Settles the outcomes of one loop's handler calls, and ends its poll batches (report, then commit)."""
 
     def __init__(
-        self, handoff: HandOff, handled: HandledTally, emit: Callable[..., None], *, each_handled: bool,
-        rng: random.Random, now_ms: Callable[[], int],
-    ) -> None:  # fmt: skip
+        self,
+        handoff: HandOff,
+        handled: HandledTally,
+        emit: Callable[..., None],
+        *,
+        each_handled: bool,
+        rng: random.Random,
+        now_ms: Callable[[], int],
+    ) -> None:
         self._handoff = handoff
         self._handled = handled
         self._emit = emit
@@ -44,9 +50,14 @@ class Outcomes:
         self._now_ms = now_ms
 
     def settle(
-        self, binding: Binding, msg: Message, key: AuditKey | None, record: Any, state: RetryHeaders | None,
+        self,
+        binding: Binding,
+        msg: Message,
+        key: AuditKey | None,
+        record: Any,
+        state: RetryHeaders | None,
         failure: BaseException | None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """After the handler call (or a failure before any): finish the record, or route and hand it off."""
         timing = {"due_at": state.due_at, "handled_at": self._now_ms()} if state is not None else _NO_TIMING
         if failure is None:
@@ -57,8 +68,15 @@ class Outcomes:
         epoch = self._handoff.track(msg.tp, msg.offset)
         if key is not None:
             self._handoff.remember(key)
-        self._emit(Event.RECORD_FAILED, topic=msg.topic, partition=msg.partition, offset=msg.offset,
-                   attempt=record.attempt, error=type(described_failure(failure)).__name__, **timing)  # fmt: skip
+        self._emit(
+            Event.RECORD_FAILED,
+            topic=msg.topic,
+            partition=msg.partition,
+            offset=msg.offset,
+            attempt=record.attempt,
+            error=type(described_failure(failure)).__name__,
+            **timing,
+        )
         self._hand_off(binding, msg, epoch, record, state, failure)
 
     def all_succeeded(self, group: list[Deferred]) -> None:
@@ -71,9 +89,15 @@ class Outcomes:
             if d.key is not None:
                 self._handoff.remember(d.key)
             if self._each_handled:
-                self._emit(Event.RECORD_HANDLED, topic=d.msg.topic, partition=d.msg.partition, offset=d.msg.offset,
-                           attempt=d.record.attempt, due_at=d.state.due_at if d.state else None,
-                           handled_at=now if d.state else None)  # fmt: skip
+                self._emit(
+                    Event.RECORD_HANDLED,
+                    topic=d.msg.topic,
+                    partition=d.msg.partition,
+                    offset=d.msg.offset,
+                    attempt=d.record.attempt,
+                    due_at=d.state.due_at if d.state else None,
+                    handled_at=now if d.state else None,
+                )
         self._handled.add_run(tp, group[0].msg.offset, group[-1].msg.offset, len(group), lateness)
 
     def run_succeeded(self, tp: TopicPartition, msgs: list[Message]) -> None:
@@ -81,8 +105,9 @@ class Outcomes:
         self._handoff.succeeded_run(tp, [m.offset for m in msgs])
         if self._each_handled:
             for m in msgs:
-                self._emit(Event.RECORD_HANDLED, topic=m.topic, partition=m.partition, offset=m.offset, attempt=1,
-                           **_NO_TIMING)  # fmt: skip
+                self._emit(
+                    Event.RECORD_HANDLED, topic=m.topic, partition=m.partition, offset=m.offset, attempt=1, **_NO_TIMING
+                )
         self._handled.add_run(tp, msgs[0].offset, msgs[-1].offset, len(msgs), [])
 
     def end_batch(self) -> None:
@@ -98,16 +123,33 @@ class Outcomes:
         due_at = timing["due_at"]
         self._handled.add(msg.tp, msg.offset, None if due_at is None else timing["handled_at"] - due_at)
         if self._each_handled:
-            self._emit(Event.RECORD_HANDLED, topic=msg.topic, partition=msg.partition, offset=msg.offset,
-                       attempt=record.attempt, **timing)  # fmt: skip
+            self._emit(
+                Event.RECORD_HANDLED,
+                topic=msg.topic,
+                partition=msg.partition,
+                offset=msg.offset,
+                attempt=record.attempt,
+                **timing,
+            )
 
     def _hand_off(
-        self, binding: Binding, msg: Message, epoch: int, record: Any, state: RetryHeaders | None, failure: BaseException,
-    ) -> None:  # fmt: skip
+        self,
+        binding: Binding,
+        msg: Message,
+        epoch: int,
+        record: Any,
+        state: RetryHeaders | None,
+        failure: BaseException,
+    ) -> None:
         # the state read when the record arrived (unreadable headers: None, and the failure says why)
         decision = route(binding.ctx, msg, failure, now_ms=self._now_ms(), rng=self._rng, previous=state)
         job = PublishJob(
-            route=decision, key=msg.key, value=msg.value, source=msg.tp, offset=msg.offset, context=record,
+            route=decision,
+            key=msg.key,
+            value=msg.value,
+            source=msg.tp,
+            offset=msg.offset,
+            context=record,
             shrink=too_large_fallback(binding.ctx),
-        )  # fmt: skip
+        )
         self._handoff.hand_off(job, epoch)

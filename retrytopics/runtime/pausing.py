@@ -117,11 +117,25 @@ class PauseController(Generic[T]):
         return min(due_ms, first + longest_ms)
 
     def _clamped(self, msg: Message, due_ms: int, bound_ms: int) -> None:
-        log.warning("%s: %s[%d]@%d is due %d ms later than its tier's longest delay allows; it waits until %d "
-                    "instead (skewed clocks or a forged retry.due_at)", self._name, msg.topic, msg.partition,
-                    msg.offset, due_ms - bound_ms, bound_ms)  # fmt: skip
-        self._emitter.emit(Event.DUE_CLAMPED, consumer=self._name, topic=msg.topic, partition=msg.partition,
-                           offset=msg.offset, due_at=due_ms, clamped_to=bound_ms)  # fmt: skip
+        log.warning(
+            "%s: %s[%d]@%d is due %d ms later than its tier's longest delay allows; it waits until %d "
+            "instead (skewed clocks or a forged retry.due_at)",
+            self._name,
+            msg.topic,
+            msg.partition,
+            msg.offset,
+            due_ms - bound_ms,
+            bound_ms,
+        )
+        self._emitter.emit(
+            Event.DUE_CLAMPED,
+            consumer=self._name,
+            topic=msg.topic,
+            partition=msg.partition,
+            offset=msg.offset,
+            due_at=due_ms,
+            clamped_to=bound_ms,
+        )
 
     # -- waiting in Kafka --------------------------------------------------------------------------------
 
@@ -213,7 +227,9 @@ class PauseController(Generic[T]):
             # Stop fetching; no seek, so the records of this batch still arriving are the queue's continuation.
             self._stopped.add(tp)
             self._pause_client(tp)
-            log.debug("%s: %s[%d] stops fetching with %d records waiting in memory", self._name, tp[0], tp[1], len(queue))
+            log.debug(
+                "%s: %s[%d] stops fetching with %d records waiting in memory", self._name, tp[0], tp[1], len(queue)
+            )
 
     def take_due(self, now_ms: int, *, refill: bool = True) -> Iterator[tuple[Message, T]]:
         """Pop queued records that are due, in offset order per partition (a held partition waits). A queue

@@ -38,10 +38,19 @@ class RecordProcessor:
     """Acts on the records of one loop, one at a time (see the module docstring)."""
 
     def __init__(
-        self, bindings: Mapping[str, Binding], pauses: PauseController[Decoded], audit: DuplicateAudit,
-        invoker: Invoker, guard: OwnershipGuard, outcomes: Outcomes, batches: BatchCaller,
-        duplicates: DuplicateSuppressor, *, now_ms: Callable[[], int], stop: threading.Event,
-    ) -> None:  # fmt: skip
+        self,
+        bindings: Mapping[str, Binding],
+        pauses: PauseController[Decoded],
+        audit: DuplicateAudit,
+        invoker: Invoker,
+        guard: OwnershipGuard,
+        outcomes: Outcomes,
+        batches: BatchCaller,
+        duplicates: DuplicateSuppressor,
+        *,
+        now_ms: Callable[[], int],
+        stop: threading.Event,
+    ) -> None:
         self._bindings = bindings
         self._pauses = pauses
         self._audit = audit
@@ -152,10 +161,13 @@ class RecordProcessor:
         due = self._due_at(binding, msg, state, now)
         behind = not queued and pauses.queued(msg.tp)  # earlier records of its partition wait in memory
         action = decide(
-            behind_queue=behind, handed_off=not behind and self._duplicates.was_handed_off(msg, state, bad),
+            behind_queue=behind,
+            handed_off=not behind and self._duplicates.was_handed_off(msg, state, bad),
             duplicate=key is not None and (key in self._audit or key in self._batches.deferred.keys),
-            due_ms=due, now_ms=now, horizon_ms=pauses.ahead_ms,
-        )  # fmt: skip
+            due_ms=due,
+            now_ms=now,
+            horizon_ms=pauses.ahead_ms,
+        )
         if action is Action.HANDLE:
             self._handle(binding, msg, key, state, bad)
         elif action is Action.FINISH_HANDED_OFF:
@@ -171,9 +183,13 @@ class RecordProcessor:
                 pauses.enqueue(msg, due, (state, bad), now)
 
     def _handle(
-        self, binding: Binding, msg: Message, key: AuditKey | None, state: RetryHeaders | None,
+        self,
+        binding: Binding,
+        msg: Message,
+        key: AuditKey | None,
+        state: RetryHeaders | None,
         bad: HeaderDecodeError | None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Call the handler (or defer the record to its batch handler's call), then settle the outcome."""
         record, poison = build_record(binding, msg, state)
         failure: BaseException | None = bad or poison

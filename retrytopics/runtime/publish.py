@@ -38,9 +38,17 @@ log = logging.getLogger("retrytopics.publish")
 #: (a timeout may have left a request in flight, and a delayed write could land later; Jepsen's advice for
 #: Kafka clients is to re-initialize the producer), and the broker disowning the producer's id or epoch.
 _RESTART_CODES = frozenset(
-    {"_MSG_TIMED_OUT", "_TIMED_OUT", "_FENCED", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH",
-     "UNKNOWN_PRODUCER_ID", "OUT_OF_ORDER_SEQUENCE_NUMBER", "INVALID_PRODUCER_ID_MAPPING"}
-)  # fmt: skip
+    {
+        "_MSG_TIMED_OUT",
+        "_TIMED_OUT",
+        "_FENCED",
+        "PRODUCER_FENCED",
+        "INVALID_PRODUCER_EPOCH",
+        "UNKNOWN_PRODUCER_ID",
+        "OUT_OF_ORDER_SEQUENCE_NUMBER",
+        "INVALID_PRODUCER_ID_MAPPING",
+    }
+)
 
 #: Delivery errors no retry can fix: the record itself is too large for the producer or the broker. Retried,
 #: it wedged its partition forever (never acknowledged, never committed); it goes to the DLQ instead.
@@ -92,12 +100,20 @@ def too_large_fallback(ctx: RouteContext) -> Callable[[PublishJob], bool]:
         job.shrunk += 1
         steps = job.shrunk
         if steps == 2:
-            job.key, job.value = too_large_reference_record(job.source[0], job.source[1], job.offset, job.key, job.value)
+            job.key, job.value = too_large_reference_record(
+                job.source[0], job.source[1], job.offset, job.key, job.value
+            )
         # built after the value and key changed: with header_key, the signature covers what is published
         job.route = too_large_route(ctx, job.route, keep_user_headers=steps == 1, key=job.key, value=job.value)
-        log.warning("%s[%d]@%d: republish refused as too large; %s", job.source[0], job.source[1], job.offset,
-                    "dead-lettering it as too_large without exception details" if steps == 1
-                    else "dead-lettering a reference to it instead of its value")  # fmt: skip
+        log.warning(
+            "%s[%d]@%d: republish refused as too large; %s",
+            job.source[0],
+            job.source[1],
+            job.offset,
+            "dead-lettering it as too_large without exception details"
+            if steps == 1
+            else "dead-lettering a reference to it instead of its value",
+        )
         return True
 
     return shrink
@@ -115,9 +131,13 @@ def produce_job(producer: ProducerPort, job: PublishJob, on_delivery: Callable[[
     """Send `job` to its route's topic (raises KafkaClientError when the producer refuses it at once)."""
     job.partition = _partition(producer, job.route)
     producer.produce(
-        job.route.topic, key=job.key, value=job.value, headers=job.route.headers,
-        partition=job.partition, on_delivery=on_delivery,
-    )  # fmt: skip
+        job.route.topic,
+        key=job.key,
+        value=job.value,
+        headers=job.route.headers,
+        partition=job.partition,
+        on_delivery=on_delivery,
+    )
 
 
 def _sent_again(job: PublishJob) -> bool:
@@ -223,8 +243,13 @@ class Publisher:
         if not job.attempt:
             self._failing[job.source] += 1
         job.attempt += 1
-        self._emitter.emit(Event.PUBLISH_FAILED, consumer=self._consumer, destination=job.route.topic, error=str(error),
-                           attempt=job.attempt)  # fmt: skip
+        self._emitter.emit(
+            Event.PUBLISH_FAILED,
+            consumer=self._consumer,
+            destination=job.route.topic,
+            error=str(error),
+            attempt=job.attempt,
+        )
         if error.fatal or error.code in _RESTART_CODES:
             self._fatal = error
         heapq.heappush(self._retries, (self._clock() + _wait_s(self._wait, job.attempt), job_id))
@@ -263,7 +288,9 @@ class Publisher:
         # Everything unacknowledged goes out again on the new producer: at once if it had not failed yet,
         # after its back-off otherwise (an outage must not turn into a tight produce loop).
         now = self._clock()
-        self._retries = [(now + (_wait_s(self._wait, j.attempt) if j.attempt else 0.0), i) for i, j in self._jobs.items()]
+        self._retries = [
+            (now + (_wait_s(self._wait, j.attempt) if j.attempt else 0.0), i) for i, j in self._jobs.items()
+        ]
         heapq.heapify(self._retries)
 
     def forget(self, sources: list[TopicPartition]) -> None:

@@ -60,8 +60,12 @@ class GroupJoin:
         late = self._monotonic() - self._started_at > self._timeout_s
         if late and not self._reported:
             self._reported = True
-            log.error("%s: not in group %r %.0fs after starting (is the bootstrap reachable?); unhealthy until "
-                      "it joins", self._name, self._group_id, self._timeout_s)  # fmt: skip
+            log.error(
+                "%s: not in group %r %.0fs after starting (is the bootstrap reachable?); unhealthy until it joins",
+                self._name,
+                self._group_id,
+                self._timeout_s,
+            )
         return not late
 
 
@@ -69,9 +73,16 @@ class RebalanceListener:
     """`on_assign`, `on_revoke` and `on_lost` for one loop's consumer (see the module docstring)."""
 
     def __init__(
-        self, tracker: OffsetTracker, pauses: PauseController[Any], handoff: HandOff, duplicates: DuplicateSuppressor,
-        emit: Callable[..., None], *, assigned: set[TopicPartition], join: GroupJoin,
-    ) -> None:  # fmt: skip
+        self,
+        tracker: OffsetTracker,
+        pauses: PauseController[Any],
+        handoff: HandOff,
+        duplicates: DuplicateSuppressor,
+        emit: Callable[..., None],
+        *,
+        assigned: set[TopicPartition],
+        join: GroupJoin,
+    ) -> None:
         self._tracker = tracker
         self._pauses = pauses
         self._handoff = handoff

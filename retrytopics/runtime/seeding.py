@@ -52,8 +52,12 @@ def verified_tails(read: TailReader, keys: HeaderKeys | None) -> TailReader:
         tail = list(read(topics, last, timeout_s))
         kept = [m for m in tail if verify(keys, m.topic, m.key, m.value, m.headers) is None]
         if len(kept) < len(tail):
-            log.warning("hand-off audit: ignored %d tail records of %s whose signature does not verify (forged, "
-                        "or written before header_key was set)", len(tail) - len(kept), topics)  # fmt: skip
+            log.warning(
+                "hand-off audit: ignored %d tail records of %s whose signature does not verify (forged, "
+                "or written before header_key was set)",
+                len(tail) - len(kept),
+                topics,
+            )
         return kept
 
     return verified
@@ -79,8 +83,12 @@ def seed(hand_offs: HandOffs, read: TailReader, topics: Sequence[str], *, last: 
     try:
         tail = list(read(topics, last, timeout_s))
     except KafkaClientError as exc:
-        log.warning("could not read the tails of %s to recognise earlier hand-offs (%s); a record a previous "
-                    "owner handed off without committing it is handled again", topics, exc)  # fmt: skip
+        log.warning(
+            "could not read the tails of %s to recognise earlier hand-offs (%s); a record a previous "
+            "owner handed off without committing it is handled again",
+            topics,
+            exc,
+        )
         return 0
     for msg in tail:
         try:

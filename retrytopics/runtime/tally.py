@@ -49,5 +49,12 @@ class HandledTally:
         """Emit one `RECORDS_HANDLED` per partition counted since the last flush, and start again."""
         entries, self._entries = self._entries, {}
         for (topic, partition), e in entries.items():
-            emit(Event.RECORDS_HANDLED, topic=topic, partition=partition, count=e.count, first_offset=e.first,
-                 last_offset=e.last, lateness_ms=tuple(e.lateness_ms))  # fmt: skip
+            emit(
+                Event.RECORDS_HANDLED,
+                topic=topic,
+                partition=partition,
+                count=e.count,
+                first_offset=e.first,
+                last_offset=e.last,
+                lateness_ms=tuple(e.lateness_ms),
+            )

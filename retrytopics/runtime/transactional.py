@@ -116,8 +116,12 @@ class TransactionalPublisher:
         try:
             self._calls.call(what, fn, *args, bound_s=bound_s)
         except CallAbandoned as exc:
-            log.error("%s: %s; the transactional producer is abandoned, and a new one with the same "
-                      "transactional id fences it", self._consumer, exc)  # fmt: skip
+            log.error(
+                "%s: %s; the transactional producer is abandoned, and a new one with the same "
+                "transactional id fences it",
+                self._consumer,
+                exc,
+            )
             self._failing = exc
             self._drop_producer()
             raise
@@ -131,8 +135,9 @@ class TransactionalPublisher:
         broker that does not answer."""
         producer, self._producer = self._producer, None
         if producer is not None:
-            threading.Thread(target=_release, args=(producer,), name="retrytopics:retired-producer",
-                             daemon=True).start()  # fmt: skip
+            threading.Thread(
+                target=_release, args=(producer,), name="retrytopics:retired-producer", daemon=True
+            ).start()
 
     @property
     def healthy(self) -> bool:
@@ -232,8 +237,13 @@ class TransactionalPublisher:
             if self._error is not None or self._producer is None:
                 raise self._error or KafkaClientError("no producer", code="_STATE")  # it cannot commit
             if offsets:
-                self._bounded("send_offsets_to_transaction", self._producer.send_offsets_to_transaction, offsets,
-                              group_metadata, self._timeout_s)  # fmt: skip
+                self._bounded(
+                    "send_offsets_to_transaction",
+                    self._producer.send_offsets_to_transaction,
+                    offsets,
+                    group_metadata,
+                    self._timeout_s,
+                )
         except KafkaClientError as exc:
             self.abort(exc)
             raise
@@ -280,8 +290,9 @@ class TransactionalPublisher:
         if isinstance(cause, KafkaClientError) and cause.retriable:
             # The broker did not answer in time (or the call was abandoned): an abort would wait as long. The
             # next transaction's new producer ends this one.
-            log.warning("%s: transaction failed (%s); its producer is replaced when the next one begins",
-                        self._consumer, cause)  # fmt: skip
+            log.warning(
+                "%s: transaction failed (%s); its producer is replaced when the next one begins", self._consumer, cause
+            )
             self._drop_producer()
             return
         try:
@@ -290,8 +301,9 @@ class TransactionalPublisher:
             if not exc.retriable:
                 self._replace(exc)
                 return
-            log.error("%s: abort failed (%s); its producer is replaced when the next transaction begins",
-                      self._consumer, exc)  # fmt: skip
+            log.error(
+                "%s: abort failed (%s); its producer is replaced when the next transaction begins", self._consumer, exc
+            )
             self._drop_producer()
 
     def _replace(self, error: KafkaClientError) -> None:
@@ -304,8 +316,9 @@ class TransactionalPublisher:
         try:
             self._producer = self._start(self._timeout_s)
         except KafkaClientError as exc:
-            log.warning("%s: the new producer did not start (%s); the next transaction tries again", self._consumer,
-                        exc)  # fmt: skip
+            log.warning(
+                "%s: the new producer did not start (%s); the next transaction tries again", self._consumer, exc
+            )
             self._failing = exc
 
     def flush(self, timeout_s: float) -> bool:

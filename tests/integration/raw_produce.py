@@ -65,7 +65,12 @@ def _string(text: str) -> bytes:
 
 
 def produce_raw_record(
-    kafka: KafkaConfig, topic: str, partition: int, *, key: bytes | None, value: bytes | None,
+    kafka: KafkaConfig,
+    topic: str,
+    partition: int,
+    *,
+    key: bytes | None,
+    value: bytes | None,
     headers: Sequence[tuple[bytes, bytes | None]],
 ) -> None:
     """Append one record with these exact key, value and header bytes to `topic[partition]`."""

@@ -35,11 +35,22 @@ REPLACED = "\ufffd\ufffd"
 def _retry(*, tier: int | None, due_at: int | None, reason: DlqReason | None) -> list[tuple[bytes, bytes | None]]:
     now = int(time.time() * 1000)
     retry = RetryHeaders(
-        reconsume_times=1, origin_message_id="o-1", original_topic="orders", original_partition=0,
-        original_offset=0, original_timestamp=now, consumer_group="billing", tier=tier, due_at=due_at,
-        first_failed_at=now, last_failed_at=now, exception_type="x.E", exception_message="m",
-        exception_trace="", dlq_reason=reason,
-    )  # fmt: skip
+        reconsume_times=1,
+        origin_message_id="o-1",
+        original_topic="orders",
+        original_partition=0,
+        original_offset=0,
+        original_timestamp=now,
+        consumer_group="billing",
+        tier=tier,
+        due_at=due_at,
+        first_failed_at=now,
+        last_failed_at=now,
+        exception_type="x.E",
+        exception_message="m",
+        exception_trace="",
+        dlq_reason=reason,
+    )
     return [(k.encode(), v) for k, v in encode(retry)]
 
 
@@ -59,7 +70,9 @@ def test_the_spark_reader_reads_past_a_bad_header_key(kafka: KafkaConfig, unique
     topic = _topic(kafka, unique_name("spark-bad-key"))
     _good(kafka, topic, b"first")
     produce_raw_record(kafka, topic, 0, key=b"k", value=b"bad", headers=[(BAD_KEY, b"v"), (b"user", b"kept")])
-    produce_raw_record(kafka, topic, 0, key=b"k", value=b"two", headers=[(b"\xc3(x", None), (b"u", b"1"), (BAD_KEY, b"w")])
+    produce_raw_record(
+        kafka, topic, 0, key=b"k", value=b"two", headers=[(b"\xc3(x", None), (b"u", b"1"), (BAD_KEY, b"w")]
+    )
     _good(kafka, topic, b"last")
     # when: the executor-side reader of the Python data source reads the range
     batches = list(read_range(kafka.client_config(), OffsetRange(topic, 0, 0, 4), include_headers=True))
@@ -69,7 +82,9 @@ def test_the_spark_reader_reads_past_a_bad_header_key(kafka: KafkaConfig, unique
     assert [r["value"] for r in rows] == [b"first", b"bad", b"two", b"last"]
     assert rows[1]["headers"] == [{"key": REPLACED, "value": b"v"}, {"key": "user", "value": b"kept"}]
     assert rows[2]["headers"] == [
-        {"key": "\ufffd(x", "value": None}, {"key": "u", "value": b"1"}, {"key": "\ufffd", "value": b"w"},
+        {"key": "\ufffd(x", "value": None},
+        {"key": "u", "value": b"1"},
+        {"key": "\ufffd", "value": b"w"},
     ]
 
 
@@ -98,8 +113,14 @@ def test_topics_describe_reads_a_tier_head_with_a_bad_header_key(
     for name in topics.all_topics:
         _topic(kafka, name)
     due = int(time.time() * 1000) + 3_600_000
-    produce_raw_record(kafka, topics.tiers[0].topic, 0, key=b"k", value=b"v",
-                       headers=[(BAD_KEY, b"v"), *_retry(tier=0, due_at=due, reason=None)])  # fmt: skip
+    produce_raw_record(
+        kafka,
+        topics.tiers[0].topic,
+        0,
+        key=b"k",
+        value=b"v",
+        headers=[(BAD_KEY, b"v"), *_retry(tier=0, due_at=due, reason=None)],
+    )
     # when
     rows = describe_pipeline(kafka, app)
     # then: the head is read through the bad key

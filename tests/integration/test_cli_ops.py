@@ -29,7 +29,18 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
 def test_topics_create_is_idempotent(kafka: KafkaConfig, unique_name: Callable[[str], str]) -> None:
     source, group = unique_name("orders"), "billing"
     ensure_topics(make_admin(kafka), [TopicSpec(name=source, partitions=2)])
-    args = ["topics", "create", "--bootstrap", kafka.bootstrap, "--topic", source, "--group", group, "--delays", "1s,250ms"]
+    args = [
+        "topics",
+        "create",
+        "--bootstrap",
+        kafka.bootstrap,
+        "--topic",
+        source,
+        "--group",
+        group,
+        "--delays",
+        "1s,250ms",
+    ]
     first, second = _cli(*args), _cli(*args)
     assert first.returncode == 0, first.stderr
     expected = [f"{source}.{group}.retry.250ms", f"{source}.{group}.retry.1s", f"{source}.{group}.dlq"]
@@ -43,12 +54,22 @@ def test_dlq_peek_decodes_retry_headers(kafka: KafkaConfig, unique_name: Callabl
     dlq = unique_name("peek-dlq")
     ensure_topics(make_admin(kafka), [TopicSpec(name=dlq, partitions=1)])
     retry = RetryHeaders(
-        reconsume_times=3, origin_message_id="order-42", original_topic="orders", original_partition=0,
-        original_offset=42, original_timestamp=1_700_000_000_000, consumer_group="billing", tier=None,
-        due_at=None, first_failed_at=1_700_000_000_100, last_failed_at=1_700_000_009_000,
-        exception_type="builtins.TimeoutError", exception_message="gateway timed out", exception_trace="...",
+        reconsume_times=3,
+        origin_message_id="order-42",
+        original_topic="orders",
+        original_partition=0,
+        original_offset=42,
+        original_timestamp=1_700_000_000_000,
+        consumer_group="billing",
+        tier=None,
+        due_at=None,
+        first_failed_at=1_700_000_000_100,
+        last_failed_at=1_700_000_009_000,
+        exception_type="builtins.TimeoutError",
+        exception_message="gateway timed out",
+        exception_trace="...",
         dlq_reason=DlqReason.EXHAUSTED,
-    )  # fmt: skip
+    )
     producer = make_producer(kafka)
     producer.produce(dlq, key=b"k-42", value=b"\x00\x01binary", headers=[("trace-id", b"abc"), *encode(retry)])
     producer.produce(dlq, key=b"k-43", value=b"x", headers=[("retry.reconsume_times", b"-1")])
@@ -64,7 +85,9 @@ def test_dlq_peek_decodes_retry_headers(kafka: KafkaConfig, unique_name: Callabl
     assert bad["retry"] is None and "retry." in bad["header_error"]
 
 
-def test_a_reader_that_goes_away_ends_the_command_quietly(kafka: KafkaConfig, unique_name: Callable[[str], str]) -> None:
+def test_a_reader_that_goes_away_ends_the_command_quietly(
+    kafka: KafkaConfig, unique_name: Callable[[str], str]
+) -> None:
     """`retrytopics dlq peek --json | head -1`: the reader closes the pipe, the command exits 141 (as if
     killed by SIGPIPE) without a traceback."""
     dlq = unique_name("pipe-dlq")
@@ -76,8 +99,13 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(kafka: KafkaConfig, un
     read_end, write_end = os.pipe()
     os.close(read_end)  # the reader is gone before the first line: every write fails with EPIPE
     try:
-        result = subprocess.run([CLI, "dlq", "peek", "--bootstrap", kafka.bootstrap, "--dlq-topic", dlq, "--json"],
-                                stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60)  # fmt: skip
+        result = subprocess.run(
+            [CLI, "dlq", "peek", "--bootstrap", kafka.bootstrap, "--dlq-topic", dlq, "--json"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
     finally:
         os.close(write_end)
     assert result.returncode == 141

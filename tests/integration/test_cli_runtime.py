@@ -35,7 +35,9 @@ pytestmark = pytest.mark.broker
 CLI = str(Path(sys.executable).with_name("retrytopics"))
 
 
-def _read_all(kafka: KafkaConfig, topic: str, partitions: int, expected: int | None = None, idle_s: float = 2.0) -> list:
+def _read_all(
+    kafka: KafkaConfig, topic: str, partitions: int, expected: int | None = None, idle_s: float = 2.0
+) -> list:
     """Every record of `topic`, read from offset 0 until `expected` records or `idle_s` without any."""
     consumer = make_consumer(kafka, group_id=None)
     consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
@@ -52,9 +54,22 @@ def _read_all(kafka: KafkaConfig, topic: str, partitions: int, expected: int | N
 def test_demo_json_equals_what_the_topics_hold(kafka: KafkaConfig) -> None:
     records, seed = 2000, 11
     result = subprocess.run(
-        [CLI, "demo", "--json", "--no-spark", "--records", str(records), "--seed", str(seed), "--bootstrap", kafka.bootstrap],
-        capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
+        [
+            CLI,
+            "demo",
+            "--json",
+            "--no-spark",
+            "--records",
+            str(records),
+            "--seed",
+            str(seed),
+            "--bootstrap",
+            kafka.bootstrap,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads(result.stdout)
     topics = summary["topics"]
@@ -70,9 +85,14 @@ def test_demo_json_equals_what_the_topics_hold(kafka: KafkaConfig) -> None:
     assert summary["succeeded_first_try"] == fates[Fate.OK]
     assert summary["succeeded_after_retry"] == fates[Fate.FAIL_ONCE] + fates[Fate.FAIL_TWICE]
     assert summary["dead_lettered"] == {
-        reason: count for reason, count in (("exhausted", fates[Fate.ALWAYS]),
-        ("non_retryable", fates[Fate.NON_RETRYABLE]), ("poison", fates[Fate.POISON])) if count
-    }  # fmt: skip
+        reason: count
+        for reason, count in (
+            ("exhausted", fates[Fate.ALWAYS]),
+            ("non_retryable", fates[Fate.NON_RETRYABLE]),
+            ("poison", fates[Fate.POISON]),
+        )
+        if count
+    }
     assert len(first_tier) == fates[Fate.FAIL_ONCE] + fates[Fate.FAIL_TWICE] + fates[Fate.ALWAYS]
     assert summary["both_succeeded_and_dead_lettered"] == 0
     exhausted = [h for h in dlq if h.dlq_reason.value == "exhausted"]
@@ -111,10 +131,17 @@ def test_run_drains_on_sigterm_commits_what_it_handled_and_serves_metrics(
     assert producer.flush(30) == 0
     (tmp_path / "cli_app.py").write_text(APP_MODULE)
     log, port = tmp_path / "handled.log", free_port()
-    env = {**os.environ, "PYTHONPATH": str(tmp_path), "RT_BOOTSTRAP": kafka.bootstrap, "RT_GROUP": group,
-           "RT_TOPIC": topic, "RT_LOG": str(log)}  # fmt: skip
-    process = subprocess.Popen([CLI, "run", "cli_app:app", "--metrics-port", str(port)], env=env,
-                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(tmp_path),
+        "RT_BOOTSTRAP": kafka.bootstrap,
+        "RT_GROUP": group,
+        "RT_TOPIC": topic,
+        "RT_LOG": str(log),
+    }
+    process = subprocess.Popen(
+        [CLI, "run", "cli_app:app", "--metrics-port", str(port)], env=env, stderr=subprocess.PIPE, text=True
+    )
     try:
         deadline = time.monotonic() + 60
         while (not log.exists() or len(log.read_text().splitlines()) < 1200) and time.monotonic() < deadline:
@@ -161,14 +188,23 @@ def test_metrics_answer_and_the_outage_is_logged_once_while_no_broker_answers(tm
     port = free_port()
     env = {**os.environ, "RT_BOOTSTRAP": f"127.0.0.1:{free_port()}"}  # nothing listens there
     env.pop("KAFKA_BOOTSTRAP_SERVERS", None)
-    process = subprocess.Popen([CLI, "run", "dead_app:app", "--metrics-port", str(port), "--log-level", "DEBUG"],
-                               cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    process = subprocess.Popen(
+        [CLI, "run", "dead_app:app", "--metrics-port", str(port), "--log-level", "DEBUG"],
+        cwd=tmp_path,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(process.stderr.readline, "")), daemon=True)  # type: ignore[union-attr]
     reader.start()
 
     def refused(level: str) -> list[str]:
-        return [line for line in list(lines) if line.split()[2:4] == [level, "retrytopics.kafka:"] and "Connection refused" in line]
+        return [
+            line
+            for line in list(lines)
+            if line.split()[2:4] == [level, "retrytopics.kafka:"] and "Connection refused" in line
+        ]
 
     try:
         body, deadline = "", time.monotonic() + 30

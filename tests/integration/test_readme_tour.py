@@ -25,6 +25,7 @@ not run: `...` stands for the flags of the line before, and a real replay is tes
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -149,9 +150,13 @@ class Tour:
 
     def argv(self, argv: list[str]) -> list[str]:
         out = [CLI if argv[0] == "retrytopics" else argv[0]]
-        values = {"--bootstrap": self.kafka.bootstrap, "--topic": self.topic, "--group": self.group,
-                  "--metrics-port": str(self.metrics_port)}  # fmt: skip
-        for before, arg in zip(argv, argv[1:], strict=False):
+        values = {
+            "--bootstrap": self.kafka.bootstrap,
+            "--topic": self.topic,
+            "--group": self.group,
+            "--metrics-port": str(self.metrics_port),
+        }
+        for before, arg in itertools.pairwise(argv):
             out.append(values.get(before, arg))
         return out
 
@@ -162,14 +167,15 @@ class Tour:
             self.env[name] = self.kafka.bootstrap
 
     def run(self, argv: list[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run(self.argv(argv), cwd=self.folder, env=self.env, capture_output=True, text=True,
-                              timeout=timeout)  # fmt: skip
+        done = subprocess.run(
+            self.argv(argv), cwd=self.folder, env=self.env, capture_output=True, text=True, timeout=timeout
+        )
         assert done.returncode == 0, f"{shlex.join(argv)} failed ({done.returncode}):\n{done.stderr[-3000:]}"
         return done
 
     def start(self, argv: list[str]) -> subprocess.Popen[str]:
         """A long-running command; its output goes to `<folder>/<command>-<pid>.log`."""
-        log = open(self.folder / "process.log", "w")  # noqa: SIM115 - renamed to the pid's, then owned by the child
+        log = open(self.folder / "process.log", "w")
         process = subprocess.Popen(self.argv(argv), cwd=self.folder, env=self.env, stdout=log, stderr=log, text=True)
         (self.folder / "process.log").rename(self.folder / f"{argv[1]}-{process.pid}.log")
         return process
@@ -179,8 +185,9 @@ def _produce(kafka: KafkaConfig, topic: str) -> None:
     """The upstream producer: JSON orders keyed by order id, the id also in the `order-id` header."""
     producer = make_producer(kafka)
     for order_id, value in ORDERS.items():
-        producer.produce(topic, key=order_id.encode(), value=json.dumps(value).encode(),
-                         headers=[("order-id", order_id.encode())])  # fmt: skip
+        producer.produce(
+            topic, key=order_id.encode(), value=json.dumps(value).encode(), headers=[("order-id", order_id.encode())]
+        )
     assert producer.flush(30) == 0
 
 
@@ -190,8 +197,10 @@ def _keys(kafka: KafkaConfig, topic: str) -> list[str]:
     consumer = make_consumer(kafka, group_id=None)
     try:
         metadata = consumer.list_topics(topic, timeout=10).topics[topic]
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
-                for p in metadata.partitions}  # fmt: skip
+        ends = {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
+            for p in metadata.partitions
+        }
         consumer.assign([TopicPartition(topic, p, 0) for p in metadata.partitions])
         keys, deadline = [], time.monotonic() + 10
         while time.monotonic() < deadline:
@@ -238,8 +247,14 @@ def test_the_readme_tour_works_as_written(
     module = tour_run.python(handler.split("\n", 1)[1])
     (tmp_path / "billing" / "consumers.py").write_text("from billing.gateway import RateLimited, gateway\n\n" + module)
     # ... a plain function, unit-tested with retrytopics.testing as the tour says (no broker)
-    user_test = subprocess.run([sys.executable, "-c", USER_TEST, topic], cwd=tmp_path, env=tour_run.env,
-                               capture_output=True, text=True, timeout=60)  # fmt: skip
+    user_test = subprocess.run(
+        [sys.executable, "-c", USER_TEST, topic],
+        cwd=tmp_path,
+        env=tour_run.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert user_test.stdout.split() == ["dlq", "non_retryable", "tier", f"{topic}.{group}.retry.5s"], user_test.stderr
     ensure_topics(make_admin(kafka), [TopicSpec(name=topic, partitions=3)])
 
@@ -261,8 +276,13 @@ def test_the_readme_tour_works_as_written(
                     started += [tour_run.start([*argv[:-1], other]) for other in ("5s", "30s", "5m") if other != tier]
         assert [p.args[1] for p in started] == ["run", "tiers", "tiers", "tiers"], "the tour runs main and tiers"
         provision = next(line for line in python_block.splitlines() if line.startswith("app.provision()"))
-        subprocess.run([sys.executable, "-c", f"from billing.consumers import app\n{provision}"], cwd=tmp_path,
-                       env=tour_run.env, check=True, timeout=60)  # fmt: skip
+        subprocess.run(
+            [sys.executable, "-c", f"from billing.consumers import app\n{provision}"],
+            cwd=tmp_path,
+            env=tour_run.env,
+            check=True,
+            timeout=60,
+        )
         _produce(kafka, topic)
 
         # then: good orders charged, the rate-limited one after its tier (never early), the bad one dead-lettered

@@ -56,8 +56,11 @@ def test_bad_topic_group_and_policy_are_config_errors() -> None:
 
 def test_in_process_retries_must_fit_in_max_poll_interval_at_registration() -> None:
     # setup: a consumer allowed 10 s between polls
-    app = RetryApp(kafka=KafkaConfig(bootstrap="127.0.0.1:9"), group="billing",
-                   consumer_overrides={"max.poll.interval.ms": 10_000, "session.timeout.ms": 6000})
+    app = RetryApp(
+        kafka=KafkaConfig(bootstrap="127.0.0.1:9"),
+        group="billing",
+        consumer_overrides={"max.poll.interval.ms": 10_000, "session.timeout.ms": 6000},
+    )
     fits = RetryPolicy(delays=["5s"], in_process=InProcessRetry(attempts=3, wait="1s"))
     too_long = RetryPolicy(delays=["5s"], in_process=InProcessRetry(attempts=5, wait="1s"))
     # when/then: 3 x (1 s + 2 s) = 9 s fits; 5 x (1 s + 1 s) = 10 s could be evicted
@@ -79,8 +82,12 @@ def test_an_exactly_once_poll_interval_never_falls_below_the_session_timeout() -
     assert RetryApp(kafka=kafka, group="g", exactly_once=True).max_poll_interval_ms == 45_000
     short = RetryApp(kafka=kafka, group="g", exactly_once=True, consumer_overrides={"session.timeout.ms": 6000})
     assert short.max_poll_interval_ms == 20_000
-    given = RetryApp(kafka=kafka, group="g", exactly_once=True,
-                     consumer_overrides={"session.timeout.ms": 6000, "max.poll.interval.ms": 12_000})  # fmt: skip
+    given = RetryApp(
+        kafka=kafka,
+        group="g",
+        exactly_once=True,
+        consumer_overrides={"session.timeout.ms": 6000, "max.poll.interval.ms": 12_000},
+    )
     assert given.max_poll_interval_ms == 12_000
 
 
@@ -94,8 +101,10 @@ def test_tier_selection_by_delay_name_or_all() -> None:
     app.handler("orders", policy=POLICY)(lambda r: None)
     app.handler("refunds", policy=RetryPolicy(delays=["30s"]))(lambda r: None)
     assert select_tiers(app.handlers, "all") == [
-        "orders.billing.retry.5s", "orders.billing.retry.30s", "refunds.billing.retry.30s",
-    ]  # fmt: skip
+        "orders.billing.retry.5s",
+        "orders.billing.retry.30s",
+        "refunds.billing.retry.30s",
+    ]
     assert select_tiers(app.handlers, ["30s"]) == ["orders.billing.retry.30s", "refunds.billing.retry.30s"]
     assert select_tiers(app.handlers, ["orders.billing.retry.5s"]) == ["orders.billing.retry.5s"]
     with pytest.raises(ConfigError, match="tiers"):
@@ -129,8 +138,12 @@ def test_record_helpers() -> None:
 def test_facade_exports_exactly_what_it_imports() -> None:
     source = inspect.getsource(retrytopics)
     tree = ast.parse(source)
-    imported = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-                for alias in node.names} - {"annotations"}  # fmt: skip
+    imported = {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    } - {"annotations"}
     assert sorted(retrytopics.__all__) == sorted(imported)
     assert len(set(retrytopics.__all__)) == len(retrytopics.__all__)
 

@@ -114,12 +114,20 @@ def test_every_record_ends_once_when_the_whole_app_runs_on_the_memory_broker(
     # setup: 40 keyed records over two partitions, an app on the memory broker, its topics provisioned
     broker = MemoryBroker()
     broker.create_topic("orders", partitions=2)
-    origin = {m.value.decode(): m for m in (broker.append("orders", i.encode(), key=i.encode()) for i in IDS) if m.value}
+    origin = {
+        m.value.decode(): m for m in (broker.append("orders", i.encode(), key=i.encode()) for i in IDS) if m.value
+    }
     clients = MemoryClientFactory(broker)
     ledger = Ledger()
-    app = RetryApp(kafka=KafkaConfig(bootstrap="127.0.0.1:9092"), group="billing", clients=clients,
-                   exactly_once=exactly_once, wait_in_memory=wait_in_memory, on_dead_letter=ledger.on_dead_letter,
-                   hooks=[ledger])  # fmt: skip
+    app = RetryApp(
+        kafka=KafkaConfig(bootstrap="127.0.0.1:9092"),
+        group="billing",
+        clients=clients,
+        exactly_once=exactly_once,
+        wait_in_memory=wait_in_memory,
+        on_dead_letter=ledger.on_dead_letter,
+        hooks=[ledger],
+    )
     app.handler("orders", policy=POLICY)(ledger.handle)
     topics = app.topics("orders")
     (tier_100ms, tier_200ms), dlq = [t.topic for t in topics.tiers], topics.dlq
@@ -147,8 +155,10 @@ def test_every_record_ends_once_when_the_whole_app_runs_on_the_memory_broker(
     assert sorted(i for i, _ in first_tier) == sorted(FLAKY | {BROKEN})
     assert sorted(i for i, _ in read(clients, tier_200ms)) == [BROKEN]
     for record_id, h in first_tier:
-        assert (h.original_topic, h.original_partition, h.original_offset) == origin[record_id].tp + (
-            origin[record_id].offset,)  # fmt: skip
+        assert (h.original_topic, h.original_partition, h.original_offset) == (
+            *origin[record_id].tp,
+            origin[record_id].offset,
+        )
         assert (h.reconsume_times, h.tier, h.exception_type) == (1, 0, "builtins.RuntimeError")
         assert h.due_at is not None and h.due_at >= h.last_failed_at + 100
     # and: the DLQ holds the two dead ends, each once, with its reason and origin

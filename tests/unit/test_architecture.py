@@ -16,9 +16,30 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PURE = {"durations", "policy", "backoff", "classify", "naming", "headers", "router", "offsets", "schedule",
-        "dedupe", "events", "record", "ports", "errors", "progress", "traces", "redaction", "signing",
-        "memory", "step", "diagnostics", "transactions"}  # fmt: skip
+PURE = {
+    "durations",
+    "policy",
+    "backoff",
+    "classify",
+    "naming",
+    "headers",
+    "router",
+    "offsets",
+    "schedule",
+    "dedupe",
+    "events",
+    "record",
+    "ports",
+    "errors",
+    "progress",
+    "traces",
+    "redaction",
+    "signing",
+    "memory",
+    "step",
+    "diagnostics",
+    "transactions",
+}
 CLIENT_LIBRARIES = {"confluent_kafka", "fastavro", "pyspark"}
 STDLIB = set(sys.stdlib_module_names)
 IO_CONNECTORS = {f"retrytopics.connectors.{m}" for m in ("clients", "kafka", "admin", "embedded", "spark_kafka")}
@@ -73,15 +94,18 @@ def test_nothing_deserializes_code_from_data(folder: str) -> None:
         assert not tops & forbidden_modules, f"{path.relative_to(ROOT)} imports {tops & forbidden_modules}"
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-                assert node.func.id not in forbidden_calls, f"{path.relative_to(ROOT)}:{node.lineno} calls {node.func.id}"
+                assert node.func.id not in forbidden_calls, (
+                    f"{path.relative_to(ROOT)}:{node.lineno} calls {node.func.id}"
+                )
 
 
 def test_facade_exports_are_complete_and_grouped_sorted() -> None:
     import retrytopics
 
     tree = ast.parse((ROOT / "retrytopics" / "__init__.py").read_text())
-    imported = {alias.asname or alias.name for node in tree.body if isinstance(node, ast.ImportFrom)
-                for alias in node.names} - {"annotations"}  # fmt: skip
+    imported = {
+        alias.asname or alias.name for node in tree.body if isinstance(node, ast.ImportFrom) for alias in node.names
+    } - {"annotations"}
     assert set(retrytopics.__all__) == imported
     source = (ROOT / "retrytopics" / "__init__.py").read_text()
     block = source[source.index("__all__") :]
@@ -92,6 +116,7 @@ def test_facade_exports_are_complete_and_grouped_sorted() -> None:
             groups.append([])
         elif line.startswith('"'):
             groups[-1].append(line.strip('",'))
+
     def isort_key(name: str) -> tuple[int, str]:  # CONSTANTS, then Classes, then functions (ruff's RUF022)
         return (0 if name.isupper() else 1 if name[0].isupper() else 2, name)
 

@@ -26,25 +26,42 @@ HUGE = "fe" + "ff" * 7 + "ff01"
 NEGATIVE = "fdffffff0f"
 LINKED = {"type": "record", "name": "Node", "fields": [{"name": "next", "type": ["null", "Node"]}]}
 TREE = {
-    "type": "record", "name": "Tree", "fields": [
+    "type": "record",
+    "name": "Tree",
+    "fields": [
         {"name": "label", "type": "string"},
         {"name": "children", "type": {"type": "array", "items": "Tree"}},
         {"name": "tags", "type": {"type": "map", "values": "null"}},
     ],
-}  # fmt: skip
+}
 ORDER = {
-    "type": "record", "name": "Order", "namespace": "shop", "fields": [
+    "type": "record",
+    "name": "Order",
+    "namespace": "shop",
+    "fields": [
         {"name": "id", "type": "string"},
         {"name": "amount_cents", "type": "long"},
         {"name": "status", "type": {"type": "enum", "name": "Status", "symbols": ["NEW", "PAID", "SHIPPED"]}},
-        {"name": "lines", "type": {"type": "array", "items": {"type": "record", "name": "Line", "fields": [
-            {"name": "sku", "type": "string"}, {"name": "qty", "type": "int"}, {"name": "price", "type": "double"},
-        ]}}},
+        {
+            "name": "lines",
+            "type": {
+                "type": "array",
+                "items": {
+                    "type": "record",
+                    "name": "Line",
+                    "fields": [
+                        {"name": "sku", "type": "string"},
+                        {"name": "qty", "type": "int"},
+                        {"name": "price", "type": "double"},
+                    ],
+                },
+            },
+        },
         {"name": "attributes", "type": {"type": "map", "values": ["null", "string", "long"]}},
         {"name": "note", "type": ["null", "string"], "default": None},
         {"name": "digest", "type": {"type": "fixed", "name": "Digest", "size": 4}},
     ],
-}  # fmt: skip
+}
 
 # name: (writer schema, value as hex)
 HOSTILE: dict[str, tuple[Any, str]] = {
@@ -55,7 +72,8 @@ HOSTILE: dict[str, tuple[Any, str]] = {
     "array of empty records": ({"type": "array", "items": {"type": "record", "name": "E", "fields": []}}, HUGE),
     "array of fixed(0)": ({"type": "array", "items": {"type": "fixed", "name": "Z", "size": 0}}, HUGE),
     "record of nulls in an array": (
-        {"type": "array", "items": {"type": "record", "name": "R", "fields": [{"name": "a", "type": "null"}]}}, HUGE
+        {"type": "array", "items": {"type": "record", "name": "R", "fields": [{"name": "a", "type": "null"}]}},
+        HUGE,
     ),
     "linked list 10,000 deep": (LINKED, "02" * 10_000 + "00"),
     "tree 10,000 deep": (TREE, "0002" * 10_000),
@@ -90,9 +108,13 @@ def _limit_memory() -> None:
 def test_hostile_values_are_poison_in_milliseconds() -> None:
     # when: every hostile value is decoded in a child process, which must finish (no hang, no crash)
     child = subprocess.run(
-        [sys.executable, "-c", _CHILD], input=json.dumps(HOSTILE), capture_output=True, text=True, timeout=30,
+        [sys.executable, "-c", _CHILD],
+        input=json.dumps(HOSTILE),
+        capture_output=True,
+        text=True,
+        timeout=30,
         preexec_fn=_limit_memory,
-    )  # fmt: skip
+    )
     # then
     assert child.returncode == 0, f"exit {child.returncode}: {child.stderr[-2000:]}"
     results = {name: (outcome, seconds) for name, outcome, seconds in map(json.loads, child.stdout.splitlines())}

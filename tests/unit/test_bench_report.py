@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -48,24 +48,32 @@ def test_percentile_refuses_nonsense() -> None:
 
 
 def test_ratio_target_and_verdict() -> None:
-    row = Result(scenario="1.success", n=10, value=45.0, unit="records/s", baseline=50.0,
-                 target=Target(">=", 0.9, on="ratio"))  # fmt: skip
+    row = Result(
+        scenario="1.success", n=10, value=45.0, unit="records/s", baseline=50.0, target=Target(">=", 0.9, on="ratio")
+    )
     assert row.ratio == pytest.approx(0.9)
     assert row.met is True
     assert Result(scenario="x", n=1, value=101.0, unit="ms", target=Target("<=", 100)).met is False
 
 
 def test_unmeasured_row_has_no_verdict_and_says_why() -> None:
-    row = Result(scenario="7.spark.read", n=None, value=None, unit="records/s", target=Target(">=", 1),
-                 note="not yet measurable: no reader")  # fmt: skip
+    row = Result(
+        scenario="7.spark.read",
+        n=None,
+        value=None,
+        unit="records/s",
+        target=Target(">=", 1),
+        note="not yet measurable: no reader",
+    )
     assert row.ratio is None and row.met is None
     assert "not measured: not yet measurable" in format_line(row)
 
 
 def test_json_rows_have_the_issue_fields(tmp_path: Path) -> None:
     path = tmp_path / "results.json"
-    write_json([Result(scenario="5.idle", n=3, value=0.25, unit="% of a core", baseline=0.2,
-                       target=Target("<=", 1.0))], path)  # fmt: skip
+    write_json(
+        [Result(scenario="5.idle", n=3, value=0.25, unit="% of a core", baseline=0.2, target=Target("<=", 1.0))], path
+    )
     (row,) = json.loads(path.read_text())
     assert {"scenario", "n", "value", "unit", "baseline", "ratio", "target", "met"} <= set(row)
     assert row["ratio"] == pytest.approx(1.25) and row["met"] is True and row["target"] == "value <= 1"
@@ -73,9 +81,14 @@ def test_json_rows_have_the_issue_fields(tmp_path: Path) -> None:
 
 def test_markdown_has_machine_table_and_guides() -> None:
     info = {"cpu": "Test CPU", "cores": "2", "ram": "1.0 GiB", "os": "Linux", "python": "3.11", "client": "ck"}
-    text = render_markdown([Result(scenario="3.lateness.p99", n=10, value=12.0, unit="ms", target=Target("<=", 100))],
-                           info=info, mode="quick", broker="tansu", wall_s=1.0,
-                           when=datetime(2026, 1, 2, tzinfo=timezone.utc))  # fmt: skip
+    text = render_markdown(
+        [Result(scenario="3.lateness.p99", n=10, value=12.0, unit="ms", target=Target("<=", 100))],
+        info=info,
+        mode="quick",
+        broker="tansu",
+        wall_s=1.0,
+        when=datetime(2026, 1, 2, tzinfo=UTC),
+    )
     assert "2026-01-02" in text and "Test CPU (2 cores)" in text
     assert "| 3.lateness.p99 | 10 | 12 | ms | - | - | value <= 100 | met |" in text
     assert "## How to run" in text and "## How to read" in text

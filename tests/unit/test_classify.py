@@ -32,7 +32,7 @@ def chained(outer: BaseException, inner: BaseException, *, cause: bool = True) -
             if cause:
                 raise outer from caught
             raise outer  # noqa: B904 - the implicit __context__ is what this helper builds
-    except BaseException as result:
+    except BaseException as result:  # noqa: BLE001 - the raised chain is this helper's result
         return result
     raise AssertionError("unreachable")
 

@@ -72,9 +72,16 @@ def started(monkeypatch: pytest.MonkeyPatch) -> list[RetryApp]:
     ],
 )
 def test_settings_override_the_apps_own_kafka_config_in_order(
-    command: str, flag: str | None, env: str | None, toml: str | None, expected: str,
-    app_module: Callable[..., str], started: list[RetryApp], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
+    command: str,
+    flag: str | None,
+    env: str | None,
+    toml: str | None,
+    expected: str,
+    app_module: Callable[..., str],
+    started: list[RetryApp],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     argv = [command, app_module()]
     if flag:
         argv += ["--bootstrap", flag]
@@ -125,8 +132,19 @@ def test_audit_chart_without_matplotlib_fails_before_the_spark_job(
     jobs: list[Any] = []
     monkeypatch.setattr(audit, "run_audit_cli", lambda *a, **k: jobs.append(a) or 0)
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    argv = ["audit", "--bootstrap", "127.0.0.1:1", "--topic", "orders", "--group", "billing", "--delays", "1s",
-            "--chart", "audit.png"]  # fmt: skip
+    argv = [
+        "audit",
+        "--bootstrap",
+        "127.0.0.1:1",
+        "--topic",
+        "orders",
+        "--group",
+        "billing",
+        "--delays",
+        "1s",
+        "--chart",
+        "audit.png",
+    ]
     assert cli.main(argv) == 2
     assert jobs == []
     assert "pip install 'retrytopics[spark]'" in capsys.readouterr().err
@@ -135,8 +153,21 @@ def test_audit_chart_without_matplotlib_fails_before_the_spark_job(
 def test_a_misspelt_toml_override_names_the_property_before_any_io(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    (tmp_path / "rt.toml").write_text('[kafka]\nbootstrap = "127.0.0.1:1"\n[kafka.overrides]\n"sockt.timeout.ms" = 100\n')
-    argv = ["topics", "create", "--config", str(tmp_path / "rt.toml"), "--topic", "orders", "--group", "billing", "--delays", "1s"]
+    (tmp_path / "rt.toml").write_text(
+        '[kafka]\nbootstrap = "127.0.0.1:1"\n[kafka.overrides]\n"sockt.timeout.ms" = 100\n'
+    )
+    argv = [
+        "topics",
+        "create",
+        "--config",
+        str(tmp_path / "rt.toml"),
+        "--topic",
+        "orders",
+        "--group",
+        "billing",
+        "--delays",
+        "1s",
+    ]
     assert cli.main(argv) == 2
     assert "configuration error: kafka.overrides[sockt.timeout.ms]=100" in capsys.readouterr().err
 
@@ -153,7 +184,9 @@ def test_unreachable_cluster_hint_names_the_settings() -> None:
     assert preflight.connection_hint("UNKNOWN_TOPIC_OR_PART", None) is None
     plain = preflight.connection_hint("_TRANSPORT", None)
     assert plain is not None and "kafka.bootstrap" in plain and "kafka.ssl_ca_location" in plain
-    tls = preflight.connection_hint("_TRANSPORT", "SSL handshake failed: error:0A000086:SSL routines::certificate verify failed")
+    tls = preflight.connection_hint(
+        "_TRANSPORT", "SSL handshake failed: error:0A000086:SSL routines::certificate verify failed"
+    )
     assert tls is not None and "certificate verify failed" in tls and "kafka.ssl_ca_location" in tls
 
 
@@ -184,7 +217,9 @@ def test_durations_and_times_are_spelled_the_same_everywhere(capsys: pytest.Capt
     describe = ["topics", "describe", "--topic", "t", "--group", "g", "--delays", "1s"]
     assert parser.parse_args([*describe, "--grace", "1m"]).grace == 60_000
     assert parser.parse_args(["demo", "--timeout", "90s"]).timeout == 90_000
-    replay = parser.parse_args(["replay", "--replay-id", "r", "--since", "2023-11-14T22:13:20Z", "--until", "1700000001000"])
+    replay = parser.parse_args(
+        ["replay", "--replay-id", "r", "--since", "2023-11-14T22:13:20Z", "--until", "1700000001000"]
+    )
     assert (replay.since, replay.until) == (1_700_000_000_000, 1_700_000_001_000)
     with pytest.raises(SystemExit):
         parser.parse_args([*describe, "--grace", "30"])  # a bare number: seconds or milliseconds?
@@ -202,8 +237,19 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_no_command_offers_a_flag_it_ignores() -> None:
     """Each option of each subcommand ends up in what the command reads: a settings layer or its own args."""
-    settings_flags = {"config", "bootstrap", "log_level", "log_json", "metrics_port", "app", "topic", "group",
-                      "delays", "naming", "dlq"}  # fmt: skip
+    settings_flags = {
+        "config",
+        "bootstrap",
+        "log_level",
+        "log_json",
+        "metrics_port",
+        "app",
+        "topic",
+        "group",
+        "delays",
+        "naming",
+        "dlq",
+    }
     parser = cli.build_parser()
     create = parser.parse_args(["topics", "create", "--topic", "t"])
     describe = parser.parse_args(["topics", "describe", "--topic", "t"])
@@ -255,7 +301,7 @@ def test_a_metrics_port_in_use_is_a_configuration_error(
 ) -> None:
     import socket
 
-    with socket.create_server(("0.0.0.0", 0)) as taken:  # noqa: S104 - where the metrics server would bind
+    with socket.create_server(("0.0.0.0", 0)) as taken:
         port = taken.getsockname()[1]
         assert cli.main(["run", app_module(), "--metrics-port", str(port)]) == 2
     assert started == []

@@ -10,7 +10,13 @@ import pytest
 
 from retrytopics.connectors.apache import ApacheKafkaBroker
 from retrytopics.connectors.brokers import BROKER_NAMES, local_broker
-from retrytopics.connectors.cluster import CLUSTER_SETTINGS, KafkaCluster, active_controller, cluster_nodes, quorum_voters
+from retrytopics.connectors.cluster import (
+    CLUSTER_SETTINGS,
+    KafkaCluster,
+    active_controller,
+    cluster_nodes,
+    quorum_voters,
+)
 
 
 def _properties(path: Path) -> dict[str, str]:
@@ -33,7 +39,8 @@ def test_every_node_votes_in_one_quorum_with_ports_and_storage_of_its_own() -> N
     assert [p["node.id"] for p in written] == ["1", "2", "3"]
     assert {p["controller.quorum.voters"] for p in written} == {"1@127.0.0.1:9101,2@127.0.0.1:9102,3@127.0.0.1:9103"}
     assert [p["listeners"] for p in written] == [
-        f"PLAINTEXT://127.0.0.1:{9300 + i},INTERNAL://127.0.0.1:{9200 + i},CONTROLLER://127.0.0.1:{9100 + i}" for i in (1, 2, 3)
+        f"PLAINTEXT://127.0.0.1:{9300 + i},INTERNAL://127.0.0.1:{9200 + i},CONTROLLER://127.0.0.1:{9100 + i}"
+        for i in (1, 2, 3)
     ]
     assert len({p["log.dirs"] for p in written}) == 3
     for p in written:
@@ -58,13 +65,14 @@ def test_a_single_node_keeps_its_quorum_of_one() -> None:
 
 def test_nodes_are_numbered_from_one_and_share_the_cluster_id() -> None:
     nodes = cluster_nodes("10.0.0.1", [1, 2], [3, 4], "abc")
-    assert [(n.node_id, n.controller_port, n.internal_port, n.cluster_id) for n in nodes] == [(1, 1, 3, "abc"), (2, 2, 4, "abc")]
+    assert [(n.node_id, n.controller_port, n.internal_port, n.cluster_id) for n in nodes] == [
+        (1, 1, 3, "abc"),
+        (2, 2, 4, "abc"),
+    ]
     assert quorum_voters("10.0.0.1", [1, 2]) == "1@10.0.0.1:1,2@10.0.0.1:2"
 
 
-@pytest.mark.parametrize(
-    ("controllers", "internals"), [([], []), ([1, 2], [3]), ([1, 1], [3, 4]), ([1, 2], [2, 3])]
-)
+@pytest.mark.parametrize(("controllers", "internals"), [([], []), ([1, 2], [3]), ([1, 1], [3, 4]), ([1, 2], [2, 3])])
 def test_missing_or_shared_ports_are_refused(controllers: list[int], internals: list[int]) -> None:
     with pytest.raises(ValueError):
         cluster_nodes("127.0.0.1", controllers, internals, "abc")

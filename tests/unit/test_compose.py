@@ -60,7 +60,11 @@ def test_the_file_is_valid_compose(compose: dict[str, Any]) -> None:
 
 
 def _retrytopics_services(compose: dict[str, Any]) -> dict[str, list[str]]:
-    commands = {name: s["command"] for name, s in compose["services"].items() if str(s.get("image", "")).startswith("retrytopics")}
+    commands = {
+        name: s["command"]
+        for name, s in compose["services"].items()
+        if str(s.get("image", "")).startswith("retrytopics")
+    }
     assert commands, "no service runs retrytopics"
     for name, command in commands.items():
         assert isinstance(command, list) and command[0] == "retrytopics", f"{name}: {command!r}"

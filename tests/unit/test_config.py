@@ -79,10 +79,12 @@ def test_secrets_come_from_env_or_file_never_argv(tmp_path: Path) -> None:
     secret = tmp_path / "pw"
     secret.write_text("s3cret\n")
     env = {
-        "RETRYTOPICS_KAFKA_BOOTSTRAP": "h:1", "RETRYTOPICS_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
-        "RETRYTOPICS_KAFKA_SASL_MECHANISM": "PLAIN", "RETRYTOPICS_KAFKA_SASL_USERNAME": "u",
+        "RETRYTOPICS_KAFKA_BOOTSTRAP": "h:1",
+        "RETRYTOPICS_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+        "RETRYTOPICS_KAFKA_SASL_MECHANISM": "PLAIN",
+        "RETRYTOPICS_KAFKA_SASL_USERNAME": "u",
         "RETRYTOPICS_KAFKA_SASL_PASSWORD_FILE": str(secret),
-    }  # fmt: skip
+    }
     settings = load_settings(environ=env)
     assert settings.kafka is not None and settings.kafka.sasl_password == "s3cret"
     assert "s3cret" not in repr(settings)
@@ -119,10 +121,12 @@ def test_a_password_file_that_is_not_utf8_names_the_field_and_hides_its_bytes(tm
     secret = tmp_path / "pw"
     secret.write_bytes(b"s3cr\xff\xfeet")
     env = {
-        "RETRYTOPICS_KAFKA_BOOTSTRAP": "h:1", "RETRYTOPICS_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
-        "RETRYTOPICS_KAFKA_SASL_MECHANISM": "PLAIN", "RETRYTOPICS_KAFKA_SASL_USERNAME": "u",
+        "RETRYTOPICS_KAFKA_BOOTSTRAP": "h:1",
+        "RETRYTOPICS_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+        "RETRYTOPICS_KAFKA_SASL_MECHANISM": "PLAIN",
+        "RETRYTOPICS_KAFKA_SASL_USERNAME": "u",
         "RETRYTOPICS_KAFKA_SASL_PASSWORD_FILE": str(secret),
-    }  # fmt: skip
+    }
     error = _error(environ=env)
     assert error.field == "kafka.sasl_password_file" and "UTF-8" in error.reason
     assert "s3cr" not in str(error)
@@ -154,7 +158,9 @@ def test_kafka_settings_apply_over_an_apps_own_config_field_by_field(tmp_path: P
     merged = settings.kafka_over(own)
     assert (merged.bootstrap, merged.client_id) == ("code:1", "file")
     assert dict(merged.overrides) == {"socket.timeout.ms": 30000, "linger.ms": 2}
-    flagged = load_settings(path=path, environ={"RETRYTOPICS_KAFKA_BOOTSTRAP": "env:1"}, flags={"kafka": {"bootstrap": "flag:1"}})
+    flagged = load_settings(
+        path=path, environ={"RETRYTOPICS_KAFKA_BOOTSTRAP": "env:1"}, flags={"kafka": {"bootstrap": "flag:1"}}
+    )
     assert flagged.kafka_over(own).bootstrap == "flag:1"
     insecure = load_settings(environ={"RETRYTOPICS_KAFKA_SECURITY_PROTOCOL": "SASL_SSL"})
     with pytest.raises(ConfigError) as info:
@@ -164,9 +170,13 @@ def test_kafka_settings_apply_over_an_apps_own_config_field_by_field(tmp_path: P
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("1700000000000", 1_700_000_000_000), ("2023-11-14T22:13:20Z", 1_700_000_000_000),
-     ("2023-11-14T23:13:20.5+01:00", 1_700_000_000_500), ("2023-11-14", 1_699_920_000_000)],
-)  # fmt: skip
+    [
+        ("1700000000000", 1_700_000_000_000),
+        ("2023-11-14T22:13:20Z", 1_700_000_000_000),
+        ("2023-11-14T23:13:20.5+01:00", 1_700_000_000_500),
+        ("2023-11-14", 1_699_920_000_000),
+    ],
+)
 def test_instants_are_epoch_ms_or_iso_8601(text: str, expected: int) -> None:
     from retrytopics.config import parse_instant
 

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 pytest.importorskip("starlette")
-import retrytopics.console as console  # noqa: E402
-from retrytopics import cli  # noqa: E402
-from retrytopics.console.entries import entry_of  # noqa: E402
+import retrytopics.console as console
+from retrytopics import cli
+from retrytopics.console.entries import entry_of
 
 _names = itertools.count()
 
@@ -23,7 +23,9 @@ _names = itertools.count()
 @pytest.fixture
 def served(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, Any, Any]]:
     calls: list[tuple[Any, Any, Any]] = []
-    monkeypatch.setattr(console, "serve", lambda kafka, pipeline, options, **kw: calls.append((kafka, pipeline, options)))
+    monkeypatch.setattr(
+        console, "serve", lambda kafka, pipeline, options, **kw: calls.append((kafka, pipeline, options))
+    )
     return calls
 
 
@@ -51,10 +53,15 @@ def test_the_app_gives_the_pipeline_and_renders_values_with_its_deserializer(
 ) -> None:
     assert cli.main(["console", "--app", app_module()]) == 0
     ((kafka, pipeline, options),) = served
-    assert kafka.bootstrap == "code-host:1" and (pipeline.topic, pipeline.group, pipeline.delays) == ("orders", "billing", ("1s",))
+    assert kafka.bootstrap == "code-host:1" and (pipeline.topic, pipeline.group, pipeline.delays) == (
+        "orders",
+        "billing",
+        ("1s",),
+    )
     assert options.host == "127.0.0.1" and not options.actions and options.token is None
-    entry = entry_of(topic="orders.billing.dlq", partition=0, offset=3, timestamp_ms=0, key=None,
-                     value=b'{"amount": 12}', headers=[])  # fmt: skip
+    entry = entry_of(
+        topic="orders.billing.dlq", partition=0, offset=3, timestamp_ms=0, key=None, value=b'{"amount": 12}', headers=[]
+    )
     assert options.render(entry) == {"amount": 12}
 
 
@@ -76,9 +83,12 @@ def test_actions_take_the_token_from_a_file_or_the_environment(
     [(["--actions"], "console.token"), (["--actions", "--token-file", "/no/such/file"], "console.token_file")],
 )
 def test_actions_without_a_readable_token_exit_2_naming_it(
-    flags: list[str], field: str, served: list[tuple[Any, Any, Any]], monkeypatch: pytest.MonkeyPatch,
+    flags: list[str],
+    field: str,
+    served: list[tuple[Any, Any, Any]],
+    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+) -> None:
     monkeypatch.delenv("RETRYTOPICS_CONSOLE_TOKEN", raising=False)
     argv = ["console", "--bootstrap", "h:1", "--topic", "orders", "--group", "billing", "--delays", "1s", *flags]
     assert cli.main(argv) == 2

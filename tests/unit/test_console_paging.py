@@ -17,24 +17,57 @@ from retrytopics.errors import ConfigError
 from retrytopics.headers import DlqReason, RetryHeaders, encode
 
 
-def retry(*, origin: str = "o-1", attempts: int = 1, reason: DlqReason | None = DlqReason.EXHAUSTED,
-          exception_type: str = "builtins.TimeoutError", tier: int | None = None) -> RetryHeaders:  # fmt: skip
+def retry(
+    *,
+    origin: str = "o-1",
+    attempts: int = 1,
+    reason: DlqReason | None = DlqReason.EXHAUSTED,
+    exception_type: str = "builtins.TimeoutError",
+    tier: int | None = None,
+) -> RetryHeaders:
     return RetryHeaders(
-        reconsume_times=attempts, origin_message_id=origin, original_topic="orders", original_partition=0,
-        original_offset=7, original_timestamp=-1, consumer_group="billing", tier=tier,
-        due_at=None if tier is None else 1, first_failed_at=1, last_failed_at=2, exception_type=exception_type,
-        exception_message="m", exception_trace="t", dlq_reason=None if tier is not None else reason,
-    )  # fmt: skip
+        reconsume_times=attempts,
+        origin_message_id=origin,
+        original_topic="orders",
+        original_partition=0,
+        original_offset=7,
+        original_timestamp=-1,
+        consumer_group="billing",
+        tier=tier,
+        due_at=None if tier is None else 1,
+        first_failed_at=1,
+        last_failed_at=2,
+        exception_type=exception_type,
+        exception_message="m",
+        exception_trace="t",
+        dlq_reason=None if tier is not None else reason,
+    )
 
 
-def entry(partition: int = 0, offset: int = 0, *, timestamp_ms: int = 0, key: bytes | None = b"k",
-          headers: Sequence[tuple[str, bytes | None]] | None = None, value: bytes | None = b"v") -> Entry:  # fmt: skip
-    return entry_of(topic="orders.billing.dlq", partition=partition, offset=offset, timestamp_ms=timestamp_ms,
-                    key=key, value=value, headers=list(encode(retry())) if headers is None else headers)  # fmt: skip
+def entry(
+    partition: int = 0,
+    offset: int = 0,
+    *,
+    timestamp_ms: int = 0,
+    key: bytes | None = b"k",
+    headers: Sequence[tuple[str, bytes | None]] | None = None,
+    value: bytes | None = b"v",
+) -> Entry:
+    return entry_of(
+        topic="orders.billing.dlq",
+        partition=partition,
+        offset=offset,
+        timestamp_ms=timestamp_ms,
+        key=key,
+        value=value,
+        headers=list(encode(retry())) if headers is None else headers,
+    )
 
 
 def test_each_filter_criterion_keeps_only_matching_records() -> None:
-    timeout = entry(headers=[("trace-id", b"abc"), *encode(retry(origin="a", reason=DlqReason.TIMEOUT))], timestamp_ms=500)
+    timeout = entry(
+        headers=[("trace-id", b"abc"), *encode(retry(origin="a", reason=DlqReason.TIMEOUT))], timestamp_ms=500
+    )
     poison = entry(key=b"other", headers=encode(retry(origin="b", reason=DlqReason.POISON, exception_type="x.Bad")))
     broken = entry(headers=[("retry.schema_version", b"9")])
     query = DlqFilter.from_query
@@ -49,17 +82,23 @@ def test_each_filter_criterion_keeps_only_matching_records() -> None:
 
 
 def test_a_filter_round_trips_through_its_query() -> None:
-    chosen = DlqFilter.from_query({"reason": ["timeout", "poison"], "since": ["2026-11-23T16:50:00Z"], "key": ["k"],
-                                   "header": ["a=b=c"]})  # fmt: skip
+    chosen = DlqFilter.from_query(
+        {"reason": ["timeout", "poison"], "since": ["2026-11-23T16:50:00Z"], "key": ["k"], "header": ["a=b=c"]}
+    )
     again = DlqFilter.from_query({name: [v for n, v in chosen.query() if n == name] for name, _ in chosen.query()})
     assert again == chosen and chosen.header == ("a", "b=c")
 
 
 @pytest.mark.parametrize(
     ("query", "field"),
-    [({"header": ["no-equals"]}, "header"), ({"since": ["yesterday"]}, "since"), ({"key": ["a", "b"]}, "key"),
-     ({"since": ["200"], "until": ["100"]}, "until"), ({"origin_id": ["x" * 2000]}, "origin_id")],
-)  # fmt: skip
+    [
+        ({"header": ["no-equals"]}, "header"),
+        ({"since": ["yesterday"]}, "since"),
+        ({"key": ["a", "b"]}, "key"),
+        ({"since": ["200"], "until": ["100"]}, "until"),
+        ({"origin_id": ["x" * 2000]}, "origin_id"),
+    ],
+)
 def test_a_bad_filter_is_refused_naming_the_parameter(query: dict[str, list[str]], field: str) -> None:
     with pytest.raises(ConfigError) as refused:
         DlqFilter.from_query(query)
@@ -94,10 +133,15 @@ class Topic:
 
 
 @settings(max_examples=60, deadline=None)
-@given(sizes=st.lists(st.integers(0, 40), min_size=1, max_size=4), page_size=st.integers(1, 15),
-       block=st.integers(1, 9), wanted=st.sets(st.integers(0, 160)))  # fmt: skip
-def test_paging_visits_every_matching_record_once_newest_first(sizes: list[int], page_size: int, block: int,
-                                                               wanted: set[int]) -> None:  # fmt: skip
+@given(
+    sizes=st.lists(st.integers(0, 40), min_size=1, max_size=4),
+    page_size=st.integers(1, 15),
+    block=st.integers(1, 9),
+    wanted=st.sets(st.integers(0, 160)),
+)
+def test_paging_visits_every_matching_record_once_newest_first(
+    sizes: list[int], page_size: int, block: int, wanted: set[int]
+) -> None:
     """Following `next` from the first page lists each matching record exactly once, newest first by
     timestamp, with at most one block per read."""
     partitions = {p: [entry(p, o, timestamp_ms=o * 10 + p) for o in range(n)] for p, n in enumerate(sizes)}
@@ -106,7 +150,9 @@ def test_paging_visits_every_matching_record_once_newest_first(sizes: list[int],
     seen: list[Entry] = []
     cursor: Cursor | None = Cursor()
     while cursor is not None:
-        page = read_page(bounds=topic.bounds, cursor=cursor, keep=keep, size=page_size, read_block=topic.read, block=block)
+        page = read_page(
+            bounds=topic.bounds, cursor=cursor, keep=keep, size=page_size, read_block=topic.read, block=block
+        )
         assert len(page.entries) <= page_size and not page.budget_spent
         seen += page.entries
         cursor = page.next
@@ -117,19 +163,39 @@ def test_paging_visits_every_matching_record_once_newest_first(sizes: list[int],
 
 def test_a_filter_matching_nothing_stops_at_the_scan_budget_and_goes_on_from_there() -> None:
     topic = Topic({0: [entry(0, o, timestamp_ms=o) for o in range(1000)]})
-    page = read_page(bounds=topic.bounds, cursor=Cursor(), keep=lambda e: e.offset == 3, size=10, read_block=topic.read,
-                     block=100, scan_limit=250)  # fmt: skip
+    page = read_page(
+        bounds=topic.bounds,
+        cursor=Cursor(),
+        keep=lambda e: e.offset == 3,
+        size=10,
+        read_block=topic.read,
+        block=100,
+        scan_limit=250,
+    )
     assert page.budget_spent and page.entries == [] and page.scanned == 250 and page.next == Cursor({0: 750})
-    rest = read_page(bounds=topic.bounds, cursor=Cursor({0: 750}), keep=lambda e: e.offset == 3, size=10,
-                     read_block=topic.read, block=100)  # fmt: skip
+    rest = read_page(
+        bounds=topic.bounds,
+        cursor=Cursor({0: 750}),
+        keep=lambda e: e.offset == 3,
+        size=10,
+        read_block=topic.read,
+        block=100,
+    )
     assert [e.offset for e in rest.entries] == [3] and rest.next is None
 
 
 def test_the_time_range_ends_a_partitions_scan_at_the_first_block_older_than_it() -> None:
     topic = Topic({0: [entry(0, o, timestamp_ms=o) for o in range(1000)]})
     since = DlqFilter(since_ms=900)
-    page = read_page(bounds=topic.bounds, cursor=Cursor(), keep=since.matches, size=500, read_block=topic.read,
-                     block=50, since_ms=900)  # fmt: skip
+    page = read_page(
+        bounds=topic.bounds,
+        cursor=Cursor(),
+        keep=since.matches,
+        size=500,
+        read_block=topic.read,
+        block=50,
+        since_ms=900,
+    )
     assert [e.offset for e in page.entries] == list(range(999, 899, -1)) and page.scanned <= 150 and page.next is None
 
 

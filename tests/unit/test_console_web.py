@@ -11,44 +11,84 @@ from typing import Any
 import pytest
 
 pytest.importorskip("starlette")
-from starlette.testclient import TestClient  # noqa: E402
+from starlette.testclient import TestClient
 
-from retrytopics.config import AppSettings  # noqa: E402
-from retrytopics.console import actions  # noqa: E402
-from retrytopics.console.entries import Entry, entry_of  # noqa: E402
-from retrytopics.console.filters import Cursor, DlqFilter  # noqa: E402
-from retrytopics.console.paging import Page  # noqa: E402
-from retrytopics.console.tally import Tally  # noqa: E402
-from retrytopics.console.web import CONTENT_SECURITY_POLICY, ConsoleOptions, create_app  # noqa: E402
-from retrytopics.errors import ConfigError  # noqa: E402
-from retrytopics.headers import (  # noqa: E402
-    ORIGIN_MESSAGE_ID, REPLAY_COUNT, REPLAY_ID, REPLAY_ORIGIN_ID, TIER, DlqReason, Lineage, RetryHeaders, decode,
+from retrytopics.config import AppSettings
+from retrytopics.console import actions
+from retrytopics.console.entries import Entry, entry_of
+from retrytopics.console.filters import Cursor, DlqFilter
+from retrytopics.console.paging import Page
+from retrytopics.console.tally import Tally
+from retrytopics.console.web import CONTENT_SECURITY_POLICY, ConsoleOptions, create_app
+from retrytopics.errors import ConfigError
+from retrytopics.headers import (
+    ORIGIN_MESSAGE_ID,
+    REPLAY_COUNT,
+    REPLAY_ID,
+    REPLAY_ORIGIN_ID,
+    TIER,
+    DlqReason,
+    Lineage,
+    RetryHeaders,
+    decode,
     encode,
-)  # fmt: skip
-from retrytopics.naming import topics_for  # noqa: E402
-from retrytopics.ops import PartitionState  # noqa: E402
-from retrytopics.signing import HeaderKeys, sign  # noqa: E402
+)
+from retrytopics.naming import topics_for
+from retrytopics.ops import PartitionState
+from retrytopics.signing import HeaderKeys, sign
 
 TOPICS = topics_for("orders", "billing", [200, 400])
 TOKEN = "unit-test-token-0123456789"
 PAYLOAD = "<script>alert(1)</script>"
 
 
-def state(*, origin: str = "o-1", original_partition: int = 0, original_offset: int = 7, topic: str = "orders",
-          message: str = PAYLOAD, replay_count: int = 0) -> RetryHeaders:  # fmt: skip
+def state(
+    *,
+    origin: str = "o-1",
+    original_partition: int = 0,
+    original_offset: int = 7,
+    topic: str = "orders",
+    message: str = PAYLOAD,
+    replay_count: int = 0,
+) -> RetryHeaders:
     return RetryHeaders(
-        reconsume_times=2, origin_message_id=origin, original_topic=topic, original_partition=original_partition,
-        original_offset=original_offset, original_timestamp=-1, consumer_group="billing", tier=None, due_at=None,
-        first_failed_at=1, last_failed_at=2, exception_type="<b>x.Err</b>", exception_message=message,
-        exception_trace="trace " + PAYLOAD, dlq_reason=DlqReason.EXHAUSTED, lineage=Lineage(replay_count=replay_count),
-    )  # fmt: skip
+        reconsume_times=2,
+        origin_message_id=origin,
+        original_topic=topic,
+        original_partition=original_partition,
+        original_offset=original_offset,
+        original_timestamp=-1,
+        consumer_group="billing",
+        tier=None,
+        due_at=None,
+        first_failed_at=1,
+        last_failed_at=2,
+        exception_type="<b>x.Err</b>",
+        exception_message=message,
+        exception_trace="trace " + PAYLOAD,
+        dlq_reason=DlqReason.EXHAUSTED,
+        lineage=Lineage(replay_count=replay_count),
+    )
 
 
-def dlq_entry(offset: int = 0, *, retry: RetryHeaders | None = None, extra: Iterable[tuple[str, bytes | None]] = (),
-              key: bytes | None = PAYLOAD.encode()) -> Entry:  # fmt: skip
+def dlq_entry(
+    offset: int = 0,
+    *,
+    retry: RetryHeaders | None = None,
+    extra: Iterable[tuple[str, bytes | None]] = (),
+    key: bytes | None = PAYLOAD.encode(),
+) -> Entry:
     headers = [("x-note", PAYLOAD.encode()), *extra, *encode(retry or state(original_offset=offset))]
-    return entry_of(topic=TOPICS.dlq, partition=0, offset=offset, timestamp_ms=1000 + offset, key=key,
-                    value=PAYLOAD.encode(), headers=headers, whole=True)  # fmt: skip
+    return entry_of(
+        topic=TOPICS.dlq,
+        partition=0,
+        offset=offset,
+        timestamp_ms=1000 + offset,
+        key=key,
+        value=PAYLOAD.encode(),
+        headers=headers,
+        whole=True,
+    )
 
 
 class FakeReader:
@@ -62,8 +102,20 @@ class FakeReader:
         self.tally = Tally()
 
     def partition_states(self) -> list[PartitionState]:
-        return [PartitionState(topic=TOPICS.dlq, kind="dlq", partition=0, end_offset=len(self.entries), committed=None,
-                               lag=None, state="-", replicas=1, in_sync_replicas=1, min_insync_replicas=None)]  # fmt: skip
+        return [
+            PartitionState(
+                topic=TOPICS.dlq,
+                kind="dlq",
+                partition=0,
+                end_offset=len(self.entries),
+                committed=None,
+                lag=None,
+                state="-",
+                replicas=1,
+                in_sync_replicas=1,
+                min_insync_replicas=None,
+            )
+        ]
 
     def counted(self) -> tuple[int, int]:
         return 0, 0
@@ -72,8 +124,12 @@ class FakeReader:
         return view(self.tally)
 
     def dlq_page(self, chosen: DlqFilter, cursor: Cursor, *, size: int) -> Page:
-        return Page(entries=[e for e in self.entries if chosen.matches(e)][:size], next=None, scanned=len(self.entries),
-                    budget_spent=False)  # fmt: skip
+        return Page(
+            entries=[e for e in self.entries if chosen.matches(e)][:size],
+            next=None,
+            scanned=len(self.entries),
+            budget_spent=False,
+        )
 
     def records_at(self, topic: str, coordinates: Iterable[tuple[int, int]], *, whole: bool = False) -> list[Entry]:
         wanted = set(coordinates)
@@ -95,8 +151,19 @@ def client(actions_on: bool = False, entries: list[Entry] | None = None) -> Test
     return TestClient(create_app(options, reader), base_url="http://127.0.0.1")  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("path", ["/", "/dlq", "/dlq?reveal=0:0", "/lineage?id=o-1", "/chart.svg", "/api/pipeline",
-                                  "/static/console.js", "/dlq?since=nonsense"])  # fmt: skip
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/",
+        "/dlq",
+        "/dlq?reveal=0:0",
+        "/lineage?id=o-1",
+        "/chart.svg",
+        "/api/pipeline",
+        "/static/console.js",
+        "/dlq?since=nonsense",
+    ],
+)
 def test_every_response_carries_the_strict_csp_and_no_raw_payload(path: str) -> None:
     response = client().get(path)
     assert response.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
@@ -164,14 +231,23 @@ def test_the_plan_skips_foreign_invalid_duplicate_and_looped_records() -> None:
     foreign = dlq_entry(2, retry=state(topic="elsewhere"))
     wrong_partition = dlq_entry(3, retry=state(original_partition=5))
     looped = dlq_entry(4, retry=state(original_offset=4, replay_count=1))
-    broken = entry_of(topic=TOPICS.dlq, partition=0, offset=5, timestamp_ms=0, key=None, value=None,
-                      headers=[(TIER, b"x")])  # fmt: skip
-    plan = actions.plan_replay([good, again, foreign, wrong_partition, looped, broken], topics=TOPICS,
-                               request=request(), source_partitions=2)  # fmt: skip
+    broken = entry_of(
+        topic=TOPICS.dlq, partition=0, offset=5, timestamp_ms=0, key=None, value=None, headers=[(TIER, b"x")]
+    )
+    plan = actions.plan_replay(
+        [good, again, foreign, wrong_partition, looped, broken], topics=TOPICS, request=request(), source_partitions=2
+    )
     assert [(e.offset, t) for e, t in plan.writes] == [(1, "orders")]
-    assert plan.counts == {"selected": 6, "skipped_foreign": 1, "skipped_invalid": 2, "skipped_duplicates": 1,
-                           "skipped_reference_only": 0, "skipped_headers_dropped": 0, "skipped_max_replays": 1,
-                           "parked": 0}  # fmt: skip
+    assert plan.counts == {
+        "selected": 6,
+        "skipped_foreign": 1,
+        "skipped_invalid": 2,
+        "skipped_duplicates": 1,
+        "skipped_reference_only": 0,
+        "skipped_headers_dropped": 0,
+        "skipped_max_replays": 1,
+        "parked": 0,
+    }
     assert plan.problems == {"0:3": "original_partition", "0:5": "headers"}
     parked = actions.plan_replay([looped], topics=TOPICS, request=request(park=True), source_partitions=2)
     assert [t for _, t in parked.writes] == [f"{TOPICS.dlq}.parked"]
@@ -185,12 +261,26 @@ def test_a_reference_or_a_record_without_its_headers_is_skipped_never_written() 
 
     too_large = replace(state(original_offset=0), dlq_reason=DlqReason.TOO_LARGE)
     reference = dlq_entry(0, retry=too_large)
-    reference = entry_of(topic=TOPICS.dlq, partition=0, offset=0, timestamp_ms=1000, key=None,
-                         value=too_large_reference("orders.billing.retry.1s", 0, 3, b"x" * 10),
-                         headers=list(reference.headers), whole=True)  # fmt: skip
-    own_json = entry_of(topic=TOPICS.dlq, partition=0, offset=1, timestamp_ms=1001, key=None,
-                        value=b'{"too_large": true, "note": "mine"}',
-                        headers=list(dlq_entry(1, retry=replace(too_large, original_offset=1)).headers), whole=True)  # fmt: skip
+    reference = entry_of(
+        topic=TOPICS.dlq,
+        partition=0,
+        offset=0,
+        timestamp_ms=1000,
+        key=None,
+        value=too_large_reference("orders.billing.retry.1s", 0, 3, b"x" * 10),
+        headers=list(reference.headers),
+        whole=True,
+    )
+    own_json = entry_of(
+        topic=TOPICS.dlq,
+        partition=0,
+        offset=1,
+        timestamp_ms=1001,
+        key=None,
+        value=b'{"too_large": true, "note": "mine"}',
+        headers=list(dlq_entry(1, retry=replace(too_large, original_offset=1)).headers),
+        whole=True,
+    )
     dropped = dlq_entry(2, retry=replace(state(original_offset=2), dlq_reason=DlqReason.TOO_MANY_HEADERS))
     plan = actions.plan_replay([reference, own_json, dropped], topics=TOPICS, request=request(), source_partitions=1)
     assert [e.offset for e, _ in plan.writes] == [1]
@@ -201,8 +291,9 @@ def test_a_replayed_record_carries_a_mark_that_attributes_it_to_its_replay() -> 
     from retrytopics.signing import replay_mark
 
     record = dlq_entry(0)
-    headers = dict(actions.replay_headers(record, to_tier=False, replay_id="r-1", now_ms=99, topic="orders",
-                                          mark_key=b"n" * 32))  # fmt: skip
+    headers = dict(
+        actions.replay_headers(record, to_tier=False, replay_id="r-1", now_ms=99, topic="orders", mark_key=b"n" * 32)
+    )
     assert headers[actions.REPLAY_MARK] == replay_mark(b"n" * 32, "r-1", "orders", "orders-0-0").encode()
     assert actions.REPLAY_MARK not in dict(actions.replay_headers(record, to_tier=False, replay_id="r-1", now_ms=99))
 
@@ -211,10 +302,23 @@ def test_with_header_keys_an_unsigned_record_is_invalid_and_a_tier_replay_is_sig
     keys = HeaderKeys.of("k" * 32)
     unsigned = dlq_entry(0)
     signed_headers = list(sign(keys, TOPICS.dlq, unsigned.key, unsigned.value, list(unsigned.headers)))
-    signed = entry_of(topic=TOPICS.dlq, partition=0, offset=1, timestamp_ms=0, key=unsigned.key, value=unsigned.value,
-                      headers=signed_headers, whole=True)  # fmt: skip
-    plan = actions.plan_replay([unsigned, signed], topics=TOPICS, request=request(destination="first_tier"),
-                               source_partitions=1, header_keys=keys)  # fmt: skip
+    signed = entry_of(
+        topic=TOPICS.dlq,
+        partition=0,
+        offset=1,
+        timestamp_ms=0,
+        key=unsigned.key,
+        value=unsigned.value,
+        headers=signed_headers,
+        whole=True,
+    )
+    plan = actions.plan_replay(
+        [unsigned, signed],
+        topics=TOPICS,
+        request=request(destination="first_tier"),
+        source_partitions=1,
+        header_keys=keys,
+    )
     assert plan.problems == {"0:0": "signature"} and [e.offset for e, _ in plan.writes] == [1]
 
 
@@ -222,8 +326,13 @@ def test_replayed_headers_keep_user_headers_and_add_the_lineage() -> None:
     record = dlq_entry(0, extra=[("trace-id", b"\xff\x00")])
     to_source = actions.replay_headers(record, to_tier=False, replay_id="r-1", now_ms=99)
     assert to_source[:2] == [("x-note", PAYLOAD.encode()), ("trace-id", b"\xff\x00")]
-    assert dict(to_source[2:]) == {REPLAY_ID: b"r-1", "retry.replayed_at": b"99", REPLAY_COUNT: b"1",
-                                   REPLAY_ORIGIN_ID: b"o-1", actions.REPLAY_ORIGINAL: b"orders-0-0"}  # fmt: skip
+    assert dict(to_source[2:]) == {
+        REPLAY_ID: b"r-1",
+        "retry.replayed_at": b"99",
+        REPLAY_COUNT: b"1",
+        REPLAY_ORIGIN_ID: b"o-1",
+        actions.REPLAY_ORIGINAL: b"orders-0-0",
+    }
     to_tier = actions.replay_headers(record, to_tier=True, replay_id="r-1", now_ms=99)
     tier_state = decode(to_tier)
     assert (tier_state.tier, tier_state.due_at, tier_state.reconsume_times, tier_state.dlq_reason) == (0, 99, 1, None)
@@ -249,18 +358,28 @@ def test_a_filter_matching_more_than_the_console_replays_hands_over_to_spark(mon
     app.post("/login", data={"operator": "ada", "token": TOKEN})
     csrf = re.search(r'name="csrf" value="([^"]+)"', app.get("/dlq").text)
     assert csrf is not None
-    response = app.post("/actions/replay", data={"csrf": csrf.group(1), "selection": "filter", "reason": "exhausted",
-                                                 "destination": "original", "step": "run"})  # fmt: skip
+    response = app.post(
+        "/actions/replay",
+        data={
+            "csrf": csrf.group(1),
+            "selection": "filter",
+            "reason": "exhausted",
+            "destination": "original",
+            "step": "run",
+        },
+    )
     assert "Too many records" in response.text
     command = re.search(r'<pre id="command">([^<]+)</pre>', response.text)
     assert command is not None and command.group(1).startswith(
         "retrytopics replay --topic orders --group billing --delays 200ms,400ms --replay-id REPLAY_ID --to original "
-        "--dry-run --reason exhausted")
+        "--dry-run --reason exhausted"
+    )
 
 
 def test_the_spark_command_carries_every_filter_it_can() -> None:
-    chosen = DlqFilter.from_query({"exception_type": ["a.B"], "since": ["10"], "until": ["20"], "origin_id": ["o'1"],
-                                   "key": ["k"]})  # fmt: skip
+    chosen = DlqFilter.from_query(
+        {"exception_type": ["a.B"], "since": ["10"], "until": ["20"], "origin_id": ["o'1"], "key": ["k"]}
+    )
     command = actions.spark_replay_command(chosen, pipeline=["--topic", "t"], destination="first_tier")
     assert "--exception-type a.B --since 10 --until 20" in command and "--origin-ids FILE" in command
     assert "key or header filter" in command and "--to first_tier" in command
@@ -271,8 +390,9 @@ def test_a_cross_origin_post_is_refused_even_with_a_session_and_its_csrf_token()
     app.post("/login", data={"operator": "ada", "token": TOKEN})
     csrf = re.search(r'name="csrf" value="([^"]+)"', app.get("/dlq").text)
     assert csrf is not None
-    refused = app.post("/actions/replay", data={"csrf": csrf.group(1), "records": "0:0"},
-                       headers={"origin": "http://attacker.example"})  # fmt: skip
+    refused = app.post(
+        "/actions/replay", data={"csrf": csrf.group(1), "records": "0:0"}, headers={"origin": "http://attacker.example"}
+    )
     assert refused.status_code == 403 and "another site" in refused.text
 
 
@@ -298,21 +418,28 @@ def test_spark_jobs_refuse_key_and_header_filters_and_a_second_job_at_once() -> 
             jobs.start(DlqFilter.from_query(query), destination="original", replay_id="r", dry_run=True, operator="ada")
         assert refused.value.field == "filter"
     chosen = DlqFilter.from_query({"reason": ["exhausted"]})
-    running = SparkReplay(job_id="j", filter=chosen, destination="original", replay_id="r", dry_run=True,
-                          operator="ada", state="running")  # fmt: skip
+    running = SparkReplay(
+        job_id="j", filter=chosen, destination="original", replay_id="r", dry_run=True, operator="ada", state="running"
+    )
     jobs._jobs["j"] = running
     with pytest.raises(ConfigError) as busy:
         jobs.start(chosen, destination="original", replay_id="r", dry_run=True, operator="ada")
     assert busy.value.field == "job"
-    assert spark_replay_id(chosen, "original") == spark_replay_id(DlqFilter.from_query({"reason": ["exhausted"]}), "original")
+    assert spark_replay_id(chosen, "original") == spark_replay_id(
+        DlqFilter.from_query({"reason": ["exhausted"]}), "original"
+    )
     assert spark_replay_id(chosen, "original") != spark_replay_id(chosen, "first_tier")
 
 
 def test_a_user_header_named_as_a_secret_never_reaches_the_browser() -> None:
     """A header whose name says it holds a credential (`authorization`, `x-api-key`, `password`, `cookie`)
     is shown as [hidden] on the DLQ page whatever its value looks like; other headers are shown."""
-    secrets_ = {"authorization": b"dXNlcjpodW50ZXIy", "x-api-key": b"sk-live-4f9a2c", "password": b"hunter2",
-                "Cookie": b"sid=3b1e7d"}  # fmt: skip
+    secrets_ = {
+        "authorization": b"dXNlcjpodW50ZXIy",
+        "x-api-key": b"sk-live-4f9a2c",
+        "password": b"hunter2",
+        "Cookie": b"sid=3b1e7d",
+    }
     entry = dlq_entry(extra=[*secrets_.items(), ("x-region", b"eu-west-1")])
     page = client(entries=[entry]).get("/dlq").text
     for name, value in secrets_.items():

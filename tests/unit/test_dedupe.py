@@ -61,8 +61,12 @@ def test_capacity_must_be_a_positive_int(capacity: object) -> None:
 
 # -- issue 15.1: colliding ids ------------------------------------------------------------------------------
 
-CTX = RouteContext(policy=RetryPolicy(delays=["5s", "30s"]), topics=topics_for("orders", "billing", (5_000, 30_000)),
-                   group="billing", id_header="order-id")  # fmt: skip
+CTX = RouteContext(
+    policy=RetryPolicy(delays=["5s", "30s"]),
+    topics=topics_for("orders", "billing", (5_000, 30_000)),
+    group="billing",
+    id_header="order-id",
+)
 
 
 def _tier_arrival(r: Route, offset: int) -> InboundRecord:
@@ -72,8 +76,10 @@ def _tier_arrival(r: Route, offset: int) -> InboundRecord:
 #: a source record: (partition, offset, order-id); ids come from a tiny alphabet, so they collide often
 _sources = st.lists(
     st.tuples(st.integers(0, 2), st.integers(0, 50), st.sampled_from(["A", "B", "a-very-common-id"])),
-    min_size=1, max_size=25, unique_by=lambda s: (s[0], s[1]),
-)  # fmt: skip
+    min_size=1,
+    max_size=25,
+    unique_by=lambda s: (s[0], s[1]),
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -85,8 +91,14 @@ def test_only_copies_of_one_hop_of_one_source_record_are_duplicates(
     the copies interleave. The audit suppresses exactly the extra copies, whatever ids the producer chose."""
     arrivals: list[tuple[int, InboundRecord]] = []
     for n, (partition, offset, order_id) in enumerate(sources):
-        record = InboundRecord(topic="orders", partition=partition, offset=offset, timestamp_ms=T0, key=b"k",
-                               headers=(("order-id", order_id.encode()),))  # fmt: skip
+        record = InboundRecord(
+            topic="orders",
+            partition=partition,
+            offset=offset,
+            timestamp_ms=T0,
+            key=b"k",
+            headers=(("order-id", order_id.encode()),),
+        )
         r = route(CTX, record, OSError("down"), now_ms=T0, rng=random.Random(seed))
         assert r.retry.origin_message_id == order_id  # the user's idempotency key is kept as it was
         arrivals += [(n, _tier_arrival(r, len(arrivals) + i)) for i in range(copies[n])]

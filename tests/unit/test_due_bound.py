@@ -65,8 +65,9 @@ def test_a_forged_due_time_costs_at_most_one_tier_delay_from_first_sight() -> No
     # then: due one tier delay after it was first seen, and the clamp is reported once
     assert first == again == NOW + 1_100
     clamped = [data for event, data in events.seen if event is Event.DUE_CLAMPED]
-    assert clamped == [{"consumer": "tier", "topic": TIER, "partition": 0, "offset": 7, "due_at": forged,
-                        "clamped_to": NOW + 1_100}]  # fmt: skip
+    assert clamped == [
+        {"consumer": "tier", "topic": TIER, "partition": 0, "offset": 7, "due_at": forged, "clamped_to": NOW + 1_100}
+    ]
 
 
 @settings(max_examples=300, deadline=None)

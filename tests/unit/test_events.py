@@ -48,11 +48,15 @@ def test_the_tally_sums_per_partition_and_starts_again_after_a_flush() -> None:
 
     # then
     assert hook.seen == [
-        (Event.RECORDS_HANDLED, {"topic": "o", "partition": 0, "count": 3, "first_offset": 5, "last_offset": 9,
-                                 "lateness_ms": (12, 3)}),
-        (Event.RECORDS_HANDLED, {"topic": "o", "partition": 1, "count": 1, "first_offset": 7, "last_offset": 7,
-                                 "lateness_ms": ()}),
-    ]  # fmt: skip
+        (
+            Event.RECORDS_HANDLED,
+            {"topic": "o", "partition": 0, "count": 3, "first_offset": 5, "last_offset": 9, "lateness_ms": (12, 3)},
+        ),
+        (
+            Event.RECORDS_HANDLED,
+            {"topic": "o", "partition": 1, "count": 1, "first_offset": 7, "last_offset": 7, "lateness_ms": ()},
+        ),
+    ]
     assert stats.snapshot().handled == 4
 
 

@@ -47,8 +47,13 @@ def test_a_key_is_never_taken_from_the_command_line() -> None:
     assert caught.value.field == "app.header_key" and NEW not in str(caught.value)
 
 
-@pytest.mark.parametrize("env, field", [({"RETRYTOPICS_APP_HEADER_KEY": "short-secret"}, "app.header_key"),
-                                        ({"RETRYTOPICS_APP_HEADER_KEY": f"{NEW},short-secret"}, "app.header_key[1]")])
+@pytest.mark.parametrize(
+    "env, field",
+    [
+        ({"RETRYTOPICS_APP_HEADER_KEY": "short-secret"}, "app.header_key"),
+        ({"RETRYTOPICS_APP_HEADER_KEY": f"{NEW},short-secret"}, "app.header_key[1]"),
+    ],
+)
 def test_a_short_key_fails_naming_the_setting_without_showing_it(env: dict[str, str], field: str) -> None:
     with pytest.raises(ConfigError) as caught:
         load_settings(environ=env)

@@ -24,9 +24,11 @@ POLICY = RetryPolicy(delays=["5s"], non_retryable=(ValueError,))
 TOPICS = topics_for("orders", "billing", POLICY.tier_delays_ms)
 NOW = 1_700_000_000_000
 LINEAGE: tuple[Header, ...] = (
-    ("retry.replay_id", b"r" * 512), ("retry.replayed_at", str(NOW).encode()), ("retry.replay_count", b"3"),
+    ("retry.replay_id", b"r" * 512),
+    ("retry.replayed_at", str(NOW).encode()),
+    ("retry.replay_count", b"3"),
     ("retry.replay_origin_id", b"o" * 512),
-)  # fmt: skip
+)
 
 
 def _ctx(signed: bool) -> RouteContext:
@@ -36,8 +38,9 @@ def _ctx(signed: bool) -> RouteContext:
 
 def _source(users: int) -> InboundRecord:
     headers = (*((f"h{i}", b"x") for i in range(users)), *LINEAGE)
-    return InboundRecord(topic="orders", partition=2, offset=41, timestamp_ms=NOW, key=b"k", headers=headers,
-                         value=b"v")  # fmt: skip
+    return InboundRecord(
+        topic="orders", partition=2, offset=41, timestamp_ms=NOW, key=b"k", headers=headers, value=b"v"
+    )
 
 
 @pytest.mark.parametrize("signed", [False, True], ids=["plain", "signed"])
@@ -46,8 +49,9 @@ def test_the_most_user_headers_allowed_make_every_hop_readable(signed: bool) -> 
     # the first hop, to the tier, with every lineage field set
     first = route(ctx, _source(MAX_USER_HEADERS), RuntimeError("x" * 5000), now_ms=NOW, rng=random.Random(0))
     assert first.kind is RouteKind.TIER and len(first.headers) <= MAX_HEADER_COUNT
-    tier = InboundRecord(topic=first.topic, partition=2, offset=0, timestamp_ms=NOW, key=b"k", headers=first.headers,
-                         value=b"v")  # fmt: skip
+    tier = InboundRecord(
+        topic=first.topic, partition=2, offset=0, timestamp_ms=NOW, key=b"k", headers=first.headers, value=b"v"
+    )
     state = read_retry_state(ctx, tier, now_ms=NOW)
     assert state is not None and state.lineage.replay_count == 3
     # and its DLQ hop
@@ -94,11 +98,25 @@ def test_a_replay_of_the_most_user_headers_allowed_to_the_first_tier_is_read_bac
     assert ctx.header_keys is not None
     dead = route(ctx, _source(MAX_USER_HEADERS), ValueError("x" * 5000), now_ms=NOW, rng=random.Random(0))
     assert dead.kind is RouteKind.DLQ and dead.reason is DlqReason.NON_RETRYABLE
-    entry = entry_of(topic=TOPICS.dlq, partition=0, offset=0, timestamp_ms=NOW, key=b"k", value=b"v",
-                     headers=list(dead.headers), whole=True)  # fmt: skip
+    entry = entry_of(
+        topic=TOPICS.dlq,
+        partition=0,
+        offset=0,
+        timestamp_ms=NOW,
+        key=b"k",
+        value=b"v",
+        headers=list(dead.headers),
+        whole=True,
+    )
     tier = TOPICS.tiers[0].topic
-    replayed = actions.replay_headers(entry, to_tier=True, replay_id="r" * 512, now_ms=NOW, topic=tier,
-                                      mark_key=mark_keys(b"n" * 32, ctx.header_keys)[0])  # fmt: skip
+    replayed = actions.replay_headers(
+        entry,
+        to_tier=True,
+        replay_id="r" * 512,
+        now_ms=NOW,
+        topic=tier,
+        mark_key=mark_keys(b"n" * 32, ctx.header_keys)[0],
+    )
     headers = sign(ctx.header_keys, tier, b"k", b"v", replayed)
     assert len([h for h in headers if not h[0].startswith("retry.")]) == MAX_USER_HEADERS
     assert len(headers) <= MAX_HEADER_COUNT

@@ -54,11 +54,21 @@ def retry_headers(draw: st.DrawFn) -> RetryHeaders:
 
 def sample(**changes: Any) -> RetryHeaders:
     base = RetryHeaders(
-        reconsume_times=2, origin_message_id="orders-0-42", original_topic="orders", original_partition=0,
-        original_offset=42, original_timestamp=1_700_000_000_000, consumer_group="billing", tier=1,
-        due_at=1_700_000_035_000, first_failed_at=1_700_000_000_100, last_failed_at=1_700_000_005_000,
-        exception_type="builtins.OSError", exception_message="down", exception_trace="Traceback ...",
-    )  # fmt: skip
+        reconsume_times=2,
+        origin_message_id="orders-0-42",
+        original_topic="orders",
+        original_partition=0,
+        original_offset=42,
+        original_timestamp=1_700_000_000_000,
+        consumer_group="billing",
+        tier=1,
+        due_at=1_700_000_035_000,
+        first_failed_at=1_700_000_000_100,
+        last_failed_at=1_700_000_005_000,
+        exception_type="builtins.OSError",
+        exception_message="down",
+        exception_trace="Traceback ...",
+    )
     return dataclasses.replace(base, **changes)
 
 
@@ -299,8 +309,16 @@ def test_evolve_equals_replace_for_valid_changes(h: RetryHeaders, data: st.DataO
         h.evolve(colour="red")
 
 
-@given(value=st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.text(max_size=300),
-                       st.binary(max_size=10), st.floats(allow_nan=False)))  # fmt: skip
+@given(
+    value=st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-(2**70), 2**70),
+        st.text(max_size=300),
+        st.binary(max_size=10),
+        st.floats(allow_nan=False),
+    )
+)
 def test_the_fast_checks_agree_with_the_full_check(value: object) -> None:
     for spec, check in (*H._RETRY_CHECKS, *H._LINEAGE_CHECKS):
         assert check(value) == H._problem(spec, value), (spec.attr, value)

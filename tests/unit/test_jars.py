@@ -66,8 +66,14 @@ def test_connector_version_follows_pyspark() -> None:
 def test_spark_gets_only_the_jars_it_does_not_ship(tmp_path: Path) -> None:
     connector, spark_home = tmp_path / "connector", tmp_path / "spark"
     connector.mkdir(), spark_home.mkdir()
-    for name in ("spark-sql-kafka-0-10_2.13-4.2.0.jar", "kafka-clients-3.9.2.jar", "commons-pool2-2.13.1.jar",
-                 "scala-library-2.13.15.jar", "slf4j-api-1.7.36.jar", "hadoop-client-runtime-3.5.0.jar"):
+    for name in (
+        "spark-sql-kafka-0-10_2.13-4.2.0.jar",
+        "kafka-clients-3.9.2.jar",
+        "commons-pool2-2.13.1.jar",
+        "scala-library-2.13.15.jar",
+        "slf4j-api-1.7.36.jar",
+        "hadoop-client-runtime-3.5.0.jar",
+    ):
         (connector / name).write_bytes(b"")
     for name in ("scala-library-2.13.16.jar", "slf4j-api-2.0.17.jar", "hadoop-client-runtime-3.4.1.jar"):
         (spark_home / name).write_bytes(b"")

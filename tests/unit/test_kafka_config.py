@@ -28,7 +28,9 @@ def test_unknown_security_protocol_names_the_field() -> None:
 
 
 def test_missing_sasl_password_names_the_field() -> None:
-    error = _field_error(bootstrap="h:1", security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512", sasl_username="u")
+    error = _field_error(
+        bootstrap="h:1", security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512", sasl_username="u"
+    )
     assert error.field == "sasl_password"
 
 
@@ -66,9 +68,11 @@ def test_java_property_names_are_explained() -> None:
 
 def test_client_configs_layer_overrides() -> None:
     config = KafkaConfig(
-        bootstrap="a:1,b:2", overrides={"socket.timeout.ms": 1000},
-        producer_overrides={"linger.ms": 7}, consumer_overrides={"fetch.min.bytes": 2},
-    )  # fmt: skip
+        bootstrap="a:1,b:2",
+        overrides={"socket.timeout.ms": 1000},
+        producer_overrides={"linger.ms": 7},
+        consumer_overrides={"fetch.min.bytes": 2},
+    )
     assert config.producer_config()["linger.ms"] == 7 and "fetch.min.bytes" not in config.producer_config()
     assert config.consumer_config()["fetch.min.bytes"] == 2 and "linger.ms" not in config.consumer_config()
     assert config.client_config()["socket.timeout.ms"] == 1000
@@ -79,9 +83,13 @@ def test_client_configs_layer_overrides() -> None:
 def test_secrets_never_appear_in_repr_or_logs(caplog: pytest.LogCaptureFixture) -> None:
     sentinel = "s3ntinel-Pa55word"
     config = KafkaConfig(
-        bootstrap="h:1", security_protocol="SASL_SSL", sasl_mechanism="PLAIN", sasl_username="u",
-        sasl_password=sentinel, ssl_key_password=sentinel,
-    )  # fmt: skip
+        bootstrap="h:1",
+        security_protocol="SASL_SSL",
+        sasl_mechanism="PLAIN",
+        sasl_username="u",
+        sasl_password=sentinel,
+        ssl_key_password=sentinel,
+    )
     assert sentinel not in repr(config)
     assert sentinel not in str(redact(config.client_config()))
     with caplog.at_level(logging.DEBUG):
@@ -100,13 +108,17 @@ def test_from_env_reads_kafka_variables() -> None:
 
 
 def test_sasl_mechanism_is_normalised_for_librdkafka() -> None:
-    config = KafkaConfig(bootstrap="h:1", security_protocol="sasl_ssl", sasl_mechanism=" plain", sasl_username="u", sasl_password="p")
+    config = KafkaConfig(
+        bootstrap="h:1", security_protocol="sasl_ssl", sasl_mechanism=" plain", sasl_username="u", sasl_password="p"
+    )
     assert config.client_config()["sasl.mechanism"] == "PLAIN"
     assert config.client_config()["security.protocol"] == "SASL_SSL"
 
 
 def test_ca_location_may_be_a_directory_but_certificates_are_files(tmp_path) -> None:
-    assert KafkaConfig(bootstrap="h:1", security_protocol="SSL", ssl_ca_location=str(tmp_path)).ssl_ca_location == str(tmp_path)
+    assert KafkaConfig(bootstrap="h:1", security_protocol="SSL", ssl_ca_location=str(tmp_path)).ssl_ca_location == str(
+        tmp_path
+    )
     assert _field_error(bootstrap="h:1", security_protocol="SSL", ssl_certificate_location=str(tmp_path)).field == (
         "ssl_certificate_location"
     )
@@ -114,9 +126,12 @@ def test_ca_location_may_be_a_directory_but_certificates_are_files(tmp_path) -> 
 
 @pytest.mark.parametrize(
     ("key", "value"),
-    [("enable.ssl.certificate.verification", "0"), ("enable.ssl.certificate.verification", False),
-     ("ssl.endpoint.identification.algorithm", "NONE")],
-)  # fmt: skip
+    [
+        ("enable.ssl.certificate.verification", "0"),
+        ("enable.ssl.certificate.verification", False),
+        ("ssl.endpoint.identification.algorithm", "NONE"),
+    ],
+)
 def test_every_spelling_of_turning_verification_off_is_refused(key: str, value: object) -> None:
     assert _field_error(bootstrap="h:1", consumer_overrides={key: value}).field == f"consumer_overrides[{key}]"
 
@@ -145,7 +160,10 @@ def test_check_properties_lets_librdkafka_name_the_bad_property() -> None:
     from retrytopics.connectors.kafka import check_properties
 
     check_properties("kafka.overrides", {"socket.timeout.ms": 30000, "linger.ms": 5})
-    for properties, key in (({"sockt.timeout.ms": 1}, "sockt.timeout.ms"), ({"socket.timeout.ms": "soon"}, "socket.timeout.ms")):
+    for properties, key in (
+        ({"sockt.timeout.ms": 1}, "sockt.timeout.ms"),
+        ({"socket.timeout.ms": "soon"}, "socket.timeout.ms"),
+    ):
         with pytest.raises(ConfigError) as info:
             check_properties("kafka.overrides", properties)
         assert info.value.field == f"kafka.overrides[{key}]"
@@ -158,7 +176,10 @@ def test_check_properties_lets_librdkafka_name_the_bad_property() -> None:
 def test_retry_app_overrides_cannot_turn_tls_verification_off(option: str) -> None:
     from retrytopics.app import RetryApp
 
-    for key, value in (("enable.ssl.certificate.verification", "false"), ("ssl.endpoint.identification.algorithm", "none")):
+    for key, value in (
+        ("enable.ssl.certificate.verification", "false"),
+        ("ssl.endpoint.identification.algorithm", "none"),
+    ):
         with pytest.raises(ConfigError) as info:
             RetryApp(kafka=KafkaConfig(bootstrap="h:1"), group="g", **{option: {key: value}})
         assert info.value.field == f"{option}[{key}]"

@@ -85,7 +85,9 @@ def test_a_tls_failure_reported_under_two_codes_is_one_outage() -> None:
     levels = []
     for step in range(10):
         now[0] = step * 0.5
-        levels += [outage.level(KafkaError(KafkaError._SSL, "SSL handshake failed")),
-                   outage.level(KafkaError(KafkaError._TRANSPORT, "wrong version number"))]  # fmt: skip
+        levels += [
+            outage.level(KafkaError(KafkaError._SSL, "SSL handshake failed")),
+            outage.level(KafkaError(KafkaError._TRANSPORT, "wrong version number")),
+        ]
     assert levels[:2] == [logging.WARNING, logging.WARNING]
     assert set(levels[2:]) == {logging.DEBUG}

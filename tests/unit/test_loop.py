@@ -65,8 +65,14 @@ class FakeConsumer:
         self.on_assign: PartitionsCallback = lambda tps: None
         self.on_lost: PartitionsCallback = lambda tps: None
 
-    def subscribe(self, topics: Sequence[str], *, on_assign: PartitionsCallback, on_revoke: PartitionsCallback,
-                  on_lost: PartitionsCallback) -> None:  # fmt: skip
+    def subscribe(
+        self,
+        topics: Sequence[str],
+        *,
+        on_assign: PartitionsCallback,
+        on_revoke: PartitionsCallback,
+        on_lost: PartitionsCallback,
+    ) -> None:
         self.on_assign, self.on_lost = on_assign, on_lost
 
     def consume(self, max_records: int, timeout_s: float) -> list[Message]:
@@ -125,9 +131,13 @@ def tier_message(offset: int, *, due_in_ms: int) -> Message:
     return Message(TIER, 0, offset, failed_at, b"k", str(offset).encode(), r.headers)
 
 
-def build_loop(steps: list[Callable[[FakeConsumer], list[Message]]], clock: Clock, monkeypatch: pytest.MonkeyPatch,
-               *, consumer_factory: Callable[[], Any] | None = None,
-               ) -> tuple[ConsumerLoop, FakeConsumer, FakeProducer, list[int], list[Event]]:  # fmt: skip
+def build_loop(
+    steps: list[Callable[[FakeConsumer], list[Message]]],
+    clock: Clock,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    consumer_factory: Callable[[], Any] | None = None,
+) -> tuple[ConsumerLoop, FakeConsumer, FakeProducer, list[int], list[Event]]:
     monkeypatch.setattr(loop_module, "time", SimpleNamespace(monotonic=clock.monotonic, time=clock.time))
     stop = threading.Event()
     consumer, producer = FakeConsumer(steps, stop), FakeProducer()
@@ -141,15 +151,20 @@ def build_loop(steps: list[Callable[[FakeConsumer], list[Message]]], clock: Cloc
     binding = Binding(topic="orders", handler=handle, policy=POLICY, ctx=CTX, value_deserializer=bytes_value)
     hook = SimpleNamespace(on_event=lambda event, data: events.append(event))
     loop = ConsumerLoop(
-        LoopSettings(name="tier", group_id=TIER, topics=(TIER,), max_wait_ms=50, join_timeout_s=30), {TIER: binding},
-        consumer_factory=consumer_factory or (lambda: consumer), producer_factory=lambda: producer,
-        emitter=Emitter([hook]), stop=stop, audit=DuplicateAudit(10),
-    )  # fmt: skip
+        LoopSettings(name="tier", group_id=TIER, topics=(TIER,), max_wait_ms=50, join_timeout_s=30),
+        {TIER: binding},
+        consumer_factory=consumer_factory or (lambda: consumer),
+        producer_factory=lambda: producer,
+        emitter=Emitter([hook]),
+        stop=stop,
+        audit=DuplicateAudit(10),
+    )
     return loop, consumer, producer, calls, events
 
 
-def run_loop(steps: list[Callable[[FakeConsumer], list[Message]]], clock: Clock,
-             monkeypatch: pytest.MonkeyPatch) -> tuple[FakeConsumer, FakeProducer, list[int], list[Event]]:  # fmt: skip
+def run_loop(
+    steps: list[Callable[[FakeConsumer], list[Message]]], clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> tuple[FakeConsumer, FakeProducer, list[int], list[Event]]:
     loop, consumer, producer, calls, events = build_loop(steps, clock, monkeypatch)
     loop.run()
     return consumer, producer, calls, events
@@ -196,7 +211,7 @@ def test_a_freeze_that_kept_the_membership_acts_on_the_records_after_asking(monk
     def idle(c: FakeConsumer) -> list[Message]:
         return []
 
-    consumer, producer, calls, _ = run_loop([assigned, frozen, idle, idle], clock, monkeypatch)
+    consumer, _producer, calls, _ = run_loop([assigned, frozen, idle, idle], clock, monkeypatch)
     assert calls == [0, 1]
     assert {TP: 1} in consumer.commits  # the question asked after the gap
 
@@ -287,17 +302,24 @@ def test_successes_are_summed_per_partition_and_batch_and_finish_their_offsets(p
     binding = Binding(topic="orders", handler=handle, policy=POLICY, ctx=CTX, value_deserializer=bytes_value)
     loop = ConsumerLoop(
         LoopSettings(name="main", group_id="billing", topics=("orders",), max_wait_ms=10, commit_on_ack=False),
-        {"orders": binding}, consumer_factory=lambda: consumer, producer_factory=lambda: producer,
-        emitter=Emitter(hooks), stop=stop, audit=DuplicateAudit(10),
-    )  # fmt: skip
+        {"orders": binding},
+        consumer_factory=lambda: consumer,
+        producer_factory=lambda: producer,
+        emitter=Emitter(hooks),
+        stop=stop,
+        audit=DuplicateAudit(10),
+    )
 
     # when
     loop.run()
 
     # then: 5 successes in 3 events (two partitions in the first batch, two in the second), the failure routed
     assert [(d["partition"], d["count"], d["first_offset"], d["last_offset"]) for d in batch_hook.seen] == [
-        (0, 1, 0, 0), (1, 2, 0, 1), (0, 1, 2, 2), (1, 1, 2, 2),
-    ]  # fmt: skip
+        (0, 1, 0, 0),
+        (1, 2, 0, 1),
+        (0, 1, 2, 2),
+        (1, 1, 2, 2),
+    ]
     assert producer.produced == [CTX.topics.tiers[0].topic]
     assert every.count(Event.RECORD_HANDLED) == (5 if per_record_hook else 0)
     # every offset finished: the last commit covers both partitions to their end

@@ -15,9 +15,12 @@ TP: TopicPartition = ("orders", 0)
 
 def subscribed(broker: MemoryBroker, log: list[tuple[str, list[TopicPartition]]]) -> MemoryConsumer:
     consumer = broker.consumer("g", session_timeout_ms=6000)
-    consumer.subscribe(["orders"], on_assign=lambda tps: log.append(("assign", tps)),
-                       on_revoke=lambda tps: log.append(("revoke", tps)),
-                       on_lost=lambda tps: log.append(("lost", tps)))  # fmt: skip
+    consumer.subscribe(
+        ["orders"],
+        on_assign=lambda tps: log.append(("assign", tps)),
+        on_revoke=lambda tps: log.append(("revoke", tps)),
+        on_lost=lambda tps: log.append(("lost", tps)),
+    )
     return consumer
 
 

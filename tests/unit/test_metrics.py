@@ -19,8 +19,15 @@ def test_events_become_metrics() -> None:
     # per-record successes are not wanted by the hook (it counts the per-batch sums): delivered to nobody
     emit(Event.RECORD_HANDLED, topic="orders", partition=0, offset=9, attempt=1)
     emit(Event.RECORDS_HANDLED, topic="orders", partition=0, count=3, first_offset=1, last_offset=4, lateness_ms=())
-    emit(Event.RECORDS_HANDLED, topic="orders.b.retry.1s", partition=0, count=1, first_offset=1, last_offset=1,
-         lateness_ms=(40,))  # fmt: skip
+    emit(
+        Event.RECORDS_HANDLED,
+        topic="orders.b.retry.1s",
+        partition=0,
+        count=1,
+        first_offset=1,
+        last_offset=1,
+        lateness_ms=(40,),
+    )
     emit(Event.RECORD_FAILED, topic="orders", partition=0, offset=2, attempt=1, error="boom")
     emit(Event.RETRY_SCHEDULED, topic="orders", partition=0, offset=2, destination="orders.b.retry.1s", due_at=5)
     emit(Event.DLQ_DISPATCHED, topic="orders", partition=0, offset=3, destination="orders.b.dlq", reason="poison")
@@ -65,10 +72,12 @@ def test_consumer_lag_per_topic_from_librdkafka_statistics() -> None:
     stats = {
         "type": "consumer",
         "topics": {
-            "orders.b.retry.5s": {"partitions": {"0": {"consumer_lag": 7}, "1": {"consumer_lag": 3}, "-1": {"consumer_lag": -1}}},
+            "orders.b.retry.5s": {
+                "partitions": {"0": {"consumer_lag": 7}, "1": {"consumer_lag": 3}, "-1": {"consumer_lag": -1}}
+            },
             "orders": {"partitions": {"0": {"consumer_lag": -1}}},  # not consumed here: no series
         },
-    }  # fmt: skip
+    }
     hook.on_statistics(json.dumps(stats))
     assert _value(hook, "retrytopics_consumer_lag", topic="orders.b.retry.5s") == 10
     assert _value(hook, "retrytopics_consumer_lag", topic="orders") is None

@@ -34,8 +34,9 @@ def test_by_index_and_shared() -> None:
 def test_dlq_override_and_lookups() -> None:
     ts = topics_for("orders", "billing", RetryPolicy().tier_delays_ms, dlq="parking")
     assert ts.dlq == "parking"
-    assert ts.tier_by_topic("orders.billing.retry.30s") == TierTopic(index=1, delay_ms=30_000,
-                                                                       topic="orders.billing.retry.30s")
+    assert ts.tier_by_topic("orders.billing.retry.30s") == TierTopic(
+        index=1, delay_ms=30_000, topic="orders.billing.retry.30s"
+    )
     assert ts.tier_by_topic("orders") is None
     assert ts.tier_by_delay(300_000).index == 2
     with pytest.raises(ConfigError) as info:

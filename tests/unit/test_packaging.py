@@ -17,16 +17,21 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(out), str(ROOT)],
-        check=True, capture_output=True,
-    )  # fmt: skip
+        check=True,
+        capture_output=True,
+    )
     (built,) = out.glob("retrytopics-*.whl")
     return zipfile.ZipFile(built)
 
 
 def test_wheel_maps_the_repository_folders_into_the_namespace(wheel: zipfile.ZipFile) -> None:
     names = set(wheel.namelist())
-    for module in ("retrytopics/__init__.py", "retrytopics/connectors/kafka.py",
-                   "retrytopics/connectors/embedded.py", "retrytopics/spark/__init__.py"):  # fmt: skip
+    for module in (
+        "retrytopics/__init__.py",
+        "retrytopics/connectors/kafka.py",
+        "retrytopics/connectors/embedded.py",
+        "retrytopics/spark/__init__.py",
+    ):
         assert module in names, module
     assert not any(n.startswith(("connectors/", "spark/", "schemas/", "tests/")) for n in names)
 
@@ -54,5 +59,7 @@ def test_wheel_ships_the_console_templates_and_static_assets(wheel: zipfile.ZipF
     folder = ROOT / "retrytopics" / "console"
     in_repo = {str(p.relative_to(folder)) for sub in ("templates", "static") for p in (folder / sub).iterdir()}
     prefix = "retrytopics/console/"
-    in_wheel = {n.removeprefix(prefix) for n in wheel.namelist() if n.startswith((prefix + "templates/", prefix + "static/"))}
+    in_wheel = {
+        n.removeprefix(prefix) for n in wheel.namelist() if n.startswith((prefix + "templates/", prefix + "static/"))
+    }
     assert in_wheel == in_repo and "static/console.js" in in_wheel and "templates/chart.svg" in in_wheel

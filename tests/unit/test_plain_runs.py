@@ -28,9 +28,20 @@ from retrytopics.runtime.dispatch import Binding
 from retrytopics.runtime.loop import ConsumerLoop, LoopSettings
 
 from .test_loop_memory import (
-    CTX, DLQ, GROUP, POLICY, TIER, Ledger, StopWhen, committed_all, delivered_at, first_commit_past, new_broker,
-    run, use_broker_clock,
-)  # fmt: skip
+    CTX,
+    DLQ,
+    GROUP,
+    POLICY,
+    TIER,
+    Ledger,
+    StopWhen,
+    committed_all,
+    delivered_at,
+    first_commit_past,
+    new_broker,
+    run,
+    use_broker_clock,
+)
 
 
 class JsonLedger(Ledger):
@@ -45,16 +56,26 @@ class JsonLedger(Ledger):
         super().handle(record._replace(value=record.value.encode()))
 
 
-def json_loop(broker: MemoryBroker, ledger: Ledger, stop: threading.Event, *, consumer: MemoryConsumer | None = None,
-              **settings: Any) -> ConsumerLoop:  # fmt: skip
+def json_loop(
+    broker: MemoryBroker,
+    ledger: Ledger,
+    stop: threading.Event,
+    *,
+    consumer: MemoryConsumer | None = None,
+    **settings: Any,
+) -> ConsumerLoop:
     member = consumer or broker.consumer(GROUP)
     binding = Binding(topic="orders", handler=ledger.handle, policy=POLICY, ctx=CTX, value_deserializer=json_value)
     options: dict[str, Any] = {"max_wait_ms": 100, "commit_every": 1, "batch_size": 50, **settings}
     return ConsumerLoop(
-        LoopSettings(name="main", group_id=GROUP, topics=("orders",), **options), {"orders": binding},
-        consumer_factory=lambda: member, producer_factory=broker.producer,
-        emitter=Emitter([ledger]), stop=stop, audit=DuplicateAudit(100),
-    )  # fmt: skip
+        LoopSettings(name="main", group_id=GROUP, topics=("orders",), **options),
+        {"orders": binding},
+        consumer_factory=lambda: member,
+        producer_factory=broker.producer,
+        emitter=Emitter([ledger]),
+        stop=stop,
+        audit=DuplicateAudit(100),
+    )
 
 
 def hand_offs(broker: MemoryBroker, topic: str) -> list[tuple[bytes | None, RetryHeaders]]:
@@ -94,8 +115,10 @@ def test_each_partition_is_called_in_offset_order_and_a_failure_is_committed_onl
     # and: the failures are on the tier, with their coordinates; the poison record is in the DLQ as poison
     tier = {json.loads(value or b""): h for value, h in hand_offs(broker, TIER)}
     assert {i: (h.original_partition, h.original_offset, h.reconsume_times) for i, h in tier.items()} == {
-        "id-0-0": (0, 0, 1), "id-0-4": (0, 4, 1), "id-1-5": (1, 5, 1),
-    }  # fmt: skip
+        "id-0-0": (0, 0, 1),
+        "id-0-4": (0, 4, 1),
+        "id-1-5": (1, 5, 1),
+    }
     assert [(v, h.original_partition, h.original_offset, h.dlq_reason) for v, h in hand_offs(broker, DLQ)] == [
         (b"{not json", 2, 3, DlqReason.POISON)
     ]

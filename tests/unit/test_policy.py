@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from datetime import timedelta
 from typing import Any
 
@@ -67,13 +68,14 @@ def test_exponential_ladder_caps_and_repeats() -> None:
     multiplier=st.floats(min_value=1.0, max_value=100.0),
     tiers=st.integers(min_value=1, max_value=MAX_TIERS),
 )
-def test_exponential_is_non_decreasing_capped_and_sized(initial: int, factor: int, multiplier: float,
-                                                          tiers: int) -> None:
+def test_exponential_is_non_decreasing_capped_and_sized(
+    initial: int, factor: int, multiplier: float, tiers: int
+) -> None:
     cap = initial * factor
     ladder = Exponential(initial=f"{initial}ms", multiplier=multiplier, max_delay=f"{cap}ms", tiers=tiers)
     delays = ladder.delays_ms()
     assert len(delays) == tiers and delays[0] == initial
-    assert all(a <= b <= cap for a, b in zip(delays, delays[1:], strict=False))
+    assert all(a <= b <= cap for a, b in itertools.pairwise(delays))
 
 
 def test_rocketmq_preset() -> None:
@@ -86,9 +88,7 @@ def test_rocketmq_preset() -> None:
     assert info.value.field == "max_retry"
 
 
-@pytest.mark.parametrize(
-    ("value", "expected"), [(None, 3), (0, 0), (7, 7), (UNLIMITED, None)]
-)
+@pytest.mark.parametrize(("value", "expected"), [(None, 3), (0, 0), (7, 7), (UNLIMITED, None)])
 def test_max_retries_semantics(value: int | str | None, expected: int | None) -> None:
     policy = RetryPolicy(max_retries=value)  # type: ignore[arg-type]
     assert policy.max_retries_for(policy.schedule_ms) == expected

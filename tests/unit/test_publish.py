@@ -7,6 +7,7 @@ import json
 import random
 from collections.abc import Callable, Sequence
 from typing import Any
+
 import pytest
 
 from retrytopics.errors import KafkaClientError, PublishError
@@ -19,8 +20,7 @@ from retrytopics.router import InboundRecord, RouteContext, RouteKind, route
 from retrytopics.runtime.publish import Publisher, PublishJob, too_large_fallback
 from retrytopics.runtime.transactional import TransactionalPublisher
 
-CTX = RouteContext(policy=RetryPolicy(delays=["5s"]), topics=topics_for("orders", "billing", (5_000,)),
-                   group="billing")  # fmt: skip
+CTX = RouteContext(policy=RetryPolicy(delays=["5s"]), topics=topics_for("orders", "billing", (5_000,)), group="billing")
 T0 = 1_700_000_000_000
 
 
@@ -31,8 +31,16 @@ class SizeLimitedProducer:
         self.limit = limit
         self.written: list[tuple[str, bytes | None, bytes | None, tuple[Header, ...]]] = []
 
-    def produce(self, topic: str, *, key: bytes | None, value: bytes | None, headers: Sequence[Header],
-                partition: int | None, on_delivery: Callable[[PublishError | None], None]) -> None:  # fmt: skip
+    def produce(
+        self,
+        topic: str,
+        *,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Sequence[Header],
+        partition: int | None,
+        on_delivery: Callable[[PublishError | None], None],
+    ) -> None:
         size = len(key or b"") + len(value or b"") + sum(len(k) + len(v or b"") for k, v in headers)
         if size > self.limit:
             raise KafkaClientError("Broker: Message size too large", code="MSG_SIZE_TOO_LARGE")
@@ -50,8 +58,15 @@ def _job(value: bytes, user: tuple[Header, ...], acked: list[PublishJob]) -> Pub
     record = InboundRecord(topic="orders", partition=0, offset=7, timestamp_ms=T0, key=b"k", headers=user)
     r = route(CTX, record, RuntimeError("m" * 1000), now_ms=T0, rng=random.Random(0))
     assert r.kind is RouteKind.TIER
-    return PublishJob(route=r, key=b"k", value=value, source=("orders", 0), offset=7, on_acked=acked.append,
-                      shrink=too_large_fallback(CTX))  # fmt: skip
+    return PublishJob(
+        route=r,
+        key=b"k",
+        value=value,
+        source=("orders", 0),
+        offset=7,
+        on_acked=acked.append,
+        shrink=too_large_fallback(CTX),
+    )
 
 
 @pytest.mark.parametrize(
@@ -81,8 +96,13 @@ def test_a_too_large_republish_is_dead_lettered_in_at_most_two_steps(
     if step == 1:  # the exception details were enough: value and user headers kept
         assert (written, key, names["trace"]) == (value, b"k", user[0][1])
     else:  # the value became a reference, the user headers went
-        assert json.loads(written or b"") == {"too_large": True, "topic": "orders", "partition": 0, "offset": 7,
-                                              "value_bytes": value_size}  # fmt: skip
+        assert json.loads(written or b"") == {
+            "too_large": True,
+            "topic": "orders",
+            "partition": 0,
+            "offset": 7,
+            "value_bytes": value_size,
+        }
         assert "trace" not in names
 
 
@@ -107,8 +127,16 @@ class BatchingProducer:
         self.written: list[tuple[str, bytes | None, bytes | None]] = []
         self.reporting = False
 
-    def produce(self, topic: str, *, key: bytes | None, value: bytes | None, headers: Sequence[Header],
-                partition: int | None, on_delivery: Callable[[PublishError | None], None]) -> None:  # fmt: skip
+    def produce(
+        self,
+        topic: str,
+        *,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Sequence[Header],
+        partition: int | None,
+        on_delivery: Callable[[PublishError | None], None],
+    ) -> None:
         assert not self.reporting, "produce() called from inside a delivery report"
         self.queued.append(((topic, key, value), on_delivery))
 
@@ -120,8 +148,11 @@ class BatchingProducer:
             for record, report in batch:
                 if not refused:
                     self.written.append(record)
-                report(PublishError(record[0], "Broker: Message size too large", code="MSG_SIZE_TOO_LARGE")
-                       if refused else None)  # fmt: skip
+                report(
+                    PublishError(record[0], "Broker: Message size too large", code="MSG_SIZE_TOO_LARGE")
+                    if refused
+                    else None
+                )
             self.reporting = False
 
     def partition_count(self, topic: str) -> int:
@@ -132,8 +163,12 @@ def test_a_batch_refused_for_one_record_dead_letters_that_record_alone() -> None
     # setup: a tier taking 20,000 bytes a batch; seven jobs of one partition, the 4th 30,000 bytes
     tier, dlq = CTX.topics.tiers[0].topic, CTX.topics.dlq
     batched, alone, acked = BatchingProducer(tier, 20_000, batch=100), BatchingProducer(tier, 20_000, batch=1), []
-    publisher = Publisher(lambda: batched, Emitter(), make_alone_producer=lambda: alone,  # type: ignore[arg-type,return-value]
-                          wait=lambda _: 60.0)  # fmt: skip
+    publisher = Publisher(
+        lambda: batched,
+        Emitter(),
+        make_alone_producer=lambda: alone,  # type: ignore[arg-type,return-value]
+        wait=lambda _: 60.0,
+    )
     values = [b"v" * 30_000 if i == 3 else f"small-{i}".encode() for i in range(7)]
 
     # when: all seven are sent before the producer is polled, so they share a batch, then a few polls
@@ -144,7 +179,9 @@ def test_a_batch_refused_for_one_record_dead_letters_that_record_alone() -> None
 
     # then: the six small ones reach the tier, alone and unchanged; only the big one is dead-lettered
     assert batched.written == []
-    assert sorted(alone.written) == sorted([(tier, b"k", v) for i, v in enumerate(values) if i != 3] + [(dlq, b"k", values[3])])
+    assert sorted(alone.written) == sorted(
+        [(tier, b"k", v) for i, v in enumerate(values) if i != 3] + [(dlq, b"k", values[3])]
+    )
     assert sorted(j.route.reason or "" for j in acked) == [""] * 6 + [DlqReason.TOO_LARGE]
     assert publisher.in_flight == 0 and publisher.healthy
 
@@ -161,8 +198,9 @@ class FencedAbortableProducer(SizeLimitedProducer):
 
     def produce(self, topic: str, *, on_delivery: Callable[[PublishError | None], None], **kwargs: Any) -> None:
         if self.fenced:
-            on_delivery(PublishError(topic, "There is a newer producer with the same transactionalId",
-                                     code="PRODUCER_FENCED"))  # fmt: skip
+            on_delivery(
+                PublishError(topic, "There is a newer producer with the same transactionalId", code="PRODUCER_FENCED")
+            )
             return
         super().produce(topic, on_delivery=on_delivery, **kwargs)
 
@@ -205,8 +243,7 @@ def test_purge_reports_of_an_aborted_transaction_never_fail_the_next_one() -> No
     broker = MemoryBroker()
     broker.create_topics(["orders", CTX.topics.tiers[0].topic])
     consumer = broker.consumer("billing")
-    consumer.subscribe(["orders"], on_assign=lambda tps: None, on_revoke=lambda tps: None,
-                       on_lost=lambda tps: None)  # fmt: skip
+    consumer.subscribe(["orders"], on_assign=lambda tps: None, on_revoke=lambda tps: None, on_lost=lambda tps: None)
     consumer.consume(10, 0)
     publisher = TransactionalPublisher(lambda: broker.producer(transactional_id="billing-1"), Emitter())
 

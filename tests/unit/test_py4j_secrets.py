@@ -26,5 +26,5 @@ def test_a_secret_option_value_is_hidden_and_the_rest_kept() -> None:
 def test_kafka_options_guard_py4j_from_then_on(caplog: pytest.LogCaptureFixture) -> None:
     kafka_options(KafkaConfig(bootstrap="b:9092"))
     caplog.set_level(logging.DEBUG)
-    logging.getLogger("py4j.clientserver").debug("Command to send: %s", COMMAND[len("Command to send: "):])
+    logging.getLogger("py4j.clientserver").debug("Command to send: %s", COMMAND[len("Command to send: ") :])
     assert caplog.records and not [r for r in caplog.records if "S3cr3t!" in r.getMessage()]

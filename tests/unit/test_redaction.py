@@ -7,8 +7,8 @@ secret that must disappear. User patterns extend the built-in ones (`RetryApp(re
 from __future__ import annotations
 
 import random
-import time
 import re
+import time
 
 import pytest
 from hypothesis import assume, given, settings
@@ -165,8 +165,9 @@ def _route_twice(app: RetryApp, message: str) -> list[str]:
 
 def test_retry_app_redacts_exception_headers_with_its_own_patterns() -> None:
     # setup: an app with one user pattern on top of the built-in ones
-    app = RetryApp(kafka=KafkaConfig(bootstrap="127.0.0.1:9092"), group="billing",
-                   redact_patterns=[r"\bAKIA[0-9A-Z]{16}\b"])  # fmt: skip
+    app = RetryApp(
+        kafka=KafkaConfig(bootstrap="127.0.0.1:9092"), group="billing", redact_patterns=[r"\bAKIA[0-9A-Z]{16}\b"]
+    )
     app.handler("orders", policy=RetryPolicy(delays=["1s", "2s"]))(lambda record: None)
     # when: the failure's text carries a built-in form and the user's
     headers = _route_twice(app, "upstream refused access_token=at-1 for key AKIAIOSFODNN7EXAMPLE")
@@ -183,16 +184,48 @@ def test_retry_app_refuses_a_bad_pattern() -> None:
 
 
 # Secret forms of item 12, each with `{}` where the secret goes.
-_FORMS = ["AccountKey={}", "SharedAccessKey={};", "--password {}", "-pw {}", "pass={}", "pw={}",
-          "password%3D{}", "sig={}&se=1", ':password => "{}"', "'pass' => '{}'"]
+_FORMS = [
+    "AccountKey={}",
+    "SharedAccessKey={};",
+    "--password {}",
+    "-pw {}",
+    "pass={}",
+    "pw={}",
+    "password%3D{}",
+    "sig={}&se=1",
+    ':password => "{}"',
+    "'pass' => '{}'",
+]
 _SECRET_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+/=_.~%-!#"
-_PLAIN_WORDS = ["order", "42", "failed", "timeout", "compass", "basic", "design", "bypass", "passes", "user=bob",
-                "-", "--verbose", "at", "offset=7", "Auth", "=>", "signal", "keyboard", "Basic"]
+_PLAIN_WORDS = [
+    "order",
+    "42",
+    "failed",
+    "timeout",
+    "compass",
+    "basic",
+    "design",
+    "bypass",
+    "passes",
+    "user=bob",
+    "-",
+    "--verbose",
+    "at",
+    "offset=7",
+    "Auth",
+    "=>",
+    "signal",
+    "keyboard",
+    "Basic",
+]
 
 
-@given(form=st.sampled_from(_FORMS), secret=st.text(_SECRET_CHARS, min_size=6, max_size=40).filter(
-           lambda s: s[0] != "-" and s not in HIDDEN),
-       before=st.lists(st.sampled_from(_PLAIN_WORDS), max_size=4), after=st.lists(st.sampled_from(_PLAIN_WORDS), max_size=4))
+@given(
+    form=st.sampled_from(_FORMS),
+    secret=st.text(_SECRET_CHARS, min_size=6, max_size=40).filter(lambda s: s[0] != "-" and s not in HIDDEN),
+    before=st.lists(st.sampled_from(_PLAIN_WORDS), max_size=4),
+    after=st.lists(st.sampled_from(_PLAIN_WORDS), max_size=4),
+)
 @settings(max_examples=300, deadline=None)
 def test_secret_forms_are_hidden_whatever_the_secret_and_its_neighbours(
     form: str, secret: str, before: list[str], after: list[str]

@@ -19,7 +19,10 @@ from retrytopics.errors import ConfigError
 def test_replication_comes_from_toml_then_environment_then_flags(tmp_path: Path) -> None:
     path = tmp_path / "rt.toml"
     path.write_text("[app]\nreplication_factor = 3\nmin_insync_replicas = 2\n")
-    assert (load_settings(path=path, environ={}).app.min_insync_replicas, load_settings(path=path, environ={}).app.replication_factor) == (2, 3)
+    assert (
+        load_settings(path=path, environ={}).app.min_insync_replicas,
+        load_settings(path=path, environ={}).app.replication_factor,
+    ) == (2, 3)
     environ = {"RETRYTOPICS_APP_MIN_INSYNC_REPLICAS": "3"}
     assert load_settings(path=path, environ=environ).app.min_insync_replicas == 3
     flags = {"app": {"replication_factor": 5, "min_insync_replicas": 4}}
@@ -35,7 +38,10 @@ def test_replication_comes_from_toml_then_environment_then_flags(tmp_path: Path)
         ({"RETRYTOPICS_APP_REPLICATION_FACTOR": "-2"}, "app.replication_factor"),
         ({"RETRYTOPICS_APP_REPLICATION_FACTOR": "three"}, "app.replication_factor"),
         ({"RETRYTOPICS_APP_MIN_INSYNC_REPLICAS": "0"}, "app.min_insync_replicas"),
-        ({"RETRYTOPICS_APP_REPLICATION_FACTOR": "2", "RETRYTOPICS_APP_MIN_INSYNC_REPLICAS": "3"}, "app.min_insync_replicas"),
+        (
+            {"RETRYTOPICS_APP_REPLICATION_FACTOR": "2", "RETRYTOPICS_APP_MIN_INSYNC_REPLICAS": "3"},
+            "app.min_insync_replicas",
+        ),
     ],
 )
 def test_a_bad_replication_setting_names_its_field(environ: dict[str, str], field: str) -> None:
@@ -70,16 +76,22 @@ def test_topic_specs_carry_min_insync_replicas_and_refuse_impossible_ones() -> N
 def test_provision_refuses_bad_replication_before_any_io() -> None:
     app = RetryApp(kafka=KafkaConfig(bootstrap="127.0.0.1:1"), group="g")
     app.handler("orders")(lambda record: None)
-    for kwargs, field in (({"replication_factor": 0}, "provision.replication_factor"),
-                          ({"replication_factor": 1, "min_insync_replicas": 2}, "provision.min_insync_replicas")):  # fmt: skip
+    for kwargs, field in (
+        ({"replication_factor": 0}, "provision.replication_factor"),
+        ({"replication_factor": 1, "min_insync_replicas": 2}, "provision.min_insync_replicas"),
+    ):
         with pytest.raises(ConfigError) as refused:
             app.provision(partitions=1, timeout="1s", **kwargs)  # type: ignore[arg-type]
         assert refused.value.field == field
 
 
 def test_a_tier_or_dlq_less_durable_than_its_source_is_named() -> None:
-    strong, weak_copies, weak_acks = (TopicDurability(replication_factor=r, min_insync_replicas=m) for r, m in ((3, 2), (1, 1), (3, 1)))
-    warnings = less_durable("orders", {"orders": strong, "orders.retry.1s": weak_copies, "orders.dlq": weak_acks, "orders.retry.5s": strong})
+    strong, weak_copies, weak_acks = (
+        TopicDurability(replication_factor=r, min_insync_replicas=m) for r, m in ((3, 2), (1, 1), (3, 1))
+    )
+    warnings = less_durable(
+        "orders", {"orders": strong, "orders.retry.1s": weak_copies, "orders.dlq": weak_acks, "orders.retry.5s": strong}
+    )
     assert len(warnings) == 3
     assert "orders.retry.1s has replication factor 1, less than its source orders (3)" in warnings[0]
     assert "orders.retry.1s has min.insync.replicas=1" in warnings[1]

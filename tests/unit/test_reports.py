@@ -43,7 +43,11 @@ def test_tables_pad_columns_and_align_numbers_right() -> None:
     text = table(["topic", "records", "lag"], [["orders", 2000, None], [LONG, 7, 3]])
     assert_aligned(text)
     w = len(LONG)
-    assert text.splitlines() == [f"{'topic':<{w}}  records  lag", f"{'orders':<{w}}     2000    -", f"{LONG}        7    3"]
+    assert text.splitlines() == [
+        f"{'topic':<{w}}  records  lag",
+        f"{'orders':<{w}}     2000    -",
+        f"{LONG}        7    3",
+    ]
     assert not any(line != line.rstrip() for line in text.splitlines())
     assert table(["a", "b"], [["x", "1.0s"]], align="lr").splitlines()[1] == "x  1.0s"
     with pytest.raises(ValueError, match="2 columns"):
@@ -54,8 +58,15 @@ def test_tables_pad_columns_and_align_numbers_right() -> None:
 
 def test_values_are_written_as_people_read_them() -> None:
     assert [duration(ms) for ms in (None, 0, 999, 1000, 12_345, 60_000, 245_000, 7_800_000)] == [
-        "-", "0ms", "999ms", "1.0s", "12.3s", "1m00s", "4m05s", "2h10m",
-    ]  # fmt: skip
+        "-",
+        "0ms",
+        "999ms",
+        "1.0s",
+        "12.3s",
+        "1m00s",
+        "4m05s",
+        "2h10m",
+    ]
     assert counts({"exhausted": 10, "None": 2}) == "exhausted 10, unknown 2"
     assert counts({}) == "none"
     assert key_values([("selected", 25), ("would write", 7)]) == "selected     25\nwould write   7"
@@ -66,20 +77,47 @@ def _summary() -> dict[str, Any]:
     with one long topic name."""
     stage = {"overdue": 0, "unhandled": 0, "age_ms_p50": 5_300, "age_ms_max": 9_100}
     return {
-        "source": "orders", "group": "billing", "now_ms": 1, "grace_ms": 60_000,
-        "stages": [{**stage, "topic": "orders", "kind": "source", "records": 7},
-                   {**stage, "topic": "orders.billing.retry.1s", "kind": "tier", "records": 5, "overdue": 1, "unhandled": 1},
-                   {**stage, "topic": LONG, "kind": "tier", "records": 3},
-                   {**stage, "topic": "orders.billing.dlq", "kind": "dlq", "records": 2, "unhandled": None,
-                    "age_ms_p50": None, "age_ms_max": None}],
-        "dlq": {"records": 2, "by_reason": {"exhausted": 1, "non_retryable": 1},
-                "by_exception_type": {"TimeoutError": 1, "None": 1}, "replayed": 1, "pending": 1},
-        "by_exception_type": {"TimeoutError": 9}, "reconsume_times": {"1": 6, "2": 3, "3": 1},
-        "lineage": {"episodes": 6, "by_outcome": {"dead_lettered": 2, "in_flight": 2, "recovered": 2}, "recovered": 2,
-                    "attempts_p50": 2, "attempts_p99": 3, "time_to_recover_ms_p50": 1000, "time_to_recover_ms_p99": 20_000,
-                    "tiers": [{"topic": "orders.billing.retry.1s", "handled": 4, "recovered": 1, "success_rate": 0.25},
-                              {"topic": LONG, "handled": 0, "recovered": 0, "success_rate": None}]},
-    }  # fmt: skip
+        "source": "orders",
+        "group": "billing",
+        "now_ms": 1,
+        "grace_ms": 60_000,
+        "stages": [
+            {**stage, "topic": "orders", "kind": "source", "records": 7},
+            {**stage, "topic": "orders.billing.retry.1s", "kind": "tier", "records": 5, "overdue": 1, "unhandled": 1},
+            {**stage, "topic": LONG, "kind": "tier", "records": 3},
+            {
+                **stage,
+                "topic": "orders.billing.dlq",
+                "kind": "dlq",
+                "records": 2,
+                "unhandled": None,
+                "age_ms_p50": None,
+                "age_ms_max": None,
+            },
+        ],
+        "dlq": {
+            "records": 2,
+            "by_reason": {"exhausted": 1, "non_retryable": 1},
+            "by_exception_type": {"TimeoutError": 1, "None": 1},
+            "replayed": 1,
+            "pending": 1,
+        },
+        "by_exception_type": {"TimeoutError": 9},
+        "reconsume_times": {"1": 6, "2": 3, "3": 1},
+        "lineage": {
+            "episodes": 6,
+            "by_outcome": {"dead_lettered": 2, "in_flight": 2, "recovered": 2},
+            "recovered": 2,
+            "attempts_p50": 2,
+            "attempts_p99": 3,
+            "time_to_recover_ms_p50": 1000,
+            "time_to_recover_ms_p99": 20_000,
+            "tiers": [
+                {"topic": "orders.billing.retry.1s", "handled": 4, "recovered": 1, "success_rate": 0.25},
+                {"topic": LONG, "handled": 0, "recovered": 0, "success_rate": None},
+            ],
+        },
+    }
 
 
 def _blocks(text: str) -> list[str]:
@@ -91,7 +129,17 @@ def test_the_audit_prints_aligned_tables_and_no_reprs() -> None:
     assert not REPRS.search(text), text
     stages = next(b for b in _blocks(text) if b.startswith("stage"))
     assert_aligned(stages)
-    assert stages.splitlines()[0].split() == ["stage", "kind", "records", "overdue", "unhandled", "age", "p50", "age", "max"]
+    assert stages.splitlines()[0].split() == [
+        "stage",
+        "kind",
+        "records",
+        "overdue",
+        "unhandled",
+        "age",
+        "p50",
+        "age",
+        "max",
+    ]
     assert re.search(rf"^{re.escape(LONG)} +tier +3 +0 +0 +5\.3s +9\.1s$", stages, re.M)
     assert re.search(r"^orders\.billing\.dlq +dlq +2 +0 +- +- +-$", stages, re.M)
     tiers = next(b for b in _blocks(text) if b.startswith("tier"))
@@ -103,13 +151,34 @@ def test_the_audit_prints_aligned_tables_and_no_reprs() -> None:
 
 
 def _replay_result(**changes: Any) -> dict[str, Any]:
-    sample = [{"partition": 0, "offset": i, "origin_message_id": f"orders-0-{i}", "dlq_reason": "exhausted",
-               "exception_type": "examples.billing.GatewayTimeout", "replay_count": None if i else 1,
-               "destination": "orders"} for i in range(10)]  # fmt: skip
-    result = {"replay_id": "fix-1234", "dry_run": True, "destination": "original", "selected": 25,
-              "skipped_duplicates": 1, "skipped_foreign": 0, "skipped_invalid": 2, "skipped_max_replays": 3,
-              "parked": 0, "destination_topics": ["orders"], "skipped_invalid_by_problem": {"original_partition": 2},
-              "written": 0, "skipped_already_replayed": None, "sample": sample}  # fmt: skip
+    sample = [
+        {
+            "partition": 0,
+            "offset": i,
+            "origin_message_id": f"orders-0-{i}",
+            "dlq_reason": "exhausted",
+            "exception_type": "examples.billing.GatewayTimeout",
+            "replay_count": None if i else 1,
+            "destination": "orders",
+        }
+        for i in range(10)
+    ]
+    result = {
+        "replay_id": "fix-1234",
+        "dry_run": True,
+        "destination": "original",
+        "selected": 25,
+        "skipped_duplicates": 1,
+        "skipped_foreign": 0,
+        "skipped_invalid": 2,
+        "skipped_max_replays": 3,
+        "parked": 0,
+        "destination_topics": ["orders"],
+        "skipped_invalid_by_problem": {"original_partition": 2},
+        "written": 0,
+        "skipped_already_replayed": None,
+        "sample": sample,
+    }
     return {**result, **changes}
 
 
@@ -123,8 +192,15 @@ def test_a_replay_dry_run_prints_counts_and_its_sample_as_tables() -> None:
     assert re.search(r"^would write +19$", counts_block, re.M)  # 25 selected - 1 - 2 - 3 skipped
     assert "invalid by problem: original_partition 2" in counts_block
     rows = sample_block.splitlines()[1:]
-    assert rows[0].split() == ["partition", "offset", "origin_message_id", "dlq_reason", "exception_type",
-                               "replay_count", "destination"]  # fmt: skip
+    assert rows[0].split() == [
+        "partition",
+        "offset",
+        "origin_message_id",
+        "dlq_reason",
+        "exception_type",
+        "replay_count",
+        "destination",
+    ]
     assert_aligned("\n".join(rows))
     assert len(rows) == 11 and rows[2].split()[5] == "-"
 
@@ -158,8 +234,17 @@ def test_record_text_reaches_the_terminal_escaped_and_shortened() -> None:
     assert "\\x1b]0;owned\\x07\\x1b[2J\\u202eevil\\r\\n" in audit_text
     assert max(len(line) for line in audit_text.splitlines()) < 160
 
-    sample = [{"partition": 0, "offset": 1, "origin_message_id": HOSTILE, "dlq_reason": "exhausted",
-               "exception_type": HOSTILE, "replay_count": None, "destination": "orders"}]  # fmt: skip
+    sample = [
+        {
+            "partition": 0,
+            "offset": 1,
+            "origin_message_id": HOSTILE,
+            "dlq_reason": "exhausted",
+            "exception_type": HOSTILE,
+            "replay_count": None,
+            "destination": "orders",
+        }
+    ]
     replay = replay_text(_replay_result(sample=sample, skipped_invalid_by_problem={HOSTILE: 1}))
     _no_control_characters(replay)
     assert "\\x1b]0;owned" in replay and max(len(line) for line in replay.splitlines()) < 200

@@ -57,8 +57,12 @@ def test_first_failure_on_the_source_topic() -> None:
     assert (r.kind, r.topic, r.due_at_ms, r.reason) == (RouteKind.TIER, "orders.billing.retry.5s", T0 + 5_000, None)
     h = r.retry
     assert (h.reconsume_times, h.tier, h.due_at, h.first_failed_at, h.last_failed_at) == (1, 0, T0 + 5_000, T0, T0)
-    assert (h.origin_message_id, h.original_topic, h.original_partition, h.original_offset) == ("orders-3-42", "orders",
-                                                                                                 3, 42)
+    assert (h.origin_message_id, h.original_topic, h.original_partition, h.original_offset) == (
+        "orders-3-42",
+        "orders",
+        3,
+        42,
+    )
     assert h.original_timestamp == T0 - 5 and h.consumer_group == "billing"
     assert h.exception_type == "builtins.OSError" and h.exception_message == "db down"
     assert r.headers == (*USER, *H.encode(h))
@@ -70,7 +74,10 @@ def test_first_failure_on_the_source_topic() -> None:
 def test_exhausted_after_one_retry_per_tier_counts_failures() -> None:
     routes = run(context(), [OSError(str(i)) for i in range(10)])
     assert [r.topic for r in routes] == [
-        "orders.billing.retry.5s", "orders.billing.retry.30s", "orders.billing.retry.5m", "orders.billing.dlq"
+        "orders.billing.retry.5s",
+        "orders.billing.retry.30s",
+        "orders.billing.retry.5m",
+        "orders.billing.dlq",
     ]
     dlq = routes[-1]
     assert dlq.reason is DlqReason.EXHAUSTED and dlq.retry.dlq_reason is DlqReason.EXHAUSTED
@@ -116,10 +123,16 @@ def test_timeout_also_applies_to_a_long_first_delay() -> None:
     [
         (NonRetryable(KeyError("sku")), DlqReason.NON_RETRYABLE, "builtins.KeyError"),
         (ValueError("bad"), DlqReason.NON_RETRYABLE, "builtins.ValueError"),
-        (PoisonRecordError("orders", 3, 42, b"\xff", ValueError("json")), DlqReason.POISON,
-         "retrytopics.errors.PoisonRecordError"),
-        (HeaderDecodeError("retry.tier", b"x", "bad"), DlqReason.INVALID_RETRY_HEADERS,
-         "retrytopics.errors.HeaderDecodeError"),
+        (
+            PoisonRecordError("orders", 3, 42, b"\xff", ValueError("json")),
+            DlqReason.POISON,
+            "retrytopics.errors.PoisonRecordError",
+        ),
+        (
+            HeaderDecodeError("retry.tier", b"x", "bad"),
+            DlqReason.INVALID_RETRY_HEADERS,
+            "retrytopics.errors.HeaderDecodeError",
+        ),
     ],
 )
 def test_straight_to_the_dlq(failure: BaseException, reason: DlqReason, described: str) -> None:
@@ -145,9 +158,10 @@ def test_a_hint_beyond_the_longest_tier_is_capped_to_it() -> None:
 
 def test_per_exception_schedule_routes_to_its_own_tiers() -> None:
     ctx = context(RetryPolicy(per_exception={TimeoutError: ["1m", "10m"]}))
-    assert ctx.topics.all_topics == tuple(
-        f"orders.billing.retry.{d}" for d in ("5s", "30s", "1m", "5m", "10m")
-    ) + ("orders.billing.dlq",)
+    assert ctx.topics.all_topics == (
+        *tuple(f"orders.billing.retry.{d}" for d in ("5s", "30s", "1m", "5m", "10m")),
+        "orders.billing.dlq",
+    )
     routes = run(ctx, [TimeoutError(), TimeoutError(), TimeoutError()])
     assert [r.topic.rsplit(".", 1)[1] for r in routes] == ["1m", "10m", "dlq"]
 
@@ -164,8 +178,14 @@ def test_invariants_across_hops(kinds: list[type[Exception]], jitter: float, see
     for n, r in enumerate(routes, start=1):
         h = r.retry
         assert h.reconsume_times == n  # exactly one per hop
-        assert (h.origin_message_id, h.original_topic, h.original_partition, h.original_offset,
-                h.original_timestamp, h.first_failed_at) == (first.origin_message_id, "orders", 3, 42, T0 - 5, T0)
+        assert (
+            h.origin_message_id,
+            h.original_topic,
+            h.original_partition,
+            h.original_offset,
+            h.original_timestamp,
+            h.first_failed_at,
+        ) == (first.origin_message_id, "orders", 3, 42, T0 - 5, T0)
         keys = Counter(k for k, _ in r.headers if k.startswith(H.RETRY_PREFIX))
         assert max(keys.values()) == 1  # no header key duplicated
         assert r.headers[: len(USER)] == USER  # user headers byte for byte, in order
@@ -180,7 +200,9 @@ def test_invariants_across_hops(kinds: list[type[Exception]], jitter: float, see
     st.lists(st.sampled_from([OSError, TimeoutError, ValueError, PoisonRecordError]), min_size=1, max_size=12),
     st.integers(),
 )
-def test_a_state_the_caller_read_once_routes_exactly_as_if_route_read_it(kinds: list[type[Exception]], seed: int) -> None:
+def test_a_state_the_caller_read_once_routes_exactly_as_if_route_read_it(
+    kinds: list[type[Exception]], seed: int
+) -> None:
     # the runtime reads a record's retry state when it arrives and hands it to route() (issue 13: headers
     # are decoded once); every hop must route byte for byte as if route() had read the headers itself
     ctx = context(RetryPolicy(max_retries=UNLIMITED, jitter=0.5, per_exception={TimeoutError: ["1s", "1m"]}))
@@ -202,14 +224,19 @@ def test_headers_the_caller_could_not_read_go_to_the_dlq_as_invalid() -> None:
     # the runtime passes previous=None and the HeaderDecodeError it got as the failure
     ctx = context()
     first = route(ctx, source(), OSError("down"), now_ms=T0, rng=random.Random(0))
-    forged = arrive(dataclasses.replace(first, headers=tuple((k, b"x") if k == H.RECONSUME_TIMES else (k, v)
-                                                             for k, v in first.headers)))  # fmt: skip
+    forged = arrive(
+        dataclasses.replace(
+            first, headers=tuple((k, b"x") if k == H.RECONSUME_TIMES else (k, v) for k, v in first.headers)
+        )
+    )
     with pytest.raises(HeaderDecodeError) as bad:
         read_retry_state(ctx, forged, now_ms=T0 + 5_000)
     r = route(ctx, forged, bad.value, now_ms=T0 + 5_000, rng=random.Random(0), previous=None)
     assert (r.kind, r.reason, r.retry.exception_type) == (
-        RouteKind.DLQ, DlqReason.INVALID_RETRY_HEADERS, "retrytopics.errors.HeaderDecodeError",
-    )  # fmt: skip
+        RouteKind.DLQ,
+        DlqReason.INVALID_RETRY_HEADERS,
+        "retrytopics.errors.HeaderDecodeError",
+    )
     assert H.RECONSUME_TIMES in r.retry.exception_message
 
 
@@ -224,9 +251,19 @@ def test_due_times_are_monotone_per_tier_without_jitter(fail_times: list[int]) -
 
 
 forged_keys = st.sampled_from(
-    [H.RECONSUME_TIMES, H.TIER, H.DUE_AT, H.ORIGIN_MESSAGE_ID, H.ORIGINAL_TOPIC, H.DLQ_REASON, H.CONSUMER_GROUP,
-     H.FIRST_FAILED_AT, H.SCHEMA_VERSION, "retry.anything"]
-)  # fmt: skip
+    [
+        H.RECONSUME_TIMES,
+        H.TIER,
+        H.DUE_AT,
+        H.ORIGIN_MESSAGE_ID,
+        H.ORIGINAL_TOPIC,
+        H.DLQ_REASON,
+        H.CONSUMER_GROUP,
+        H.FIRST_FAILED_AT,
+        H.SCHEMA_VERSION,
+        "retry.anything",
+    ]
+)
 forged = st.lists(st.tuples(forged_keys, st.none() | st.binary(max_size=20) | st.sampled_from([b"999", b"0"])))
 
 
@@ -254,8 +291,13 @@ def test_a_complete_well_formed_forged_header_set_on_a_source_record_is_ignored(
 
 
 def test_lineage_is_the_only_thing_kept_from_a_source_record() -> None:
-    replayed = (*USER, (H.REPLAY_ID, b"run-9"), (H.REPLAY_COUNT, b"2"), (H.REPLAY_ORIGIN_ID, b"orders-1-1"),
-                (H.ORIGIN_MESSAGE_ID, b"orders-1-1"))  # fmt: skip
+    replayed = (
+        *USER,
+        (H.REPLAY_ID, b"run-9"),
+        (H.REPLAY_COUNT, b"2"),
+        (H.REPLAY_ORIGIN_ID, b"orders-1-1"),
+        (H.ORIGIN_MESSAGE_ID, b"orders-1-1"),
+    )
     r = route(context(), source(headers=replayed), OSError(), now_ms=T0, rng=random.Random(0))
     assert r.retry.lineage == Lineage(replay_id="run-9", replay_count=2, replay_origin_id="orders-1-1")
     assert r.retry.origin_message_id == "orders-3-42"  # an incoming origin id never becomes ours
@@ -324,8 +366,14 @@ def test_with_max_retries_zero_no_tier_record_is_legitimate() -> None:
 
 
 def test_garbage_on_a_tier_goes_to_the_dlq() -> None:
-    record = InboundRecord(topic="orders.billing.retry.30s", partition=1, offset=9, timestamp_ms=T0, key=None,
-                           headers=((H.TIER, b"\xff"), ("u", b"1")))  # fmt: skip
+    record = InboundRecord(
+        topic="orders.billing.retry.30s",
+        partition=1,
+        offset=9,
+        timestamp_ms=T0,
+        key=None,
+        headers=((H.TIER, b"\xff"), ("u", b"1")),
+    )
     r = route(context(), record, OSError(), now_ms=T0, rng=random.Random(0))
     assert r.reason is DlqReason.INVALID_RETRY_HEADERS and r.partition_hint == 1
     assert r.headers[0] == ("u", b"1") and [k for k, _ in r.headers].count(H.TIER) == 0

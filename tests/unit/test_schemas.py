@@ -93,4 +93,3 @@ def test_an_invalid_record_does_not_validate() -> None:
 def test_int_ranges_of_the_code_fit_the_avro_types(reconsume: int, offset: int) -> None:
     h = dataclasses.replace(routed(OSError(), replayed=False), reconsume_times=reconsume, original_offset=offset)
     assert validate(to_record(h), PARSED_RETRY, raise_errors=True)
-

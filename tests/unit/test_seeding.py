@@ -44,7 +44,9 @@ def test_the_key_looked_up_is_the_key_of_the_hop_route_writes() -> None:
     dlq, dead = _hop(tier2, 3, second, NonRetryable(ValueError("bad")))
     assert (tier1, tier2, dlq) == (CTX.topics.tiers[0].topic, CTX.topics.tiers[1].topic, CTX.topics.dlq)
     # then: each record's hand-off key is the audit key of the next hop
-    assert hand_off_key(None, ("orders", 0, 42), NOW, 0) == audit_key(decode(list(first))) == ("orders", 0, 42, NOW, 0, 1)
+    assert (
+        hand_off_key(None, ("orders", 0, 42), NOW, 0) == audit_key(decode(list(first))) == ("orders", 0, 42, NOW, 0, 1)
+    )
     assert hand_off_key(decode(list(first)), (tier1, 0, 7), NOW + 5, 0) == audit_key(decode(list(second)))
     assert hand_off_key(decode(list(second)), (tier2, 0, 3), NOW + 9, 0) == audit_key(decode(list(dead)))
     # a record at the same offset of a recreated topic (another timestamp) was not handed off
@@ -111,17 +113,30 @@ def test_a_record_whose_hop_was_dead_lettered_as_a_too_large_reference_is_found_
     # given: a keyed source record whose DLQ hop was shrunk to a reference, as publishing it would do
     key, value = b"k" * 2_000, b"v" * 5_000
     source = Message("orders", 0, 42, NOW, key, value, ())
-    failed = route(CTX, InboundRecord(topic="orders", partition=0, offset=42, timestamp_ms=NOW, key=key, headers=()),
-                   NonRetryable(ValueError("bad")), now_ms=NOW, rng=random.Random(1))  # fmt: skip
-    job = PublishJob(route=failed, key=key, value=value, source=("orders", 0), offset=42,
-                     shrink=too_large_fallback(CTX))  # fmt: skip
+    failed = route(
+        CTX,
+        InboundRecord(topic="orders", partition=0, offset=42, timestamp_ms=NOW, key=key, headers=()),
+        NonRetryable(ValueError("bad")),
+        now_ms=NOW,
+        rng=random.Random(1),
+    )
+    job = PublishJob(
+        route=failed, key=key, value=value, source=("orders", 0), offset=42, shrink=too_large_fallback(CTX)
+    )
     assert job.shrink is not None and job.shrink(job) and job.shrink(job)
     assert job.key is None and json.loads(job.value or b"")["too_large"] is True
     hop = Message(job.route.topic, 0, 9, NOW + 5, job.key, job.value, tuple(job.route.headers))
     binding = Binding(topic="orders", handler=lambda r: None, policy=POLICY, ctx=CTX, value_deserializer=bytes_value)
-    suppressor = DuplicateSuppressor(cast(Any, None), cast(Any, None), {"orders": binding}, lambda *a, **k: None,
-                                     name="billing", tail_reader=lambda topics, last, timeout_s: [hop], seed_last=10,
-                                     seed_timeout_s=1.0)  # fmt: skip
+    suppressor = DuplicateSuppressor(
+        cast(Any, None),
+        cast(Any, None),
+        {"orders": binding},
+        lambda *a, **k: None,
+        name="billing",
+        tail_reader=lambda topics, last, timeout_s: [hop],
+        seed_last=10,
+        seed_timeout_s=1.0,
+    )
     # when: the partition is assigned
     suppressor.seed([("orders", 0)])
     # then: that record was handed off; one with a value of another size, or a key the hop would keep, was not

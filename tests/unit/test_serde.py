@@ -13,15 +13,25 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from retrytopics.connectors.serde import (
-    avro, avro_serializer, bytes_value, deserialize, json_serializer, json_value, utf8,
-)  # fmt: skip
+    avro,
+    avro_serializer,
+    bytes_value,
+    deserialize,
+    json_serializer,
+    json_value,
+    utf8,
+)
 from retrytopics.errors import ConfigError, PoisonRecordError
 
 ORDER = json.loads((Path(__file__).parents[2] / "schemas" / "order.avsc").read_text())
 AN_ORDER = {
-    "order_id": "o-1", "customer_id": "c-9", "amount_cents": 1250, "currency": "EUR",
-    "created_at": 1_700_000_000_000, "items": [{"sku": "A-1", "quantity": 2}],
-}  # fmt: skip
+    "order_id": "o-1",
+    "customer_id": "c-9",
+    "amount_cents": 1250,
+    "currency": "EUR",
+    "created_at": 1_700_000_000_000,
+    "items": [{"sku": "A-1", "quantity": 2}],
+}
 #: What fastavro reads back: the timestamp-millis logical type becomes an aware datetime.
 AN_ORDER_READ = {**AN_ORDER, "created_at": datetime.fromtimestamp(1_700_000_000, tz=UTC)}
 
@@ -40,8 +50,13 @@ def test_bytes_and_utf8() -> None:
     assert isinstance(error.cause, UnicodeDecodeError)
 
 
-@given(value=st.recursive(st.none() | st.booleans() | st.integers() | st.text(),
-                          lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner), max_leaves=10))
+@given(
+    value=st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(),
+        lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner),
+        max_leaves=10,
+    )
+)
 def test_json_round_trip(value: object) -> None:
     assert json_value(json_serializer(value)) == value
 
@@ -97,6 +112,12 @@ def test_any_exception_from_a_custom_deserializer_is_poison() -> None:
 
 def test_context_carries_topic_and_headers() -> None:
     seen = []
-    deserialize(lambda data, ctx: seen.append((ctx.topic, ctx.headers)), b"x", topic="orders", partition=0,
-                offset=0, headers=[("h", b"1")])  # fmt: skip
+    deserialize(
+        lambda data, ctx: seen.append((ctx.topic, ctx.headers)),
+        b"x",
+        topic="orders",
+        partition=0,
+        offset=0,
+        headers=[("h", b"1")],
+    )
     assert seen == [("orders", [("h", b"1")])]

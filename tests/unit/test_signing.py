@@ -78,8 +78,11 @@ _USER_NAMES = st.sampled_from(["tenant", "role", "trace", "retry"])  # "retry": 
 
 
 @settings(max_examples=200, deadline=None)
-@given(user=st.lists(st.tuples(_USER_NAMES, st.one_of(st.none(), text)), min_size=1, max_size=4),
-       change=st.sampled_from(["rewrite", "add", "drop", "duplicate", "reorder"]), data=text)
+@given(
+    user=st.lists(st.tuples(_USER_NAMES, st.one_of(st.none(), text)), min_size=1, max_size=4),
+    change=st.sampled_from(["rewrite", "add", "drop", "duplicate", "reorder"]),
+    data=text,
+)
 def test_user_headers_their_order_and_duplicates_are_signed(
     user: list[tuple[str, bytes | None]], change: str, data: bytes
 ) -> None:
@@ -105,11 +108,19 @@ def test_user_headers_their_order_and_duplicates_are_signed(
 def test_a_tier_record_with_rewritten_tenant_and_role_headers_goes_to_the_dlq() -> None:
     """The forgery of issue 21 item 8: a genuine signed tier record copied with `tenant` and `role`
     rewritten no longer verifies, so its consumer dead-letters it instead of handing it to the handler."""
-    source = InboundRecord(topic="orders", partition=0, offset=9, timestamp_ms=NOW, key=b"k", value=b"v",
-                           headers=(("tenant", b"acme"), ("role", b"viewer")))  # fmt: skip
+    source = InboundRecord(
+        topic="orders",
+        partition=0,
+        offset=9,
+        timestamp_ms=NOW,
+        key=b"k",
+        value=b"v",
+        headers=(("tenant", b"acme"), ("role", b"viewer")),
+    )
     hop = route(CTX, source, OSError("down"), now_ms=NOW, rng=random.Random(0))
-    genuine = InboundRecord(topic=TIER, partition=0, offset=1, timestamp_ms=NOW, key=b"k", value=b"v",
-                            headers=hop.headers)  # fmt: skip
+    genuine = InboundRecord(
+        topic=TIER, partition=0, offset=1, timestamp_ms=NOW, key=b"k", value=b"v", headers=hop.headers
+    )
     assert read_retry_state(CTX, genuine, now_ms=NOW + 1_000) is not None
     rewritten = tuple((k, {"tenant": b"globex", "role": b"admin"}.get(k, v)) for k, v in hop.headers)
     forged = dataclasses.replace(genuine, headers=rewritten)
@@ -121,9 +132,14 @@ def test_a_tier_record_with_rewritten_tenant_and_role_headers_goes_to_the_dlq() 
 
 
 #: A record signed by version 1 (the release before user headers were signed), with key `KEY`.
-_V1_HEADERS = (("tenant", b"acme"), ("role", b"viewer"), ("retry.reconsume_times", b"1"), ("retry.due_at", b"5"),
-               ("retry.tier", b"0"),
-               (SIGNATURE, b"8994675531f1eca81d30b594e07912a910fafb3711e91287926eb1ee110f7ddb"))  # fmt: skip
+_V1_HEADERS = (
+    ("tenant", b"acme"),
+    ("role", b"viewer"),
+    ("retry.reconsume_times", b"1"),
+    ("retry.due_at", b"5"),
+    ("retry.tier", b"0"),
+    (SIGNATURE, b"8994675531f1eca81d30b594e07912a910fafb3711e91287926eb1ee110f7ddb"),
+)
 
 
 def test_a_version_1_signature_is_named_and_accepted_only_when_asked() -> None:
@@ -140,8 +156,10 @@ def test_a_version_1_signature_is_named_and_accepted_only_when_asked() -> None:
 
 
 @settings(max_examples=100, deadline=None)
-@given(a=st.lists(st.tuples(st.sampled_from(["retry.a", "retry.b", "user"]), st.one_of(st.none(), text)), max_size=3),
-       b=st.lists(st.tuples(st.sampled_from(["retry.a", "retry.b", "user"]), st.one_of(st.none(), text)), max_size=3))
+@given(
+    a=st.lists(st.tuples(st.sampled_from(["retry.a", "retry.b", "user"]), st.one_of(st.none(), text)), max_size=3),
+    b=st.lists(st.tuples(st.sampled_from(["retry.a", "retry.b", "user"]), st.one_of(st.none(), text)), max_size=3),
+)
 def test_the_encoding_is_unambiguous(a: list, b: list) -> None:
     # two different header lists never share a signature: fields are length-prefixed, order counts
     signed = sign(KEYS, TIER, None, b"", a)
@@ -166,10 +184,17 @@ def test_rotation_signs_with_the_first_key_and_accepts_every_key() -> None:
     assert verify(HeaderKeys.of(OLD), TIER, b"k", b"v", sign(rotated, TIER, b"k", b"v", HEADERS)) is not None
 
 
-@pytest.mark.parametrize("bad, field", [
-    ("short", "header_key"), (b"x" * 31, "header_key"), ([KEY, "short"], "header_key[1]"), ([], "header_key"),
-    (12345, "header_key"), ([KEY, 7], "header_key[1]"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "bad, field",
+    [
+        ("short", "header_key"),
+        (b"x" * 31, "header_key"),
+        ([KEY, "short"], "header_key[1]"),
+        ([], "header_key"),
+        (12345, "header_key"),
+        ([KEY, 7], "header_key[1]"),
+    ],
+)
 def test_a_short_or_ill_typed_key_fails_at_start_up_naming_the_field(bad: object, field: str) -> None:
     with pytest.raises(ConfigError) as caught:
         RetryApp(kafka=KafkaConfig(bootstrap="127.0.0.1:9"), group="billing", header_key=bad)  # type: ignore[arg-type]
@@ -195,8 +220,9 @@ def _tier_record(ctx: RouteContext = CTX, *, value: bytes | None = b"v", key: by
     source = InboundRecord(topic="orders", partition=0, offset=9, timestamp_ms=NOW, key=key, headers=(), value=value)
     r = route(ctx, source, OSError("down"), now_ms=NOW, rng=random.Random(0))
     assert r.kind is RouteKind.TIER and r.topic == TIER
-    return InboundRecord(topic=r.topic, partition=0, offset=1, timestamp_ms=NOW, key=key, headers=r.headers,
-                         value=value)  # fmt: skip
+    return InboundRecord(
+        topic=r.topic, partition=0, offset=1, timestamp_ms=NOW, key=key, headers=r.headers, value=value
+    )
 
 
 def test_every_route_is_signed_for_its_destination() -> None:
@@ -206,8 +232,9 @@ def test_every_route_is_signed_for_its_destination() -> None:
     assert dead.kind is RouteKind.DLQ
     assert verify(KEYS, TOPICS.dlq, b"k", b"v", dead.headers) is None
     assert verify(KEYS, TIER, b"k", b"v", dead.headers) is not None  # not valid on any other topic
-    assert SIGNATURE not in dict(route(PLAIN, dataclasses.replace(record, headers=()), OSError(), now_ms=NOW,
-                                       rng=random.Random(0)).headers)  # without keys: nothing signed
+    assert SIGNATURE not in dict(
+        route(PLAIN, dataclasses.replace(record, headers=()), OSError(), now_ms=NOW, rng=random.Random(0)).headers
+    )  # without keys: nothing signed
 
 
 def test_a_genuine_signed_tier_record_is_read_and_retried_normally() -> None:
@@ -215,8 +242,9 @@ def test_a_genuine_signed_tier_record_is_read_and_retried_normally() -> None:
     assert state is not None and state.reconsume_times == 1
 
 
-@pytest.mark.parametrize("forge", ["unsigned", "wrong_key", "altered_value", "altered_key", "altered_state",
-                                   "moved_from_tier_1"])  # fmt: skip
+@pytest.mark.parametrize(
+    "forge", ["unsigned", "wrong_key", "altered_value", "altered_key", "altered_state", "moved_from_tier_1"]
+)
 def test_a_forged_tier_record_goes_to_the_dlq_as_invalid_retry_headers(forge: str) -> None:
     record = _tier_record()
     headers = list(record.headers)
@@ -229,8 +257,9 @@ def test_a_forged_tier_record_goes_to_the_dlq_as_invalid_retry_headers(forge: st
     elif forge == "altered_key":
         record = dataclasses.replace(record, key=b"other")
     elif forge == "altered_state":
-        record = dataclasses.replace(record, headers=tuple(
-            (k, b"2") if k == "retry.reconsume_times" else (k, v) for k, v in headers))
+        record = dataclasses.replace(
+            record, headers=tuple((k, b"2") if k == "retry.reconsume_times" else (k, v) for k, v in headers)
+        )
     else:  # headers the app signed for another topic (tier 1), copied verbatim into tier 0
         state = read_retry_state(CTX, record, now_ms=NOW)
         assert state is not None
@@ -258,8 +287,9 @@ def test_seeding_ignores_tail_records_whose_signature_does_not_verify(caplog: py
     # given: a genuine hop of source record 9, and a forged hop naming source record 10 (valid headers,
     # written by a principal with WRITE on the tier but without the key)
     genuine = _tier_record()
-    forged_state = dataclasses.replace(read_retry_state(CTX, genuine, now_ms=NOW) or _fail(), original_offset=10,
-                                       origin_message_id="orders-0-10")  # fmt: skip
+    forged_state = dataclasses.replace(
+        read_retry_state(CTX, genuine, now_ms=NOW) or _fail(), original_offset=10, origin_message_id="orders-0-10"
+    )
     forged = Message(TIER, 0, 2, NOW, b"k", b"v", tuple(encode(forged_state)), None)
     tail = [Message(TIER, 0, 1, NOW, b"k", b"v", genuine.headers, None), forged]
     audit = HandOffs()
@@ -291,9 +321,12 @@ def test_a_replay_mark_binds_its_replay_id_topic_and_source_record_and_needs_the
     (plain,) = mark_keys(nonce, None)
     mark = replay_mark(plain, "fix-1", "orders", "orders-0-7")
     assert len(mark) == 64 and mark == replay_mark(plain, "fix-1", "orders", "orders-0-7")
-    others = {replay_mark(plain, "fix-2", "orders", "orders-0-7"), replay_mark(plain, "fix-1", "orders.dlq.parked",
-              "orders-0-7"), replay_mark(plain, "fix-1", "orders", "orders-0-8"), replay_mark(b"\0" * 32, "fix-1",
-              "orders", "orders-0-7")}  # fmt: skip
+    others = {
+        replay_mark(plain, "fix-2", "orders", "orders-0-7"),
+        replay_mark(plain, "fix-1", "orders.dlq.parked", "orders-0-7"),
+        replay_mark(plain, "fix-1", "orders", "orders-0-8"),
+        replay_mark(b"\0" * 32, "fix-1", "orders", "orders-0-7"),
+    }
     assert mark not in others and len(others) == 4
     rotated = mark_keys(nonce, HeaderKeys.of([KEY, OLD]))
     assert len(rotated) == 2 and plain not in rotated  # the ledger's nonce alone makes no keyed mark

@@ -19,12 +19,16 @@ def test_order_schema_maps_to_a_struct() -> None:
 
 
 def test_nullable_unions_maps_and_named_references() -> None:
-    schema = {"type": "record", "name": "R", "fields": [
-        {"name": "a", "type": ["null", "string"]},
-        {"name": "m", "type": {"type": "map", "values": "long"}},
-        {"name": "e", "type": {"type": "enum", "name": "E", "symbols": ["X"]}},
-        {"name": "e2", "type": "E"},
-    ]}  # fmt: skip
+    schema = {
+        "type": "record",
+        "name": "R",
+        "fields": [
+            {"name": "a", "type": ["null", "string"]},
+            {"name": "m", "type": {"type": "map", "values": "long"}},
+            {"name": "e", "type": {"type": "enum", "name": "E", "symbols": ["X"]}},
+            {"name": "e2", "type": "E"},
+        ],
+    }
     fields = {f.name: f.dataType for f in avro_to_spark_type(schema).fields}  # type: ignore[attr-defined]
     assert fields == {"a": StringType(), "m": MapType(StringType(), LongType()), "e": StringType(), "e2": StringType()}
     with pytest.raises(ConfigError, match="unions"):
@@ -34,6 +38,9 @@ def test_nullable_unions_maps_and_named_references() -> None:
 def test_every_retry_header_has_a_typed_column() -> None:
     from retrytopics import headers
 
-    names = {getattr(headers, n) for n in headers.__all__ if isinstance(getattr(headers, n), str)
-             and getattr(headers, n).startswith("retry.")}  # fmt: skip
+    names = {
+        getattr(headers, n)
+        for n in headers.__all__
+        if isinstance(getattr(headers, n), str) and getattr(headers, n).startswith("retry.")
+    }
     assert names - {key for key, _ in RETRY_COLUMNS.values()} == {"retry.exception_trace", "retry."}

@@ -15,19 +15,27 @@ from retrytopics.spark.where import ALLOWED_COLUMNS, FUNCTIONS, MAX_DEPTH, MAX_L
 @pytest.mark.parametrize(
     ("text", "sql"),
     [
-        ("original_partition = 3 AND reconsume_times >= 2",
-         "((`original_partition` = 3) AND (`reconsume_times` >= 2))"),
-        ("dlq_reason = 'exhausted' or NOT replay_count > 0",
-         "((`dlq_reason` = 'exhausted') OR (NOT (`replay_count` > 0)))"),
+        (
+            "original_partition = 3 AND reconsume_times >= 2",
+            "((`original_partition` = 3) AND (`reconsume_times` >= 2))",
+        ),
+        (
+            "dlq_reason = 'exhausted' or NOT replay_count > 0",
+            "((`dlq_reason` = 'exhausted') OR (NOT (`replay_count` > 0)))",
+        ),
         ("lower(exception_type) LIKE '%time''out%'", "(lower(`exception_type`) LIKE '%time\\'out%')"),
         ('exception_message = "it\'s"', "(`exception_message` = 'it\\'s')"),
         ('exception_message = "say ""hi"""', "(`exception_message` = 'say \"hi\"')"),
         ("exception_message = 'a\\nb\\\\'", "(`exception_message` = 'a\\nb\\\\')"),  # Spark's escapes kept
-        ("original_offset NOT IN (1, 2) AND tier IS NOT NULL",
-         "((`original_offset` NOT IN (1, 2)) AND (`tier` IS NOT NULL))"),
+        (
+            "original_offset NOT IN (1, 2) AND tier IS NOT NULL",
+            "((`original_offset` NOT IN (1, 2)) AND (`tier` IS NOT NULL))",
+        ),
         ("`partition` between 0 and -1", "(`partition` BETWEEN 0 AND (- 1))"),
-        ("unix_millis(timestamp) - unix_millis(first_failed_at) < 60000 * 5",
-         "((unix_millis(`timestamp`) - unix_millis(`first_failed_at`)) < (60000 * 5))"),
+        (
+            "unix_millis(timestamp) - unix_millis(first_failed_at) < 60000 * 5",
+            "((unix_millis(`timestamp`) - unix_millis(`first_failed_at`)) < (60000 * 5))",
+        ),
         ("coalesce(replay_count, 0) <> 1", "(coalesce(`replay_count`, 0) != 1)"),
         ("startswith(origin_message_id, 'orders-') = true", "(startswith(`origin_message_id`, 'orders-') = TRUE)"),
     ],

@@ -13,13 +13,20 @@ from retrytopics.step import Action, decide
 MS = st.integers(0, 10**13)
 
 
-@given(behind=st.booleans(), handed_off=st.booleans(), duplicate=st.booleans(), due=st.none() | MS, now=MS,
-       horizon=st.integers(0, 10**6))  # fmt: skip
+@given(
+    behind=st.booleans(),
+    handed_off=st.booleans(),
+    duplicate=st.booleans(),
+    due=st.none() | MS,
+    now=MS,
+    horizon=st.integers(0, 10**6),
+)
 def test_the_rules_hold_in_their_order(
     behind: bool, handed_off: bool, duplicate: bool, due: int | None, now: int, horizon: int
 ) -> None:
-    action = decide(behind_queue=behind, handed_off=handed_off, duplicate=duplicate, due_ms=due, now_ms=now,
-                    horizon_ms=horizon)  # fmt: skip
+    action = decide(
+        behind_queue=behind, handed_off=handed_off, duplicate=duplicate, due_ms=due, now_ms=now, horizon_ms=horizon
+    )
     not_due = due is not None and due > now
     if behind:
         assert action is Action.WAIT_BEHIND

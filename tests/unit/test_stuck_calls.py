@@ -45,7 +45,7 @@ def test_a_call_past_its_bound_is_abandoned_and_the_next_runs_on_a_fresh_thread(
     calls = BoundedCalls(timeout_s=0.2, name="test")
     forever = threading.Event()
     started = time.monotonic()
-    with pytest.raises(CallAbandoned, match="stuck did not return within 0.2 s"):
+    with pytest.raises(CallAbandoned, match=r"stuck did not return within 0\.2 s"):
         calls.call("stuck", forever.wait)
     assert time.monotonic() - started < 2
     assert calls.call("quick", lambda x: x + 1, 41) == 42
@@ -114,8 +114,12 @@ class _StuckOn:
 
 
 def _publisher(broker: MemoryBroker, stuck: str, release: threading.Event, made: list[Any]) -> TransactionalPublisher:
-    return TransactionalPublisher(lambda: _StuckOn(broker, stuck, release, made), Emitter(), timeout_s=0.1,  # type: ignore[arg-type,return-value]
-                                  consumer="billing:main")  # fmt: skip
+    return TransactionalPublisher(
+        lambda: _StuckOn(broker, stuck, release, made),
+        Emitter(),
+        timeout_s=0.1,  # type: ignore[arg-type,return-value]
+        consumer="billing:main",
+    )
 
 
 def _group_member(broker: MemoryBroker) -> object:
@@ -148,8 +152,11 @@ def test_a_producer_whose_start_is_stuck_fails_the_publisher_start_within_its_bo
     broker, release, made = MemoryBroker(), threading.Event(), []
     started = time.monotonic()
     with pytest.raises(CallAbandoned, match="init_transactions"):
-        TransactionalPublisher(lambda: _StuckOn(broker, "init_transactions", release, made), Emitter(),  # type: ignore[arg-type,return-value]
-                               start_timeout_s=0.1)  # fmt: skip
+        TransactionalPublisher(
+            lambda: _StuckOn(broker, "init_transactions", release, made),
+            Emitter(),  # type: ignore[arg-type,return-value]
+            start_timeout_s=0.1,
+        )
     assert time.monotonic() - started < 2
     release.set()
 
@@ -219,8 +226,7 @@ def test_a_commit_that_times_out_in_librdkafka_is_asked_again_and_commits() -> N
     assert producer.times == 0 and publisher.healthy and broker.committed("billing") == {("orders", 0): 1}
 
 
-def _stuck_app(broker: MemoryBroker, entered: threading.Event, release: threading.Event,
-               **options: Any) -> RetryApp:  # fmt: skip
+def _stuck_app(broker: MemoryBroker, entered: threading.Event, release: threading.Event, **options: Any) -> RetryApp:
     app = RetryApp(kafka=KAFKA, group="billing", clients=MemoryClientFactory(broker), **options)
 
     @app.handler("orders")
@@ -276,8 +282,11 @@ def test_sigterm_with_a_handler_that_never_returns_stops_waiting_in_its_bound(
     runner = app._runner
     try:
         assert entered.wait(10)
-        threading.Thread(target=_sigterm_once_handled, args=(signal.getsignal(signal.SIGTERM), 2 if second_signal else 1),
-                         daemon=True).start()  # fmt: skip
+        threading.Thread(
+            target=_sigterm_once_handled,
+            args=(signal.getsignal(signal.SIGTERM), 2 if second_signal else 1),
+            daemon=True,
+        ).start()
         started = time.monotonic()
         with caplog.at_level(logging.INFO, logger="retrytopics"):
             runner.run_until_stopped(stop_timeout_s=60.0 if second_signal else 0.5)

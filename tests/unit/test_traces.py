@@ -77,9 +77,19 @@ def _with_note() -> BaseException:
 
 @pytest.mark.parametrize(
     "exc",
-    [ValueError("bad"), ValueError(), KeyError("k"), OSError(2, "gone"), RuntimeError("two\nlines"), _Unprintable(),
-     _with_note(), SyntaxError("bad syntax", ("f.py", 1, 2, "x y")), TimeoutError(""), ExceptionGroup("g", [ValueError()]),
-     type("Local", (Exception,), {"__module__": "__main__"})("in main")],  # fmt: skip
+    [
+        ValueError("bad"),
+        ValueError(),
+        KeyError("k"),
+        OSError(2, "gone"),
+        RuntimeError("two\nlines"),
+        _Unprintable(),
+        _with_note(),
+        SyntaxError("bad syntax", ("f.py", 1, 2, "x y")),
+        TimeoutError(""),
+        ExceptionGroup("g", [ValueError()]),
+        type("Local", (Exception,), {"__module__": "__main__"})("in main"),
+    ],
 )
 def test_the_exception_line_is_tracebacks_own(exc: BaseException) -> None:
     from retrytopics.traces import _exception_text
@@ -106,8 +116,16 @@ def _raised(exc: BaseException) -> BaseException:
 
 @pytest.mark.parametrize(
     "exc",
-    [ValueError("bad"), RuntimeError("two\nlines"), _with_note(), SyntaxError("bad syntax", ("f.py", 1, 2, "x y")),
-     _Unprintable(), ExceptionGroup("g", [ValueError()]), _fail("order 3 timed out"), _in_except()],  # fmt: skip
+    [
+        ValueError("bad"),
+        RuntimeError("two\nlines"),
+        _with_note(),
+        SyntaxError("bad syntax", ("f.py", 1, 2, "x y")),
+        _Unprintable(),
+        ExceptionGroup("g", [ValueError()]),
+        _fail("order 3 timed out"),
+        _in_except(),
+    ],
 )
 def test_the_description_cache_answers_what_describing_anew_would(exc: BaseException) -> None:
     from retrytopics.diagnostics import describe, describe_now
@@ -133,8 +151,15 @@ def test_records_failing_alike_share_a_key_and_others_do_not() -> None:
     assert _key(_raised(_with_note())) is None and _key(_raised(_Unprintable())) is None
 
 
-@pytest.mark.parametrize("make", [lambda: _fail("order 7 timed out"), _in_except, lambda: _raised(ValueError("v")),
-                                  lambda: ValueError("never raised")])  # fmt: skip
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: _fail("order 7 timed out"),
+        _in_except,
+        lambda: _raised(ValueError("v")),
+        lambda: ValueError("never raised"),
+    ],
+)
 def test_a_keyed_chain_formats_exactly_as_the_failure_does(make: Callable[[], BaseException]) -> None:
     # the description of a new site or message is built from what keyed_chain read, not read again
     from retrytopics.traces import format_links, keyed_chain
@@ -148,8 +173,8 @@ def test_a_keyed_chain_formats_exactly_as_the_failure_does(make: Callable[[], Ba
 
 
 def test_the_cache_keeps_each_records_message_and_each_apps_redaction() -> None:
-    from retrytopics.redaction import Redactor
     from retrytopics.diagnostics import describe
+    from retrytopics.redaction import Redactor
 
     first, second = describe(_fail("order 1 timed out"), redact), describe(_fail("order 2 timed out"), redact)
     assert "order 1" in first.exception_trace and "order 2" in second.exception_trace

@@ -17,8 +17,12 @@ from retrytopics import ConfigError, KafkaConfig, RetryApp
 from retrytopics.client_factory import MemoryClientFactory
 from retrytopics.memory import MemoryBroker
 from retrytopics.ports import ProducerPort
-from retrytopics.transactions import CALL_TIMEOUT_MS, EXACTLY_ONCE_MAX_POLL_INTERVAL_MS, default_instance_id
-from retrytopics.transactions import transaction_timeout_ms
+from retrytopics.transactions import (
+    CALL_TIMEOUT_MS,
+    EXACTLY_ONCE_MAX_POLL_INTERVAL_MS,
+    default_instance_id,
+    transaction_timeout_ms,
+)
 
 KAFKA = KafkaConfig(bootstrap="127.0.0.1:9")
 
@@ -29,7 +33,9 @@ def test_the_default_transaction_timeout_covers_a_poll_batch_and_its_two_commit_
 
 
 @given(st.integers(min_value=1, max_value=880_000), st.integers(min_value=0, max_value=1_000_000))
-def test_a_given_transaction_timeout_is_kept_when_it_covers_them_and_refused_otherwise(poll_ms: int, given_ms: int) -> None:
+def test_a_given_transaction_timeout_is_kept_when_it_covers_them_and_refused_otherwise(
+    poll_ms: int, given_ms: int
+) -> None:
     needed = poll_ms + 2 * CALL_TIMEOUT_MS
     if given_ms >= needed:
         assert transaction_timeout_ms(poll_ms, {"transaction.timeout.ms": given_ms}) == given_ms
@@ -52,7 +58,10 @@ def test_the_instance_id_comes_from_the_setting_then_the_host_name_then_chance()
         return "random"
 
     assert default_instance_id({"RETRYTOPICS_INSTANCE_ID": "worker-2", "HOSTNAME": "pod-7"}, chance) == "worker-2"
-    assert default_instance_id({"RETRYTOPICS_INSTANCE_ID": " ", "HOSTNAME": "billing-5d9f-x2x"}, chance) == "billing-5d9f-x2x"
+    assert (
+        default_instance_id({"RETRYTOPICS_INSTANCE_ID": " ", "HOSTNAME": "billing-5d9f-x2x"}, chance)
+        == "billing-5d9f-x2x"
+    )
     assert default_instance_id({}, chance) == "random"
 
 

@@ -12,7 +12,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_package_passes_mypy_strict() -> None:
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "typecheck.py")], capture_output=True, text=True,
-                            timeout=300, check=False)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "typecheck.py")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "Success: no issues found" in result.stdout

@@ -68,8 +68,9 @@ class Pipeline:
         uid = f"{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.kafka = kafka
         self.source, self.group = f"console-orders-{uid}", f"console-billing-{uid}"
-        self.app = RetryApp(kafka=kafka, group=self.group,
-                            consumer_overrides={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500})  # fmt: skip
+        self.app = RetryApp(
+            kafka=kafka, group=self.group, consumer_overrides={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
+        )
 
     def dlq_records(self) -> list[Any]:
         return read_topic(self.kafka, self.app.topics(self.source).dlq)
@@ -110,18 +111,34 @@ def pipeline(kafka: KafkaConfig) -> Iterator[Pipeline]:
         wait_until(lambda: sum(calls.values()) == 4 + 3 * 2 + 3 * 3 + 2, 30, "every handler call")
     finally:
         assert p.app.stop()
-    crafted = dict(
-        reconsume_times=1, original_topic=p.source, original_partition=0, original_offset=10_000,
-        original_timestamp=-1, consumer_group=p.group, tier=None, due_at=None, first_failed_at=1_700_000_000_000,
-        last_failed_at=1_700_000_000_000, exception_trace="Traceback: " + XSS_MESSAGE, dlq_reason=DlqReason.NON_RETRYABLE,
-    )  # fmt: skip
-    evil = RetryHeaders(origin_message_id="evil-1", exception_type="<b>evil.Type</b>", exception_message=XSS_MESSAGE,
-                        **crafted)  # type: ignore[arg-type]  # fmt: skip
-    traced = RetryHeaders(origin_message_id="traced-1", exception_type="builtins.KeyError", exception_message="k",
-                          **crafted)  # type: ignore[arg-type]  # fmt: skip
+    crafted = {
+        "reconsume_times": 1,
+        "original_topic": p.source,
+        "original_partition": 0,
+        "original_offset": 10_000,
+        "original_timestamp": -1,
+        "consumer_group": p.group,
+        "tier": None,
+        "due_at": None,
+        "first_failed_at": 1_700_000_000_000,
+        "last_failed_at": 1_700_000_000_000,
+        "exception_trace": "Traceback: " + XSS_MESSAGE,
+        "dlq_reason": DlqReason.NON_RETRYABLE,
+    }
+    evil = RetryHeaders(
+        origin_message_id="evil-1", exception_type="<b>evil.Type</b>", exception_message=XSS_MESSAGE, **crafted
+    )  # type: ignore[arg-type]
+    traced = RetryHeaders(
+        origin_message_id="traced-1", exception_type="builtins.KeyError", exception_message="k", **crafted
+    )  # type: ignore[arg-type]
     dlq = p.app.topics(p.source).dlq
-    producer.produce(dlq, key=XSS_KEY.encode(), value=XSS_VALUE, partition=0,
-                     headers=[("x-note", XSS_HEADER.encode()), *encode(evil)])  # fmt: skip
+    producer.produce(
+        dlq,
+        key=XSS_KEY.encode(),
+        value=XSS_VALUE,
+        partition=0,
+        headers=[("x-note", XSS_HEADER.encode()), *encode(evil)],
+    )
     producer.produce(dlq, key=b"k-traced", value=b"{}", partition=1, headers=[("trace-id", b"abc"), *encode(traced)])
     assert producer.flush(30) == 0
     yield p
@@ -141,8 +158,15 @@ def console(pipeline: Pipeline) -> Iterator[str]:
     port = free_port()
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(create_app(ConsoleOptions(actions=True, token=TOKEN), reader),
-                                           host="127.0.0.1", port=port, log_level="warning", log_config=None))  # fmt: skip
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(ConsoleOptions(actions=True, token=TOKEN), reader),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+            log_config=None,
+        )
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     wait_until(lambda: server.started, 30, "the console to listen")

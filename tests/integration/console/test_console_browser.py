@@ -30,11 +30,20 @@ from retrytopics.connectors.broker_process import free_port
 from retrytopics.headers import DlqReason, decode
 
 from .conftest import (
-    XSS_HEADER, XSS_KEY, XSS_VALUE, Pipeline, end_offsets, log_in, shot, shown_coordinates,
-    wait_until, written_by_the_replay_shown,
-)  # fmt: skip
+    XSS_HEADER,
+    XSS_KEY,
+    XSS_VALUE,
+    Pipeline,
+    end_offsets,
+    log_in,
+    shot,
+    shown_coordinates,
+    wait_until,
+    written_by_the_replay_shown,
+)
 
 pytestmark = pytest.mark.broker
+
 
 def test_pipeline_page_shows_the_topics_counts(pipeline: Pipeline, console: str, page: Any) -> None:
     """Every stage's record count is its topics' end offsets, and the DLQ by reason is the DLQ's own content,
@@ -45,13 +54,22 @@ def test_pipeline_page_shows_the_topics_counts(pipeline: Pipeline, console: str,
     # polled from here: the page's CSP forbids evaluating strings, which page.wait_for_function does
     wait_until(lambda: "/chart.svg?at=" in page.get_attribute("#chart", "src"), 15, "the page's script to refresh it")
     assert page.text_content("#updated") != first_update  # refreshed without a reload
-    wait_until(lambda: page.text_content("#counted") == page.text_content("#counted-of") != "0", 30,
-               "every tier and DLQ record counted")
-    stages = page.eval_on_selector_all("#stages tbody tr", "rows => rows.map(r => [...r.cells].map(c => c.textContent))")
+    wait_until(
+        lambda: page.text_content("#counted") == page.text_content("#counted-of") != "0",
+        30,
+        "every tier and DLQ record counted",
+    )
+    stages = page.eval_on_selector_all(
+        "#stages tbody tr", "rows => rows.map(r => [...r.cells].map(c => c.textContent))"
+    )
     shown = {row[1]: int(row[2]) for row in stages}
-    expected = {t: end_offsets(pipeline.kafka, t) for t in (topics.source, *(t.topic for t in topics.tiers), topics.dlq)}
+    expected = {
+        t: end_offsets(pipeline.kafka, t) for t in (topics.source, *(t.topic for t in topics.tiers), topics.dlq)
+    }
     assert shown == expected and expected[topics.dlq] == 7
-    by_reason = page.eval_on_selector_all("#by-reason tbody tr", "rows => rows.map(r => [...r.cells].map(c => c.textContent))")
+    by_reason = page.eval_on_selector_all(
+        "#by-reason tbody tr", "rows => rows.map(r => [...r.cells].map(c => c.textContent))"
+    )
     truth = Counter(decode(list(m.headers())).dlq_reason.value for m in pipeline.dlq_records())
     assert {reason: int(n) for reason, n in by_reason} == truth == {"exhausted": 3, "non_retryable": 4}
     shot(page, "pipeline")
@@ -68,10 +86,13 @@ def test_pipeline_page_shows_the_topics_counts(pipeline: Pipeline, console: str,
         ("since=2020-01-01T00:00:00Z", lambda r, m: m.timestamp()[1] >= 1_577_836_800_000),
     ],
 )
-def test_filters_show_exactly_the_matching_records(pipeline: Pipeline, console: str, page: Any, query: str,
-                                                   matches: Callable[[Any, Any], bool]) -> None:  # fmt: skip
+def test_filters_show_exactly_the_matching_records(
+    pipeline: Pipeline, console: str, page: Any, query: str, matches: Callable[[Any, Any], bool]
+) -> None:
     """A filter keeps exactly the DLQ records that match it (compared with the DLQ read back), no more."""
-    expected = {f"{m.partition()}:{m.offset()}" for m in pipeline.dlq_records() if matches(decode(list(m.headers())), m)}
+    expected = {
+        f"{m.partition()}:{m.offset()}" for m in pipeline.dlq_records() if matches(decode(list(m.headers())), m)
+    }
     page.goto(f"{console}/dlq?{query}")
     assert shown_coordinates(page) == expected and expected
 
@@ -101,7 +122,9 @@ def test_lineage_of_an_exhausted_record_shows_its_three_hops(pipeline: Pipeline,
     shot(page, "lineage")
 
 
-def test_html_and_script_in_a_record_render_as_text_and_run_nothing(pipeline: Pipeline, console: str, page: Any) -> None:
+def test_html_and_script_in_a_record_render_as_text_and_run_nothing(
+    pipeline: Pipeline, console: str, page: Any
+) -> None:
     """Key, header, exception type, message, trace and value of a crafted record show as the literal text;
     no dialog opens, no request leaves the console, no element of the payload exists; the secret in the
     message is hidden; every response carries the strict CSP."""
@@ -152,15 +175,19 @@ def test_replay_from_the_page_writes_each_record_once(pipeline: Pipeline, consol
     assert len(replayed) == 3 and sorted(m.value() for m in replayed) == [b"broken-0", b"broken-1", b"broken-2"]
 
 
-def test_replay_of_a_filter_to_the_first_tier_writes_valid_tier_records(pipeline: Pipeline, console: str,
-                                                                        page: Any) -> None:  # fmt: skip
+def test_replay_of_a_filter_to_the_first_tier_writes_valid_tier_records(
+    pipeline: Pipeline, console: str, page: Any
+) -> None:
     """Every record matching a filter (the app's two non-retryable failures) is replayed to the first tier
     once, with retry headers a tier consumer accepts: tier 0, due at once, the failure count reset, the
     replay lineage naming the DLQ record's origin id."""
     log_in(page, console, "grace")
     page.goto(console + "/dlq?reason=non_retryable&exception_type=builtins.ValueError")
-    expected = {decode(list(m.headers())).origin_message_id for m in pipeline.dlq_records()
-                if decode(list(m.headers())).exception_type == "builtins.ValueError"}  # fmt: skip
+    expected = {
+        decode(list(m.headers())).origin_message_id
+        for m in pipeline.dlq_records()
+        if decode(list(m.headers())).exception_type == "builtins.ValueError"
+    }
     page.check("input[name=destination][value=first_tier]")
     page.click("#preview-filter")
     page.wait_for_selector("#confirm")
@@ -179,9 +206,25 @@ def test_read_only_console_offers_no_action_and_refuses_a_forged_post(pipeline: 
     replay endpoint is refused (403) and writes nothing."""
     port = free_port()
     cli = str(Path(sys.executable).with_name("retrytopics"))
-    process = subprocess.Popen([cli, "console", "--bootstrap", pipeline.kafka.bootstrap, "--topic", pipeline.source,
-                                "--group", pipeline.group, "--delays", "200ms,400ms", "--port", str(port)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    process = subprocess.Popen(
+        [
+            cli,
+            "console",
+            "--bootstrap",
+            pipeline.kafka.bootstrap,
+            "--topic",
+            pipeline.source,
+            "--group",
+            pipeline.group,
+            "--delays",
+            "200ms,400ms",
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert process.stdout is not None
         assert f"read-only) on http://127.0.0.1:{port}/" in process.stdout.readline()

@@ -22,8 +22,12 @@ CLI = str(Path(sys.executable).with_name("retrytopics"))
 
 
 def test_the_demo_reports_start_up_apart_and_prints_a_console_command_that_works(kafka: KafkaConfig) -> None:
-    demo = subprocess.run([CLI, "demo", "--no-spark", "--records", "300", "--bootstrap", kafka.bootstrap],
-                          capture_output=True, text=True, timeout=240)  # fmt: skip
+    demo = subprocess.run(
+        [CLI, "demo", "--no-spark", "--records", "300", "--bootstrap", kafka.bootstrap],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert demo.returncode == 0, demo.stderr[-3000:]
     lines = demo.stdout.splitlines()
     assert any(line.split()[:1] == ["start-up"] for line in lines), demo.stdout
@@ -32,7 +36,7 @@ def test_the_demo_reports_start_up_apart_and_prints_a_console_command_that_works
     command = lines[-1].partition("Next, see this run in the browser: ")[2]
     assert command.startswith("retrytopics console "), demo.stdout
     port = free_port()
-    args = shlex.split(command)[1:] + ["--port", str(port)]
+    args = [*shlex.split(command)[1:], "--port", str(port)]
     console = subprocess.Popen([CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
@@ -45,7 +49,9 @@ def test_the_demo_reports_start_up_apart_and_prints_a_console_command_that_works
                     break
             except OSError:
                 pass
-            assert time.monotonic() < deadline and console.poll() is None, console.stderr.read() if console.stderr else ""
+            assert time.monotonic() < deadline and console.poll() is None, (
+                console.stderr.read() if console.stderr else ""
+            )
             time.sleep(0.2)
         stages = {s["kind"]: s for s in data["stages"]}
         assert stages["source"]["records"] == 300 and stages["dlq"]["records"] == dead

@@ -20,8 +20,11 @@ def test_a_filter_past_the_consoles_limit_runs_the_spark_replay_from_the_page(
     pipeline: Pipeline, console: str, page: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(actions, "MAX_SELECTION", 2)  # the console in this process replays at most 2 itself
-    exhausted = {decode(list(m.headers())).origin_message_id for m in pipeline.dlq_records()
-                 if decode(list(m.headers())).dlq_reason == DlqReason.EXHAUSTED}  # fmt: skip
+    exhausted = {
+        decode(list(m.headers())).origin_message_id
+        for m in pipeline.dlq_records()
+        if decode(list(m.headers())).dlq_reason == DlqReason.EXHAUSTED
+    }
     log_in(page, console, "linus")
     page.goto(console + "/dlq?reason=exhausted")
     page.click("#preview-filter")
@@ -29,8 +32,11 @@ def test_a_filter_past_the_consoles_limit_runs_the_spark_replay_from_the_page(
     assert "--reason exhausted" in page.text_content("#command")
     page.click("#spark-preview")
     page.wait_for_url("**/actions/jobs/*")
-    wait_until(lambda: shown(page, "#spark-run, #problem"), 300,
-               "the dry run to finish (the page reloads itself when the job's state changes)")  # fmt: skip
+    wait_until(
+        lambda: shown(page, "#spark-run, #problem"),
+        300,
+        "the dry run to finish (the page reloads itself when the job's state changes)",
+    )
     assert page.query_selector("#problem") is None, page.text_content("#problem")
     assert page.text_content("[data-count=selected]") == "3" and page.text_content("[data-count=written]") == "0"
     page.click("#spark-run")

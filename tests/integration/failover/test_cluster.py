@@ -45,14 +45,19 @@ def test_the_cluster_elects_a_controller_and_survives_its_kill(
 
     # when: the active controller is SIGKILLed
     cluster.kill(controller)
-    successor = wait_until(lambda: (c := cluster.active_controller()) not in (None, controller) and c, 30,
-                           "another node to become the active controller")  # fmt: skip
+    successor = wait_until(
+        lambda: (c := cluster.active_controller()) not in (None, controller) and c,
+        30,
+        "another node to become the active controller",
+    )
 
     # then: acks=all writes succeed on the two nodes left, and every record reads back
     producer = Producer({"bootstrap.servers": kafka.bootstrap, "acks": "all", "enable.idempotence": True})
     failures: list[object] = []
     for i in range(300):
-        producer.produce(topic, value=str(i).encode(), partition=i % 3, on_delivery=lambda err, _m: err and failures.append(err))
+        producer.produce(
+            topic, value=str(i).encode(), partition=i % 3, on_delivery=lambda err, _m: err and failures.append(err)
+        )
     assert producer.flush(60) == 0 and not failures, failures
     cluster.restart(controller)
     cluster.await_brokers(3)
@@ -61,8 +66,13 @@ def test_the_cluster_elects_a_controller_and_survives_its_kill(
     consumer.subscribe([topic])
     seen: set[int] = set()
     try:
-        wait_until(lambda: seen.update(int(m.value()) for m in consumer.consume(500, 0.5) if not m.error()) or len(seen) == 300,
-                   60, "every record written with a node down")  # fmt: skip
+        wait_until(
+            lambda: (
+                seen.update(int(m.value()) for m in consumer.consume(500, 0.5) if not m.error()) or len(seen) == 300
+            ),
+            60,
+            "every record written with a node down",
+        )
     finally:
         consumer.close()
     assert successor != controller and seen == set(range(300))
@@ -73,8 +83,9 @@ def test_provisioning_sets_replication_and_warns_of_a_less_durable_tier(
 ) -> None:
     kafka = cluster.kafka_config()
     source, group = unique_name("orders"), unique_name("billing")
-    pipeline = AppSettings(topic=source, group=group, delays=("1s", "5s"), partitions=2, replication_factor=3,
-                           min_insync_replicas=3)  # fmt: skip
+    pipeline = AppSettings(
+        topic=source, group=group, delays=("1s", "5s"), partitions=2, replication_factor=3, min_insync_replicas=3
+    )
     provision_pipeline(kafka, pipeline, create_source=True)
     rows = describe_pipeline(kafka, pipeline)
     assert {(r.replicas, r.in_sync_replicas, r.min_insync_replicas) for r in rows} == {(3, 3, 3)}

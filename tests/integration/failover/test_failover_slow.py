@@ -30,8 +30,12 @@ FAULTS = {
 
 
 #: the leader kill at-least-once runs in every suite run (test_cluster.py)
-CASES = [(fault, mode) for mode in ("at-least-once", "exactly-once") for fault in FAULTS
-         if (fault, mode) != ("leader-kill", "at-least-once")]  # fmt: skip
+CASES = [
+    (fault, mode)
+    for mode in ("at-least-once", "exactly-once")
+    for fault in FAULTS
+    if (fault, mode) != ("leader-kill", "at-least-once")
+]
 
 
 @pytest.mark.parametrize(("fault", "mode"), CASES)

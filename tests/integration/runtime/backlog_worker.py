@@ -43,15 +43,21 @@ class KillAfter:
 
 def spawn(settings: dict[str, Any]) -> subprocess.Popen[bytes]:
     with open(settings["log"], "ab") as log:
-        return subprocess.Popen([sys.executable, str(WORKER), json.dumps(settings)], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)  # fmt: skip
+        return subprocess.Popen(
+            [sys.executable, str(WORKER), json.dumps(settings)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            start_new_session=True,
+        )
 
 
 def main() -> None:
     settings = json.loads(sys.argv[1])
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    app = build_app(settings, settings["ledger"], hooks=(KillAfter(settings["kill_on"], settings["kill_after"]),),
-                    in_worker=True)  # fmt: skip
+    app = build_app(
+        settings, settings["ledger"], hooks=(KillAfter(settings["kill_on"], settings["kill_after"]),), in_worker=True
+    )
     app.run()
 
 

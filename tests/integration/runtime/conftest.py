@@ -50,7 +50,11 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str, interv
 
 
 #: what a just-created topic's partitions answer for a moment, before their leader is known everywhere
-_NO_LEADER_YET = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART}
+_NO_LEADER_YET = {
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+}
 
 
 def _watermarks(consumer: Any, tp: TopicPartition, timeout_s: float = 10.0) -> tuple[int, int]:
@@ -77,8 +81,12 @@ class Kit:
         ensure_topics(self.admin, [TopicSpec(name=topic, partitions=partitions)])
         return topic
 
-    def produce(self, topic: str, records: Sequence[tuple[bytes | None, bytes | None, list[Header]]],
-                partition: int | None = None) -> None:
+    def produce(
+        self,
+        topic: str,
+        records: Sequence[tuple[bytes | None, bytes | None, list[Header]]],
+        partition: int | None = None,
+    ) -> None:
         for key, value, headers in records:
             kwargs: dict[str, Any] = {"key": key, "value": value, "headers": headers}
             if partition is not None:

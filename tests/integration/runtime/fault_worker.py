@@ -47,20 +47,28 @@ class KillOn:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def build_app(settings: dict[str, Any], ledger_path: str, *, hooks: tuple[Any, ...] = (), in_worker: bool = False,
-              **options: Any) -> RetryApp:  # fmt: skip
+def build_app(
+    settings: dict[str, Any], ledger_path: str, *, hooks: tuple[Any, ...] = (), in_worker: bool = False, **options: Any
+) -> RetryApp:
     """The scenario's app; the test process builds the same one (with its own ledger) to restart it."""
     kafka = KafkaConfig(bootstrap=settings["bootstrap"], producer_overrides={"batch.num.messages": 1})
-    app = RetryApp(kafka=kafka, group=settings["group"], consumer_overrides=settings["consumer"], hooks=hooks,
-                   **options)  # fmt: skip
-    ledger = open(ledger_path, "a", buffering=1)  # noqa: SIM115 - lives as long as the app
+    app = RetryApp(
+        kafka=kafka, group=settings["group"], consumer_overrides=settings["consumer"], hooks=hooks, **options
+    )
+    ledger = open(ledger_path, "a", buffering=1)
 
     @app.handler(settings["source"], policy=RetryPolicy(delays=settings["delays"]))
     def handle(record: Record[bytes]) -> None:
         ident, behaviour = record.value.decode().split(":")
-        entry = {"id": ident, "attempt": record.attempt, "topic": record.topic, "offset": record.offset,
-                 "at": time.time() * 1000, "due_at": record.retry.due_at if record.retry else None,
-                 "pid": os.getpid()}  # fmt: skip
+        entry = {
+            "id": ident,
+            "attempt": record.attempt,
+            "topic": record.topic,
+            "offset": record.offset,
+            "at": time.time() * 1000,
+            "due_at": record.retry.due_at if record.retry else None,
+            "pid": os.getpid(),
+        }
         ledger.write(json.dumps(entry) + "\n")
         ledger.flush()
         if behaviour == "kill" and record.attempt == 1 and in_worker:
@@ -98,18 +106,29 @@ def spawn(settings: dict[str, Any], env: Mapping[str, str] | None = None) -> sub
     """Start a worker (with `env` added to this process's environment); its log (stderr) goes to the file
     `settings["log"]`, readable while it runs."""
     with open(settings["log"], "ab") as log:
-        return subprocess.Popen([sys.executable, str(WORKER), json.dumps(settings)], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=log, start_new_session=True,
-                                env={**os.environ, **(env or {})})  # fmt: skip
+        return subprocess.Popen(
+            [sys.executable, str(WORKER), json.dumps(settings)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
 
 
 def main() -> None:
     settings = json.loads(sys.argv[1])
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     hooks = (KillOn(settings["kill_on"]),) if settings.get("kill_on") else ()
-    app = build_app(settings, settings["ledger"], hooks=hooks, in_worker=True, commit_every=1,
-                    exactly_once=settings.get("exactly_once", False),
-                    producer_overrides=settings.get("producer", {}))  # fmt: skip
+    app = build_app(
+        settings,
+        settings["ledger"],
+        hooks=hooks,
+        in_worker=True,
+        commit_every=1,
+        exactly_once=settings.get("exactly_once", False),
+        producer_overrides=settings.get("producer", {}),
+    )
     app.run()
 
 

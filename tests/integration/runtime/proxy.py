@@ -124,8 +124,11 @@ class KafkaProxy:
         self._writers |= {client_w, upstream_w}
         swallow: dict[int, int] = {}  # correlation id -> api key, of requests whose response is to be lost
         try:
-            await asyncio.gather(self._requests(client_r, upstream_w, swallow),
-                                 self._responses(upstream_r, client_w, swallow), return_exceptions=True)  # fmt: skip
+            await asyncio.gather(
+                self._requests(client_r, upstream_w, swallow),
+                self._responses(upstream_r, client_w, swallow),
+                return_exceptions=True,
+            )
         except asyncio.CancelledError:
             pass  # the proxy is stopping with this connection open
         finally:
@@ -133,8 +136,9 @@ class KafkaProxy:
                 writer.transport.abort()
                 self._writers.discard(writer)
 
-    async def _requests(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                        swallow: dict[int, int]) -> None:  # fmt: skip
+    async def _requests(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, swallow: dict[int, int]
+    ) -> None:
         while not self._down:
             head = await reader.readexactly(4)
             (size,) = struct.unpack(">i", head)
@@ -161,8 +165,9 @@ class KafkaProxy:
             await writer.drain()
         writer.transport.abort()
 
-    async def _responses(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                         swallow: dict[int, int]) -> None:  # fmt: skip
+    async def _responses(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, swallow: dict[int, int]
+    ) -> None:
         while not self._down:
             head = await reader.readexactly(4)
             (size,) = struct.unpack(">i", head)

@@ -74,8 +74,12 @@ class _Events:
 
 
 def test_purge_reports_of_an_aborted_transaction_do_not_fail_the_next_one(
-    broker: Any, kafka: KafkaConfig, kit: Kit, unique_name: Callable[[str], str], consumer_overrides: dict[str, Any],
-) -> None:  # fmt: skip
+    broker: Any,
+    kafka: KafkaConfig,
+    kit: Kit,
+    unique_name: Callable[[str], str],
+    consumer_overrides: dict[str, Any],
+) -> None:
     if broker.is_tansu:
         pytest.skip("tansu shows aborted records to read_committed readers (docs/testing.md), which this view counts")
     # setup: a source with 6 records; its tier, from a registered handler's routing context
@@ -96,10 +100,16 @@ def test_purge_reports_of_an_aborted_transaction_do_not_fail_the_next_one(
     pauses: PauseController[Any] = PauseController(consumer, emitter, consumer_name=settings.name)
     _RefusesFirstOffsets.refused = False
     handoff = ExactlyOnce(
-        settings, consumer, tracker, DuplicateAudit(1000), emitter, None,
+        settings,
+        consumer,
+        tracker,
+        DuplicateAudit(1000),
+        emitter,
+        None,
         lambda: _RefusesFirstOffsets(kafka, transactional_id=unique_name("txn"), overrides={"linger.ms": 30_000}),
-        pauses=pauses, assigned=assigned,
-    )  # fmt: skip
+        pauses=pauses,
+        assigned=assigned,
+    )
 
     def on_assign(tps: list[TopicPartition]) -> None:
         for tp in tps:

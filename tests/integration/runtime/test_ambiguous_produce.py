@@ -70,7 +70,7 @@ def test_an_ambiguous_republish_is_written_once(
         # when: one record at a time, so that each toxic hits exactly its own republish
         for value in TOXICS:
             kit.produce(source, [(None, value, [])])
-            wait_until(lambda: (value, 2) in calls, 30, f"{value!r} to be retried from the tier")
+            wait_until(lambda value=value: (value, 2) in calls, 30, f"{value!r} to be retried from the tier")
         wait_until(lambda: kit.committed(group, source, 1) == {0: len(TOXICS)}, 10, "every offset committed")
     finally:
         assert app.stop()
@@ -79,16 +79,25 @@ def test_an_ambiguous_republish_is_written_once(
     assert proxy.responses_dropped[PRODUCE] == 1 and proxy.cuts[PRODUCE] == 2
     assert app.stats.publish_failures == 0 and app.stats.duplicates_suppressed == 0
     # then: each (origin, attempt) is in the tier exactly once; each record was retried once
-    hops = sorted((r.value, decode(list(r.headers)).origin_message_id, decode(list(r.headers)).reconsume_times)
-                  for r in kit.read_all(tier))  # fmt: skip
+    hops = sorted(
+        (r.value, decode(list(r.headers)).origin_message_id, decode(list(r.headers)).reconsume_times)
+        for r in kit.read_all(tier)
+    )
     offsets = {value: i for i, value in enumerate(TOXICS)}
     assert hops == sorted((value, f"{source}-0-{offsets[value]}", 1) for value in TOXICS)
     assert sorted(calls) == sorted([(v, 1) for v in TOXICS] + [(v, 2) for v in TOXICS])
 
     # negative control: without idempotence, the same toxics write the record twice
     control = kit.create(unique_name("control"), 1)
-    plain = Producer({"bootstrap.servers": kafka.bootstrap, "enable.idempotence": False, "acks": "all",
-                      "batch.num.messages": 1, **PRODUCER})  # fmt: skip
+    plain = Producer(
+        {
+            "bootstrap.servers": kafka.bootstrap,
+            "enable.idempotence": False,
+            "acks": "all",
+            "batch.num.messages": 1,
+            **PRODUCER,
+        }
+    )
     for value in (b"response-lost", b"reset-after-request"):
         TOXICS[value](proxy)
         plain.produce(control, value)

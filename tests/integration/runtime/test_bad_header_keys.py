@@ -41,8 +41,9 @@ class Env:
         self.source = self.kit.create(f"bad-keys-src-{suffix}", 1)
         self.lock = threading.Lock()
         self.calls: list[Record[Any]] = []
-        self.app = RetryApp(kafka=kafka, group=self.group,
-                            consumer_overrides={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
+        self.app = RetryApp(
+            kafka=kafka, group=self.group, consumer_overrides={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
+        )
 
     def handle(self, record: Record[Any]) -> None:
         with self.lock:
@@ -60,11 +61,21 @@ def _tier_headers(env: Env, now_ms: int) -> list[tuple[bytes, bytes | None]]:
     good = RetryHeaders(
         # an offset no source record has: a tier record that names a real source record's first hop makes
         # the main consumer's seeded audit treat that record as handed off already (issue 12.4)
-        reconsume_times=1, origin_message_id="forged-tier", original_topic=env.source, original_partition=0,
-        original_offset=999, original_timestamp=now_ms, consumer_group=env.group, tier=0, due_at=now_ms,
-        first_failed_at=now_ms, last_failed_at=now_ms, exception_type="x.E", exception_message="",
+        reconsume_times=1,
+        origin_message_id="forged-tier",
+        original_topic=env.source,
+        original_partition=0,
+        original_offset=999,
+        original_timestamp=now_ms,
+        consumer_group=env.group,
+        tier=0,
+        due_at=now_ms,
+        first_failed_at=now_ms,
+        last_failed_at=now_ms,
+        exception_type="x.E",
+        exception_message="",
         exception_trace="",
-    )  # fmt: skip
+    )
     return [(BAD_KEY, b"v"), *((k.encode(), v) for k, v in encode(good))]
 
 
@@ -75,12 +86,24 @@ def env(kafka: KafkaConfig) -> Iterator[Env]:
     env.app.provision()
     # setup: on the source, a good record, the bad one, a good one; on tier 0, a due record with a bad key
     env.kit.produce(env.source, [(b"a", json.dumps("before").encode(), [])], partition=0)
-    produce_raw_record(kafka, env.source, 0, key=b"k", value=json.dumps("bad-key").encode(),
-                       headers=[(b"trace", b"t-1"), (BAD_KEY, b"v"), (b"user", b"kept")])  # fmt: skip
+    produce_raw_record(
+        kafka,
+        env.source,
+        0,
+        key=b"k",
+        value=json.dumps("bad-key").encode(),
+        headers=[(b"trace", b"t-1"), (BAD_KEY, b"v"), (b"user", b"kept")],
+    )
     env.kit.produce(env.source, [(b"c", json.dumps("after").encode(), [])], partition=0)
     tier = env.app.topics(env.source).tiers[0].topic
-    produce_raw_record(kafka, tier, 0, key=b"t", value=json.dumps("bad-key-on-tier").encode(),
-                       headers=_tier_headers(env, int(time.time() * 1000)))  # fmt: skip
+    produce_raw_record(
+        kafka,
+        tier,
+        0,
+        key=b"t",
+        value=json.dumps("bad-key-on-tier").encode(),
+        headers=_tier_headers(env, int(time.time() * 1000)),
+    )
     env.app.start(main=True, tiers="all")
     yield env
     env.app.stop()

@@ -38,8 +38,9 @@ class Env:
         self.poison = self.kit.create(f"poison-{suffix}", 2)
         self.lock = threading.Lock()
         self.calls: list[Record[Any]] = []
-        self.app = RetryApp(kafka=kafka, group=self.group,
-                            consumer_overrides={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
+        self.app = RetryApp(
+            kafka=kafka, group=self.group, consumer_overrides={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
+        )
 
     def handle(self, record: Record[Any]) -> None:
         with self.lock:
@@ -49,7 +50,9 @@ class Env:
 
     def calls_for(self, topic: str, value: object) -> list[Record[Any]]:
         with self.lock:
-            return [c for c in self.calls if (c.retry.original_topic if c.retry else c.topic) == topic and c.value == value]
+            return [
+                c for c in self.calls if (c.retry.original_topic if c.retry else c.topic) == topic and c.value == value
+            ]
 
     def dlq(self, source: str) -> list[Any]:
         return self.kit.read_all(self.app.topics(source).dlq)
@@ -68,11 +71,21 @@ def env(kafka: KafkaConfig) -> Iterator[Env]:
 
 def _forged_headers(env: Env) -> list[tuple[str, bytes | None]]:
     forged = RetryHeaders(
-        reconsume_times=999, origin_message_id=f"{env.poison}-0-5", original_topic="payments",
-        original_partition=7, original_offset=123, original_timestamp=1, consumer_group=env.group, tier=1,
-        due_at=YEAR_9999_MS, first_failed_at=1, last_failed_at=1, exception_type="x.Forged",
-        exception_message="forged", exception_trace="",
-    )  # fmt: skip
+        reconsume_times=999,
+        origin_message_id=f"{env.poison}-0-5",
+        original_topic="payments",
+        original_partition=7,
+        original_offset=123,
+        original_timestamp=1,
+        consumer_group=env.group,
+        tier=1,
+        due_at=YEAR_9999_MS,
+        first_failed_at=1,
+        last_failed_at=1,
+        exception_type="x.Forged",
+        exception_message="forged",
+        exception_trace="",
+    )
     return [("user", b"kept"), *encode(forged)]
 
 
@@ -81,8 +94,11 @@ def test_forged_retry_headers_on_the_source_topic_change_nothing(env: Env) -> No
     headers = _forged_headers(env)
     # when
     env.kit.produce(env.forged, [(b"k1", b"once", headers), (b"k2", b"always", headers)])
-    wait_until(lambda: len(env.calls_for(env.forged, "once")) == 2 and len(env.dlq(env.forged)) == 1, 60,
-               "the forged records to finish")  # fmt: skip
+    wait_until(
+        lambda: len(env.calls_for(env.forged, "once")) == 2 and len(env.dlq(env.forged)) == 1,
+        60,
+        "the forged records to finish",
+    )
     # then: a normal first delivery; retry metadata is the record's own
     first, second = env.calls_for(env.forged, "once")
     assert first.retry is None and first.attempt == 1 and first.headers == (("user", b"kept"),)
@@ -102,8 +118,15 @@ def test_forged_retry_headers_on_the_source_topic_change_nothing(env: Env) -> No
 
 def test_poison_goes_to_the_dlq_and_neighbours_flow(env: Env) -> None:
     # when: one undecodable value between good ones, on one partition
-    env.kit.produce(env.poison, [(b"a", json.dumps("ok-1").encode(), []), (b"b", b"{not json", [("h", b"1")]),
-                                 (b"c", json.dumps("ok-2").encode(), [])], partition=1)  # fmt: skip
+    env.kit.produce(
+        env.poison,
+        [
+            (b"a", json.dumps("ok-1").encode(), []),
+            (b"b", b"{not json", [("h", b"1")]),
+            (b"c", json.dumps("ok-2").encode(), []),
+        ],
+        partition=1,
+    )
     wait_until(lambda: len(env.calls_for(env.poison, "ok-2")) == 1 and env.dlq(env.poison), 30, "poison dead-lettered")
     # then: no handler call for it; the DLQ has it with the decoder's error and the original bytes
     assert len(env.calls_for(env.poison, "ok-1")) == 1
@@ -122,17 +145,30 @@ def test_malformed_tier_headers_go_to_the_dlq(env: Env, mangle: str) -> None:
     tier = env.app.topics(env.forged).tiers[0]
     now = int(time.time() * 1000)
     good = RetryHeaders(
-        reconsume_times=1, origin_message_id=f"m-{mangle}", original_topic=env.forged, original_partition=0,
-        original_offset=0, original_timestamp=now, consumer_group=env.group, tier=0, due_at=now,
-        first_failed_at=now, last_failed_at=now, exception_type="x.E", exception_message="", exception_trace="",
-    )  # fmt: skip
+        reconsume_times=1,
+        origin_message_id=f"m-{mangle}",
+        original_topic=env.forged,
+        original_partition=0,
+        original_offset=0,
+        original_timestamp=now,
+        consumer_group=env.group,
+        tier=0,
+        due_at=now,
+        first_failed_at=now,
+        last_failed_at=now,
+        exception_type="x.E",
+        exception_message="",
+        exception_trace="",
+    )
     headers = dict(encode(good))
-    headers.update({
-        "garbage_count": {"retry.reconsume_times": b"-1"},
-        "due_beyond_tier": {"retry.due_at": str(YEAR_9999_MS).encode()},
-        "wrong_tier": {"retry.tier": b"1"},
-        "non_utf8": {"retry.origin_message_id": b"\xff\xfe"},
-    }[mangle])
+    headers.update(
+        {
+            "garbage_count": {"retry.reconsume_times": b"-1"},
+            "due_beyond_tier": {"retry.due_at": str(YEAR_9999_MS).encode()},
+            "wrong_tier": {"retry.tier": b"1"},
+            "non_utf8": {"retry.origin_message_id": b"\xff\xfe"},
+        }[mangle]
+    )
     value = f"mangled-{mangle}".encode()
     # when
     env.kit.produce(tier.topic, [(b"k", value, list(headers.items()))])

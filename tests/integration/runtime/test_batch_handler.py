@@ -25,8 +25,11 @@ from .conftest import Kit, wait_until
 
 pytestmark = pytest.mark.broker
 
-_NO_LEADER_YET = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
-                  KafkaError.UNKNOWN_TOPIC_OR_PART}  # fmt: skip
+_NO_LEADER_YET = {
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+}
 POLICY = RetryPolicy(delays=["200ms", "400ms"], non_retryable=(ValueError,))
 
 
@@ -46,9 +49,12 @@ def plan(i: int) -> str:
 
 
 def test_a_batch_handler_settles_each_record_by_its_own_outcome(
-    kafka: KafkaConfig, kit: Kit, unique_name: Callable[[str], str], consumer_overrides: dict[str, Any],
+    kafka: KafkaConfig,
+    kit: Kit,
+    unique_name: Callable[[str], str],
+    consumer_overrides: dict[str, Any],
     apps: list[RetryApp],
-) -> None:  # fmt: skip
+) -> None:
     # setup
     source = kit.create(unique_name("orders"), 3)
     group = unique_name("billing")
@@ -86,8 +92,11 @@ def test_a_batch_handler_settles_each_record_by_its_own_outcome(
     # when: the main consumer and both tier consumers run
     app.start(main=True, tiers="all")
     try:
-        dlq = wait_until(lambda: (r := _read(kit, app.topics(source).dlq)) and len(r) >= len(expected_dlq) and r,
-                         60, "every DLQ record")  # fmt: skip
+        dlq = wait_until(
+            lambda: (r := _read(kit, app.topics(source).dlq)) and len(r) >= len(expected_dlq) and r,
+            60,
+            "every DLQ record",
+        )
         wait_until(lambda: len(succeeded) == len(values) - len(expected_dlq), 60, "every success")
         wait_until(lambda: sum(kit.committed(group, source, 3).values()) == len(values), 30, "the source committed")
     finally:

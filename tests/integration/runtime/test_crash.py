@@ -35,25 +35,43 @@ WORKER = Path(__file__).with_name("tier_worker.py")
 N = 150
 
 
-
 def _spawn(settings: dict[str, Any]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, str(WORKER), json.dumps(settings)], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, str(WORKER), json.dumps(settings)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
 
 
-def test_sigkill_of_a_tier_consumer_loses_nothing(kafka: KafkaConfig, kit: Kit, unique_name: Callable[[str], str],
-                                                  consumer_overrides: dict[str, Any], apps: list[RetryApp],
-                                                  tmp_path: Path) -> None:  # fmt: skip
+def test_sigkill_of_a_tier_consumer_loses_nothing(
+    kafka: KafkaConfig,
+    kit: Kit,
+    unique_name: Callable[[str], str],
+    consumer_overrides: dict[str, Any],
+    apps: list[RetryApp],
+    tmp_path: Path,
+) -> None:
     sys.path.insert(0, str(WORKER.parent))
     from tier_worker import build_app, failures_planned  # type: ignore[import-not-found]
 
     # setup: main consumer and tier 2 in this process; tier 1 in a child process that never commits on its own
     source = kit.create(unique_name("orders"), 2)
-    settings = {"bootstrap": kafka.bootstrap, "group": unique_name("billing"), "source": source,
-                "consumer": consumer_overrides, "tier": "300ms", "ledger": str(tmp_path / "worker.jsonl"),
-                "work_s": 0.01, "commit_interval": "1h", "commit_every": 10**6, "commit_on_ack": False,
-                # no seeding: the duplicates it would prevent upstream are what the tier's audit is tested on
-                "dedupe_seed": 0}  # fmt: skip
+    settings = {
+        "bootstrap": kafka.bootstrap,
+        "group": unique_name("billing"),
+        "source": source,
+        "consumer": consumer_overrides,
+        "tier": "300ms",
+        "ledger": str(tmp_path / "worker.jsonl"),
+        "work_s": 0.01,
+        "commit_interval": "1h",
+        "commit_every": 10**6,
+        "commit_on_ack": False,
+        # no seeding: the duplicates it would prevent upstream are what the tier's audit is tested on
+        "dedupe_seed": 0,
+    }
     app = build_app(settings, str(tmp_path / "local.jsonl"))
     apps.append(app)
     app.provision()
@@ -73,8 +91,9 @@ def test_sigkill_of_a_tier_consumer_loses_nothing(kafka: KafkaConfig, kit: Kit, 
         ok = lambda: {e["id"] for e in read_ledger(worker_log) + read_ledger(tmp_path / "local.jsonl") if e["ok"]}  # noqa: E731
         wait_until(lambda: ok() == expected_ok, 60, "every record to succeed")
         tier2 = app.topics(source).tiers[1].topic
-        copies = Counter((r.header("retry.origin_message_id"), r.header("retry.reconsume_times"))
-                         for r in kit.read_all(tier2))  # fmt: skip
+        copies = Counter(
+            (r.header("retry.origin_message_id"), r.header("retry.reconsume_times")) for r in kit.read_all(tier2)
+        )
         duplicates = sum(c - 1 for c in copies.values())
         wait_until(lambda: app.stats.duplicates_suppressed == duplicates, 20, "every duplicate hop to be counted")
     finally:

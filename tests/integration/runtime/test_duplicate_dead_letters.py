@@ -37,9 +37,16 @@ KILL_AFTER = 150  # the worker dies right after this many DLQ acknowledgements
 
 def _settings(name: str, kafka: KafkaConfig, kit: Kit, directory: Path) -> dict[str, object]:
     suffix = uuid.uuid4().hex[:8]
-    return {"name": name, "bootstrap": kafka.bootstrap, "group": f"dup-{name}-{suffix}",
-            "source": kit.create(f"dup-{name}-{suffix}", 1), "consumer": CONSUMER, "delays": ["300ms"],
-            "ledger": str(directory / "worker.jsonl"), "log": str(directory / "worker.log")}  # fmt: skip
+    return {
+        "name": name,
+        "bootstrap": kafka.bootstrap,
+        "group": f"dup-{name}-{suffix}",
+        "source": kit.create(f"dup-{name}-{suffix}", 1),
+        "consumer": CONSUMER,
+        "delays": ["300ms"],
+        "ledger": str(directory / "worker.jsonl"),
+        "log": str(directory / "worker.log"),
+    }
 
 
 def test_a_kill_after_a_dlq_ack_in_a_backlog_writes_no_duplicate_dlq_record(
@@ -65,8 +72,10 @@ def test_a_kill_after_a_dlq_ack_in_a_backlog_writes_no_duplicate_dlq_record(
     duplicates = sum(per_id.values()) - len(per_id)
     worker_ids = {e["id"] for e in read_ledger(tmp_path / "worker.jsonl")}
     redone = [e["id"] for e in read_ledger(tmp_path / "restarted.jsonl") if e["id"] in worker_ids]
-    print(f"\nbacklog kill: {in_dlq_at_kill} in the DLQ at the kill, {len(redone)} handler calls redone, "
-          f"{duplicates} duplicate DLQ records, {restarted.stats.duplicates_suppressed} suppressed")  # fmt: skip
+    print(
+        f"\nbacklog kill: {in_dlq_at_kill} in the DLQ at the kill, {len(redone)} handler calls redone, "
+        f"{duplicates} duplicate DLQ records, {restarted.stats.duplicates_suppressed} suppressed"
+    )
     assert len(per_id) == BACKLOG
     assert duplicates == 0
     assert in_dlq_at_kill >= KILL_AFTER
@@ -95,8 +104,11 @@ def test_a_tier_consumer_restarted_between_two_copies_of_a_hop_dead_letters_once
     second = build_app(settings, str(tmp_path / "second.jsonl"))
     apps.append(second)
     second.start(main=False, tiers="all")
-    wait_until(lambda: second.stats.duplicates_suppressed or len(kit.read_all(topics.dlq)) > 1, 30,
-               "the second copy to be read")  # fmt: skip
+    wait_until(
+        lambda: second.stats.duplicates_suppressed or len(kit.read_all(topics.dlq)) > 1,
+        30,
+        "the second copy to be read",
+    )
     assert second.stop()
     # then: it is suppressed, never handled: still one DLQ record
     dead = kit.read_all(topics.dlq)

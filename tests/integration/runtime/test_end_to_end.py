@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from retrytopics import NonRetryable, Record, RetryApp, RetryPolicy, json_value
+from retrytopics import Record, RetryApp, RetryPolicy, json_value
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.headers import DlqReason, decode
 
@@ -59,9 +59,16 @@ class Ledger:
         now_ms = int(time.time() * 1000)
         i = record.value["id"]
         with self.lock:
-            self.calls[i].append({"attempt": record.attempt, "at": now_ms,
-                                  "due_at": record.retry.due_at if record.retry else None,
-                                  "topic": record.topic, "partition": record.partition, "offset": record.offset})
+            self.calls[i].append(
+                {
+                    "attempt": record.attempt,
+                    "at": now_ms,
+                    "due_at": record.retry.due_at if record.retry else None,
+                    "topic": record.topic,
+                    "partition": record.partition,
+                    "offset": record.offset,
+                }
+            )
             planned = failures_planned(i)
             if planned == -1:
                 raise ValueError(f"record {i} is invalid")
@@ -82,15 +89,25 @@ def _handler(ledger: Ledger, kind: str) -> Callable[[Record[Any]], Any]:
 
 
 @pytest.mark.parametrize("kind", ["sync", "async"])
-def test_every_record_ends_exactly_once(kafka: KafkaConfig, kit: Kit, unique_name: Callable[[str], str],
-                                       consumer_overrides: dict[str, Any], apps: list[RetryApp], kind: str) -> None:
+def test_every_record_ends_exactly_once(
+    kafka: KafkaConfig,
+    kit: Kit,
+    unique_name: Callable[[str], str],
+    consumer_overrides: dict[str, Any],
+    apps: list[RetryApp],
+    kind: str,
+) -> None:
     # setup
     source = kit.create(unique_name("orders"), PARTITIONS)
     group = unique_name("billing")
     ledger = Ledger()
     dead: list[tuple[Record[Any], Any]] = []
-    app = RetryApp(kafka=kafka, group=group, consumer_overrides=consumer_overrides,
-                   on_dead_letter=lambda record, route: dead.append((record, route)))
+    app = RetryApp(
+        kafka=kafka,
+        group=group,
+        consumer_overrides=consumer_overrides,
+        on_dead_letter=lambda record, route: dead.append((record, route)),
+    )
     apps.append(app)
     app.handler(source, policy=POLICY, value_deserializer=json_value)(_handler(ledger, kind))
     app.provision()
@@ -106,8 +123,13 @@ def test_every_record_ends_exactly_once(kafka: KafkaConfig, kit: Kit, unique_nam
     # when
     app.start(main=True, tiers="all")
     expected_dlq = {i for i in range(N) if failures_planned(i) in (None, -1)}
-    wait_until(lambda: app.stats.handled == N - len(expected_dlq)
-               and sum(app.stats.dead_lettered.values()) == len(expected_dlq), 90, "every record to finish")
+    wait_until(
+        lambda: (
+            app.stats.handled == N - len(expected_dlq) and sum(app.stats.dead_lettered.values()) == len(expected_dlq)
+        ),
+        90,
+        "every record to finish",
+    )
     assert app.stop(timeout=30)
 
     # then: exactly one terminal fate per id
@@ -138,7 +160,10 @@ def test_every_record_ends_exactly_once(kafka: KafkaConfig, kit: Kit, unique_nam
         assert state.dlq_reason is (DlqReason.NON_RETRYABLE if failures_planned(i) == -1 else DlqReason.EXHAUSTED)
         assert state.reconsume_times == len(ledger.calls[i])
         assert (state.original_topic, state.original_partition, state.original_offset) == (
-            source, first["partition"], first["offset"])
+            source,
+            first["partition"],
+            first["offset"],
+        )
         assert state.origin_message_id == f"{source}-{first['partition']}-{first['offset']}"
         assert state.consumer_group == group
         expected_type = "builtins.ValueError" if failures_planned(i) == -1 else "builtins.RuntimeError"

@@ -40,17 +40,29 @@ LATENESS_BOUND_MS = 10_000
 
 
 def test_a_restarted_exactly_once_process_fences_its_dead_predecessor_at_once(
-    broker: Any, kafka: KafkaConfig, kit: Kit, unique_name: Callable[[str], str], consumer_overrides: dict[str, Any],
-    apps: list[RetryApp], tmp_path: Path,
-) -> None:  # fmt: skip
+    broker: Any,
+    kafka: KafkaConfig,
+    kit: Kit,
+    unique_name: Callable[[str], str],
+    consumer_overrides: dict[str, Any],
+    apps: list[RetryApp],
+    tmp_path: Path,
+) -> None:
     if broker.is_tansu:
         pytest.skip("tansu shows aborted records to read_committed readers: no reader waits behind a transaction")
     # setup: the tier consumer runs here; the main consumer in a process named by its environment
     source = kit.create(unique_name("orders"), 1)
-    settings = {"bootstrap": kafka.bootstrap, "group": unique_name("billing"), "source": source,
-                "consumer": consumer_overrides, "delays": ["200ms"], "ledger": str(tmp_path / "worker.jsonl"),
-                "log": str(tmp_path / "worker.log"), "release": str(tmp_path / "release"),
-                "exactly_once": True}  # fmt: skip
+    settings = {
+        "bootstrap": kafka.bootstrap,
+        "group": unique_name("billing"),
+        "source": source,
+        "consumer": consumer_overrides,
+        "delays": ["200ms"],
+        "ledger": str(tmp_path / "worker.jsonl"),
+        "log": str(tmp_path / "worker.log"),
+        "release": str(tmp_path / "release"),
+        "exactly_once": True,
+    }
     tiers = build_app(settings, str(tmp_path / "tiers.jsonl"), exactly_once=True, instance_id="tiers")
     apps.append(tiers)
     tiers.provision()
@@ -61,8 +73,11 @@ def test_a_restarted_exactly_once_process_fences_its_dead_predecessor_at_once(
     first = spawn(settings, env)
     try:
         # when: killed with record 0's hand-off written in its open transaction
-        wait_until(lambda: any(e["id"] == "1" for e in read_ledger(Path(settings["ledger"]))), 60,
-                   "the worker to be inside the handler of record 1")  # fmt: skip
+        wait_until(
+            lambda: any(e["id"] == "1" for e in read_ledger(Path(settings["ledger"]))),
+            60,
+            "the worker to be inside the handler of record 1",
+        )
         wait_until(lambda: kit.read_all(tier, isolation="read_uncommitted"), 30, "record 0's uncommitted hand-off")
         os.kill(first.pid, signal.SIGKILL)
         first.wait(10)
@@ -71,8 +86,9 @@ def test_a_restarted_exactly_once_process_fences_its_dead_predecessor_at_once(
         try:
             tier_call = wait_until(
                 lambda: next((e for e in read_ledger(tmp_path / "tiers.jsonl") if e["attempt"] == 2), None),
-                60, "the tier consumer to handle record 0",
-            )  # fmt: skip
+                60,
+                "the tier consumer to handle record 0",
+            )
             wait_until(lambda: len(kit.read_all(dlq)) >= 2, 30, "both records in the DLQ")
         finally:
             second.send_signal(signal.SIGTERM)

@@ -46,14 +46,20 @@ class Assignments:
 
 def _group_rebalancing(kit: Kit, group: str) -> bool:
     futures = kit.admin.describe_consumer_groups([group], request_timeout=5)
-    return futures[group].result(timeout=10).state in (ConsumerGroupState.PREPARING_REBALANCING,
-                                             ConsumerGroupState.COMPLETING_REBALANCING)  # fmt: skip
+    return futures[group].result(timeout=10).state in (
+        ConsumerGroupState.PREPARING_REBALANCING,
+        ConsumerGroupState.COMPLETING_REBALANCING,
+    )
 
 
 def test_a_revoke_commits_the_open_transaction_with_the_revoked_offsets(
-    broker: Any, kafka: KafkaConfig, kit: Kit, unique_name: Callable[[str], str],
-    consumer_overrides: dict[str, Any], apps: list[RetryApp],
-) -> None:  # fmt: skip
+    broker: Any,
+    kafka: KafkaConfig,
+    kit: Kit,
+    unique_name: Callable[[str], str],
+    consumer_overrides: dict[str, Any],
+    apps: list[RetryApp],
+) -> None:
     if broker.is_tansu:
         pytest.skip("tansu's DescribeGroups never reports a rebalance in progress, so the test cannot time it")
     # setup: one app runs the main and tier consumers; its tier handler fails the record again (-> DLQ)
@@ -66,8 +72,9 @@ def test_a_revoke_commits_the_open_transaction_with_the_revoked_offsets(
     def make_app(instance_id: str) -> tuple[RetryApp, Assignments]:
         # frequent heartbeats: the first member learns of the rebalance within the consume() after the handler
         overrides = {**consumer_overrides, "heartbeat.interval.ms": 100}
-        app = RetryApp(kafka=kafka, group=group, consumer_overrides=overrides, exactly_once=True,
-                       instance_id=instance_id)  # two replicas: each its own transactional ids
+        app = RetryApp(
+            kafka=kafka, group=group, consumer_overrides=overrides, exactly_once=True, instance_id=instance_id
+        )  # two replicas: each its own transactional ids
         seen = Assignments()
         app.add_hook(seen)
 

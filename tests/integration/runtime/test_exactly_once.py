@@ -35,8 +35,14 @@ class Crash(BaseException):
     """Stands for a fatal signal inside a handler."""
 
 
-def _app(kafka: KafkaConfig, group: str, source: str, overrides: dict[str, Any], calls: list[tuple[bytes, int]],
-         crash_on: bytes | None) -> RetryApp:  # fmt: skip
+def _app(
+    kafka: KafkaConfig,
+    group: str,
+    source: str,
+    overrides: dict[str, Any],
+    calls: list[tuple[bytes, int]],
+    crash_on: bytes | None,
+) -> RetryApp:
     app = RetryApp(kafka=kafka, group=group, consumer_overrides=overrides, exactly_once=True)
     lock = threading.Lock()
 
@@ -53,9 +59,14 @@ def _app(kafka: KafkaConfig, group: str, source: str, overrides: dict[str, Any],
     return app
 
 
-def test_hand_off_and_commit_are_atomic(broker: Any, kafka: KafkaConfig, kit: Kit,
-                                        unique_name: Callable[[str], str], consumer_overrides: dict[str, Any],
-                                        apps: list[RetryApp]) -> None:  # fmt: skip
+def test_hand_off_and_commit_are_atomic(
+    broker: Any,
+    kafka: KafkaConfig,
+    kit: Kit,
+    unique_name: Callable[[str], str],
+    consumer_overrides: dict[str, Any],
+    apps: list[RetryApp],
+) -> None:
     # setup: one partition, so that both records are in the first batch (one transaction)
     source = kit.create(unique_name("orders"), 1)
     group = unique_name("billing")
@@ -102,9 +113,14 @@ def test_hand_off_and_commit_are_atomic(broker: Any, kafka: KafkaConfig, kit: Ki
         assert healthy.stats.duplicates_suppressed == 0
 
 
-def test_a_batch_that_hands_nothing_off_still_commits(broker: Any, kafka: KafkaConfig, kit: Kit,
-                                                      unique_name: Callable[[str], str],
-                                                      consumer_overrides: dict[str, Any], apps: list[Any]) -> None:
+def test_a_batch_that_hands_nothing_off_still_commits(
+    broker: Any,
+    kafka: KafkaConfig,
+    kit: Kit,
+    unique_name: Callable[[str], str],
+    consumer_overrides: dict[str, Any],
+    apps: list[Any],
+) -> None:
     """A batch in which every record succeeded produces nothing: its transaction holds offsets only, and
     Apache Kafka commits it (tansu ignores such a transaction, so there nothing is committed)."""
     # setup

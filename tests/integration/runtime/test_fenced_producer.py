@@ -39,15 +39,25 @@ class Recorder:
 
 
 def test_a_fenced_transactional_producer_is_replaced_and_nothing_commits_in_between(
-    kafka: KafkaConfig, kit: Kit, unique_name: Callable[[str], str], consumer_overrides: dict[str, Any],
-    apps: list[RetryApp], caplog: pytest.LogCaptureFixture,
-) -> None:  # fmt: skip
+    kafka: KafkaConfig,
+    kit: Kit,
+    unique_name: Callable[[str], str],
+    consumer_overrides: dict[str, Any],
+    apps: list[RetryApp],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     # setup
     source = kit.create(unique_name("orders"), 1)
     group = unique_name("billing")
     recorder = Recorder()
-    app = RetryApp(kafka=kafka, group=group, consumer_overrides=consumer_overrides, exactly_once=True,
-                   instance_id="replica-1", hooks=[recorder])  # fmt: skip
+    app = RetryApp(
+        kafka=kafka,
+        group=group,
+        consumer_overrides=consumer_overrides,
+        exactly_once=True,
+        instance_id="replica-1",
+        hooks=[recorder],
+    )
     apps.append(app)
     lock = threading.Lock()
     calls: list[tuple[bytes, int]] = []
@@ -80,7 +90,7 @@ def test_a_fenced_transactional_producer_is_replaced_and_nothing_commits_in_betw
 
     # then: the fenced transaction was aborted before any commit, and the producer replaced
     main = f"{group}:main"
-    after = recorder.events[next(i for i, (e, _) in enumerate(recorder.events) if e == "fenced"):]
+    after = recorder.events[next(i for i, (e, _) in enumerate(recorder.events) if e == "fenced") :]
     mine = [e for e, d in after if d.get("consumer") == main]
     assert Event.TRANSACTION_ABORTED in mine and Event.PRODUCER_RECREATED in mine, mine
     assert Event.OFFSETS_COMMITTED not in mine[: mine.index(Event.TRANSACTION_ABORTED)], mine

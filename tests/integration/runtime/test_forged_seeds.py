@@ -41,19 +41,34 @@ CLI = str(Path(sys.executable).with_name("retrytopics"))
 
 def _forged_dlq_record(source: str, group: str, offset: int) -> list[tuple[str, bytes | None]]:
     state = RetryHeaders(
-        reconsume_times=1, origin_message_id=f"{source}-0-{offset}", original_topic=source, original_partition=0,
-        original_offset=offset, original_timestamp=T0 + offset, consumer_group=group, tier=None, due_at=None,
-        first_failed_at=T0, last_failed_at=T0, exception_type="x.Forged", exception_message="forged",
-        exception_trace="", dlq_reason=DlqReason.NON_RETRYABLE,
-    )  # fmt: skip
+        reconsume_times=1,
+        origin_message_id=f"{source}-0-{offset}",
+        original_topic=source,
+        original_partition=0,
+        original_offset=offset,
+        original_timestamp=T0 + offset,
+        consumer_group=group,
+        tier=None,
+        due_at=None,
+        first_failed_at=T0,
+        last_failed_at=T0,
+        exception_type="x.Forged",
+        exception_message="forged",
+        exception_trace="",
+        dlq_reason=DlqReason.NON_RETRYABLE,
+    )
     return list(encode(state))
 
 
 @pytest.mark.parametrize("keyed", [True, False], ids=["header_key", "no_key"])
 def test_a_forged_dlq_record_and_the_source_record_it_names(
-    kafka: KafkaConfig, kit: Kit, unique_name: Callable[[str], str], consumer_overrides: dict[str, Any],
-    apps: list[RetryApp], keyed: bool,
-) -> None:  # fmt: skip
+    kafka: KafkaConfig,
+    kit: Kit,
+    unique_name: Callable[[str], str],
+    consumer_overrides: dict[str, Any],
+    apps: list[RetryApp],
+    keyed: bool,
+) -> None:
     # setup: six source records with known timestamps, and a forged DLQ record naming offset 4
     source = kit.create(unique_name("orders"), 1)
     group = unique_name("billing")
@@ -92,12 +107,24 @@ def test_topics_create_says_who_may_write_the_tiers_and_the_dlq(
     kafka: KafkaConfig, kit: Kit, unique_name: Callable[[str], str]
 ) -> None:
     source = kit.create(unique_name("orders"), 1)
-    args = [CLI, "topics", "create", "--bootstrap", kafka.bootstrap, "--topic", source, "--group", "billing",
-            "--delays", "1s"]  # fmt: skip
+    args = [
+        CLI,
+        "topics",
+        "create",
+        "--bootstrap",
+        kafka.bootstrap,
+        "--topic",
+        source,
+        "--group",
+        "billing",
+        "--delays",
+        "1s",
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("RETRYTOPICS_")}
     plain = subprocess.run(args, capture_output=True, text=True, timeout=60, env=env)
-    keyed = subprocess.run(args, capture_output=True, text=True, timeout=60,
-                           env={**env, "RETRYTOPICS_APP_HEADER_KEY": KEY})  # fmt: skip
+    keyed = subprocess.run(
+        args, capture_output=True, text=True, timeout=60, env={**env, "RETRYTOPICS_APP_HEADER_KEY": KEY}
+    )
     assert plain.returncode == keyed.returncode == 0, plain.stderr + keyed.stderr
     for result in (plain, keyed):
         assert "WRITE there is WRITE on the app's fate" in result.stderr

@@ -40,9 +40,13 @@ def _members(kit: Kit, group: str) -> int:
 
 
 def test_a_tier_consumer_frozen_with_records_in_memory_does_not_act_on_them(
-    broker: Any, kafka: KafkaConfig, kit: Kit, unique_name: Callable[[str], str], apps: list[RetryApp],
+    broker: Any,
+    kafka: KafkaConfig,
+    kit: Kit,
+    unique_name: Callable[[str], str],
+    apps: list[RetryApp],
     tmp_path: Path,
-) -> None:  # fmt: skip
+) -> None:
     if broker.is_tansu:
         pytest.skip("tansu's DescribeGroups does not report members, which tells when the woken process rejoined")
     sys.path.insert(0, str(WORKER.parent))
@@ -51,22 +55,36 @@ def test_a_tier_consumer_frozen_with_records_in_memory_does_not_act_on_them(
     # setup: main consumer and the 300 ms tier here; the 600 ms tier in a child process with a short session
     source = kit.create(unique_name("orders"), 1)
     consumer = {"session.timeout.ms": 3000, "heartbeat.interval.ms": 500}
-    settings = {"bootstrap": kafka.bootstrap, "group": unique_name("billing"), "source": source,
-                "consumer": consumer, "tier": "600ms", "ledger": str(tmp_path / "zombie.jsonl"),
-                "commit_interval": "100ms", "commit_every": 1}  # fmt: skip
+    settings = {
+        "bootstrap": kafka.bootstrap,
+        "group": unique_name("billing"),
+        "source": source,
+        "consumer": consumer,
+        "tier": "600ms",
+        "ledger": str(tmp_path / "zombie.jsonl"),
+        "commit_interval": "100ms",
+        "commit_every": 1,
+    }
     app = build_app(settings, str(tmp_path / "local.jsonl"))
     apps.append(app)
     app.provision()
     tier2 = app.topics(source).tiers[1].topic
     zombie_log = tmp_path / "zombie.log"
     with zombie_log.open("wb") as err:
-        zombie = subprocess.Popen([sys.executable, str(WORKER), json.dumps(settings)], stdin=subprocess.DEVNULL,
-                                  stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)  # fmt: skip
+        zombie = subprocess.Popen(
+            [sys.executable, str(WORKER), json.dumps(settings)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+        )
     try:
         app.start(main=True, tiers=["300ms"])
         # a first record through the zombie, so that it owns the partition and has handled something
         kit.produce(source, [(b"k", b"0", [])])
-        wait_until(lambda: any(e["id"] == 0 for e in read_ledger(tmp_path / "zombie.jsonl")), 60, "the worker's first call")
+        wait_until(
+            lambda: any(e["id"] == 0 for e in read_ledger(tmp_path / "zombie.jsonl")), 60, "the worker's first call"
+        )
 
         # when: the next records reach the 600 ms tier; the worker fetches them and they wait in its memory
         kit.produce(source, [(b"k", str(i).encode(), []) for i in WAITING])

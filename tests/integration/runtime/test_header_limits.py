@@ -26,9 +26,12 @@ pytestmark = pytest.mark.broker
 
 
 def test_a_record_with_too_many_headers_is_dead_lettered_with_its_own_lineage(
-    kafka: KafkaConfig, kit: Kit, unique_name: Callable[[str], str], consumer_overrides: dict[str, Any],
+    kafka: KafkaConfig,
+    kit: Kit,
+    unique_name: Callable[[str], str],
+    consumer_overrides: dict[str, Any],
     apps: list[RetryApp],
-) -> None:  # fmt: skip
+) -> None:
     # setup: offset 0 has the most user headers allowed; offset 1 has 1,100 and replay lineage
     source = kit.create(unique_name("orders"), 1)
     group = unique_name("billing")

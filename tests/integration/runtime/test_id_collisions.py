@@ -23,9 +23,12 @@ pytestmark = pytest.mark.broker
 
 
 def test_records_sharing_an_id_header_are_each_retried(
-    kafka: KafkaConfig, kit: Kit, unique_name: Callable[[str], str], consumer_overrides: dict[str, Any],
+    kafka: KafkaConfig,
+    kit: Kit,
+    unique_name: Callable[[str], str],
+    consumer_overrides: dict[str, Any],
     apps: list[RetryApp],
-) -> None:  # fmt: skip
+) -> None:
     # setup: six records on two partitions, three ids, each id on two different records; every record fails once
     source = kit.create(unique_name("orders"), 2)
     group = unique_name("billing")
@@ -47,8 +50,11 @@ def test_records_sharing_an_id_header_are_each_retried(
     app.provision()
     values = [f"r{n}".encode() for n in range(6)]
     for partition in (0, 1):
-        kit.produce(source, [(None, v, [("order-id", f"id-{n % 3}".encode())])
-                             for n, v in enumerate(values) if n // 3 == partition], partition=partition)  # fmt: skip
+        kit.produce(
+            source,
+            [(None, v, [("order-id", f"id-{n % 3}".encode())]) for n, v in enumerate(values) if n // 3 == partition],
+            partition=partition,
+        )
 
     # when
     app.start(main=True, tiers="all")

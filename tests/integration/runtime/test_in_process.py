@@ -27,9 +27,12 @@ POLICY = RetryPolicy(delays=["30s"], in_process=InProcessRetry(attempts=3, wait=
 
 
 def test_in_process_retries_hand_nothing_off_when_an_attempt_succeeds(
-    kafka: KafkaConfig, kit: Kit, unique_name: Callable[[str], str], consumer_overrides: dict[str, Any],
+    kafka: KafkaConfig,
+    kit: Kit,
+    unique_name: Callable[[str], str],
+    consumer_overrides: dict[str, Any],
     apps: list[RetryApp],
-) -> None:  # fmt: skip
+) -> None:
     # setup: "flaky" fails on its first two calls, "broken" on every call, "bad" is non-retryable
     source = kit.create(unique_name("orders"), 1)
     group = unique_name("billing")

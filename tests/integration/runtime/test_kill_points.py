@@ -83,12 +83,25 @@ def _start(name: str, kafka: KafkaConfig, kit: Kit, base: Path) -> Run:
     behaviour, kill_on = SCENARIOS[name]
     directory = base / name
     directory.mkdir()
-    settings = {"name": name, "bootstrap": kafka.bootstrap, "group": f"kill-{name}-{suffix}",
-                "source": kit.create(f"kill-{name}-{suffix}", 1), "consumer": CONSUMER, "delays": ["300ms"],
-                "ledger": str(directory / "worker.jsonl"), "log": str(directory / "worker.log"),
-                "kill_on": kill_on}  # fmt: skip
-    run = Run(settings=settings, behaviour=behaviour, tiers=build_app(settings, str(directory / "tiers.jsonl")),
-              restarted=build_app(settings, str(directory / "restarted.jsonl")), dir=directory, kit=kit)  # fmt: skip
+    settings = {
+        "name": name,
+        "bootstrap": kafka.bootstrap,
+        "group": f"kill-{name}-{suffix}",
+        "source": kit.create(f"kill-{name}-{suffix}", 1),
+        "consumer": CONSUMER,
+        "delays": ["300ms"],
+        "ledger": str(directory / "worker.jsonl"),
+        "log": str(directory / "worker.log"),
+        "kill_on": kill_on,
+    }
+    run = Run(
+        settings=settings,
+        behaviour=behaviour,
+        tiers=build_app(settings, str(directory / "tiers.jsonl")),
+        restarted=build_app(settings, str(directory / "restarted.jsonl")),
+        dir=directory,
+        kit=kit,
+    )
     run.tiers.provision()
     run.tiers.start(main=False, tiers="all")
     kit.produce(run.source, [(None, f"{i}:ok".encode(), []) for i in range(KILLED)])
@@ -116,11 +129,15 @@ def runs(kafka: KafkaConfig, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         for name in SCENARIOS:
             started.append(_start(name, kafka, kit, base))
         for run in started:  # records 0-4 handled and committed by the worker
-            wait_until(lambda: kit.committed(run.settings["group"], run.source, 1) == {0: KILLED}, 30,
-                       f"{run.settings['name']}: the first commit")  # fmt: skip
+            wait_until(
+                lambda run=run: kit.committed(run.settings["group"], run.source, 1) == {0: KILLED},
+                30,
+                f"{run.settings['name']}: the first commit",
+            )
         for run in started:
-            kit.produce(run.source, [(None, f"{KILLED}:{run.behaviour}".encode(), []), (None, b"6:ok", []),
-                                     (None, b"7:ok", [])])  # fmt: skip
+            kit.produce(
+                run.source, [(None, f"{KILLED}:{run.behaviour}".encode(), []), (None, b"6:ok", []), (None, b"7:ok", [])]
+            )
         for run in started:
             assert run.worker is not None
             run.worker_status = run.worker.wait(30)
@@ -128,7 +145,7 @@ def runs(kafka: KafkaConfig, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         for run in started:
             run.restarted.start(main=True)
         for run in started:
-            wait_until(lambda: _finished(run, kit), 60, f"{run.settings['name']}: the restart to finish")
+            wait_until(lambda run=run: _finished(run, kit), 60, f"{run.settings['name']}: the restart to finish")
         for run in started:
             assert run.restarted.stop() and run.tiers.stop()
         yield {run.settings["name"]: run for run in started}
@@ -175,7 +192,10 @@ def test_sigkill_after_the_retry_ack_writes_the_hop_once(runs: dict[str, Run]) -
     assert run.tiers.stats.duplicates_suppressed == 0
     (dead,) = run.headers("dlq")
     assert (dead.origin_message_id, dead.dlq_reason, dead.reconsume_times) == (
-        f"{run.source}-0-{KILLED}", DlqReason.EXHAUSTED, 2)  # fmt: skip
+        f"{run.source}-0-{KILLED}",
+        DlqReason.EXHAUSTED,
+        2,
+    )
 
 
 def test_sigkill_after_the_dlq_ack_writes_one_dlq_record(runs: dict[str, Run]) -> None:
@@ -184,6 +204,10 @@ def test_sigkill_after_the_dlq_ack_writes_one_dlq_record(runs: dict[str, Run]) -
     # then: one DLQ record (before issue 12.4: a second, identical one written by the restart)
     (dead,) = run.headers("dlq")
     assert (dead.origin_message_id, dead.lineage.replay_count, dead.reconsume_times, dead.dlq_reason) == (
-        f"{run.source}-0-{KILLED}", 0, 1, DlqReason.NON_RETRYABLE)  # fmt: skip
+        f"{run.source}-0-{KILLED}",
+        0,
+        1,
+        DlqReason.NON_RETRYABLE,
+    )
     assert [r.value for r in run.topic("tier")] == []
     assert run.calls("tiers") == []

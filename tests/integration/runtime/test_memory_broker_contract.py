@@ -126,8 +126,9 @@ class KafkaSide(Side):
         return consumer
 
     def producer(self, transactional_id: str | None = None, *, queued: bool = False) -> ProducerPort:
-        return KafkaProducer(self.kit.kafka, transactional_id=transactional_id,
-                             overrides={"linger.ms": 30_000} if queued else None)  # fmt: skip
+        return KafkaProducer(
+            self.kit.kafka, transactional_id=transactional_id, overrides={"linger.ms": 30_000} if queued else None
+        )
 
     def committed(self, group: str, topic: str, partitions: int = 1) -> dict[int, int]:
         return {p: o for p, o in self.kit.committed(group, topic, partitions).items() if o >= 0}
@@ -197,8 +198,13 @@ def _subscribe(consumer: ConsumerPort, topic: str, callbacks: Callbacks | None =
     return callbacks
 
 
-def _consume_until(side: Side, consumer: ConsumerPort, done: Callable[[list[Message]], bool], what: str,
-                   log: list[tuple[str, Any]] | None = None) -> list[Message]:  # fmt: skip
+def _consume_until(
+    side: Side,
+    consumer: ConsumerPort,
+    done: Callable[[list[Message]], bool],
+    what: str,
+    log: list[tuple[str, Any]] | None = None,
+) -> list[Message]:
     got: list[Message] = []
     for _ in side.polls():
         batch = consumer.consume(100, 0.2)
@@ -235,8 +241,12 @@ def test_pause_stops_a_partition_and_resume_restarts_it(side: Side) -> None:
     _produce(side, topic, 3, partition=1)
     consumer = side.consumer(side.unique_name("g"))
     # paused inside on_assign, as the loop does: before anything of the partition can be fetched
-    consumer.subscribe([topic], on_assign=lambda tps: consumer.pause([(topic, 0)]), on_revoke=lambda tps: None,
-                       on_lost=lambda tps: None)  # fmt: skip
+    consumer.subscribe(
+        [topic],
+        on_assign=lambda tps: consumer.pause([(topic, 0)]),
+        on_revoke=lambda tps: None,
+        on_lost=lambda tps: None,
+    )
 
     first = _consume_until(side, consumer, lambda got: len(got) >= 3, "partition 1's records")
     first += _consume_quietly(side, consumer)
@@ -334,8 +344,9 @@ def _transaction(side: Side, *, commit: bool) -> tuple[str, str, str, ProducerPo
     producer.init_transactions(30)
     producer.begin_transaction()
     for i in range(2):
-        producer.produce(out, key=b"k", value=f"t{i}".encode(), headers=[("h", b"1")], partition=0,
-                         on_delivery=lambda error: None)  # fmt: skip
+        producer.produce(
+            out, key=b"k", value=f"t{i}".encode(), headers=[("h", b"1")], partition=0, on_delivery=lambda error: None
+        )
     # delivered before the transaction ends: librdkafka's abort purges records still queued in the client,
     # which then take no offsets (seen in CI: the record after an abort at offset 1, not 3)
     assert producer.flush(30) == 0
@@ -361,8 +372,9 @@ def _eventually(side: Side, read: Callable[[], object], expected: object) -> Non
 def test_a_committed_transaction_makes_its_records_and_offsets_visible_together(side: Side) -> None:
     source, out, group, _, _ = _transaction(side, commit=True)
 
-    _eventually(side, lambda: side.visible(out),
-                [(0, 0, b"k", b"t0", (("h", b"1"),)), (0, 1, b"k", b"t1", (("h", b"1"),))])  # fmt: skip
+    _eventually(
+        side, lambda: side.visible(out), [(0, 0, b"k", b"t0", (("h", b"1"),)), (0, 1, b"k", b"t1", (("h", b"1"),))]
+    )
     _eventually(side, lambda: side.committed(group, source), {0: 3})
 
 
@@ -385,8 +397,14 @@ def test_an_abort_purges_the_queued_records_and_reports_them_at_a_later_poll(sid
     producer.begin_transaction()
     reports: list[str | None] = []
     for i in range(2):
-        producer.produce(out, key=None, value=f"q{i}".encode(), headers=[], partition=0,
-                         on_delivery=lambda error: reports.append(None if error is None else error.code))  # fmt: skip
+        producer.produce(
+            out,
+            key=None,
+            value=f"q{i}".encode(),
+            headers=[],
+            partition=0,
+            on_delivery=lambda error: reports.append(None if error is None else error.code),
+        )
 
     producer.abort_transaction(30)
     producer.begin_transaction()

@@ -29,7 +29,6 @@ PRODUCER = {"message.timeout.ms": 3000, "request.timeout.ms": 2000, "retry.backo
 CONSUMER = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
 
 
-
 def test_no_commit_past_an_unacknowledged_hand_off(
     proxied: tuple[KafkaConfig, KafkaProxy], unique_name: Callable[[str], str]
 ) -> None:
@@ -40,8 +39,13 @@ def test_no_commit_past_an_unacknowledged_hand_off(
     dead: list[Any] = []
     calls: list[tuple[int, int]] = []
     lock = threading.Lock()
-    app = RetryApp(kafka=kafka, group=group, consumer_overrides=CONSUMER, producer_overrides=PRODUCER,
-                   on_dead_letter=lambda record, route: dead.append(record))  # fmt: skip
+    app = RetryApp(
+        kafka=kafka,
+        group=group,
+        consumer_overrides=CONSUMER,
+        producer_overrides=PRODUCER,
+        on_dead_letter=lambda record, route: dead.append(record),
+    )
 
     @app.handler(source, policy=RetryPolicy(delays=["200ms"]), value_deserializer=lambda d, c: int(d))
     def handle(record: Record[int]) -> None:

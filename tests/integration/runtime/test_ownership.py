@@ -65,8 +65,14 @@ def test_outliving_max_poll_abandons_the_call_and_a_long_tier_wait_keeps_the_gro
     def handle(record: Record[bytes]) -> None:
         with lock:
             first_call = not any(c["value"] == record.value for c in calls)
-            calls.append({"value": record.value, "attempt": record.attempt, "at": time.time() * 1000,
-                          "due_at": record.retry.due_at if record.retry else None})  # fmt: skip
+            calls.append(
+                {
+                    "value": record.value,
+                    "attempt": record.attempt,
+                    "at": time.time() * 1000,
+                    "due_at": record.retry.due_at if record.retry else None,
+                }
+            )
         if record.value == b"slow" and first_call:
             time.sleep(MAX_POLL_MS / 1000 + 0.2)
         if record.value in (b"slow", b"wait") and record.attempt == 1:
@@ -87,7 +93,9 @@ def test_outliving_max_poll_abandons_the_call_and_a_long_tier_wait_keeps_the_gro
     assert [c["attempt"] for c in calls if c["value"] == b"slow"] == [1, 1, 2]
     tier_records = [(r.value, decode(list(r.headers))) for r in kit.read_all(tier)]
     assert sorted((v, h.origin_message_id, h.reconsume_times) for v, h in tier_records) == [
-        (b"slow", f"{source}-0-1", 1), (b"wait", f"{source}-0-0", 1)]  # fmt: skip
+        (b"slow", f"{source}-0-1", 1),
+        (b"wait", f"{source}-0-0", 1),
+    ]
     assert kit.read_all(app.topics(source).dlq) == []
     # then: the tier waited 5 s (> max.poll.interval.ms) without a rebalance, and nothing ran early
     retries = [c for c in calls if c["attempt"] == 2]

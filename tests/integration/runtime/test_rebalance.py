@@ -33,12 +33,20 @@ class Recorder:
         self.events.append((event, dict(data)))
 
     def assigned(self, consumer_suffix: str) -> list[object]:
-        return [d["partitions"] for e, d in self.events
-                if e is Event.PARTITIONS_ASSIGNED and str(d["consumer"]).endswith(consumer_suffix)]  # fmt: skip
+        return [
+            d["partitions"]
+            for e, d in self.events
+            if e is Event.PARTITIONS_ASSIGNED and str(d["consumer"]).endswith(consumer_suffix)
+        ]
 
 
-def test_pauses_survive_a_member_joining_and_leaving(kafka: KafkaConfig, kit: Kit, unique_name: Callable[[str], str],
-                                                     consumer_overrides: dict[str, Any], apps: list[RetryApp]) -> None:
+def test_pauses_survive_a_member_joining_and_leaving(
+    kafka: KafkaConfig,
+    kit: Kit,
+    unique_name: Callable[[str], str],
+    consumer_overrides: dict[str, Any],
+    apps: list[RetryApp],
+) -> None:
     # setup: every record fails once, so all of them wait 6 s in the tier
     source = kit.create(unique_name("orders"), 2)
     group = unique_name("billing")
@@ -51,8 +59,15 @@ def test_pauses_survive_a_member_joining_and_leaving(kafka: KafkaConfig, kit: Ki
         @app.handler(source, policy=POLICY)
         def handle(record: Record[bytes]) -> None:
             with lock:
-                calls.append({"id": record.value, "attempt": record.attempt, "at": time.time() * 1000,
-                              "due_at": record.retry.due_at if record.retry else None, "app": name})  # fmt: skip
+                calls.append(
+                    {
+                        "id": record.value,
+                        "attempt": record.attempt,
+                        "at": time.time() * 1000,
+                        "due_at": record.retry.due_at if record.retry else None,
+                        "app": name,
+                    }
+                )
             if record.attempt == 1:
                 raise RuntimeError("first attempt fails")
 
@@ -64,7 +79,9 @@ def test_pauses_survive_a_member_joining_and_leaving(kafka: KafkaConfig, kit: Ki
     first.provision()
     kit.produce(source, [(f"k{i}".encode(), f"v{i}".encode(), []) for i in range(N)])
     first.start(main=True, tiers="all")
-    wait_until(lambda: first.stats.retried == N and first.stats.paused_partitions == 2, 30, "both tier partitions paused")
+    wait_until(
+        lambda: first.stats.retried == N and first.stats.paused_partitions == 2, 30, "both tier partitions paused"
+    )
 
     # when: a second tier consumer joins while everything is paused ...
     second = make_app("second", second_events)

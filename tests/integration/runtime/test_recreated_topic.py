@@ -55,9 +55,13 @@ def _recreate(kit: Kit, topic: str) -> None:
 
 @pytest.mark.parametrize("same_timestamps", [False, True], ids=["own_timestamps", "same_timestamps"])
 def test_a_recreated_source_topic_has_every_record_handled(
-    kafka: KafkaConfig, kit: Kit, unique_name: Callable[[str], str], consumer_overrides: dict[str, Any],
-    apps: list[RetryApp], same_timestamps: bool,
-) -> None:  # fmt: skip
+    kafka: KafkaConfig,
+    kit: Kit,
+    unique_name: Callable[[str], str],
+    consumer_overrides: dict[str, Any],
+    apps: list[RetryApp],
+    same_timestamps: bool,
+) -> None:
     # setup: first life: 5 records, each dead-lettered (non-retryable) and committed
     source = kit.create(unique_name("orders"), 1)
     group = unique_name("billing")
@@ -99,8 +103,11 @@ def test_a_recreated_source_topic_has_every_record_handled(
         with lock:
             return sorted((offset, value) for offset, value in handled if value.startswith(b"second"))
 
-    wait_until(lambda: len(second_life()) == RECORDS and kit.committed(group, source, 1) == {0: RECORDS}, 60,
-               "the second life handled and committed")  # fmt: skip
+    wait_until(
+        lambda: len(second_life()) == RECORDS and kit.committed(group, source, 1) == {0: RECORDS},
+        60,
+        "the second life handled and committed",
+    )
     assert second.stop()
 
     # then: every record of the second life was handled, once, and none of them reached the DLQ

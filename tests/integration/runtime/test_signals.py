@@ -38,12 +38,20 @@ RECORDS = ["0:ok", "1:ok", "2:ok", "3:block", "4:ok", "5:ok"]
 BLOCKED = 3  # the offset (and id) of the record whose handler is interrupted
 
 
-def _settings(kafka: KafkaConfig, unique_name: Callable[[str], str], tmp_path: Path, consumer: dict[str, Any],
-              kit: Kit) -> dict[str, Any]:  # fmt: skip
+def _settings(
+    kafka: KafkaConfig, unique_name: Callable[[str], str], tmp_path: Path, consumer: dict[str, Any], kit: Kit
+) -> dict[str, Any]:
     source = kit.create(unique_name("orders"), 1)
-    return {"bootstrap": kafka.bootstrap, "group": unique_name("billing"), "source": source, "consumer": consumer,
-            "delays": ["200ms"], "ledger": str(tmp_path / "worker.jsonl"), "log": str(tmp_path / "worker.log"),
-            "release": str(tmp_path / "release")}  # fmt: skip
+    return {
+        "bootstrap": kafka.bootstrap,
+        "group": unique_name("billing"),
+        "source": source,
+        "consumer": consumer,
+        "delays": ["200ms"],
+        "ledger": str(tmp_path / "worker.jsonl"),
+        "log": str(tmp_path / "worker.log"),
+        "release": str(tmp_path / "release"),
+    }
 
 
 def _log(settings: dict[str, Any]) -> str:
@@ -63,9 +71,13 @@ def _dlq_state(kit: Kit, app: RetryApp, source: str) -> list[tuple[bytes | None,
 
 
 def test_sigterm_mid_handler_leaves_the_record_for_the_next_run(
-    kafka: KafkaConfig, kit: Kit, unique_name: Callable[[str], str], consumer_overrides: dict[str, Any],
-    apps: list[RetryApp], tmp_path: Path,
-) -> None:  # fmt: skip
+    kafka: KafkaConfig,
+    kit: Kit,
+    unique_name: Callable[[str], str],
+    consumer_overrides: dict[str, Any],
+    apps: list[RetryApp],
+    tmp_path: Path,
+) -> None:
     # setup
     settings = _settings(kafka, unique_name, tmp_path, consumer_overrides, kit)
     source = settings["source"]
@@ -101,9 +113,13 @@ def test_sigterm_mid_handler_leaves_the_record_for_the_next_run(
 
 
 def test_a_second_sigterm_exits_at_once_when_a_handler_never_returns(
-    kafka: KafkaConfig, kit: Kit, unique_name: Callable[[str], str], consumer_overrides: dict[str, Any],
-    apps: list[RetryApp], tmp_path: Path,
-) -> None:  # fmt: skip
+    kafka: KafkaConfig,
+    kit: Kit,
+    unique_name: Callable[[str], str],
+    consumer_overrides: dict[str, Any],
+    apps: list[RetryApp],
+    tmp_path: Path,
+) -> None:
     # setup
     settings = _settings(kafka, unique_name, tmp_path, consumer_overrides, kit)
     source = settings["source"]
@@ -131,8 +147,12 @@ def test_a_second_sigterm_exits_at_once_when_a_handler_never_returns(
 
 
 def test_a_consumer_frozen_past_its_session_does_not_act_when_it_wakes(
-    kafka: KafkaConfig, kit: Kit, unique_name: Callable[[str], str], apps: list[RetryApp], tmp_path: Path,
-) -> None:  # fmt: skip
+    kafka: KafkaConfig,
+    kit: Kit,
+    unique_name: Callable[[str], str],
+    apps: list[RetryApp],
+    tmp_path: Path,
+) -> None:
     # setup: a short session, so that the frozen member is expelled quickly
     consumer = {"session.timeout.ms": 3000, "heartbeat.interval.ms": 500}
     settings = _settings(kafka, unique_name, tmp_path, consumer, kit)

@@ -39,8 +39,9 @@ class Calls:
 
     def handle(self, record: Record[Any]) -> None:
         with self.lock:
-            self.seen.append((record.value, record.attempt, record.retry.due_at if record.retry else None,
-                              int(time.time() * 1000)))  # fmt: skip
+            self.seen.append(
+                (record.value, record.attempt, record.retry.due_at if record.retry else None, int(time.time() * 1000))
+            )
         if record.value == "always" or (record.value.startswith("once") and record.attempt == 1):
             raise RuntimeError(f"{record.value} fails")
 
@@ -49,15 +50,26 @@ class Calls:
             return [c for c in self.seen if c[0] == value]
 
 
-def _state(source: str, group: str, offset: int, *, now: int, last_failed_at: int | None = None,
-           due_at: int | None = None) -> RetryHeaders:  # fmt: skip
+def _state(
+    source: str, group: str, offset: int, *, now: int, last_failed_at: int | None = None, due_at: int | None = None
+) -> RetryHeaders:
     failed = now if last_failed_at is None else last_failed_at
     return RetryHeaders(
-        reconsume_times=1, origin_message_id=f"{source}-0-{offset}", original_topic=source, original_partition=0,
-        original_offset=offset, original_timestamp=now, consumer_group=group, tier=0,
-        due_at=failed if due_at is None else due_at, first_failed_at=failed, last_failed_at=failed,
-        exception_type="x.Forged", exception_message="forged", exception_trace="",
-    )  # fmt: skip
+        reconsume_times=1,
+        origin_message_id=f"{source}-0-{offset}",
+        original_topic=source,
+        original_partition=0,
+        original_offset=offset,
+        original_timestamp=now,
+        consumer_group=group,
+        tier=0,
+        due_at=failed if due_at is None else due_at,
+        first_failed_at=failed,
+        last_failed_at=failed,
+        exception_type="x.Forged",
+        exception_message="forged",
+        exception_trace="",
+    )
 
 
 def test_with_a_key_forged_tier_records_are_dead_lettered_and_legit_records_flow(
@@ -67,8 +79,9 @@ def test_with_a_key_forged_tier_records_are_dead_lettered_and_legit_records_flow
     source, group = kit.create(f"signed-{suffix}", 1), f"signed-{suffix}"
     calls = Calls()
     app = RetryApp(kafka=kafka, group=group, header_key=KEY, consumer_overrides=OVERRIDES)
-    app.handler(source, policy=RetryPolicy(delays=["300ms"], max_retries=1),
-                value_deserializer=lambda data, ctx: data.decode())(calls.handle)  # fmt: skip
+    app.handler(
+        source, policy=RetryPolicy(delays=["300ms"], max_retries=1), value_deserializer=lambda data, ctx: data.decode()
+    )(calls.handle)
     app.provision()
     topics = app.topics(source)
     tier = topics.tiers[0].topic
@@ -79,12 +92,18 @@ def test_with_a_key_forged_tier_records_are_dead_lettered_and_legit_records_flow
     now = int(time.time() * 1000)
     hop = encode(_state(source, group, 0, now=now))
     other = HeaderKeys.of("somebody else's key, 32 bytes long")
-    kit.produce(tier, [
-        (b"k0", b"once-0", list(hop)),                                                 # forged hop, unsigned
-        (b"f1", b"forged-unsigned", list(encode(_state(source, group, 91, now=now)))),
-        (b"f2", b"forged-wrong-key", list(sign(other, tier, b"f2", b"forged-wrong-key",
-                                               encode(_state(source, group, 92, now=now))))),
-    ])  # fmt: skip
+    kit.produce(
+        tier,
+        [
+            (b"k0", b"once-0", list(hop)),  # forged hop, unsigned
+            (b"f1", b"forged-unsigned", list(encode(_state(source, group, 91, now=now)))),
+            (
+                b"f2",
+                b"forged-wrong-key",
+                list(sign(other, tier, b"f2", b"forged-wrong-key", encode(_state(source, group, 92, now=now)))),
+            ),
+        ],
+    )
     # when
     apps.append(app)
     app.start(main=True, tiers="all")

@@ -69,8 +69,14 @@ def test_a_frozen_broker_never_holds_an_exactly_once_commit_past_the_call_bound(
     source = kit.create("orders", 1)
     events = Events()
     frozen, handled = threading.Event(), threading.Event()
-    app = RetryApp(kafka=kafka, group="billing", consumer_overrides=CONSUMER, exactly_once=True,
-                   instance_id="replica-1", hooks=[events])  # fmt: skip
+    app = RetryApp(
+        kafka=kafka,
+        group="billing",
+        consumer_overrides=CONSUMER,
+        exactly_once=True,
+        instance_id="replica-1",
+        hooks=[events],
+    )
 
     @app.handler(source, policy=RetryPolicy(delays=["200ms"]))
     def handle(record: Record[bytes]) -> None:
@@ -117,7 +123,7 @@ def test_a_frozen_broker_never_holds_an_exactly_once_commit_past_the_call_bound(
 
 def test_a_frozen_broker_never_holds_the_ownership_question_past_the_call_bound(
     own_broker: ApacheKafkaBroker,
-) -> None:  # fmt: skip
+) -> None:
     # setup: at-least-once; record "slow"'s call lasts longer than half the session (3 s), so that the loop
     # then asks the group coordinator (a synchronous commit) whether it still owns the partition
     kafka = own_broker.kafka_config()
@@ -191,8 +197,11 @@ def test_a_dead_broker_turns_health_false_until_it_is_back(own_broker: ApacheKaf
 
 
 def test_a_handler_past_the_poll_interval_is_unhealthy_and_counted_abandoned_while_it_runs(
-    kafka: KafkaConfig, kit: Kit, unique_name: Any, apps: list[RetryApp],
-) -> None:  # fmt: skip
+    kafka: KafkaConfig,
+    kit: Kit,
+    unique_name: Any,
+    apps: list[RetryApp],
+) -> None:
     source = kit.create(unique_name("orders"), 1)
     group = unique_name("billing")
     release, calls = threading.Event(), []

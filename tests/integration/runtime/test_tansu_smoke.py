@@ -25,6 +25,7 @@ def tansu() -> Iterator[KafkaConfig]:
         yield broker.kafka_config()
 
 
-def test_every_record_ends_exactly_once_on_tansu(tansu: KafkaConfig, unique_name: Callable[[str], str],
-                                                 consumer_overrides: dict[str, Any], apps: list[RetryApp]) -> None:
+def test_every_record_ends_exactly_once_on_tansu(
+    tansu: KafkaConfig, unique_name: Callable[[str], str], consumer_overrides: dict[str, Any], apps: list[RetryApp]
+) -> None:
     end_to_end_scenario(tansu, Kit(tansu), unique_name, consumer_overrides, apps, "sync")

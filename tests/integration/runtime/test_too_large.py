@@ -30,9 +30,12 @@ BIG = 999_000
 
 
 def test_an_oversized_republish_goes_to_the_dlq_and_the_partition_moves_on(
-    kafka: KafkaConfig, kit: Kit, unique_name: Callable[[str], str], consumer_overrides: dict[str, Any],
+    kafka: KafkaConfig,
+    kit: Kit,
+    unique_name: Callable[[str], str],
+    consumer_overrides: dict[str, Any],
     apps: list[RetryApp],
-) -> None:  # fmt: skip
+) -> None:
     # setup: a big record that fails (tier republish too large), a big undecodable one (poison DLQ record too
     # large), then a small one that must still be handled
     source = kit.create(unique_name("orders"), 1)
@@ -52,8 +55,14 @@ def test_an_oversized_republish_goes_to_the_dlq_and_the_partition_moves_on(
     app.provision()
     big_ok_json = json.dumps({"fail": True, "pad": "p" * (BIG - 30)}).encode()
     poison = b"\xff" * BIG
-    kit.produce(source, [(b"k", big_ok_json, [("trace-id", b"t" * 600)]), (b"k", poison, []),
-                         (b"k", json.dumps({"fail": False}).encode(), [])])  # fmt: skip
+    kit.produce(
+        source,
+        [
+            (b"k", big_ok_json, [("trace-id", b"t" * 600)]),
+            (b"k", poison, []),
+            (b"k", json.dumps({"fail": False}).encode(), []),
+        ],
+    )
 
     # when
     app.start(main=True)
@@ -71,8 +80,13 @@ def test_an_oversized_republish_goes_to_the_dlq_and_the_partition_moves_on(
     for offset, (read, original) in enumerate(zip(dlq, (big_ok_json, poison), strict=True)):
         if read.value != original:  # the last resort: a reference to where the record still is
             reference = json.loads(read.value or b"")
-            assert reference == {"too_large": True, "topic": source, "partition": 0, "offset": offset,
-                                 "value_bytes": len(original)}  # fmt: skip
+            assert reference == {
+                "too_large": True,
+                "topic": source,
+                "partition": 0,
+                "offset": offset,
+                "value_bytes": len(original),
+            }
     assert app.stats.dead_lettered.get("too_large") == 2
 
 
@@ -86,9 +100,14 @@ def _accept_at_most(kit: Kit, topic: str, max_bytes: int) -> None:
 
 @pytest.mark.parametrize("exactly_once", [False, True], ids=["at_least_once", "exactly_once"])
 def test_a_republish_the_broker_refuses_as_too_large_goes_to_the_dlq(
-    broker: Any, kafka: KafkaConfig, kit: Kit, unique_name: Callable[[str], str], consumer_overrides: dict[str, Any],
-    apps: list[RetryApp], exactly_once: bool,
-) -> None:  # fmt: skip
+    broker: Any,
+    kafka: KafkaConfig,
+    kit: Kit,
+    unique_name: Callable[[str], str],
+    consumer_overrides: dict[str, Any],
+    apps: list[RetryApp],
+    exactly_once: bool,
+) -> None:
     if broker.is_tansu:
         pytest.skip("tansu does not enforce a topic's max.message.bytes")
     # setup: the tier topic accepts at most 20,000 bytes a record; a failing 30,000-byte record
@@ -130,9 +149,14 @@ def test_a_republish_the_broker_refuses_as_too_large_goes_to_the_dlq(
 
 @pytest.mark.parametrize("exactly_once", [False, True], ids=["at_least_once", "exactly_once"])
 def test_one_oversized_record_dead_letters_alone_and_its_batch_neighbours_are_retried(
-    broker: Any, kafka: KafkaConfig, kit: Kit, unique_name: Callable[[str], str], consumer_overrides: dict[str, Any],
-    apps: list[RetryApp], exactly_once: bool,
-) -> None:  # fmt: skip
+    broker: Any,
+    kafka: KafkaConfig,
+    kit: Kit,
+    unique_name: Callable[[str], str],
+    consumer_overrides: dict[str, Any],
+    apps: list[RetryApp],
+    exactly_once: bool,
+) -> None:
     """Guarantee (issue 21.2): the broker refuses a produce batch as a whole when one of its records is too
     large, and reports that error on every record of the batch. Only the record that is too large on its own
     is dead-lettered as `too_large`; the others of the same poll reach the tier with their values and user

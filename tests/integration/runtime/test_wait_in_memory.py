@@ -45,17 +45,28 @@ class PauseCounter:
 
 @pytest.mark.parametrize("wait_in_memory", ["500ms", "0s"])
 def test_tier_records_are_handled_once_in_order_and_never_early(
-    kafka: KafkaConfig, kit: Kit, unique_name: Callable[[str], str], consumer_overrides: dict[str, Any],
-    apps: list[RetryApp], wait_in_memory: str,
-) -> None:  # fmt: skip
+    kafka: KafkaConfig,
+    kit: Kit,
+    unique_name: Callable[[str], str],
+    consumer_overrides: dict[str, Any],
+    apps: list[RetryApp],
+    wait_in_memory: str,
+) -> None:
     # setup: per partition, 60 records due 15 ms apart from 4 s on, then 20 due after a 1.6 s gap; in the
     # middle of the first run, a record with a broken header and a second copy of an earlier record
     source = kit.create(unique_name("orders"), PARTITIONS)
     group = unique_name("billing")
     pauses = PauseCounter()
     # small batches, so that queues fill up, stop fetching, run low and fetch again many times
-    app = RetryApp(kafka=kafka, group=group, consumer_overrides=consumer_overrides, hooks=[pauses], batch_size=5,
-                   wait_in_memory=wait_in_memory, wait_in_memory_records=4)  # fmt: skip
+    app = RetryApp(
+        kafka=kafka,
+        group=group,
+        consumer_overrides=consumer_overrides,
+        hooks=[pauses],
+        batch_size=5,
+        wait_in_memory=wait_in_memory,
+        wait_in_memory_records=4,
+    )
     apps.append(app)
     lock = threading.Lock()
     calls: list[tuple[int, int, bytes, float, int]] = []
@@ -86,11 +97,17 @@ def test_tier_records_are_handled_once_in_order_and_never_early(
 
     # when
     app.start(main=False, tiers="all")
-    wait_until(lambda: len(calls) >= len(expected) and app.stats.duplicates_suppressed == PARTITIONS,
-               30, "every record handled")  # fmt: skip
+    wait_until(
+        lambda: len(calls) >= len(expected) and app.stats.duplicates_suppressed == PARTITIONS,
+        30,
+        "every record handled",
+    )
     per_partition = BEFORE_GAP + AFTER_GAP + 2
-    wait_until(lambda: kit.committed(tier, tier, PARTITIONS) == {p: per_partition for p in range(PARTITIONS)},
-               15, "every offset committed")  # fmt: skip
+    wait_until(
+        lambda: kit.committed(tier, tier, PARTITIONS) == dict.fromkeys(range(PARTITIONS), per_partition),
+        15,
+        "every offset committed",
+    )
     assert app.stop()
 
     # then: exactly once each, never early, in offset order per partition
@@ -114,10 +131,19 @@ def test_tier_records_are_handled_once_in_order_and_never_early(
 def _tier_headers(source: str, group: str, partition: int, i: int, due: int) -> list[Header]:
     return encode(
         RetryHeaders(
-            reconsume_times=1, origin_message_id=f"{source}-{partition}-{i}", original_topic=source,
-            original_partition=partition, original_offset=i, original_timestamp=due - DELAY_MS,
-            consumer_group=group, tier=0, due_at=due, first_failed_at=due - DELAY_MS,
-            last_failed_at=due - DELAY_MS, exception_type="test.Failure", exception_message="failed once",
+            reconsume_times=1,
+            origin_message_id=f"{source}-{partition}-{i}",
+            original_topic=source,
+            original_partition=partition,
+            original_offset=i,
+            original_timestamp=due - DELAY_MS,
+            consumer_group=group,
+            tier=0,
+            due_at=due,
+            first_failed_at=due - DELAY_MS,
+            last_failed_at=due - DELAY_MS,
+            exception_type="test.Failure",
+            exception_message="failed once",
             exception_trace="",
-        )  # fmt: skip
+        )
     )

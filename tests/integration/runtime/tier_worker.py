@@ -25,14 +25,20 @@ def failures_planned(i: int) -> int:
 def build_app(settings: dict[str, Any], ledger_path: str, **app_options: Any) -> RetryApp:
     kafka = KafkaConfig(bootstrap=settings["bootstrap"], producer_overrides={"batch.num.messages": 1})
     app = RetryApp(kafka=kafka, group=settings["group"], consumer_overrides=settings["consumer"], **app_options)
-    ledger = open(ledger_path, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
+    ledger = open(ledger_path, "a", buffering=1)
 
     @app.handler(settings["source"], policy=POLICY)
     def handle(record: Record[bytes]) -> None:
         i = int(record.value)
         ok = record.attempt > failures_planned(i)
-        entry = {"id": i, "attempt": record.attempt, "at": time.time() * 1000, "pid": os.getpid(), "ok": ok,
-                 "due_at": record.retry.due_at if record.retry else None}  # fmt: skip
+        entry = {
+            "id": i,
+            "attempt": record.attempt,
+            "at": time.time() * 1000,
+            "pid": os.getpid(),
+            "ok": ok,
+            "due_at": record.retry.due_at if record.retry else None,
+        }
         time.sleep(settings.get("work_s", 0))
         ledger.write(json.dumps(entry) + "\n")
         ledger.flush()
@@ -44,8 +50,12 @@ def build_app(settings: dict[str, Any], ledger_path: str, **app_options: Any) ->
 
 def main() -> None:
     settings = json.loads(sys.argv[1])
-    options = {"commit_interval": settings["commit_interval"], "commit_every": settings["commit_every"],
-               "commit_on_ack": settings.get("commit_on_ack", True), "dedupe_seed": settings.get("dedupe_seed", 1000)}
+    options = {
+        "commit_interval": settings["commit_interval"],
+        "commit_every": settings["commit_every"],
+        "commit_on_ack": settings.get("commit_on_ack", True),
+        "dedupe_seed": settings.get("dedupe_seed", 1000),
+    }
     app = build_app(settings, settings["ledger"], **options)
     app.run_tiers(tiers=[settings["tier"]])
 

@@ -49,11 +49,17 @@ class Secured:
         return [*self.security.users.values(), self.pki.key_password]
 
     def allow(
-        self, principal: str, resource: ResourceType, name: str, *operations: AclOperation,
+        self,
+        principal: str,
+        resource: ResourceType,
+        name: str,
+        *operations: AclOperation,
         pattern: ResourcePatternType = ResourcePatternType.LITERAL,
-    ) -> None:  # fmt: skip
-        bindings = [AclBinding(resource, name, pattern, f"User:{principal}", "*", op, AclPermissionType.ALLOW)
-                    for op in operations]  # fmt: skip
+    ) -> None:
+        bindings = [
+            AclBinding(resource, name, pattern, f"User:{principal}", "*", op, AclPermissionType.ALLOW)
+            for op in operations
+        ]
         for future in self.admin.create_acls(bindings, request_timeout=15).values():
             future.result()
 
@@ -62,21 +68,28 @@ class Secured:
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
     pki = make_pki(tmp_path_factory.mktemp("pki"))
     users = {name: secrets.token_urlsafe(18) for name in USERS}
-    security = BrokerSecurity(keystore=pki.keystore, truststore=pki.ca, users=users, admin="admin",
-                              key_password=pki.key_password)  # fmt: skip
+    security = BrokerSecurity(
+        keystore=pki.keystore, truststore=pki.ca, users=users, admin="admin", key_password=pki.key_password
+    )
     with ApacheKafkaBroker(security=security) as broker:
         yield Secured(broker, security, pki)
 
 
 def pipeline(
-    secured: Secured, unique_name: Callable[[str], str], kafka: KafkaConfig, policy: RetryPolicy,
+    secured: Secured,
+    unique_name: Callable[[str], str],
+    kafka: KafkaConfig,
+    policy: RetryPolicy,
     handle: Callable[[Record[bytes]], None] = lambda record: None,
-) -> tuple[RetryApp, str]:  # fmt: skip
+) -> tuple[RetryApp, str]:
     """An app for a fresh source topic whose topics `admin` provisioned, with the ACLs of docs/operations.md
     granted to `upstream`, `billing` and `replay`."""
     source = unique_name("orders")
-    app = RetryApp(kafka=kafka, group=unique_name("billing"),
-                   consumer_overrides={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500})  # fmt: skip
+    app = RetryApp(
+        kafka=kafka,
+        group=unique_name("billing"),
+        consumer_overrides={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500},
+    )
     app.handler(source, policy=policy)(handle)
     topics = app.topics(source)
     ensure_topics(secured.admin, [TopicSpec(name=t, partitions=2) for t in (source, *topics.all_topics)])

@@ -30,9 +30,25 @@ def _openssl(*args: str, cwd: Path) -> None:
 
 
 def _self_signed_ca(name: str, cwd: Path) -> Path:
-    _openssl("req", "-x509", *_EC, "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.pem", "-days", _DAYS,
-             "-subj", f"/CN={name}", "-addext", "basicConstraints=critical,CA:TRUE",
-             "-addext", "keyUsage=critical,keyCertSign,cRLSign", cwd=cwd)  # fmt: skip
+    _openssl(
+        "req",
+        "-x509",
+        *_EC,
+        "-nodes",
+        "-keyout",
+        f"{name}.key",
+        "-out",
+        f"{name}.pem",
+        "-days",
+        _DAYS,
+        "-subj",
+        f"/CN={name}",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+        cwd=cwd,
+    )
     return cwd / f"{name}.pem"
 
 
@@ -43,18 +59,44 @@ def make_pki(folder: Path) -> Pki:
     _openssl("req", *_EC, "-nodes", "-keyout", "broker.key", "-out", "broker.csr", "-subj", "/CN=127.0.0.1", cwd=folder)
     # clients verify the host name (ssl.endpoint.identification.algorithm=https): the address they dial
     (folder / "broker.ext").write_text(
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n"
-        "basicConstraints=CA:FALSE\n"
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\nbasicConstraints=CA:FALSE\n"
     )
-    _openssl("x509", "-req", "-in", "broker.csr", "-CA", ca.name, "-CAkey", "retrytopics-test-ca.key",
-             "-CAcreateserial", "-out", "broker.crt", "-days", _DAYS, "-extfile", "broker.ext", cwd=folder)  # fmt: skip
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        "broker.csr",
+        "-CA",
+        ca.name,
+        "-CAkey",
+        "retrytopics-test-ca.key",
+        "-CAcreateserial",
+        "-out",
+        "broker.crt",
+        "-days",
+        _DAYS,
+        "-extfile",
+        "broker.ext",
+        cwd=folder,
+    )
     key_password = secrets.token_urlsafe(18)
     password_file = folder / "key-password"
     password_file.write_text(key_password)
     # Kafka's PEM keystore reads the key with Java's SecretKeyFactory, which on Java 17 has no PBES2 (the
     # openssl default): PBES1 with 3DES is what it can decrypt
-    _openssl("pkcs8", "-topk8", "-v1", "PBE-SHA1-3DES", "-in", "broker.key", "-out", "broker.p8",
-             "-passout", f"file:{password_file.name}", cwd=folder)  # fmt: skip
+    _openssl(
+        "pkcs8",
+        "-topk8",
+        "-v1",
+        "PBE-SHA1-3DES",
+        "-in",
+        "broker.key",
+        "-out",
+        "broker.p8",
+        "-passout",
+        f"file:{password_file.name}",
+        cwd=folder,
+    )
     keystore = folder / "broker.pem"
     keystore.write_text((folder / "broker.p8").read_text() + (folder / "broker.crt").read_text())
     for unencrypted in ("broker.key", "retrytopics-test-ca.key", "retrytopics-other-ca.key", password_file.name):

@@ -93,10 +93,16 @@ def test_the_app_runs_end_to_end_over_sasl_ssl_under_least_privilege_acls(
 
     # then: every record ended where its plan says, and no ACL was missing on the way
     reasons = {r.value: decode(list(r.headers)).dlq_reason for r in dlq}
-    assert reasons == {**{f"broken-{i}".encode(): DlqReason.EXHAUSTED for i in range(6)},
-                       **{f"bad-{i}".encode(): DlqReason.NON_RETRYABLE for i in range(6)}}  # fmt: skip
-    assert calls == {**{f"ok-{i}".encode(): 1 for i in range(6)}, **{f"flaky-{i}".encode(): 2 for i in range(6)},
-                     **{f"broken-{i}".encode(): 3 for i in range(6)}, **{f"bad-{i}".encode(): 1 for i in range(6)}}  # fmt: skip
+    assert reasons == {
+        **{f"broken-{i}".encode(): DlqReason.EXHAUSTED for i in range(6)},
+        **{f"bad-{i}".encode(): DlqReason.NON_RETRYABLE for i in range(6)},
+    }
+    assert calls == {
+        **{f"ok-{i}".encode(): 1 for i in range(6)},
+        **{f"flaky-{i}".encode(): 2 for i in range(6)},
+        **{f"broken-{i}".encode(): 3 for i in range(6)},
+        **{f"bad-{i}".encode(): 1 for i in range(6)},
+    }
     assert healthy and app.error is None
     assert not [r for r in caplog.records if "AUTHORIZATION" in r.getMessage().upper() and r.levelno >= logging.WARNING]
     _assert_no_secret(secured, caplog)
@@ -109,8 +115,11 @@ def test_a_wrong_password_or_ca_fails_at_start_up_with_a_clear_error_and_no_secr
     # setup: the framework's principal with a wrong password, or trusting an unrelated CA; librdkafka's own
     # security and broker debug lines flow into the captured logs too
     caplog.set_level(logging.DEBUG)
-    fields = ({"sasl_password": secrets.token_urlsafe(18)} if wrong == "password"
-              else {"ssl_ca_location": str(secured.pki.other_ca)})  # fmt: skip
+    fields = (
+        {"sasl_password": secrets.token_urlsafe(18)}
+        if wrong == "password"
+        else {"ssl_ca_location": str(secured.pki.other_ca)}
+    )
     kafka = secured.kafka("billing", **fields).with_overrides({"debug": "security,broker"})
     app, _source = pipeline(secured, unique_name, kafka, POLICY)
 
@@ -119,11 +128,16 @@ def test_a_wrong_password_or_ca_fails_at_start_up_with_a_clear_error_and_no_secr
         app.provision(timeout="3s")
     # the client's error callback logs why once librdkafka has reported it, which may come a moment after
     # the request failed: polled (last_client_error serves it) until it has, within a deadline
-    expected = ("refused the credentials", "kafka.sasl_password") if wrong == "password" else (
-        "certificate verify failed", "kafka.ssl_ca_location")  # fmt: skip
+    expected = (
+        ("refused the credentials", "kafka.sasl_password")
+        if wrong == "password"
+        else ("certificate verify failed", "kafka.ssl_ca_location")
+    )
 
     def warnings() -> list[str]:
-        return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == "retrytopics.kafka"]
+        return [
+            r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == "retrytopics.kafka"
+        ]
 
     def warned() -> bool:
         last_client_error()
@@ -142,7 +156,9 @@ def test_a_wrong_password_or_ca_fails_at_start_up_with_a_clear_error_and_no_secr
         assert "certificate verify failed" in message
         assert hint is not None and "kafka.ssl_ca_location" in hint
     assert [w for w in warnings() if all(part in w for part in expected)]
-    assert [r for r in caplog.records if r.name == "retrytopics.librdkafka"], "librdkafka's debug lines were checked too"
+    assert [r for r in caplog.records if r.name == "retrytopics.librdkafka"], (
+        "librdkafka's debug lines were checked too"
+    )
     _assert_no_secret(secured, caplog, message, hint, also=tuple(fields.values()) if wrong == "password" else ())
 
 
@@ -154,17 +170,39 @@ def test_the_cli_with_a_wrong_password_file_exits_with_a_hint_and_prints_no_secr
     wrong = secrets.token_urlsafe(18)
     password_file = tmp_path / "kafka-password"
     password_file.write_text(wrong)
-    env = {**os.environ, "RETRYTOPICS_KAFKA_BOOTSTRAP": secured.broker.bootstrap,
-           "RETRYTOPICS_KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "RETRYTOPICS_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
-           "RETRYTOPICS_KAFKA_SASL_USERNAME": "billing", "RETRYTOPICS_KAFKA_SASL_PASSWORD_FILE": str(password_file),
-           "RETRYTOPICS_KAFKA_SSL_CA_LOCATION": str(secured.pki.ca)}  # fmt: skip
+    env = {
+        **os.environ,
+        "RETRYTOPICS_KAFKA_BOOTSTRAP": secured.broker.bootstrap,
+        "RETRYTOPICS_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+        "RETRYTOPICS_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+        "RETRYTOPICS_KAFKA_SASL_USERNAME": "billing",
+        "RETRYTOPICS_KAFKA_SASL_PASSWORD_FILE": str(password_file),
+        "RETRYTOPICS_KAFKA_SSL_CA_LOCATION": str(secured.pki.ca),
+    }
 
     # when
     result = subprocess.run(
-        [sys.executable, "-m", "retrytopics.cli", "topics", "describe", "--topic", source, "--group", "billing",
-         "--delays", "200ms,400ms", "--log-level", "DEBUG"],
-        env=env, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "retrytopics.cli",
+            "topics",
+            "describe",
+            "--topic",
+            source,
+            "--group",
+            "billing",
+            "--delays",
+            "200ms,400ms",
+            "--log-level",
+            "DEBUG",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
     # then: exit 1, the cause and the settings to check on stderr, no password anywhere
     assert result.returncode == 1, result.stderr[-2000:]

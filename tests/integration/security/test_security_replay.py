@@ -35,9 +35,11 @@ def _refuse(record: Record[bytes]) -> None:
 
 
 def test_the_replay_job_runs_as_the_replay_principal_and_a_rerun_writes_nothing_twice(
-    secured: Secured, unique_name: Callable[[str], str], caplog: pytest.LogCaptureFixture,
+    secured: Secured,
+    unique_name: Callable[[str], str],
+    caplog: pytest.LogCaptureFixture,
     capfd: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+) -> None:
     # setup: 6 records the app sends straight to the DLQ; everything at DEBUG but py4j (the next test), whose
     # tens of thousands of lines would triple the test's time
     caplog.set_level(logging.DEBUG)

@@ -19,19 +19,44 @@ NOW = 1_800_000_000_000
 T0 = NOW - 600_000
 
 
-def failure(offset: int, n: int, *, source: str, tier: int | None, due_at: int | None, exc: str = "TimeoutError",
-            reason: DlqReason | None = None, first: int = T0, lineage: Lineage = Lineage()) -> RetryHeaders:  # fmt: skip
+def failure(
+    offset: int,
+    n: int,
+    *,
+    source: str,
+    tier: int | None,
+    due_at: int | None,
+    exc: str = "TimeoutError",
+    reason: DlqReason | None = None,
+    first: int = T0,
+    lineage: Lineage = Lineage(),
+) -> RetryHeaders:
     return RetryHeaders(
-        reconsume_times=n, origin_message_id=f"{source}-0-{offset}", original_topic=source, original_partition=0,
-        original_offset=offset, original_timestamp=T0 - 1000, consumer_group="billing", tier=tier, due_at=due_at,
-        first_failed_at=first, last_failed_at=first + (n - 1) * 10_000, exception_type=exc,
-        exception_message="boom", exception_trace="Traceback...", dlq_reason=reason, lineage=lineage,
-    )  # fmt: skip
+        reconsume_times=n,
+        origin_message_id=f"{source}-0-{offset}",
+        original_topic=source,
+        original_partition=0,
+        original_offset=offset,
+        original_timestamp=T0 - 1000,
+        consumer_group="billing",
+        tier=tier,
+        due_at=due_at,
+        first_failed_at=first,
+        last_failed_at=first + (n - 1) * 10_000,
+        exception_type=exc,
+        exception_message="boom",
+        exception_trace="Traceback...",
+        dlq_reason=reason,
+        lineage=lineage,
+    )
 
 
 def record(h: RetryHeaders, offset: int) -> dict[str, Any]:
-    return {"key": f"k{offset}".encode(), "value": f"v{offset}".encode(),
-            "headers": [("trace-id", f"t{offset}".encode()), ("dup", b"1"), ("dup", None), *encode(h)]}  # fmt: skip
+    return {
+        "key": f"k{offset}".encode(),
+        "value": f"v{offset}".encode(),
+        "headers": [("trace-id", f"t{offset}".encode()), ("dup", b"1"), ("dup", None), *encode(h)],
+    }
 
 
 def commit(kafka: KafkaConfig, group: str, topic: str, offset: int) -> None:
@@ -52,23 +77,57 @@ def build_pipeline(kafka: KafkaConfig, source: str) -> TopicSet:
     f = lambda o, n, **kw: failure(o, n, source=source, **kw)  # noqa: E731
     src = [{"key": f"k{i}".encode(), "value": f"v{i}".encode()} for i in range(6)]
     replayed = f(3, 1, tier=None, due_at=None, exc="ValueError", reason=DlqReason.NON_RETRYABLE)
-    src.append({"key": b"k3", "value": b"v3", "headers": [("trace-id", b"t3"), *encode(RetryHeaders(
-        **{**{fl.name: getattr(replayed, fl.name) for fl in dataclasses.fields(replayed)}, "lineage": Lineage(
-            replay_id="r-old", replayed_at=NOW - 1000, replay_count=1, replay_origin_id=f"{source}-0-3")}))[-4:]]})
+    src.append(
+        {
+            "key": b"k3",
+            "value": b"v3",
+            "headers": [
+                ("trace-id", b"t3"),
+                *encode(
+                    RetryHeaders(
+                        **{
+                            **{fl.name: getattr(replayed, fl.name) for fl in dataclasses.fields(replayed)},
+                            "lineage": Lineage(
+                                replay_id="r-old",
+                                replayed_at=NOW - 1000,
+                                replay_count=1,
+                                replay_origin_id=f"{source}-0-3",
+                            ),
+                        }
+                    )
+                )[-4:],
+            ],
+        }
+    )
     produce(kafka, source, src)
-    produce(kafka, t0.topic, [
-        record(f(0, 1, tier=0, due_at=T0 + 1000), 0), record(f(1, 1, tier=0, due_at=T0 + 1000), 1),
-        record(f(2, 1, tier=0, due_at=T0 + 1000), 2), record(f(5, 1, tier=0, due_at=T0 + 1000), 5),
-        record(f(4, 1, tier=0, due_at=T0 + 1000), 4),
-    ])  # fmt: skip
-    produce(kafka, t1.topic, [
-        record(f(1, 2, tier=1, due_at=T0 + 20_000), 1), record(f(2, 2, tier=1, due_at=T0 + 20_000), 2),
-        record(f(5, 2, tier=1, due_at=NOW + 60_000), 5),
-    ])  # fmt: skip
-    produce(kafka, topics.dlq, [
-        record(f(2, 3, tier=None, due_at=None, reason=DlqReason.EXHAUSTED), 2),
-        record(replayed, 3),
-    ])  # fmt: skip
+    produce(
+        kafka,
+        t0.topic,
+        [
+            record(f(0, 1, tier=0, due_at=T0 + 1000), 0),
+            record(f(1, 1, tier=0, due_at=T0 + 1000), 1),
+            record(f(2, 1, tier=0, due_at=T0 + 1000), 2),
+            record(f(5, 1, tier=0, due_at=T0 + 1000), 5),
+            record(f(4, 1, tier=0, due_at=T0 + 1000), 4),
+        ],
+    )
+    produce(
+        kafka,
+        t1.topic,
+        [
+            record(f(1, 2, tier=1, due_at=T0 + 20_000), 1),
+            record(f(2, 2, tier=1, due_at=T0 + 20_000), 2),
+            record(f(5, 2, tier=1, due_at=NOW + 60_000), 5),
+        ],
+    )
+    produce(
+        kafka,
+        topics.dlq,
+        [
+            record(f(2, 3, tier=None, due_at=None, reason=DlqReason.EXHAUSTED), 2),
+            record(replayed, 3),
+        ],
+    )
     commit(kafka, "billing", source, 7)
     commit(kafka, t0.topic, t0.topic, 4)
     commit(kafka, t1.topic, t1.topic, 2)

@@ -21,20 +21,27 @@ pytestmark = [pytest.mark.broker, pytest.mark.spark]
 
 
 def test_audit_equals_the_ground_truth(
-    spark: SparkSession, kafka: KafkaConfig, unique_name: Callable[[str], str], tmp_path: Path,
+    spark: SparkSession,
+    kafka: KafkaConfig,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     topics = build_pipeline(kafka, unique_name("orders"))
 
-    summary = audit(spark, kafka, topics, now_ms=NOW, grace_ms=60_000, out=str(tmp_path / "out"),
-                    chart=str(tmp_path / "chart.png"))  # fmt: skip
+    summary = audit(
+        spark, kafka, topics, now_ms=NOW, grace_ms=60_000, out=str(tmp_path / "out"), chart=str(tmp_path / "chart.png")
+    )
 
     stages = [(s["kind"], s["records"], s["overdue"]) for s in summary["stages"]]
     assert stages == [("source", 7, 0), ("tier", 5, 1), ("tier", 3, 0), ("dlq", 2, 0)]
     assert summary["dlq"] == {
-        "records": 2, "by_reason": {"exhausted": 1, "non_retryable": 1},
-        "by_exception_type": {"TimeoutError": 1, "ValueError": 1}, "replayed": 1, "pending": 1,
-    }  # fmt: skip
+        "records": 2,
+        "by_reason": {"exhausted": 1, "non_retryable": 1},
+        "by_exception_type": {"TimeoutError": 1, "ValueError": 1},
+        "replayed": 1,
+        "pending": 1,
+    }
     assert summary["reconsume_times"] == {"1": 6, "2": 3, "3": 1}
     lineage = summary["lineage"]
     assert lineage["by_outcome"] == {"dead_lettered": 2, "in_flight": 2, "recovered": 2}

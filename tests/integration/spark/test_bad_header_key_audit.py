@@ -59,8 +59,14 @@ def test_the_audit_counts_records_with_a_bad_header_key(
     produce(kafka, source, [{"key": b"k0", "value": b"v0"}])
     produce_raw_record(kafka, source, 0, key=b"k1", value=b"v1", headers=[(BAD_KEY, b"v")])
     dead = failure(1, 1, source=source, tier=None, due_at=None, reason=DlqReason.POISON)
-    produce_raw_record(kafka, topics.dlq, 0, key=b"k1", value=b"v1",
-                       headers=[(BAD_KEY, b"v"), *((k.encode(), v) for k, v in encode(dead))])  # fmt: skip
+    produce_raw_record(
+        kafka,
+        topics.dlq,
+        0,
+        key=b"k1",
+        value=b"v1",
+        headers=[(BAD_KEY, b"v"), *((k.encode(), v) for k, v in encode(dead))],
+    )
     _wait_for_group_coordinators(kafka, topics)
     # when
     summary = audit(spark, kafka, topics, now_ms=NOW, grace_ms=60_000)

@@ -47,14 +47,34 @@ def test_audit_and_replay_dry_run_print_tables_without_reprs_or_warnings(
 ) -> None:
     # setup: the audit's ground-truth pipeline (two tiers, a DLQ of an exhausted and a non-retryable record)
     topics = build_pipeline(kafka, unique_name("orders"))
-    pipeline = ["--bootstrap", kafka.bootstrap, "--topic", topics.source, "--group", "billing", "--delays", "1s,10s",
-                "--master", "local[1]"]  # fmt: skip
+    pipeline = [
+        "--bootstrap",
+        kafka.bootstrap,
+        "--topic",
+        topics.source,
+        "--group",
+        "billing",
+        "--delays",
+        "1s,10s",
+        "--master",
+        "local[1]",
+    ]
 
     # when
-    audit = subprocess.run([CLI, "audit", *pipeline, "--chart", str(tmp_path / "audit.png")],
-                           capture_output=True, text=True, timeout=420, env=cli_env())  # fmt: skip
-    replay = subprocess.run([CLI, "replay", *pipeline, "--replay-id", "text-1", "--dry-run"],
-                            capture_output=True, text=True, timeout=420, env=cli_env())  # fmt: skip
+    audit = subprocess.run(
+        [CLI, "audit", *pipeline, "--chart", str(tmp_path / "audit.png")],
+        capture_output=True,
+        text=True,
+        timeout=420,
+        env=cli_env(),
+    )
+    replay = subprocess.run(
+        [CLI, "replay", *pipeline, "--replay-id", "text-1", "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=420,
+        env=cli_env(),
+    )
 
     # then: exit 0, tables, counts in words, no reprs, nothing warned
     for done in (audit, replay):
@@ -63,7 +83,11 @@ def test_audit_and_replay_dry_run_print_tables_without_reprs_or_warnings(
         assert not [line for line in done.stderr.splitlines() if WARNINGS.search(line)], done.stderr[-3000:]
     stages = _block(audit.stdout, "stage")
     assert_aligned(stages)
-    assert [line.split()[0] for line in stages.splitlines()[1:]] == [topics.source, *(t.topic for t in topics.tiers), topics.dlq]
+    assert [line.split()[0] for line in stages.splitlines()[1:]] == [
+        topics.source,
+        *(t.topic for t in topics.tiers),
+        topics.dlq,
+    ]
     assert "by reason: exhausted 1, non_retryable 1" in audit.stdout
     assert (tmp_path / "audit.png").read_bytes()[:4] == b"\x89PNG"
 

@@ -100,10 +100,16 @@ class Handler:
             error = Flaky(f"order {record.value['i']} timed out on attempt {record.attempt}")
         retry = record.retry
         with self.lock:
-            self.calls.append(Call(
-                record.origin_message_id, record.topic, record.attempt, error and _type_name(type(error)),
-                retry.due_at if retry else None, retry.first_failed_at if retry else None,
-            ))  # fmt: skip
+            self.calls.append(
+                Call(
+                    record.origin_message_id,
+                    record.topic,
+                    record.attempt,
+                    error and _type_name(type(error)),
+                    retry.due_at if retry else None,
+                    retry.first_failed_at if retry else None,
+                )
+            )
         if error is not None:
             raise error
 
@@ -225,23 +231,37 @@ def ground_truth(p: Pipeline) -> dict[str, Any]:
     return {
         "stages": [
             (p.topics.source, per_topic[p.topics.source] + len(p.poison)),
-            *((t.topic, per_topic[t.topic]) for t in p.topics.tiers), (p.topics.dlq, dlq_records),
+            *((t.topic, per_topic[t.topic]) for t in p.topics.tiers),
+            (p.topics.dlq, dlq_records),
         ],
-        "dlq": {"records": dlq_records, "by_reason": _sorted_counts(reasons + Counter({"poison": len(p.poison)})),
-                "by_exception_type": _sorted_counts(dlq_types), "replayed": 0, "pending": dlq_records},
+        "dlq": {
+            "records": dlq_records,
+            "by_reason": _sorted_counts(reasons + Counter({"poison": len(p.poison)})),
+            "by_exception_type": _sorted_counts(dlq_types),
+            "replayed": 0,
+            "pending": dlq_records,
+        },
         "by_exception_type": _sorted_counts(hop_types + Counter({poison_type: len(p.poison)})),
         "reconsume_times": _sorted_counts(Counter(str(c.attempt) for c in hops) + Counter({"1": len(p.poison)})),
         "lineage": {
             "episodes": len(recovered) + dlq_records,
             "by_outcome": _sorted_counts(Counter({"recovered": len(recovered), "dead_lettered": dlq_records})),
             "recovered": len(recovered),
-            "attempts_p50": _nearest_rank(attempts, 0.5), "attempts_p99": _nearest_rank(attempts, 0.99),
-            "time_to_recover_ms_p50": _nearest_rank(ttr, 0.5), "time_to_recover_ms_p99": _nearest_rank(ttr, 0.99),
-            "tiers": [{"topic": t.topic, "handled": per_topic[t.topic], "recovered": wins[t.topic],
-                       "success_rate": round(wins[t.topic] / per_topic[t.topic], 4) if per_topic[t.topic] else None}
-                      for t in p.topics.tiers],
+            "attempts_p50": _nearest_rank(attempts, 0.5),
+            "attempts_p99": _nearest_rank(attempts, 0.99),
+            "time_to_recover_ms_p50": _nearest_rank(ttr, 0.5),
+            "time_to_recover_ms_p99": _nearest_rank(ttr, 0.99),
+            "tiers": [
+                {
+                    "topic": t.topic,
+                    "handled": per_topic[t.topic],
+                    "recovered": wins[t.topic],
+                    "success_rate": round(wins[t.topic] / per_topic[t.topic], 4) if per_topic[t.topic] else None,
+                }
+                for t in p.topics.tiers
+            ],
         },
-    }  # fmt: skip
+    }
 
 
 def test_the_audit_of_a_real_run_equals_the_handlers_ground_truth(
@@ -275,7 +295,7 @@ def test_a_replay_is_handled_exactly_once_and_counted_replayed(
     topics, truth = pipeline.topics, ground_truth(pipeline)
     selected = {c.origin for c in pipeline.handler.calls if c.failed} - {
         c.origin for c in pipeline.handler.calls if c.failed is None
-    }  # fmt: skip
+    }
     fixed = Handler(fixed=True)
 
     # when
@@ -291,12 +311,17 @@ def test_a_replay_is_handled_exactly_once_and_counted_replayed(
     assert {(c.topic, c.attempt, c.failed) for c in fixed.calls} == {(topics.source, 1, None)}
     # then: the ledger and the audit agree; nothing else moved
     entries = ledger.read_entries(kafka, topics.dlq, "fix-1")
-    assert [(e["event"], e.get("written")) for e in entries] == [("started", None), ("finished", len(selected)),
-                                                                 ("finished", 0)]  # fmt: skip
+    assert [(e["event"], e.get("written")) for e in entries] == [
+        ("started", None),
+        ("finished", len(selected)),
+        ("finished", 0),
+    ]
     assert after["dlq"] == {**truth["dlq"], "replayed": len(selected), "pending": len(pipeline.poison)}
     source_records = truth["stages"][0][1] + len(selected)
-    assert [(s["topic"], s["records"]) for s in after["stages"]] == [(topics.source, source_records),
-                                                                     *truth["stages"][1:]]  # fmt: skip
+    assert [(s["topic"], s["records"]) for s in after["stages"]] == [
+        (topics.source, source_records),
+        *truth["stages"][1:],
+    ]
     assert after["stages"][0]["unhandled"] == 0 and after["lineage"] == truth["lineage"]
     # then: rerunning the replay id wrote nothing new
     assert (rerun["written"], rerun["skipped_already_replayed"]) == (0, len(selected))

@@ -76,11 +76,15 @@ def test_explicit_offset_ranges_and_empty_partitions(
     create_topics(kafka, (topic, 3), (empty, 2))
     produce(kafka, topic, [{"value": str(i).encode(), "partition": 1} for i in range(20)])
 
-    ranged = read_kafka(spark, {
-        **options, "assign": json.dumps({topic: [0, 1, 2]}),
-        "startingOffsets": json.dumps({topic: {"0": -2, "1": 5, "2": -2}}),
-        "endingOffsets": json.dumps({topic: {"0": -1, "1": 12, "2": -1}}),
-    })  # fmt: skip
+    ranged = read_kafka(
+        spark,
+        {
+            **options,
+            "assign": json.dumps({topic: [0, 1, 2]}),
+            "startingOffsets": json.dumps({topic: {"0": -2, "1": 5, "2": -2}}),
+            "endingOffsets": json.dumps({topic: {"0": -1, "1": 12, "2": -1}}),
+        },
+    )
     everything = read_kafka(spark, {**options, "subscribePattern": f"({topic}|{empty})"})
 
     assert sorted(r.offset for r in ranged.collect()) == list(range(5, 12))
@@ -120,7 +124,10 @@ def test_write_round_trip_and_a_refused_record_fails_the_job(
 
 
 def test_streaming_available_now_then_restart_reads_only_new_records(
-    spark: SparkSession, kafka: KafkaConfig, options: dict[str, str], unique_name: Callable[[str], str],
+    spark: SparkSession,
+    kafka: KafkaConfig,
+    options: dict[str, str],
+    unique_name: Callable[[str], str],
     tmp_path: Path,
 ) -> None:
     topic = unique_name("stream")
@@ -132,10 +139,12 @@ def test_streaming_available_now_then_restart_reads_only_new_records(
         stream = read_kafka(spark, stream_options, stream=True)
         query = (
             stream.selectExpr("CAST(value AS STRING) AS value", "partition", "offset")
-            .writeStream.format("parquet").option("path", str(tmp_path / "out"))
+            .writeStream.format("parquet")
+            .option("path", str(tmp_path / "out"))
             .option("checkpointLocation", str(tmp_path / "checkpoint"))
-            .trigger(availableNow=True).start()
-        )  # fmt: skip
+            .trigger(availableNow=True)
+            .start()
+        )
         query.awaitTermination(120)
         return len([p for p in query.recentProgress if p["numInputRows"] > 0])
 
@@ -148,22 +157,29 @@ def test_streaming_available_now_then_restart_reads_only_new_records(
 
 
 def test_stream_writes_to_kafka_and_batch_save_modes_are_sparks(
-    spark: SparkSession, kafka: KafkaConfig, options: dict[str, str], unique_name: Callable[[str], str],
+    spark: SparkSession,
+    kafka: KafkaConfig,
+    options: dict[str, str],
+    unique_name: Callable[[str], str],
     tmp_path: Path,
 ) -> None:
     # setup: a source topic copied by a streaming query into a target, through this data source both ways
     source, target = unique_name("ssrc"), unique_name("sdst")
     create_topics(kafka, (source, 2), (target, 2))
     produce(kafka, source, _records(40, 2))
-    stream = read_kafka(spark, {**options, "subscribe": source, "startingOffsets": "earliest",
-                                "includeHeaders": "true"}, stream=True)  # fmt: skip
+    stream = read_kafka(
+        spark, {**options, "subscribe": source, "startingOffsets": "earliest", "includeHeaders": "true"}, stream=True
+    )
 
     # when
     query = (
-        stream.select("key", "value", "headers", "partition").writeStream.format(FORMAT)
-        .options(**options, topic=target).option("checkpointLocation", str(tmp_path / "checkpoint"))
-        .trigger(availableNow=True).start()
-    )  # fmt: skip
+        stream.select("key", "value", "headers", "partition")
+        .writeStream.format(FORMAT)
+        .options(**options, topic=target)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
     query.awaitTermination(120)
 
     # then: the copy equals the source, offsets included (one partition each way, written in order)

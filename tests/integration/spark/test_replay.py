@@ -38,8 +38,12 @@ pytestmark = [pytest.mark.broker, pytest.mark.spark]
 def _dlq(kafka: KafkaConfig, source: str, n: int, *, extra: Sequence[dict[str, object]] = ()) -> TopicSet:
     topics = topics_for(source, "billing", (1_000, 10_000))
     create_topics(kafka, (source, 1), (topics.tiers[0].topic, 1), (topics.tiers[1].topic, 1), (topics.dlq, 1))
-    records = [record(failure(i, 1, source=source, tier=None, due_at=None, exc="ValueError",
-                              reason=DlqReason.NON_RETRYABLE), i) for i in range(n)]  # fmt: skip
+    records = [
+        record(
+            failure(i, 1, source=source, tier=None, due_at=None, exc="ValueError", reason=DlqReason.NON_RETRYABLE), i
+        )
+        for i in range(n)
+    ]
     produce(kafka, topics.dlq, [*records, *extra])
     return topics
 
@@ -52,8 +56,15 @@ def test_replay_preserves_records_is_idempotent_and_guards_loops(
     spark: SparkSession, kafka: KafkaConfig, unique_name: Callable[[str], str]
 ) -> None:
     source = unique_name("orders")
-    looped = failure(90, 2, source=source, tier=None, due_at=None, reason=DlqReason.EXHAUSTED,
-                     lineage=Lineage(replay_id="old", replayed_at=T0, replay_count=1, replay_origin_id="x"))  # fmt: skip
+    looped = failure(
+        90,
+        2,
+        source=source,
+        tier=None,
+        due_at=None,
+        reason=DlqReason.EXHAUSTED,
+        lineage=Lineage(replay_id="old", replayed_at=T0, replay_count=1, replay_origin_id="x"),
+    )
     foreign = failure(91, 1, source="elsewhere", tier=None, due_at=None, reason=DlqReason.EXHAUSTED)
     topics = _dlq(kafka, source, 3, extra=[record(looped, 90), record(foreign, 91)])
 
@@ -63,10 +74,26 @@ def test_replay_preserves_records_is_idempotent_and_guards_loops(
     again = replay(spark, kafka, topics, replay_id="r1", reasons=["non_retryable", "exhausted"], park=True)
     tier = replay(spark, kafka, topics, replay_id="r3", destination="first_tier", where="original_offset = 1")
 
-    assert {k: first[k] for k in ("selected", "written", "skipped_already_replayed", "skipped_max_replays",
-                                  "skipped_foreign", "parked", "destination_topics")} == {
-        "selected": 5, "written": 4, "skipped_already_replayed": 0, "skipped_max_replays": 0, "skipped_foreign": 1,
-        "parked": 1, "destination_topics": sorted([source, f"{topics.dlq}.parked"])}  # fmt: skip
+    assert {
+        k: first[k]
+        for k in (
+            "selected",
+            "written",
+            "skipped_already_replayed",
+            "skipped_max_replays",
+            "skipped_foreign",
+            "parked",
+            "destination_topics",
+        )
+    } == {
+        "selected": 5,
+        "written": 4,
+        "skipped_already_replayed": 0,
+        "skipped_max_replays": 0,
+        "skipped_foreign": 1,
+        "parked": 1,
+        "destination_topics": sorted([source, f"{topics.dlq}.parked"]),
+    }
     assert (again["written"], again["skipped_already_replayed"]) == (0, 4)
     rows = _replayed(kafka, source, "r1")
     assert [(r[2], r[3]) for r in rows] == [(f"k{i}".encode(), f"v{i}".encode()) for i in range(3)]
@@ -80,7 +107,11 @@ def test_replay_preserves_records_is_idempotent_and_guards_loops(
     (tier_row,) = _replayed(kafka, topics.tiers[0].topic, "r3")
     state = decode(tier_row[4])
     assert (state.tier, state.reconsume_times, state.origin_message_id, state.lineage.replay_count) == (
-        0, 1, f"{source}-0-1", 1)  # fmt: skip
+        0,
+        1,
+        f"{source}-0-1",
+        1,
+    )
     assert tier["destination_topics"] == [topics.tiers[0].topic]
     with pytest.raises(ValueError, match="replays never go elsewhere"):
         replay(spark, kafka, topics, replay_id="r4", destination="some.other.topic")
@@ -141,11 +172,20 @@ def killed_replay(kafka: KafkaConfig, tmp_path_factory: pytest.TempPathFactory) 
     run = KilledReplay(_dlq(kafka, f"orders-killed-{os.getpid()}-{uuid.uuid4().hex[:6]}", 60), 60)
     script = tmp_path_factory.mktemp("killed") / "driver.py"
     script.write_text(_DRIVER)
-    cfg = {"bootstrap": kafka.bootstrap, "producer_overrides": dict(kafka.producer_overrides),
-           "source": run.topics.source, "argv": ["--replay-id", "crash", "--rate", "12", "--json"]}  # fmt: skip
+    cfg = {
+        "bootstrap": kafka.bootstrap,
+        "producer_overrides": dict(kafka.producer_overrides),
+        "source": run.topics.source,
+        "argv": ["--replay-id", "crash", "--rate", "12", "--json"],
+    }
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    proc = subprocess.Popen([sys.executable, str(script), json.dumps(cfg)], env=env, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, str(script), json.dumps(cfg)],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     watcher = threading.Thread(target=_kill_midway, args=(kafka, proc, run), daemon=True)
     watcher.start()
     yield run

@@ -37,8 +37,11 @@ def _dead_letter(source: str, offset: int, *, lineage: Lineage = Lineage()) -> R
 
 def _written(kafka: KafkaConfig, topic: str, replay_id: str) -> Counter[tuple[bytes, bytes, bytes]]:
     """(value, retry.replay_original, retry.replay_origin_id) of every record `replay_id` wrote to `topic`."""
-    mine = [dict(r[4]) | {"value": r[3]} for r in read_direct(kafka, topic, 1)
-            if r[4] and ("retry.replay_id", replay_id.encode()) in r[4]]  # fmt: skip
+    mine = [
+        dict(r[4]) | {"value": r[3]}
+        for r in read_direct(kafka, topic, 1)
+        if r[4] and ("retry.replay_id", replay_id.encode()) in r[4]
+    ]
     return Counter((h["value"], h.get("retry.replay_original"), h["retry.replay_origin_id"]) for h in mine)
 
 
@@ -64,16 +67,29 @@ def test_records_sharing_an_origin_id_are_each_replayed_once_and_true_duplicates
     expected = Counter({(f"v{i}".encode(), f"{source}-0-{i}".encode(), SHARED_ID.encode()): 1 for i in (0, 1)})
     assert _written(kafka, target, "fix-15") == expected
     assert {k: dry[k] for k in ("selected", "skipped_duplicates", "skipped_invalid", "written")} == {
-        "selected": 3, "skipped_duplicates": 1, "skipped_invalid": 0, "written": 0}  # fmt: skip
+        "selected": 3,
+        "skipped_duplicates": 1,
+        "skipped_invalid": 0,
+        "written": 0,
+    }
     assert sorted(s["offset"] for s in dry["sample"]) == [1, 2]  # the newest copy of offset 0's DLQ record
     assert {k: run[k] for k in ("selected", "skipped_duplicates", "written", "skipped_already_replayed")} == {
-        "selected": 3, "skipped_duplicates": 1, "written": 2, "skipped_already_replayed": 0}  # fmt: skip
+        "selected": 3,
+        "skipped_duplicates": 1,
+        "written": 2,
+        "skipped_already_replayed": 0,
+    }
     assert (rerun["written"], rerun["skipped_already_replayed"]) == (0, 2)
 
     # when: a replayed record fails back into the DLQ (to the source it is a new record, with new
     # coordinates; to a tier it keeps them), and the replay id is rerun, allowing replayed records
-    replayed_at = {h[1]: offset for _, offset, *_, headers in read_direct(kafka, target, 1) if headers
-                   for h in headers if h[0] == "retry.replay_original"}  # fmt: skip
+    replayed_at = {
+        h[1]: offset
+        for _, offset, *_, headers in read_direct(kafka, target, 1)
+        if headers
+        for h in headers
+        if h[0] == "retry.replay_original"
+    }
     copy_offset = replayed_at[f"{source}-0-0".encode()] if destination == "original" else 0
     assert copy_offset >= (2 if destination == "original" else 0)  # after the two records of the source
     lineage = Lineage(replay_id="fix-15", replayed_at=1, replay_count=1, replay_origin_id=SHARED_ID)

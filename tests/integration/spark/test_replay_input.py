@@ -38,12 +38,30 @@ from .pipeline_data import T0, failure
 pytestmark = [pytest.mark.broker, pytest.mark.spark]
 
 
-def _dlq_record(source: str, offset: int, partition: int, *, key: bytes | None = b"k",
-                replay_count: int = 0, forge: Sequence[Header] = ()) -> dict[str, object]:  # fmt: skip
+def _dlq_record(
+    source: str,
+    offset: int,
+    partition: int,
+    *,
+    key: bytes | None = b"k",
+    replay_count: int = 0,
+    forge: Sequence[Header] = (),
+) -> dict[str, object]:
     """A DLQ record as the runtime writes it; `forge` replaces (or adds) retry headers by name."""
-    h = failure(offset, 3, source=source, tier=None, due_at=None, reason=DlqReason.EXHAUSTED,
-                lineage=Lineage(replay_id="old" if replay_count else None, replayed_at=T0 if replay_count else None,
-                                replay_count=replay_count, replay_origin_id="x" if replay_count else None))  # fmt: skip
+    h = failure(
+        offset,
+        3,
+        source=source,
+        tier=None,
+        due_at=None,
+        reason=DlqReason.EXHAUSTED,
+        lineage=Lineage(
+            replay_id="old" if replay_count else None,
+            replayed_at=T0 if replay_count else None,
+            replay_count=replay_count,
+            replay_origin_id="x" if replay_count else None,
+        ),
+    )
     headers = [(k, str(partition).encode() if k == "retry.original_partition" else v) for k, v in encode(h)]
     forged = dict(forge)
     headers = [(k, forged.pop(k, v)) for k, v in headers] + list(forged.items())
@@ -59,8 +77,13 @@ def _origins(kafka: KafkaConfig, topic: str, partitions: int, replay_id: str) ->
 
 def _pipeline(kafka: KafkaConfig, source: str, partitions: int, tier_partitions: int) -> TopicSet:
     topics = topics_for(source, "billing", (1_000, 10_000))
-    create_topics(kafka, (source, partitions), (topics.tiers[0].topic, tier_partitions),
-                  (topics.tiers[1].topic, tier_partitions), (topics.dlq, 1))  # fmt: skip
+    create_topics(
+        kafka,
+        (source, partitions),
+        (topics.tiers[0].topic, tier_partitions),
+        (topics.tiers[1].topic, tier_partitions),
+        (topics.dlq, 1),
+    )
     return topics
 
 
@@ -80,30 +103,61 @@ def test_forged_dlq_records_are_skipped_with_their_problem_and_a_stopped_run_is_
     produce(kafka, topics.dlq, [valid[0], *forged[:2], *valid[1:4], *forged[2:], *valid[4:]])
     # ... and a run that stopped after writing records 0..2 (its start marks first, as replay() does)
     nonce = bytes(range(32))
-    ledger.append(kafka, topics.dlq, "fix-1",
-                  {"event": "started", "marks": ledger.watermarks(kafka, [source]), "nonce": nonce.hex()})  # fmt: skip
+    ledger.append(
+        kafka,
+        topics.dlq,
+        "fix-1",
+        {"event": "started", "marks": ledger.watermarks(kafka, [source]), "nonce": nonce.hex()},
+    )
     mark_key = mark_keys(nonce, None)[0]
-    produce(kafka, source, [
-        {"key": b"k", "value": f"v{i}".encode(), "partition": i % 2,
-         "headers": [("retry.replay_id", b"fix-1"), ("retry.replay_origin_id", f"{source}-0-{i}".encode()),
-                     ("retry.replay_original", f"{source}-{i % 2}-{i}".encode()),
-                     ("retry.replay_mark", replay_mark(mark_key, "fix-1", source, f"{source}-{i % 2}-{i}").encode())]}
-        for i in range(3)
-    ])  # fmt: skip
+    produce(
+        kafka,
+        source,
+        [
+            {
+                "key": b"k",
+                "value": f"v{i}".encode(),
+                "partition": i % 2,
+                "headers": [
+                    ("retry.replay_id", b"fix-1"),
+                    ("retry.replay_origin_id", f"{source}-0-{i}".encode()),
+                    ("retry.replay_original", f"{source}-{i % 2}-{i}".encode()),
+                    ("retry.replay_mark", replay_mark(mark_key, "fix-1", source, f"{source}-{i % 2}-{i}").encode()),
+                ],
+            }
+            for i in range(3)
+        ],
+    )
 
     # when
     result = replay(spark, kafka, topics, replay_id="fix-1", allow_replayed=True)
 
     # then
-    assert {k: result[k] for k in ("selected", "written", "skipped_already_replayed", "skipped_invalid",
-                                   "skipped_invalid_by_problem", "skipped_duplicates")} == {
-        "selected": 10, "written": 3, "skipped_already_replayed": 3, "skipped_invalid": 4,
+    assert {
+        k: result[k]
+        for k in (
+            "selected",
+            "written",
+            "skipped_already_replayed",
+            "skipped_invalid",
+            "skipped_invalid_by_problem",
+            "skipped_duplicates",
+        )
+    } == {
+        "selected": 10,
+        "written": 3,
+        "skipped_already_replayed": 3,
+        "skipped_invalid": 4,
         "skipped_invalid_by_problem": {"original_partition": 2, "replay_count": 1, "tier": 1},
         "skipped_duplicates": 0,
-    }  # fmt: skip
+    }
     assert _origins(kafka, source, 2, "fix-1") == Counter({(i % 2, f"{source}-0-{i}".encode()): 1 for i in range(6)})
     assert [(r["offset"], r["problem"]) for r in result["invalid_sample"]] == [
-        (1, "original_partition"), (2, "replay_count"), (6, "original_partition"), (7, "tier")]  # fmt: skip
+        (1, "original_partition"),
+        (2, "replay_count"),
+        (6, "original_partition"),
+        (7, "tier"),
+    ]
 
 
 def test_to_a_smaller_first_tier_keyed_records_go_by_key_and_keyless_ones_modulo(
@@ -171,8 +225,13 @@ def test_the_replay_command_skips_a_forged_record_finishes_and_prints_no_jvm_noi
     pipeline = ["--bootstrap", kafka.bootstrap, "--topic", source, "--group", "billing", "--delays", "1s,10s"]
 
     # when
-    done = subprocess.run([CLI, "replay", *pipeline, "--replay-id", "cli-1", "--json", "--log-level", "ERROR",
-                           "--master", "local[1]"], capture_output=True, text=True, timeout=300, env=cli_env())  # fmt: skip
+    done = subprocess.run(
+        [CLI, "replay", *pipeline, "--replay-id", "cli-1", "--json", "--log-level", "ERROR", "--master", "local[1]"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=cli_env(),
+    )
 
     # then: exit 0, the forged record counted, and nothing on stderr from the JVM, log4j or pandas
     assert done.returncode == 0, done.stderr[-3000:]

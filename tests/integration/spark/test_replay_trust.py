@@ -38,10 +38,21 @@ def _pipeline(kafka: KafkaConfig, source: str) -> TopicSet:
     return topics
 
 
-def _dlq_record(source: str, offset: int, *, value: bytes | None = None, reason: DlqReason = DlqReason.EXHAUSTED,
-                replay_count: int = 0, keys: HeaderKeys | None = None, dlq: str = "") -> dict[str, object]:  # fmt: skip
-    lineage = Lineage(replay_id="earlier", replayed_at=1, replay_count=replay_count, replay_origin_id="x") \
-        if replay_count else Lineage()  # fmt: skip
+def _dlq_record(
+    source: str,
+    offset: int,
+    *,
+    value: bytes | None = None,
+    reason: DlqReason = DlqReason.EXHAUSTED,
+    replay_count: int = 0,
+    keys: HeaderKeys | None = None,
+    dlq: str = "",
+) -> dict[str, object]:
+    lineage = (
+        Lineage(replay_id="earlier", replayed_at=1, replay_count=replay_count, replay_origin_id="x")
+        if replay_count
+        else Lineage()
+    )
     retry = encode(failure(offset, 3, source=source, tier=None, due_at=None, reason=reason, lineage=lineage))
     key, value = b"k%d" % offset, b"v%d" % offset if value is None else value
     headers = [("tenant", b"acme"), *retry]
@@ -63,12 +74,16 @@ def test_a_too_large_reference_is_skipped_never_written_as_the_value(
     source = unique_name("orders")
     topics = _pipeline(kafka, source)
     reference = too_large_reference(topics.tiers[0].topic, 0, 17, b"x" * 2_000_000)
-    produce(kafka, topics.dlq, [
-        _dlq_record(source, 0, value=reference, reason=DlqReason.TOO_LARGE),
-        _dlq_record(source, 1, value=b'{"too_large": true, "note": "my own JSON"}', reason=DlqReason.TOO_LARGE),
-        _dlq_record(source, 2),
-        _dlq_record(source, 3, reason=DlqReason.TOO_MANY_HEADERS),
-    ])  # fmt: skip
+    produce(
+        kafka,
+        topics.dlq,
+        [
+            _dlq_record(source, 0, value=reference, reason=DlqReason.TOO_LARGE),
+            _dlq_record(source, 1, value=b'{"too_large": true, "note": "my own JSON"}', reason=DlqReason.TOO_LARGE),
+            _dlq_record(source, 2),
+            _dlq_record(source, 3, reason=DlqReason.TOO_MANY_HEADERS),
+        ],
+    )
 
     # when
     result = replay(spark, kafka, topics, replay_id="refs-1")
@@ -87,12 +102,16 @@ def test_a_forged_unsigned_copy_never_displaces_the_signed_record(
     # win "the latest episode" (later in the DLQ, a higher replay count) with another value
     source = unique_name("orders")
     topics = _pipeline(kafka, source)
-    produce(kafka, topics.dlq, [
-        _dlq_record(source, 0, keys=KEYS, dlq=topics.dlq),
-        _dlq_record(source, 0, value=b"forged"),
-        _dlq_record(source, 0, value=b"forged, replayed", replay_count=1, reason=DlqReason.EXHAUSTED),
-        _dlq_record(source, 0, value=b"forged, wrong key", keys=HeaderKeys.of(b"y" * 32), dlq=topics.dlq),
-    ])  # fmt: skip
+    produce(
+        kafka,
+        topics.dlq,
+        [
+            _dlq_record(source, 0, keys=KEYS, dlq=topics.dlq),
+            _dlq_record(source, 0, value=b"forged"),
+            _dlq_record(source, 0, value=b"forged, replayed", replay_count=1, reason=DlqReason.EXHAUSTED),
+            _dlq_record(source, 0, value=b"forged, wrong key", keys=HeaderKeys.of(b"y" * 32), dlq=topics.dlq),
+        ],
+    )
 
     # when
     result = replay(spark, kafka, topics, replay_id="forged-1", header_keys=KEYS)
@@ -117,11 +136,21 @@ def test_markers_written_by_a_source_producer_do_not_stop_a_rerun(
     replayed = {r[3]: dict(r[4]) for r in read_direct(kafka, source, 1)}
     copied_mark = replayed[b"v0"].get("retry.replay_mark", b"")
     marker = [("retry.replay_id", b"trust-1"), ("retry.replay_origin_id", b"x")]
-    produce(kafka, source, [
-        {"value": b"forged marker", "headers": [*marker, ("retry.replay_original", f"{source}-0-2".encode())]},
-        {"value": b"forged marker", "headers": [*marker, ("retry.replay_original", f"{source}-0-3".encode()),
-                                                ("retry.replay_mark", copied_mark)]},
-    ])  # fmt: skip
+    produce(
+        kafka,
+        source,
+        [
+            {"value": b"forged marker", "headers": [*marker, ("retry.replay_original", f"{source}-0-2".encode())]},
+            {
+                "value": b"forged marker",
+                "headers": [
+                    *marker,
+                    ("retry.replay_original", f"{source}-0-3".encode()),
+                    ("retry.replay_mark", copied_mark),
+                ],
+            },
+        ],
+    )
 
     # when: the replay id is run again (a rerun, or the same selection later)
     result = replay(spark, kafka, topics, replay_id="trust-1")
