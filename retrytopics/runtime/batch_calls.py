@@ -10,8 +10,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from retrytopics.offsets import TopicPartition
-from retrytopics.ports import Message
+from retrytopics.core.offsets import TopicPartition
+from retrytopics.core.ports import Message
 from retrytopics.runtime.batching import Deferred, DeferredCalls
 from retrytopics.runtime.dispatch import Binding, Invoker, build_record
 from retrytopics.runtime.guard import OwnershipGuard

@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from retrytopics.errors import KafkaClientError
-from retrytopics.ports import ConsumerPort, Message, PartitionsCallback, TopicPartition
+from retrytopics.core.errors import KafkaClientError
+from retrytopics.core.ports import ConsumerPort, Message, PartitionsCallback, TopicPartition
 
 log = logging.getLogger("retrytopics.runtime")
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from retrytopics.offsets import TopicPartition
-from retrytopics.ports import ConsumerPort, Message
+from retrytopics.core.offsets import TopicPartition
+from retrytopics.core.ports import ConsumerPort, Message
 from retrytopics.runtime.batch_calls import BatchCaller
 from retrytopics.runtime.guard import OwnershipGuard
 from retrytopics.runtime.handoff import HandOff

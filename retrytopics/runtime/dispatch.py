@@ -13,14 +13,14 @@ from typing import Any
 
 import tenacity
 
-from retrytopics.classify import Verdict, classify
 from retrytopics.connectors.serde import Deserializer, bytes_value, deserialize
-from retrytopics.errors import BatchFailed, PoisonRecordError
-from retrytopics.headers import RetryHeaders, user_headers
-from retrytopics.policy import RetryPolicy
-from retrytopics.ports import Message
-from retrytopics.record import Record
-from retrytopics.router import RouteContext, origin_message_id
+from retrytopics.core.classify import Verdict, classify
+from retrytopics.core.errors import BatchFailed, PoisonRecordError
+from retrytopics.core.headers import RetryHeaders, user_headers
+from retrytopics.core.policy import RetryPolicy
+from retrytopics.core.ports import Message
+from retrytopics.core.record import Record
+from retrytopics.core.router import RouteContext, origin_message_id
 
 __all__ = ["Binding", "Invoker", "build_record"]
 

@@ -13,13 +13,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 
-from retrytopics.dedupe import HandOffs, hand_off_key, record_digest
-from retrytopics.errors import HeaderDecodeError
-from retrytopics.events import Event
-from retrytopics.headers import RetryHeaders, decode_lineage
-from retrytopics.offsets import TopicPartition
-from retrytopics.ports import Message
-from retrytopics.router import origin_message_id, too_large_reference_record
+from retrytopics.core.dedupe import HandOffs, hand_off_key, record_digest
+from retrytopics.core.errors import HeaderDecodeError
+from retrytopics.core.headers import RetryHeaders, decode_lineage
+from retrytopics.core.offsets import TopicPartition
+from retrytopics.core.ports import Message
+from retrytopics.core.router import origin_message_id, too_large_reference_record
+from retrytopics.observe.events import Event
 from retrytopics.runtime.batch_calls import BatchCaller
 from retrytopics.runtime.dispatch import Binding
 from retrytopics.runtime.handoff import HandOff

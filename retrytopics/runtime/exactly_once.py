@@ -12,11 +12,11 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from retrytopics.dedupe import AuditKey, DuplicateAudit
-from retrytopics.errors import KafkaClientError
-from retrytopics.events import Emitter, Event
-from retrytopics.offsets import OffsetTracker, TopicPartition
-from retrytopics.ports import ConsumerPort, ProducerPort
+from retrytopics.core.dedupe import AuditKey, DuplicateAudit
+from retrytopics.core.errors import KafkaClientError
+from retrytopics.core.offsets import OffsetTracker, TopicPartition
+from retrytopics.core.ports import ConsumerPort, ProducerPort
+from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.handoff import CommitSettings, DeadLetterCallback, HandOffBase
 from retrytopics.runtime.pausing import PauseController
 from retrytopics.runtime.publish import PublishJob

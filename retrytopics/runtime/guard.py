@@ -14,8 +14,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from retrytopics.events import Event
-from retrytopics.ports import Message
+from retrytopics.core.ports import Message
+from retrytopics.observe.events import Event
 from retrytopics.runtime.ownership import OwnershipCheck
 from retrytopics.runtime.pausing import PauseController
 

@@ -22,12 +22,12 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from retrytopics.dedupe import AuditKey, DuplicateAudit
-from retrytopics.errors import KafkaClientError
-from retrytopics.events import Emitter, Event
-from retrytopics.offsets import OffsetTracker, TopicPartition
-from retrytopics.ports import ConsumerPort, ProducerPort
-from retrytopics.router import RouteKind
+from retrytopics.core.dedupe import AuditKey, DuplicateAudit
+from retrytopics.core.errors import KafkaClientError
+from retrytopics.core.offsets import OffsetTracker, TopicPartition
+from retrytopics.core.ports import ConsumerPort, ProducerPort
+from retrytopics.core.router import RouteKind
+from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.publish import Publisher, PublishJob
 from retrytopics.runtime.transactional import TransactionalPublisher
 

@@ -29,11 +29,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from retrytopics.dedupe import DuplicateAudit
-from retrytopics.errors import KafkaClientError
-from retrytopics.events import Emitter, Event
-from retrytopics.offsets import OffsetTracker, TopicPartition
-from retrytopics.ports import ConsumerPort, ProducerPort
+from retrytopics.core.dedupe import DuplicateAudit
+from retrytopics.core.errors import KafkaClientError
+from retrytopics.core.offsets import OffsetTracker, TopicPartition
+from retrytopics.core.ports import ConsumerPort, ProducerPort
+from retrytopics.core.transactions import CALL_TIMEOUT_MS
+from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.batch_calls import BatchCaller
 from retrytopics.runtime.bounded import BoundedCalls, BoundedCommits
 from retrytopics.runtime.cycle import PollCycle
@@ -49,7 +50,6 @@ from retrytopics.runtime.processing import Decoded, RecordProcessor
 from retrytopics.runtime.rebalance import GroupJoin, RebalanceListener
 from retrytopics.runtime.seeding import TailReader
 from retrytopics.runtime.tally import HandledTally
-from retrytopics.transactions import CALL_TIMEOUT_MS
 
 __all__ = ["ConsumerLoop", "DeadLetterCallback", "LoopSettings"]
 

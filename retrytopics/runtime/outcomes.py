@@ -10,13 +10,13 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from retrytopics.dedupe import AuditKey
-from retrytopics.diagnostics import described_failure
-from retrytopics.events import Event
-from retrytopics.headers import RetryHeaders
-from retrytopics.offsets import TopicPartition
-from retrytopics.ports import Message
-from retrytopics.router import route
+from retrytopics.core.dedupe import AuditKey
+from retrytopics.core.diagnostics import described_failure
+from retrytopics.core.headers import RetryHeaders
+from retrytopics.core.offsets import TopicPartition
+from retrytopics.core.ports import Message
+from retrytopics.core.router import route
+from retrytopics.observe.events import Event
 from retrytopics.runtime.batching import Deferred
 from retrytopics.runtime.dispatch import Binding
 from retrytopics.runtime.handoff import HandOff

@@ -13,9 +13,9 @@ anyway), which the coordinator refuses to a member it has expelled.
 
 from __future__ import annotations
 
-from retrytopics.errors import KafkaClientError
-from retrytopics.offsets import OffsetTracker
-from retrytopics.ports import ConsumerPort
+from retrytopics.core.errors import KafkaClientError
+from retrytopics.core.offsets import OffsetTracker
+from retrytopics.core.ports import ConsumerPort
 from retrytopics.runtime.bounded import CallAbandoned
 
 __all__ = ["OwnershipCheck"]

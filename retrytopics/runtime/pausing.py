@@ -37,11 +37,11 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Generic, TypeVar
 
-from retrytopics.errors import KafkaClientError
-from retrytopics.events import Emitter, Event
-from retrytopics.offsets import TopicPartition
-from retrytopics.ports import ConsumerPort, Message
-from retrytopics.schedule import PauseSchedule
+from retrytopics.core.errors import KafkaClientError
+from retrytopics.core.offsets import TopicPartition
+from retrytopics.core.ports import ConsumerPort, Message
+from retrytopics.core.schedule import PauseSchedule
+from retrytopics.observe.events import Emitter, Event
 
 __all__ = ["PauseController"]
 
@@ -65,7 +65,7 @@ class PauseController(Generic[T]):
         self._consumer = consumer
         self._emitter = emitter
         self._name = consumer_name
-        self.ahead_ms = ahead_ms  # how far ahead a record may wait in memory (retrytopics/step.py)
+        self.ahead_ms = ahead_ms  # how far ahead a record may wait in memory (retrytopics/core/step.py)
         self.max_records = max(1, max_records)
         self.schedule: PauseSchedule[TopicPartition] = PauseSchedule()
         self._awaiting: dict[TopicPartition, int] = {}  # partition -> the offset it was sought back to

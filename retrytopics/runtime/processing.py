@@ -1,4 +1,4 @@
-"""What a consumer loop does with each record it accepts: read its retry state, decide (retrytopics/step.py,
+"""What a consumer loop does with each record it accepts: read its retry state, decide (retrytopics/core/step.py,
 pure) and carry the decision out:
 
 - handle: call the handler and settle the outcome (runtime/outcomes.py), or defer the record to its batch
@@ -12,12 +12,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping
 
-from retrytopics.dedupe import AuditKey, DuplicateAudit, audit_key
-from retrytopics.errors import HeaderDecodeError
-from retrytopics.headers import RetryHeaders
-from retrytopics.offsets import TopicPartition
-from retrytopics.ports import Message
-from retrytopics.router import longest_wait_ms, read_retry_state
+from retrytopics.core.dedupe import AuditKey, DuplicateAudit, audit_key
+from retrytopics.core.errors import HeaderDecodeError
+from retrytopics.core.headers import RetryHeaders
+from retrytopics.core.offsets import TopicPartition
+from retrytopics.core.ports import Message
+from retrytopics.core.router import longest_wait_ms, read_retry_state
+from retrytopics.core.step import Action, decide
 from retrytopics.runtime.batch_calls import BatchCaller
 from retrytopics.runtime.batching import Deferred
 from retrytopics.runtime.dispatch import Binding, Invoker, build_record
@@ -25,7 +26,6 @@ from retrytopics.runtime.duplicates import DuplicateSuppressor
 from retrytopics.runtime.guard import OwnershipGuard
 from retrytopics.runtime.outcomes import Outcomes
 from retrytopics.runtime.pausing import PauseController
-from retrytopics.step import Action, decide
 
 __all__ = ["Decoded", "RecordProcessor"]
 
@@ -153,7 +153,7 @@ class RecordProcessor:
         self.process(msg, state, bad, queued=False)
 
     def process(self, msg: Message, state: RetryHeaders | None, bad: HeaderDecodeError | None, *, queued: bool) -> None:
-        """Decide what to do with `msg` (retrytopics/step.py, pure) and do it; `queued`: it waited in memory."""
+        """Decide what to do with `msg` (retrytopics/core/step.py, pure) and do it; `queued`: it waited in memory."""
         binding = self._bindings[msg.topic]
         pauses = self._pauses
         now = self._now_ms()

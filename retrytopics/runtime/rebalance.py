@@ -12,8 +12,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from retrytopics.events import Event
-from retrytopics.offsets import OffsetTracker, TopicPartition
+from retrytopics.core.offsets import OffsetTracker, TopicPartition
+from retrytopics.observe.events import Event
 from retrytopics.runtime.duplicates import DuplicateSuppressor
 from retrytopics.runtime.handoff import HandOff
 from retrytopics.runtime.pausing import PauseController

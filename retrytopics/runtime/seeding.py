@@ -25,13 +25,13 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from retrytopics.dedupe import HandOffs, audit_key, record_digest
-from retrytopics.errors import HeaderDecodeError, KafkaClientError
-from retrytopics.headers import decode
-from retrytopics.offsets import TopicPartition
-from retrytopics.ports import Message
+from retrytopics.core.dedupe import HandOffs, audit_key, record_digest
+from retrytopics.core.errors import HeaderDecodeError, KafkaClientError
+from retrytopics.core.headers import decode
+from retrytopics.core.offsets import TopicPartition
+from retrytopics.core.ports import Message
+from retrytopics.core.signing import HeaderKeys, verify
 from retrytopics.runtime.dispatch import Binding
-from retrytopics.signing import HeaderKeys, verify
 
 __all__ = ["TailReader", "destinations", "seed", "verified_tails"]
 

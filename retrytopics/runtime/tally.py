@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from retrytopics.events import Event
-from retrytopics.offsets import TopicPartition
+from retrytopics.core.offsets import TopicPartition
+from retrytopics.observe.events import Event
 
 __all__ = ["HandledTally"]
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from retrytopics.durations import parse_duration
-from retrytopics.errors import ConfigError
+from retrytopics.core.durations import parse_duration
+from retrytopics.core.errors import ConfigError
 from retrytopics.runtime.dispatch import Binding
 from retrytopics.runtime.loop import LoopSettings
 
