@@ -285,13 +285,14 @@ class ShareGroupConfig:
     isolation_level: str | None = None  # "read_committed" | "read_uncommitted" (Kafka's default)
     dlq_topic: str | None = None  # KIP-1191: the broker's own DLQ for what it archives
     dlq_copy_record: bool | None = None  # the DLQ record carries the key and value, not only headers
+    heartbeat_interval_ms: int | None = None  # how soon a joining member gets its assignment
 
     def __post_init__(self) -> None:
         if self.auto_offset_reset not in (None, "earliest", "latest"):
             raise ConfigError("auto_offset_reset", self.auto_offset_reset, "expected earliest or latest")
         if self.isolation_level not in (None, "read_committed", "read_uncommitted"):
             raise ConfigError("isolation_level", self.isolation_level, "expected read_committed or read_uncommitted")
-        for name in ("record_lock_duration_ms", "delivery_count_limit"):
+        for name in ("record_lock_duration_ms", "delivery_count_limit", "heartbeat_interval_ms"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(name, value, "must be at least 1")
@@ -305,6 +306,7 @@ class ShareGroupConfig:
             "share.isolation.level": self.isolation_level,
             "errors.deadletterqueue.topic.name": self.dlq_topic,
             "errors.deadletterqueue.copy.record.enable": self.dlq_copy_record,
+            "share.heartbeat.interval.ms": self.heartbeat_interval_ms,
         }
         return {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in named.items() if v is not None}
 
