@@ -207,3 +207,28 @@ def test_every_record_ends_acknowledged_or_archived_within_the_limit(limit: int,
         final, count = state[(0, offset)]
         assert final in (ShareRecordState.ACKNOWLEDGED, ShareRecordState.ARCHIVED)
         assert count == len(counts)
+
+
+def test_share_group_config_names_kafka_settings_and_refuses_bad_values() -> None:
+    """`ShareGroupConfig` maps its fields to Kafka's group-config names (booleans as Kafka spells them) and
+    refuses a value Kafka would never accept, naming the field, before anything is sent."""
+    from retrytopics.connectors.admin import ShareGroupConfig
+    from retrytopics.errors import ConfigError
+
+    config = ShareGroupConfig(
+        auto_offset_reset="earliest", delivery_count_limit=3, dlq_topic="dlq.x", dlq_copy_record=False
+    )
+    assert config.properties() == {
+        "share.auto.offset.reset": "earliest",
+        "share.delivery.count.limit": "3",
+        "errors.deadletterqueue.topic.name": "dlq.x",
+        "errors.deadletterqueue.copy.record.enable": "false",
+    }
+    assert ShareGroupConfig().properties() == {}
+    for bad, field in [
+        ({"auto_offset_reset": "earlest"}, "auto_offset_reset"),
+        ({"isolation_level": "committed"}, "isolation_level"),
+        ({"record_lock_duration_ms": 0}, "record_lock_duration_ms"),
+    ]:
+        with pytest.raises(ConfigError, match=field):
+            ShareGroupConfig(**bad)  # type: ignore[arg-type]
