@@ -232,3 +232,16 @@ def test_share_group_config_names_kafka_settings_and_refuses_bad_values() -> Non
     ]:
         with pytest.raises(ConfigError, match=field):
             ShareGroupConfig(**bad)  # type: ignore[arg-type]
+
+
+def test_a_consumer_group_record_has_no_delivery_count() -> None:
+    """Outside share groups `Message.delivery_count` is None: the client conversion on the consumer-group
+    hot path fills every field, the new one included (a tuple one short would fail on access)."""
+    from confluent_kafka import Message as ClientMessage
+
+    from retrytopics.connectors.clients import message_from_client
+
+    raw = ClientMessage(topic="t", partition=2, offset=7, key=b"k", value=b"v", headers=[("h", b"x")], timestamp=(1, 5))
+    msg = message_from_client(raw)
+    assert msg == Message("t", 2, 7, 5, b"k", b"v", (("h", b"x"),), None, None)
+    assert msg.delivery_count is None

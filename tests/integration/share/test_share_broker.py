@@ -128,6 +128,28 @@ def test_a_killed_member_records_come_back_after_the_lock(share: ShareKit) -> No
     assert quiet([survivor], 1.5) == []
 
 
+def test_an_acknowledgement_after_the_lock_expired_is_refused(share: ShareKit) -> None:
+    """A member whose lock expired (2 s) while it held a record: another member gets the record with count 2,
+    and the first member's late ACCEPT is answered with an error for the partition, so the record is not
+    accepted twice over the second delivery."""
+    share.setup(1, record_lock_duration_ms=2000)
+    slow = share.consumer()
+    held: list[Message] = []
+    deadline = time.monotonic() + 20
+    while not held:
+        assert time.monotonic() < deadline, "nothing delivered"
+        held = slow.poll(0.3)
+    other = share.consumer()
+    [again] = deliveries_until([other], lambda _m: AckType.RELEASE, lambda s: len(s) >= 1, 20)
+    assert (again.offset, again.delivery_count) == (held[0].offset, 2)
+    slow.acknowledge(held[0], AckType.ACCEPT)
+    answers = slow.commit(asynchronous=False)
+    failure = answers[(share.topic, 0)]
+    assert failure is not None, answers
+    [third] = deliveries_until([other], lambda _m: AckType.ACCEPT, lambda s: len(s) >= 1, 20)
+    assert third.delivery_count == 3
+
+
 def test_the_delivery_count_limit_archives(share: ShareKit) -> None:
     """A record released on every delivery is delivered exactly `share.delivery.count.limit` times (2
     here), then archived: never delivered again."""
