@@ -29,6 +29,7 @@ from retrytopics.errors import ConfigError, KafkaClientError, PublishError
 __all__ = [
     "CONSUMER_DEFAULTS",
     "PRODUCER_DEFAULTS",
+    "SHARE_CONSUMER_DEFAULTS",
     "OutageLog",
     "check_properties",
     "delivery_error",
