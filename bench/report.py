@@ -229,7 +229,7 @@ python -m bench --broker tansu      # on the embedded tansu broker instead
 python -m bench --only failover     # scenario 10: a leader kill on 3-node clusters of its own (about 3 min)
 ```
 
-The command starts its own local broker (Apache Kafka 4.1.1 from the Maven cache by default, or tansu with
+The command starts its own local broker (Apache Kafka 4.4.0 from the Maven cache by default, or tansu with
 `--broker tansu`; the Machine section names it), fills every topic itself, runs each measured runtime in a
 child process, prints one line per figure and writes `bench/results.json` and this file. Scenario 7 needs
 the `spark` extra, and Spark's own Kafka connector in the cache for its `builtin` rows. Scenario 10

@@ -10,6 +10,8 @@ from types import MappingProxyType
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, ConfigResource
+from confluent_kafka.admin._resource import ResourceType
 from confluent_kafka.cimpl import NewTopic
 
 from retrytopics.connectors.config import check_replication
@@ -17,7 +19,9 @@ from retrytopics.connectors.kafka import map_kafka_errors
 from retrytopics.core.errors import ConfigError, KafkaClientError, TopicMismatchError
 
 __all__ = [
+    "SHARE_DLQ_TOPIC_CONFIG",
     "ProvisionOutcome",
+    "ShareGroupConfig",
     "TopicDurability",
     "TopicSpec",
     "committed_offsets",
@@ -27,6 +31,8 @@ __all__ = [
     "partition_count",
     "read_at",
     "replication_config",
+    "set_share_group_config",
+    "share_group_config",
     "topic_durability",
 ]
 
@@ -259,3 +265,77 @@ def read_at(kafka: object, topic: str, partition: int, offset: int, *, timeout_s
         return None
     finally:
         consumer.close()
+
+
+#: What a topic needs before a broker (4.4+, KIP-1191) writes a share group's dead letters to it. Its name must
+#: also start with the broker's `errors.deadletterqueue.topic.name.prefix` (`dlq.` by default).
+SHARE_DLQ_TOPIC_CONFIG: Mapping[str, str] = MappingProxyType({"errors.deadletterqueue.group.enable": "true"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShareGroupConfig:
+    """A share group's own settings (dynamic group configs; None leaves a setting as it is).
+
+    The broker bounds them (lock 15-60 s and delivery count 2-10 by default, `group.share.min.*`/`max.*`) and
+    refuses the whole change, naming the setting, when one is out of range."""
+
+    auto_offset_reset: str | None = None  # "earliest" | "latest" (Kafka's default: latest)
+    record_lock_duration_ms: int | None = None
+    delivery_count_limit: int | None = None
+    isolation_level: str | None = None  # "read_committed" | "read_uncommitted" (Kafka's default)
+    dlq_topic: str | None = None  # KIP-1191: the broker's own DLQ for what it archives
+    dlq_copy_record: bool | None = None  # the DLQ record carries the key and value, not only headers
+    heartbeat_interval_ms: int | None = None  # how soon a joining member gets its assignment
+
+    def __post_init__(self) -> None:
+        if self.auto_offset_reset not in (None, "earliest", "latest"):
+            raise ConfigError("auto_offset_reset", self.auto_offset_reset, "expected earliest or latest")
+        if self.isolation_level not in (None, "read_committed", "read_uncommitted"):
+            raise ConfigError("isolation_level", self.isolation_level, "expected read_committed or read_uncommitted")
+        for name in ("record_lock_duration_ms", "delivery_count_limit", "heartbeat_interval_ms"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(name, value, "must be at least 1")
+
+    def properties(self) -> dict[str, str]:
+        """The group configs this sets, by Kafka's names."""
+        named = {
+            "share.auto.offset.reset": self.auto_offset_reset,
+            "share.record.lock.duration.ms": self.record_lock_duration_ms,
+            "share.delivery.count.limit": self.delivery_count_limit,
+            "share.isolation.level": self.isolation_level,
+            "errors.deadletterqueue.topic.name": self.dlq_topic,
+            "errors.deadletterqueue.copy.record.enable": self.dlq_copy_record,
+            "share.heartbeat.interval.ms": self.heartbeat_interval_ms,
+        }
+        return {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in named.items() if v is not None}
+
+
+def set_share_group_config(
+    admin: AdminClient, group_id: str, config: ShareGroupConfig, *, timeout_s: float = 30.0
+) -> None:
+    """Set a share group's configs (incrementally: the others stay). The group need not exist yet: set them
+    before its first member joins, or `auto_offset_reset` comes too late for the records already there."""
+    entries = [
+        ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)
+        for name, value in config.properties().items()
+    ]
+    if not entries:
+        return
+    resource = ConfigResource(ResourceType.GROUP, group_id, incremental_configs=entries)
+    with map_kafka_errors():
+        for future in admin.incremental_alter_configs([resource], request_timeout=timeout_s).values():
+            future.result(timeout=timeout_s)
+
+
+def share_group_config(admin: AdminClient, group_id: str, *, timeout_s: float = 30.0) -> dict[str, str]:
+    """A group's share-group and dead-letter configs as the broker applies them (its defaults included)."""
+    resource = ConfigResource(ResourceType.GROUP, group_id)
+    with map_kafka_errors():
+        [future] = admin.describe_configs([resource], request_timeout=timeout_s).values()
+        entries = future.result(timeout=timeout_s)
+    return {
+        name: entry.value or ""
+        for name, entry in entries.items()
+        if name.startswith(("share.", "errors.deadletterqueue."))
+    }

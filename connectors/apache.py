@@ -52,6 +52,10 @@ BROKER_SETTINGS: dict[str, str] = {
     "transaction.state.log.num.partitions": "4",
     "share.coordinator.state.topic.replication.factor": "1",
     "share.coordinator.state.topic.min.isr": "1",
+    # Share groups are on by default since 4.2; these lower bounds let a test group set a short record lock and
+    # heartbeat (Kafka's minimums, 15 s and 5 s, would make every lock-expiry test wait that long).
+    "group.share.min.record.lock.duration.ms": "1000",
+    "group.share.min.heartbeat.interval.ms": "1000",
     "group.initial.rebalance.delay.ms": "0",
     "group.min.session.timeout.ms": "1000",
     "num.partitions": "1",

@@ -41,7 +41,14 @@ from retrytopics.core.errors import KafkaClientError
 from retrytopics.core.headers import Header
 from retrytopics.core.ports import DeliveryCallback, Message, PartitionsCallback, TopicPartition
 
-__all__ = ["DEFAULT_MAX_POLL_INTERVAL_MS", "DEFAULT_SESSION_TIMEOUT_MS", "KafkaConsumer", "KafkaProducer", "read_tails"]
+__all__ = [
+    "DEFAULT_MAX_POLL_INTERVAL_MS",
+    "DEFAULT_SESSION_TIMEOUT_MS",
+    "KafkaConsumer",
+    "KafkaProducer",
+    "message_from_client",
+    "read_tails",
+]
 
 log = logging.getLogger("retrytopics.kafka")
 
@@ -89,8 +96,13 @@ def _message(msg: CKMessage) -> Message:
             msg.value(),
             headers,
             error,
+            None,  # delivery_count: no share group here
         ),
     )
+
+
+#: `_message` for the other consumers of this package (the share consumer adds the delivery count).
+message_from_client = _message
 
 
 def _log_failed_commit(err: KafkaError | None, partitions: list[CKTopicPartition]) -> None:

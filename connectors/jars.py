@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 #: The Apache Kafka release the project tests and benchmarks on (KRaft, Java 17).
-KAFKA_VERSION = "4.1.1"
+KAFKA_VERSION = "4.4.0"
 
 _COMPLETE = ".complete"
 _POMS = Path(__file__).parent

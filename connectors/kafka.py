@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, ShareConsumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from retrytopics.connectors.config import KafkaConfig, redact, validate_overrides
@@ -29,6 +29,7 @@ from retrytopics.core.errors import ConfigError, KafkaClientError, PublishError
 __all__ = [
     "CONSUMER_DEFAULTS",
     "PRODUCER_DEFAULTS",
+    "SHARE_CONSUMER_DEFAULTS",
     "OutageLog",
     "check_properties",
     "delivery_error",
@@ -37,6 +38,7 @@ __all__ = [
     "make_admin",
     "make_consumer",
     "make_producer",
+    "make_share_consumer",
     "map_kafka_errors",
     "open_tail",
 ]
@@ -197,6 +199,20 @@ def make_consumer(kafka: KafkaConfig, *, group_id: str | None, overrides: Proper
     log.debug("creating consumer %s", redact(config))
     with map_kafka_errors():
         return Consumer(config)
+
+
+#: A share consumer acknowledges each record itself: implicit mode would accept a whole batch on the next poll,
+#: whatever the handler did. (Isolation and the offset reset are group configs for a share group.)
+SHARE_CONSUMER_DEFAULTS: dict[str, str | int | float | bool] = {"share.acknowledgement.mode": "explicit"}
+
+
+def make_share_consumer(kafka: KafkaConfig, *, group_id: str, overrides: Properties | None = None) -> ShareConsumer:
+    """A share-group member (KIP-932) acknowledging explicitly; confluent-kafka's preview API."""
+    config = _build(kafka.consumer_config(), SHARE_CONSUMER_DEFAULTS, overrides, kafka=kafka)
+    config["group.id"] = group_id
+    log.debug("creating share consumer %s", redact(config))
+    with map_kafka_errors():
+        return ShareConsumer(config)
 
 
 def make_admin(kafka: KafkaConfig, *, overrides: Properties | None = None) -> AdminClient:

@@ -6,8 +6,9 @@ groups with subscribe and an eager rebalance (every member revokes before anyone
 classic protocol does; an expelled member is told `on_lost`); `consume` honouring pause, resume and seek;
 committed offsets per group; producers whose delivery reports are served by `poll`/`flush`; transactions
 whose records and offsets reach read_committed readers only on commit (a commit or abort marker takes an
-offset, as on Kafka); a fake clock; and failures a test injects (refused produces, expulsion, rebalances,
-freezes).
+offset, as on Kafka); share groups (KIP-932: any number of members on a partition, records acquired under a
+lock on the fake clock, a delivery count, ACCEPT/RELEASE/REJECT/RENEW, archiving at the delivery limit); a fake
+clock; and failures a test injects (refused produces, expulsion, rebalances, freezes, a share member killed).
 
 What it is not: a Kafka emulator. No threads, network, retention, replicas or timing of its own: `consume`
 with nothing to deliver advances the clock by its timeout and returns at once. What Kafka does is tested on
@@ -45,9 +46,24 @@ from typing import NamedTuple
 
 from retrytopics.core.errors import KafkaClientError, PublishError
 from retrytopics.core.headers import Header
-from retrytopics.core.ports import DeliveryCallback, Message, PartitionsCallback, TopicPartition
+from retrytopics.core.ports import (
+    AcknowledgedCallback,
+    AckType,
+    DeliveryCallback,
+    Message,
+    PartitionsCallback,
+    TopicPartition,
+)
 
-__all__ = ["GroupMetadata", "MemoryBroker", "MemoryClock", "MemoryConsumer", "MemoryProducer"]
+__all__ = [
+    "GroupMetadata",
+    "MemoryBroker",
+    "MemoryClock",
+    "MemoryConsumer",
+    "MemoryProducer",
+    "MemoryShareConsumer",
+    "ShareRecordState",
+]
 
 #: librdkafka's defaults for the settings the runtime reads back from a consumer
 DEFAULT_MAX_POLL_INTERVAL_MS = 300_000
@@ -132,6 +148,7 @@ class MemoryBroker:
         self.clock = clock or MemoryClock()
         self._logs: dict[str, list[list[_Entry]]] = {}
         self._groups: dict[str, _Group] = {}
+        self._share_groups: dict[str, _ShareGroup] = {}
         self._failures: list[_ProduceFailure] = []
         self._transactional: dict[str, MemoryProducer] = {}
         self._round_robin = itertools.count()
@@ -210,6 +227,41 @@ class MemoryBroker:
     def producer(self, *, transactional_id: str | None = None) -> MemoryProducer:
         return MemoryProducer(self, transactional_id=transactional_id)
 
+    def share_consumer(
+        self, group_id: str, *, max_records: int = 500, supports_renew: bool = True
+    ) -> MemoryShareConsumer:
+        """A share-group member (`ShareConsumerPort`); `supports_renew=False` acts as confluent-kafka 2.16."""
+        group = self._share_group(group_id)
+        return MemoryShareConsumer(group, max_records=max_records, supports_renew=supports_renew)
+
+    def configure_share_group(
+        self,
+        group_id: str,
+        *,
+        auto_offset_reset: str | None = None,
+        record_lock_duration_ms: int | None = None,
+        delivery_count_limit: int | None = None,
+    ) -> None:
+        """Set a share group's configs (Kafka's defaults until then: latest, 30 s, 5)."""
+        group = self._share_group(group_id)
+        if auto_offset_reset is not None:
+            group.auto_offset_reset = auto_offset_reset
+        if record_lock_duration_ms is not None:
+            group.lock_ms = record_lock_duration_ms
+        if delivery_count_limit is not None:
+            group.delivery_limit = delivery_count_limit
+
+    def share_state(self, group_id: str, topic: str) -> dict[tuple[int, int], tuple[ShareRecordState, int]]:
+        """Each record a share group delivered: (partition, offset) -> its state and delivery count."""
+        group = self._share_group(group_id)
+        group.expire_locks()
+        return {
+            (tp[1], offset): (held.state, held.delivery_count)
+            for tp, part in group.partitions.items()
+            if tp[0] == topic
+            for offset, held in part.records.items()
+        }
+
     # -- injected failures -------------------------------------------------------------------------------
 
     def fail_produces(
@@ -250,6 +302,12 @@ class MemoryBroker:
         group = self._groups.get(group_id)
         if group is None:
             group = self._groups[group_id] = _Group(self, group_id)
+        return group
+
+    def _share_group(self, group_id: str) -> _ShareGroup:
+        group = self._share_groups.get(group_id)
+        if group is None:
+            group = self._share_groups[group_id] = _ShareGroup(self, group_id)
         return group
 
     def _choose_partition(self, topic: str, key: bytes | None, partition: int | None) -> int:
@@ -705,3 +763,196 @@ class MemoryProducer:
             self._broker._end(self._txn, _TxnState.ABORTED)
             self._txn = None
         self._fenced = True
+
+
+class ShareRecordState(enum.Enum):
+    """Where a delivered record is in its share group (KIP-932's states)."""
+
+    ACQUIRED = "acquired"  # locked to one member until acknowledged or its lock expires
+    AVAILABLE = "available"  # released or its lock expired: delivered again, delivery count + 1
+    ACKNOWLEDGED = "acknowledged"  # accepted: done
+    ARCHIVED = "archived"  # rejected, or released/expired at the delivery count limit: never delivered again
+
+
+@dataclass(eq=False)
+class _Held:
+    state: ShareRecordState
+    delivery_count: int
+    owner: int | None  # the member holding it while ACQUIRED
+    lock_until_s: float
+
+
+@dataclass(eq=False)
+class _SharePartition:
+    next_fresh: int  # the first offset never delivered
+    records: dict[int, _Held] = field(default_factory=dict)
+
+
+class _ShareGroup:
+    """One share group: its configs and, per partition, the state of every record it has delivered."""
+
+    def __init__(self, broker: MemoryBroker, group_id: str) -> None:
+        self.broker = broker
+        self.group_id = group_id
+        self.auto_offset_reset = "latest"  # Kafka's default for share groups
+        self.lock_ms = 30_000
+        self.delivery_limit = 5
+        self.partitions: dict[TopicPartition, _SharePartition] = {}
+        self._member_ids = itertools.count(1)
+
+    def join(self, topics: Sequence[str]) -> int:
+        for topic in topics:
+            for partition, log in enumerate(self.broker._partitions_of(topic)):
+                if (topic, partition) not in self.partitions:  # the start offset is fixed when first read
+                    start = 0 if self.auto_offset_reset == "earliest" else len(log)
+                    self.partitions[(topic, partition)] = _SharePartition(start)
+        return next(self._member_ids)
+
+    def expire_locks(self) -> None:
+        now = self.broker.clock.monotonic()
+        for part in self.partitions.values():
+            for held in part.records.values():
+                if held.state is ShareRecordState.ACQUIRED and held.lock_until_s <= now:
+                    self._give_back(held)
+
+    def _give_back(self, held: _Held) -> None:
+        held.owner = None
+        limited = held.delivery_count >= self.delivery_limit
+        held.state = ShareRecordState.ARCHIVED if limited else ShareRecordState.AVAILABLE
+
+    def acquire(self, member: int, topics: Sequence[str], limit: int) -> list[Message]:
+        self.expire_locks()
+        lock_until = self.broker.clock.monotonic() + self.lock_ms / 1000
+        out: list[Message] = []
+        for tp, part in self.partitions.items():
+            if tp[0] not in topics or len(out) >= limit:
+                continue
+            log = self.broker._log(tp)
+            again = sorted(o for o, h in part.records.items() if h.state is ShareRecordState.AVAILABLE)
+            again = again[: limit - len(out)]
+            fresh, part.next_fresh = _readable(log, part.next_fresh, limit - len(out) - len(again), False)
+            for msg in [log[o].message for o in again] + fresh:
+                assert msg is not None  # only records are ever held, never markers
+                held = part.records.setdefault(msg.offset, _Held(ShareRecordState.AVAILABLE, 0, None, 0.0))
+                held.state, held.owner, held.lock_until_s = ShareRecordState.ACQUIRED, member, lock_until
+                held.delivery_count += 1
+                out.append(msg._replace(delivery_count=held.delivery_count))
+        return out
+
+    def settle(self, member: int, tp: TopicPartition, offset: int, ack: AckType) -> bool:
+        """Apply one acknowledgement; False when the member no longer holds the record (its lock expired)."""
+        self.expire_locks()
+        part = self.partitions.get(tp)
+        held = part.records.get(offset) if part else None
+        if held is None or held.state is not ShareRecordState.ACQUIRED or held.owner != member:
+            return False
+        if ack is AckType.ACCEPT:
+            held.state, held.owner = ShareRecordState.ACKNOWLEDGED, None
+        elif ack is AckType.REJECT:
+            held.state, held.owner = ShareRecordState.ARCHIVED, None
+        elif ack is AckType.RELEASE:
+            self._give_back(held)
+        else:  # RENEW: a fresh lock from now
+            held.lock_until_s = self.broker.clock.monotonic() + self.lock_ms / 1000
+        return True
+
+    def release_all(self, member: int) -> None:
+        for part in self.partitions.values():
+            for held in part.records.values():
+                if held.state is ShareRecordState.ACQUIRED and held.owner == member:
+                    self._give_back(held)
+
+
+class MemoryShareConsumer:
+    """`ShareConsumerPort` on a `MemoryBroker` share group (see `MemoryBroker.share_consumer`).
+
+    As confluent-kafka's explicit mode: a batch must be acknowledged before the next poll, acknowledgements
+    reach the group on `commit` or the next poll, `close` sends them and releases the rest. `kill()` is a
+    SIGKILL: what the member holds stays acquired until its lock expires."""
+
+    def __init__(self, group: _ShareGroup, *, max_records: int, supports_renew: bool) -> None:
+        self._group = group
+        self._max_records = max_records
+        self.supports_renew = supports_renew
+        self._member: int | None = None
+        self._topics: list[str] = []
+        self._unacknowledged: set[tuple[TopicPartition, int]] = set()
+        self._pending: dict[tuple[TopicPartition, int], AckType] = {}
+        self._renewed: set[tuple[TopicPartition, int]] = set()
+        self._on_acknowledged: AcknowledgedCallback | None = None
+        self._closed = False
+
+    def subscribe(self, topics: Sequence[str], *, on_acknowledged: AcknowledgedCallback | None = None) -> None:
+        self._check_open()
+        self._topics = list(topics)
+        self._member = self._group.join(self._topics)
+        self._on_acknowledged = on_acknowledged
+
+    def poll(self, timeout_s: float) -> list[Message]:
+        self._check_open()
+        if self._member is None:
+            raise KafkaClientError("share consumer: not subscribed", code="ILLEGAL_STATE")
+        if self._unacknowledged:
+            raise KafkaClientError(
+                f"share consumer: {len(self._unacknowledged)} records of the last poll are not acknowledged",
+                code="ILLEGAL_STATE",
+            )
+        self._send()
+        batch = self._group.acquire(self._member, self._topics, self._max_records)
+        if not batch:  # nothing to deliver: the wait passes (and locks may expire meanwhile)
+            self._group.broker.clock.advance(timeout_s)
+            batch = self._group.acquire(self._member, self._topics, self._max_records)
+        self._unacknowledged = {(m.tp, m.offset) for m in batch}
+        return batch
+
+    def acknowledge(self, message: Message, ack: AckType) -> None:
+        self._check_open()
+        if ack is AckType.RENEW and not self.supports_renew:
+            raise KafkaClientError("share consumer: RENEW is not supported", code="UNSUPPORTED_ACKNOWLEDGEMENT")
+        key = (message.tp, message.offset)
+        if key not in self._unacknowledged and key not in self._pending and key not in self._renewed:
+            raise KafkaClientError(f"share consumer: {message.tp}@{message.offset} is not held", code="ILLEGAL_STATE")
+        self._unacknowledged.discard(key)
+        self._pending[key] = ack
+        if ack is AckType.RENEW:  # still held: it takes a final acknowledgement later
+            self._renewed.add(key)
+        else:
+            self._renewed.discard(key)
+
+    def commit(self, *, asynchronous: bool, timeout_s: float = 30.0) -> dict[TopicPartition, KafkaClientError | None]:
+        self._check_open()
+        answers = self._send()
+        return {} if asynchronous else answers
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        if self._member is not None:
+            self._send()
+            self._group.release_all(self._member)
+        self._closed = True
+
+    def kill(self) -> None:
+        """Vanish as a SIGKILLed process does: nothing sent, nothing released."""
+        self._closed = True
+
+    def _send(self) -> dict[TopicPartition, KafkaClientError | None]:
+        pending, self._pending = self._pending, {}
+        if self._member is None or not pending:
+            return {}
+        done: dict[TopicPartition, set[int]] = {}
+        answers: dict[TopicPartition, KafkaClientError | None] = {}
+        for (tp, offset), ack in pending.items():
+            if self._group.settle(self._member, tp, offset, ack):
+                done.setdefault(tp, set()).add(offset)
+                answers.setdefault(tp, None)
+            else:
+                answers[tp] = KafkaClientError(f"{tp}@{offset}: lock expired", code="INVALID_RECORD_STATE")
+        if self._on_acknowledged is not None:
+            failed = next((e for e in answers.values() if e is not None), None)
+            self._on_acknowledged({tp: frozenset(offsets) for tp, offsets in done.items()}, failed)
+        return answers
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise KafkaClientError("share consumer is closed", code="ILLEGAL_STATE")
