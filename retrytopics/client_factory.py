@@ -44,6 +44,7 @@ from retrytopics.errors import ConfigError, KafkaClientError, TopicMismatchError
 from retrytopics.headers import Header
 from retrytopics.memory import MemoryBroker, MemoryConsumer, MemoryProducer
 from retrytopics.ports import ConsumerPort, DeliveryCallback, Message, PartitionsCallback, ProducerPort, TopicPartition
+from retrytopics.runtime.clock import SYSTEM_CLOCK, Clock
 from retrytopics.transactions import CALL_TIMEOUT_MS
 
 __all__ = ["ClientFactory", "KafkaClientFactory", "MemoryClientFactory"]
@@ -55,7 +56,10 @@ _MEMORY_WAIT_S = 0.1
 
 class ClientFactory(Protocol):
     """What a `RetryApp` asks of a broker. `overrides` are librdkafka properties (the app's own, over the
-    tier consumers' defaults); a factory applies those it understands."""
+    tier consumers' defaults); a factory applies those it understands. `clock`: the time every consumer
+    of the app reads (runtime/clock.py)."""
+
+    clock: Clock
 
     def consumer(self, group_id: str, overrides: Mapping[str, Any]) -> ConsumerPort:
         """A member of `group_id` for one consumer loop, manual commits, read_committed unless overridden."""
@@ -80,6 +84,8 @@ class ClientFactory(Protocol):
 class KafkaClientFactory:
     """The default: confluent-kafka clients for `kafka` (connectors/clients.py), every product default
     applied (idempotence, acks=all, manual commits, read_committed)."""
+
+    clock: Clock = SYSTEM_CLOCK
 
     def __init__(self, kafka: KafkaConfig) -> None:
         self.kafka = kafka
@@ -127,8 +133,9 @@ class MemoryClientFactory:
     or through a producer from `producer()`: a direct `append` wakes no waiting consumer.
     """
 
-    def __init__(self, broker: MemoryBroker) -> None:
+    def __init__(self, broker: MemoryBroker, *, clock: Clock = SYSTEM_CLOCK) -> None:
         self.broker = broker
+        self.clock = clock
         self.lock = threading.RLock()
         self._written = threading.Condition(self.lock)
 

@@ -19,7 +19,7 @@ from retrytopics.naming import NamingStrategy, TopicSet, topics_for, validate_to
 from retrytopics.policy import RetryPolicy
 from retrytopics.redaction import Redactor
 from retrytopics.router import RouteContext
-from retrytopics.runtime.dispatch import Binding
+from retrytopics.runtime.records.calls import Binding
 from retrytopics.signing import HeaderKeys
 
 __all__ = ["Registration", "Registry"]

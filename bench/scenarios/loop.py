@@ -25,8 +25,9 @@ from retrytopics.naming import topics_for
 from retrytopics.policy import RetryPolicy
 from retrytopics.record import Record
 from retrytopics.router import RouteContext
-from retrytopics.runtime.dispatch import Binding
-from retrytopics.runtime.loop import ConsumerLoop, LoopSettings
+from retrytopics.runtime.consumer.loop import ConsumerLoop
+from retrytopics.runtime.consumer.settings import LoopSettings
+from retrytopics.runtime.records.calls import Binding
 
 NAME = "0.loop"
 BATCH = 500

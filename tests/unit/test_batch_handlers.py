@@ -9,7 +9,6 @@ from __future__ import annotations
 import random
 import threading
 from collections.abc import Callable
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -26,10 +25,10 @@ from retrytopics.policy import InProcessRetry, RetryPolicy
 from retrytopics.ports import Message
 from retrytopics.record import Record
 from retrytopics.router import RouteContext, route
-from retrytopics.runtime import loop as loop_module
-from retrytopics.runtime.dispatch import Binding
-from retrytopics.runtime.loop import ConsumerLoop, LoopSettings
-from retrytopics.runtime.seeding import TailReader
+from retrytopics.runtime.consumer.loop import ConsumerLoop
+from retrytopics.runtime.consumer.settings import LoopSettings
+from retrytopics.runtime.records.calls import Binding
+from retrytopics.runtime.records.duplicates import TailReader
 
 from .test_loop import Clock, FakeConsumer, FakeProducer
 
@@ -65,7 +64,6 @@ def run(
     tail_reader: TailReader | None = None,
 ) -> tuple[FakeConsumer, Producer]:
     clock = clock or Clock()
-    monkeypatch.setattr(loop_module, "time", SimpleNamespace(monotonic=clock.monotonic, time=clock.time))
     stop = threading.Event()
     steps: list[Callable[[FakeConsumer], list[Message]]] = []
     for i, batch in enumerate(batches):
@@ -87,6 +85,7 @@ def run(
         stop=stop,
         audit=DuplicateAudit(100),
         tail_reader=tail_reader,
+        clock=clock,
     )
     loop.run()
     assert loop.crash is None

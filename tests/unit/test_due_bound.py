@@ -17,8 +17,8 @@ from retrytopics.events import Emitter, Event
 from retrytopics.naming import topics_for
 from retrytopics.policy import RetryPolicy
 from retrytopics.ports import Message
-from retrytopics.router import RouteContext, longest_wait_ms
-from retrytopics.runtime.pausing import PauseController
+from retrytopics.router import RouteContext, tier_wait_bounds_ms
+from retrytopics.runtime.waiting import PauseController
 
 NOW = 1_700_000_000_000
 POLICY = RetryPolicy(delays=["1s", "30s"], jitter=0.1)
@@ -40,7 +40,7 @@ class Events:
         self.seen.append((event, dict(data)))
 
 
-def _controller() -> tuple[PauseController[None], Events]:
+def _controller() -> tuple[PauseController, Events]:
     events = Events()
     return PauseController(Consumer(), Emitter([events]), consumer_name="tier", max_records=4), events  # type: ignore[arg-type]
 
@@ -50,9 +50,7 @@ def _msg(offset: int) -> Message:
 
 
 def test_the_longest_wait_is_the_tier_delay_with_the_most_jitter() -> None:
-    assert longest_wait_ms(CTX, TIER) == 1_100
-    assert longest_wait_ms(CTX, CTX.topics.tiers[1].topic) == 33_000
-    assert longest_wait_ms(CTX, "orders") is None
+    assert tier_wait_bounds_ms(CTX) == {TIER: 1_100, CTX.topics.tiers[1].topic: 33_000}
 
 
 def test_a_forged_due_time_costs_at_most_one_tier_delay_from_first_sight() -> None:

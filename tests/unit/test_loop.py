@@ -27,9 +27,9 @@ from retrytopics.policy import RetryPolicy
 from retrytopics.ports import Message, PartitionsCallback, TopicPartition
 from retrytopics.record import Record
 from retrytopics.router import InboundRecord, RouteContext, route
-from retrytopics.runtime import loop as loop_module
-from retrytopics.runtime.dispatch import Binding
-from retrytopics.runtime.loop import ConsumerLoop, LoopSettings
+from retrytopics.runtime.consumer.loop import ConsumerLoop
+from retrytopics.runtime.consumer.settings import LoopSettings
+from retrytopics.runtime.records.calls import Binding
 
 POLICY = RetryPolicy(delays=["1s"])
 CTX = RouteContext(policy=POLICY, topics=topics_for("orders", "billing", POLICY.tier_delays_ms), group="billing")
@@ -48,6 +48,9 @@ class Clock:
 
     def time(self) -> float:
         return time.time() + self.jump_s
+
+    def now_ms(self) -> int:
+        return int(self.time() * 1000)
 
 
 class FakeConsumer:
@@ -138,7 +141,6 @@ def build_loop(
     *,
     consumer_factory: Callable[[], Any] | None = None,
 ) -> tuple[ConsumerLoop, FakeConsumer, FakeProducer, list[int], list[Event]]:
-    monkeypatch.setattr(loop_module, "time", SimpleNamespace(monotonic=clock.monotonic, time=clock.time))
     stop = threading.Event()
     consumer, producer = FakeConsumer(steps, stop), FakeProducer()
     calls: list[int] = []
@@ -157,6 +159,7 @@ def build_loop(
         producer_factory=lambda: producer,
         emitter=Emitter([hook]),
         stop=stop,
+        clock=clock,
         audit=DuplicateAudit(10),
     )
     return loop, consumer, producer, calls, events

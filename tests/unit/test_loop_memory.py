@@ -22,7 +22,6 @@ import random
 import threading
 from collections import Counter
 from collections.abc import Callable
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -38,11 +37,11 @@ from retrytopics.policy import RetryPolicy
 from retrytopics.ports import Message
 from retrytopics.record import Record
 from retrytopics.router import InboundRecord, RouteContext, route
-from retrytopics.runtime import handoff as handoff_module
-from retrytopics.runtime import loop as loop_module
-from retrytopics.runtime.dispatch import Binding
-from retrytopics.runtime.loop import ConsumerLoop, LoopSettings
-from retrytopics.runtime.publish import Publisher
+from retrytopics.runtime.consumer.loop import ConsumerLoop
+from retrytopics.runtime.consumer.settings import LoopSettings
+from retrytopics.runtime.handoff import at_least_once
+from retrytopics.runtime.handoff.publish import Publisher
+from retrytopics.runtime.records.calls import Binding
 
 POLICY = RetryPolicy(delays=["5s"])
 GROUP = "billing"
@@ -117,12 +116,8 @@ def hand_offs(broker: MemoryBroker, topic: str) -> list[tuple[str, RetryHeaders]
 
 
 def use_broker_clock(monkeypatch: pytest.MonkeyPatch, broker: MemoryBroker) -> None:
-    """The loop, and its publisher's retry back-off, read the broker's clock."""
-    clock = broker.clock
-    monkeypatch.setattr(loop_module, "time", SimpleNamespace(monotonic=clock.monotonic, time=clock.time))
-    monkeypatch.setattr(
-        handoff_module, "Publisher", functools.partial(Publisher, clock=clock.monotonic, wait=tenacity.wait_fixed(0.5))
-    )
+    """The publisher's retry back-off is short and fixed (the loop reads the broker's clock: `build_loop`)."""
+    monkeypatch.setattr(at_least_once, "Publisher", functools.partial(Publisher, wait=tenacity.wait_fixed(0.5)))
 
 
 def build_loop(
@@ -148,6 +143,7 @@ def build_loop(
         emitter=Emitter([ledger]),
         stop=stop,
         audit=DuplicateAudit(100),
+        clock=broker.clock,
     )
 
 

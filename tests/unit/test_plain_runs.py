@@ -24,8 +24,9 @@ from retrytopics.events import Emitter, Event
 from retrytopics.headers import DlqReason, RetryHeaders, decode
 from retrytopics.memory import DEFAULT_MAX_POLL_INTERVAL_MS, MemoryBroker, MemoryConsumer
 from retrytopics.record import Record
-from retrytopics.runtime.dispatch import Binding
-from retrytopics.runtime.loop import ConsumerLoop, LoopSettings
+from retrytopics.runtime.consumer.loop import ConsumerLoop
+from retrytopics.runtime.consumer.settings import LoopSettings
+from retrytopics.runtime.records.calls import Binding
 
 from .test_loop_memory import (
     CTX,
@@ -75,6 +76,7 @@ def json_loop(
         emitter=Emitter([ledger]),
         stop=stop,
         audit=DuplicateAudit(100),
+        clock=broker.clock,
     )
 
 

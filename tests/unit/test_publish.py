@@ -17,8 +17,8 @@ from retrytopics.memory import MemoryBroker
 from retrytopics.naming import topics_for
 from retrytopics.policy import RetryPolicy
 from retrytopics.router import InboundRecord, RouteContext, RouteKind, route
-from retrytopics.runtime.publish import Publisher, PublishJob, too_large_fallback
-from retrytopics.runtime.transactional import TransactionalPublisher
+from retrytopics.runtime.handoff.publish import Publisher, PublishJob, too_large_fallback
+from retrytopics.runtime.handoff.transactional import TransactionalPublisher
 
 CTX = RouteContext(policy=RetryPolicy(delays=["5s"]), topics=topics_for("orders", "billing", (5_000,)), group="billing")
 T0 = 1_700_000_000_000
@@ -54,7 +54,7 @@ class SizeLimitedProducer:
         return 1
 
 
-def _job(value: bytes, user: tuple[Header, ...], acked: list[PublishJob]) -> PublishJob:
+def _job(value: bytes, user: tuple[Header, ...]) -> PublishJob:
     record = InboundRecord(topic="orders", partition=0, offset=7, timestamp_ms=T0, key=b"k", headers=user)
     r = route(CTX, record, RuntimeError("m" * 1000), now_ms=T0, rng=random.Random(0))
     assert r.kind is RouteKind.TIER
@@ -64,7 +64,6 @@ def _job(value: bytes, user: tuple[Header, ...], acked: list[PublishJob]) -> Pub
         value=value,
         source=("orders", 0),
         offset=7,
-        on_acked=acked.append,
         shrink=too_large_fallback(CTX),
     )
 
@@ -82,9 +81,9 @@ def test_a_too_large_republish_is_dead_lettered_in_at_most_two_steps(
     value = b"v" * value_size
 
     # when
-    publisher.send(_job(value, user, acked))
+    publisher.send(_job(value, user))
     for _ in range(3):  # each smaller record goes out from the next poll, without a back-off
-        publisher.poll()
+        acked.extend(publisher.poll())
 
     # then: acknowledged, in the DLQ as too_large, the partition is not held
     assert len(acked) == 1 and publisher.healthy and not publisher.is_failing(("orders", 0))
@@ -109,9 +108,9 @@ def test_a_too_large_republish_is_dead_lettered_in_at_most_two_steps(
 def test_a_record_too_large_even_as_a_reference_is_retried_not_dropped() -> None:
     producer, acked = SizeLimitedProducer(10), []
     publisher = Publisher(lambda: producer, Emitter(), wait=lambda _: 60.0)  # type: ignore[arg-type,return-value]
-    publisher.send(_job(b"v", (), acked))
+    publisher.send(_job(b"v", ()))
     for _ in range(3):
-        publisher.poll()
+        acked.extend(publisher.poll())
     assert acked == [] and publisher.is_failing(("orders", 0)) and publisher.in_flight == 1
 
 
@@ -173,9 +172,9 @@ def test_a_batch_refused_for_one_record_dead_letters_that_record_alone() -> None
 
     # when: all seven are sent before the producer is polled, so they share a batch, then a few polls
     for value in values:
-        publisher.send(_job(value, (), acked))
+        publisher.send(_job(value, ()))
     for _ in range(4):
-        publisher.poll()
+        acked.extend(publisher.poll())
 
     # then: the six small ones reach the tier, alone and unchanged; only the big one is dead-lettered
     assert batched.written == []
@@ -224,12 +223,12 @@ class FencedAbortableProducer(SizeLimitedProducer):
 def test_a_fenced_transactional_producer_is_replaced_without_a_hanging_abort() -> None:
     made: list[FencedAbortableProducer] = []
     publisher = TransactionalPublisher(lambda: FencedAbortableProducer(made), Emitter())  # type: ignore[arg-type,return-value]
-    publisher.send(_job(b"v", (), []))
+    publisher.send(_job(b"v", ()))
     with pytest.raises(KafkaClientError, match="newer producer"):
         publisher.commit({("orders", 0): 8}, None)
     assert made[0].aborts == 0  # never asked to abort: it would wait out its whole timeout
     assert len(made) == 2 and publisher.healthy  # replaced; the batch is read again by the loop
-    publisher.send(_job(b"v", (), []))
+    publisher.send(_job(b"v", ()))
     publisher.commit({("orders", 0): 8}, None)
     assert [w[0] for w in made[1].written] == [CTX.topics.tiers[0].topic]
 
@@ -248,9 +247,9 @@ def test_purge_reports_of_an_aborted_transaction_never_fail_the_next_one() -> No
     publisher = TransactionalPublisher(lambda: broker.producer(transactional_id="billing-1"), Emitter())
 
     # when: a transaction aborts with a record still queued; the next one serves the purge report, commits
-    publisher.send(_job(b"aborted", (), []))
+    publisher.send(_job(b"aborted", ()))
     publisher.abort(KafkaClientError("offsets refused", code="UNKNOWN_MEMBER_ID"))
-    publisher.send(_job(b"committed", (), []))
+    publisher.send(_job(b"committed", ()))
     publisher.poll(0)
     publisher.commit({("orders", 0): 8}, consumer.group_metadata())
 
@@ -268,7 +267,7 @@ def test_a_refused_record_fails_its_own_transaction_before_its_commit_is_asked()
     broker.create_topics(["orders", tier])
     publisher = TransactionalPublisher(lambda: broker.producer(transactional_id="billing-1"), Emitter())
     broker.fail_produces(1, "NOT_ENOUGH_REPLICAS", topic=tier)
-    publisher.send(_job(b"refused", (), []))
+    publisher.send(_job(b"refused", ()))
     publisher.poll(0)
     assert not publisher.healthy
 

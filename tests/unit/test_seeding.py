@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Sequence
-from typing import Any, cast
 
 from retrytopics.connectors.serde import bytes_value
 from retrytopics.dedupe import HandOffs, audit_key, hand_off_key, record_digest
@@ -21,10 +20,9 @@ from retrytopics.naming import topics_for
 from retrytopics.policy import RetryPolicy
 from retrytopics.ports import Message
 from retrytopics.router import InboundRecord, RouteContext, route
-from retrytopics.runtime.dispatch import Binding
-from retrytopics.runtime.duplicates import DuplicateSuppressor
-from retrytopics.runtime.publish import PublishJob, too_large_fallback
-from retrytopics.runtime.seeding import destinations, seed
+from retrytopics.runtime.handoff.publish import PublishJob, too_large_fallback
+from retrytopics.runtime.records.calls import Binding
+from retrytopics.runtime.records.duplicates import DuplicateCheck, destinations, seed
 
 POLICY = RetryPolicy(delays=["1s", "5s"])
 CTX = RouteContext(policy=POLICY, topics=topics_for("orders", "billing", POLICY.tier_delays_ms), group="billing")
@@ -127,12 +125,8 @@ def test_a_record_whose_hop_was_dead_lettered_as_a_too_large_reference_is_found_
     assert job.key is None and json.loads(job.value or b"")["too_large"] is True
     hop = Message(job.route.topic, 0, 9, NOW + 5, job.key, job.value, tuple(job.route.headers))
     binding = Binding(topic="orders", handler=lambda r: None, policy=POLICY, ctx=CTX, value_deserializer=bytes_value)
-    suppressor = DuplicateSuppressor(
-        cast(Any, None),
-        cast(Any, None),
+    suppressor = DuplicateCheck(
         {"orders": binding},
-        lambda *a, **k: None,
-        name="billing",
         tail_reader=lambda topics, last, timeout_s: [hop],
         seed_last=10,
         seed_timeout_s=1.0,

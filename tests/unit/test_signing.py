@@ -22,7 +22,7 @@ from retrytopics.naming import topics_for
 from retrytopics.policy import RetryPolicy
 from retrytopics.ports import Message
 from retrytopics.router import InboundRecord, RouteContext, RouteKind, read_retry_state, route
-from retrytopics.runtime.seeding import seed, verified_tails
+from retrytopics.runtime.records.duplicates import seed, verified_tails
 from retrytopics.signing import SIGNATURE, HeaderKeys, sign, verify
 
 KEY = b"k" * 32

@@ -29,7 +29,7 @@ from retrytopics.errors import KafkaClientError
 from retrytopics.events import Emitter
 from retrytopics.memory import MemoryBroker
 from retrytopics.runtime.bounded import BoundedCalls, BoundedCommits, CallAbandoned
-from retrytopics.runtime.transactional import TransactionalPublisher, TransactionOutcomeUnknown
+from retrytopics.runtime.handoff.transactional import TransactionalPublisher, TransactionOutcomeUnknown
 
 KAFKA = KafkaConfig(bootstrap="127.0.0.1:9")
 

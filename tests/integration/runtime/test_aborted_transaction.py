@@ -34,10 +34,10 @@ from retrytopics.events import Emitter, Event
 from retrytopics.offsets import OffsetTracker, TopicPartition
 from retrytopics.ports import Message
 from retrytopics.router import route
-from retrytopics.runtime.exactly_once import ExactlyOnce
-from retrytopics.runtime.loop import LoopSettings
-from retrytopics.runtime.pausing import PauseController
-from retrytopics.runtime.publish import PublishJob
+from retrytopics.runtime.consumer.settings import LoopSettings
+from retrytopics.runtime.handoff.exactly_once import ExactlyOnce
+from retrytopics.runtime.handoff.publish import PublishJob
+from retrytopics.runtime.waiting import PauseController
 
 from .conftest import Kit
 

@@ -1,4 +1,4 @@
-"""Head-of-line pausing for tier consumers: pause a partition whose head record is not due, seek back to
+"""Waiting, for tier consumers: head-of-line pausing pause a partition whose head record is not due, seek back to
 it, resume it when due — and, for records due within a short horizon, wait in memory instead.
 
 Every record in a tier topic waits the same delay, so due times are ordered within a partition (up to jitter,
@@ -22,8 +22,8 @@ The same mechanism *holds* a source partition while a publish for it is failing,
 does not pile up records in memory. Pausing is normal operation: it is logged at DEBUG only.
 
 **A bounded wait.** A record never waits longer than its tier's longest delay (delay × (1 + jitter)) after
-this consumer first saw it not due (`bounded_due`): the due time used is min(`retry.due_at`, first seen +
-longest). A record the app wrote cannot trigger it on one clock (it was written after its failure, and is
+this consumer first saw it not due (`bounded_due`, by the rule in retrytopics/due.py): the due time used is
+min(`retry.due_at`, first seen + longest). A record the app wrote cannot trigger it on one clock (it was written after its failure, and is
 due at most `longest` after that), so nothing runs early; under clock skew the wait becomes the tier's delay
 in real elapsed time; and a forged due time (up to the clock-skew allowance ahead, which the header checks
 accept) holds its partition for one tier delay, not a minute. Each clamp is a `due.clamped` event and a
@@ -33,27 +33,29 @@ warning: a sign of skewed clocks or of forged records.
 from __future__ import annotations
 
 import logging
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterator
-from typing import Generic, TypeVar
 
+from retrytopics.dedupe import AuditKey
+from retrytopics.due import bounded_due_ms
 from retrytopics.errors import KafkaClientError
 from retrytopics.events import Emitter, Event
 from retrytopics.offsets import TopicPartition
 from retrytopics.ports import ConsumerPort, Message
+from retrytopics.runtime.records.outcome import Queued
 from retrytopics.schedule import PauseSchedule
 
 __all__ = ["PauseController"]
 
 log = logging.getLogger("retrytopics.tiers")
 
-T = TypeVar("T")
+_Entry = tuple[Message, int | None, Queued]
 
 
-class PauseController(Generic[T]):
+class PauseController:
     """Pauses, seeks and resumes partitions of one consumer; decides which fetched messages to act on; keeps
-    the in-memory queues of records due soon (each entry: the message, its due time, and what the loop
-    decoded from it, `T`).
+    the in-memory queues of records due soon (each entry: the message, its due time, and what was decided
+    about it when it was read, `Queued`).
 
     After a seek back to offset X, messages of that partition still in flight from before the seek are
     stale: until X itself arrives, every message of the partition other than X is ignored.
@@ -69,7 +71,9 @@ class PauseController(Generic[T]):
         self.max_records = max(1, max_records)
         self.schedule: PauseSchedule[TopicPartition] = PauseSchedule()
         self._awaiting: dict[TopicPartition, int] = {}  # partition -> the offset it was sought back to
-        self._queues: dict[TopicPartition, deque[tuple[Message, int | None, T]]] = {}
+        self._queues: dict[TopicPartition, deque[_Entry]] = {}
+        #: the audit keys of queued records to be handled: a copy of one read meanwhile is a duplicate
+        self._queued_keys: Counter[AuditKey] = Counter()
         self._next: dict[TopicPartition, int] = {}  # queued partition -> the offset after its queue's tail
         self._stopped: set[TopicPartition] = set()  # queued partitions not fetching (queue full or far tail)
         self._client_paused: set[TopicPartition] = set()  # what the consumer was told
@@ -114,7 +118,7 @@ class PauseController(Generic[T]):
                 del seen[min(seen)]
             if due_ms > now_ms + longest_ms:
                 self._clamped(msg, due_ms, now_ms + longest_ms)
-        return min(due_ms, first + longest_ms)
+        return bounded_due_ms(due_ms, first_seen_ms=first, longest_ms=longest_ms)
 
     def _clamped(self, msg: Message, due_ms: int, bound_ms: int) -> None:
         log.warning(
@@ -213,7 +217,11 @@ class PauseController(Generic[T]):
         """Whether earlier records of `tp` wait in memory (so a later one must queue behind them)."""
         return tp in self._queues
 
-    def enqueue(self, msg: Message, due_ms: int | None, item: T, now_ms: int) -> None:
+    def holds_key(self, key: AuditKey) -> bool:
+        """Whether a record with this audit key waits in memory to be handled."""
+        return key in self._queued_keys
+
+    def enqueue(self, msg: Message, due_ms: int | None, item: Queued, now_ms: int) -> None:
         """Queue `msg` behind the other records of its partition (`due_ms` None: due already, e.g. a record
         with unreadable headers that only waits for its turn)."""
         tp = msg.tp
@@ -221,6 +229,8 @@ class PauseController(Generic[T]):
         if queue is None:
             queue = self._queues[tp] = deque()
         queue.append((msg, due_ms, item))
+        if item.key is not None and item.duplicate is None:
+            self._queued_keys[item.key] += 1
         self._next[tp] = msg.offset + 1
         far = due_ms is not None and due_ms - now_ms > self.ahead_ms
         if (far or len(queue) >= self.max_records) and tp not in self._stopped:
@@ -231,7 +241,7 @@ class PauseController(Generic[T]):
                 "%s: %s[%d] stops fetching with %d records waiting in memory", self._name, tp[0], tp[1], len(queue)
             )
 
-    def take_due(self, now_ms: int, *, refill: bool = True) -> Iterator[tuple[Message, T]]:
+    def take_due(self, now_ms: int, *, refill: bool = True) -> Iterator[tuple[Message, Queued]]:
         """Pop queued records that are due, in offset order per partition (a held partition waits). A queue
         head due beyond the horizon goes back to waiting in Kafka (seek back to it, pause until due).
 
@@ -248,12 +258,13 @@ class PauseController(Generic[T]):
                         self.pause_until(tp, msg.offset, due_ms)
                     break
                 queue.popleft()
+                self._unkey(item)
                 yield msg, item
                 queue = self._queues.get(tp)  # the loop may have dropped it (revoked) while acting
             if refill and queue is not None and tp in self._queues:
                 self._refill(tp, queue, now_ms)
 
-    def _refill(self, tp: TopicPartition, queue: deque[tuple[Message, int | None, T]], now_ms: int) -> None:
+    def _refill(self, tp: TopicPartition, queue: deque[_Entry], now_ms: int) -> None:
         # Fetch again once the queue is half empty (empty: the partition is an ordinary one again).
         if not queue:
             next_offset = self._next[tp]
@@ -270,8 +281,15 @@ class PauseController(Generic[T]):
                 self._consumer.seek(tp, self._next[tp])
                 self._resume_client([tp])
 
+    def _unkey(self, item: Queued) -> None:
+        if item.key is not None and item.duplicate is None:
+            self._queued_keys[item.key] -= 1
+            if self._queued_keys[item.key] <= 0:
+                del self._queued_keys[item.key]
+
     def _forget_queue(self, tp: TopicPartition) -> None:
-        self._queues.pop(tp, None)
+        for _, _, item in self._queues.pop(tp, ()):
+            self._unkey(item)
         self._next.pop(tp, None)
         self._stopped.discard(tp)
 

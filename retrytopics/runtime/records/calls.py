@@ -1,5 +1,5 @@
 """Calling a handler: the binding of a topic to its handler, decoding, the Record, in-process retries and
-the runtime-owned event loop for `async def` handlers."""
+the runtime-owned event loop for `async def` handlers (part of the records stage, runtime/records/)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import asyncio
 import functools
 import inspect
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import tenacity
@@ -20,7 +20,7 @@ from retrytopics.headers import RetryHeaders, user_headers
 from retrytopics.policy import RetryPolicy
 from retrytopics.ports import Message
 from retrytopics.record import Record
-from retrytopics.router import RouteContext, origin_message_id
+from retrytopics.router import RouteContext, origin_message_id, tier_wait_bounds_ms
 
 __all__ = ["Binding", "Invoker", "build_record"]
 
@@ -36,6 +36,11 @@ class Binding:
     value_deserializer: Deserializer
     #: the handler takes the records of one poll per partition, a list (`RetryApp.batch_handler`)
     batch: bool = False
+    #: per tier topic, the longest one of its records waits (retrytopics/due.py), worked out once
+    wait_bounds_ms: Mapping[str, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "wait_bounds_ms", tier_wait_bounds_ms(self.ctx))
 
     @property
     def name(self) -> str:
@@ -110,7 +115,7 @@ class Invoker:
         return retrying(self._once, binding.handler, record)
 
     def caller(self, binding: Binding) -> Callable[[Record[Any]], Any]:
-        """`call` for `binding`, bound once: a run of calls (runtime/processing.py) looks nothing up per record."""
+        """`call` for `binding`, bound once: a run of calls looks nothing up per record."""
         in_process = binding.policy.in_process
         if in_process is None or in_process.attempts == 1:
             return functools.partial(self._once, binding.handler)

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 
-from retrytopics.runtime.loop import ConsumerLoop
+from retrytopics.runtime.consumer.loop import ConsumerLoop
 
 __all__ = ["STOP_TIMEOUT_S", "Runner"]
 

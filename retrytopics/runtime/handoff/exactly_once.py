@@ -1,26 +1,25 @@
-"""The exactly-once hand-off strategy (`exactly_once=True`): one transaction per poll batch.
+"""The exactly-once hand-off (`exactly_once=True`): one transaction per poll batch.
 
 Republishes and the consumed offsets commit in one transaction per poll batch. A refused commit aborts: the
 batch's audit entries are forgotten and its partitions read again (`rewind`). A revoke commits the open
-transaction with the revoked partitions' offsets; a loss aborts it. The interface and the at-least-once
-strategy are in runtime/handoff.py; the transactional producer is in runtime/transactional.py.
+transaction with the revoked partitions' offsets; a loss aborts it. The interface is runtime/handoff/base.py;
+the transactional producer is runtime/handoff/transactional.py.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
 
 from retrytopics.dedupe import AuditKey, DuplicateAudit
 from retrytopics.errors import KafkaClientError
 from retrytopics.events import Emitter, Event
 from retrytopics.offsets import OffsetTracker, TopicPartition
 from retrytopics.ports import ConsumerPort, ProducerPort
-from retrytopics.runtime.handoff import CommitSettings, DeadLetterCallback, HandOffBase
-from retrytopics.runtime.pausing import PauseController
-from retrytopics.runtime.publish import PublishJob
-from retrytopics.runtime.transactional import TransactionalPublisher, TransactionOutcomeUnknown
+from retrytopics.runtime.clock import Clock
+from retrytopics.runtime.handoff.base import CommitSettings, DeadLetterCallback, HandOffBase
+from retrytopics.runtime.handoff.publish import PublishJob
+from retrytopics.runtime.handoff.transactional import TransactionalPublisher, TransactionOutcomeUnknown
 
 __all__ = ["ExactlyOnce"]
 
@@ -42,42 +41,43 @@ class ExactlyOnce(HandOffBase):
         on_dead_letter: DeadLetterCallback | None,
         producer_factory: Callable[[], ProducerPort],
         *,
-        pauses: PauseController[Any],
+        clock: Clock,
+        forget_waiting: Callable[[list[TopicPartition]], None],
         assigned: set[TopicPartition],
     ) -> None:
-        super().__init__(settings, consumer, tracker, audit, emitter, on_dead_letter)
+        super().__init__(settings, consumer, tracker, audit, emitter, on_dead_letter, clock=clock)
         self.publisher: TransactionalPublisher = TransactionalPublisher(
-            producer_factory, emitter, consumer=settings.name
+            producer_factory, emitter, consumer=settings.name, monotonic=clock.monotonic
         )
-        self._pauses = pauses
+        self._forget_waiting = forget_waiting  # a rewound partition's pauses and queue (runtime/waiting.py)
         self._assigned = assigned  # the loop's set of assigned partitions (a rewind seeks only those)
         self._keys: list[AuditKey] = []  # audit entries of the open transaction
         self._jobs: list[PublishJob] = []  # its hand-offs, announced when it commits
         self._tps: set[TopicPartition] = set()  # partitions with offsets in it
 
-    def track(self, tp: TopicPartition, offset: int) -> int:
+    def _track(self, tp: TopicPartition, offset: int) -> int:
         self.publisher.begin()
         self._tps.add(tp)
         return self._tracker.track(tp, offset)
 
-    def finish(self, tp: TopicPartition, offset: int, epoch: int) -> None:
+    def _finish(self, tp: TopicPartition, offset: int, epoch: int) -> None:
         self._tracker.finish(tp, offset, epoch)
 
-    def succeeded(self, tp: TopicPartition, offset: int) -> None:
-        self.finish(tp, offset, self.track(tp, offset))
+    def _finish_success(self, tp: TopicPartition, offset: int) -> None:
+        self._finish(tp, offset, self._track(tp, offset))
 
-    def succeeded_run(self, tp: TopicPartition, offsets: list[int]) -> None:
+    def _finish_run(self, tp: TopicPartition, offsets: list[int]) -> None:
         for offset in offsets:
-            self.succeeded(tp, offset)
+            self._finish_success(tp, offset)
 
-    def remember(self, key: AuditKey) -> None:
-        super().remember(key)
+    def _remember(self, key: AuditKey) -> None:
+        super()._remember(key)
         self._keys.append(key)
 
-    def hand_off(self, job: PublishJob, epoch: int) -> None:
+    def _send(self, job: PublishJob) -> None:
         # Durable with the transaction that also commits the offset; events wait for the commit.
         self.publisher.send(job)
-        self.finish(job.source, job.offset, epoch)
+        self._finish(job.source, job.offset, job.epoch)
         self._jobs.append(job)
 
     def serve(self, *, within_batch: bool = False) -> None:
@@ -88,6 +88,7 @@ class ExactlyOnce(HandOffBase):
         return wait_ms
 
     def end_batch(self) -> None:
+        self.report_handled()
         self._commit_transaction()
 
     def _commit_transaction(self) -> None:
@@ -119,7 +120,7 @@ class ExactlyOnce(HandOffBase):
             self._audit.forget(key)
         for tp in self._tps:
             target = self._tracker.rewind(tp)
-            self._pauses.drop([tp])
+            self._forget_waiting([tp])
             if target is not None and tp in self._assigned:
                 try:
                     self._consumer.seek(tp, target)

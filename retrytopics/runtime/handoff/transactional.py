@@ -1,7 +1,7 @@
 """Exactly-once publishing: the republishes of a poll batch and its consumed offsets commit in one transaction.
 
-`TransactionalPublisher` is the exactly-once counterpart of `Publisher` (runtime/publish.py): it sends the
-same `PublishJob`s, but inside a transaction the hand-off strategy (`ExactlyOnce`, runtime/exactly_once.py)
+`TransactionalPublisher` is the exactly-once counterpart of `Publisher` (runtime/handoff/publish.py): it sends the
+same `PublishJob`s, but inside a transaction the hand-off strategy (`ExactlyOnce`, runtime/handoff/exactly_once.py)
 commits together with the offsets, or aborts. A failed delivery is not retried here: it fails the
 transaction's commit, which aborts it, and the batch is read again.
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -27,7 +28,7 @@ from retrytopics.events import Emitter, Event
 from retrytopics.offsets import TopicPartition
 from retrytopics.ports import ProducerPort
 from retrytopics.runtime.bounded import BoundedCalls, CallAbandoned
-from retrytopics.runtime.publish import TOO_LARGE_CODES, PublishJob, produce_job
+from retrytopics.runtime.handoff.publish import TOO_LARGE_CODES, PublishJob, produce_job
 from retrytopics.transactions import CALL_TIMEOUT_MS
 
 __all__ = ["TransactionOutcomeUnknown", "TransactionalPublisher"]
@@ -88,12 +89,13 @@ class TransactionalPublisher:
         timeout_s: float = CALL_TIMEOUT_MS / 1000,
         start_timeout_s: float = 30.0,
         consumer: str = "",
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._make_producer = make_producer
         self._emitter = emitter
         self._consumer = consumer
         self._timeout_s = timeout_s
-        self._calls = BoundedCalls(timeout_s=timeout_s + _GRACE_S, name=consumer or "transactions")
+        self._calls = BoundedCalls(timeout_s=timeout_s + _GRACE_S, name=consumer or "transactions", monotonic=monotonic)
         self._open = False
         #: counts the transactions begun: a delivery report names the one its record was sent in
         self._transaction = 0

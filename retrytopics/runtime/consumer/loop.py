@@ -1,22 +1,15 @@
-"""The consumer loop shared by main and tier consumers: poll, act on each record, hand failures off, commit.
+"""The consumer loop shared by main and tier consumers: one consumer + one producer + one thread, from start
+to shutdown. It makes the clients and, once, each part that acts through them, and reports its health.
 
-One loop = one consumer + one producer + one thread. Per iteration (runtime/cycle.py):
-
-1. serve producer delivery reports; hold partitions whose publish is failing, release them when it succeeds;
-2. resume partitions whose head record is due; `consume()` for at most min(next due time, max_wait); after a
-   gap in polling long enough to have cost the membership, ask before touching a record (runtime/guard.py);
-3. for each record (runtime/processing.py): read its retry state (malformed → DLQ `invalid_retry_headers`),
-   suppress a duplicate hop (runtime/duplicates.py), pause the partition if the record is not due, else
-   decode and call the handler (a batch handler: once per partition, runtime/batch_calls.py); success →
-   finished; failure → `route()` → produce, finished only when the broker acknowledges (runtime/outcomes.py);
-4. commit the finished prefix asynchronously, by count or by time (exactly-once: commit the transaction;
-   runtime/handoff.py).
+The path of a record (docs/architecture.md draws it): the poll cycle (runtime/consumer/cycle.py) consumes a
+batch; the records stage (runtime/records/) reads, decides and calls the handler, yielding one outcome per
+record; waiting (runtime/waiting.py) pauses partitions and queues records due soon; the hand-off
+(runtime/handoff/) finishes, publishes and commits. Rebalance callbacks are runtime/consumer/rebalance.py.
 
 Records of a main topic carry no retry state (incoming `retry.*` headers are ignored there), so the same
 loop serves both kinds of consumer; only tier records are ever paused.
 
-The parts of a loop get their clock from this module (`time.monotonic`, `_now_ms`) when the loop is built or
-started: tests point `retrytopics.runtime.loop.time` at a fake clock before building one.
+Every part reads time through the loop's `Clock` (runtime/clock.py): a test passes a fake one.
 """
 
 from __future__ import annotations
@@ -24,67 +17,31 @@ from __future__ import annotations
 import logging
 import random
 import threading
-import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
 
 from retrytopics.dedupe import DuplicateAudit
 from retrytopics.errors import KafkaClientError
 from retrytopics.events import Emitter, Event
 from retrytopics.offsets import OffsetTracker, TopicPartition
 from retrytopics.ports import ConsumerPort, ProducerPort
-from retrytopics.runtime.batch_calls import BatchCaller
 from retrytopics.runtime.bounded import BoundedCalls, BoundedCommits
-from retrytopics.runtime.cycle import PollCycle
-from retrytopics.runtime.dispatch import Binding, Invoker
-from retrytopics.runtime.duplicates import DuplicateSuppressor
-from retrytopics.runtime.exactly_once import ExactlyOnce
-from retrytopics.runtime.guard import OwnershipGuard
-from retrytopics.runtime.handoff import AtLeastOnce, HandOff
-from retrytopics.runtime.outcomes import Outcomes
-from retrytopics.runtime.ownership import OwnershipCheck
-from retrytopics.runtime.pausing import PauseController
-from retrytopics.runtime.processing import Decoded, RecordProcessor
-from retrytopics.runtime.rebalance import GroupJoin, RebalanceListener
-from retrytopics.runtime.seeding import TailReader
-from retrytopics.runtime.tally import HandledTally
+from retrytopics.runtime.clock import SYSTEM_CLOCK, Clock
+from retrytopics.runtime.consumer.cycle import PollCycle
+from retrytopics.runtime.consumer.rebalance import GroupJoin, RebalanceListener
+from retrytopics.runtime.consumer.settings import LoopSettings
+from retrytopics.runtime.handoff.at_least_once import AtLeastOnce
+from retrytopics.runtime.handoff.base import DeadLetterCallback, HandOff
+from retrytopics.runtime.handoff.exactly_once import ExactlyOnce
+from retrytopics.runtime.records.calls import Binding, Invoker
+from retrytopics.runtime.records.duplicates import DuplicateCheck, TailReader
+from retrytopics.runtime.records.ownership import OwnershipCheck, OwnershipGuard
+from retrytopics.runtime.records.stage import RecordStage
+from retrytopics.runtime.waiting import PauseController
 from retrytopics.transactions import CALL_TIMEOUT_MS
 
-__all__ = ["ConsumerLoop", "DeadLetterCallback", "LoopSettings"]
+__all__ = ["ConsumerLoop"]
 
 log = logging.getLogger("retrytopics.runtime")
-
-#: `on_dead_letter(record, route)`, called once the DLQ publish is acknowledged.
-DeadLetterCallback = Callable[[Any, Any], None]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LoopSettings:
-    """How one consumer loop runs."""
-
-    name: str
-    group_id: str
-    topics: tuple[str, ...]
-    batch_size: int = 500
-    commit_every: int = 500
-    commit_interval_ms: int = 1000
-    max_wait_ms: int = 1000
-    drain_timeout_s: float = 10.0
-    revoke_drain_timeout_s: float = 5.0
-    exactly_once: bool = False
-    #: a tier record due within this many ms waits in memory rather than in Kafka (0: always in Kafka)
-    wait_in_memory_ms: int = 1000
-    #: at most this many records wait in memory per partition
-    wait_in_memory_records: int = 2000
-    #: the loop reports itself unhealthy while its consumer has not joined the group this long after starting
-    join_timeout_s: float = 60.0
-    #: records read per partition of each destination when partitions are assigned (0: no seeding; see
-    #: runtime/seeding.py), and for at most this long
-    seed_last: int = 1000
-    seed_timeout_s: float = 5.0
-    #: at-least-once: commit as soon as a poll delivered acknowledgements of hand-offs (see `_commit_acked`)
-    commit_on_ack: bool = True
 
 
 class ConsumerLoop:
@@ -104,31 +61,31 @@ class ConsumerLoop:
         on_dead_letter: DeadLetterCallback | None = None,
         tail_reader: TailReader | None = None,
         alone_producer_factory: Callable[[], ProducerPort] | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.settings = settings
+        self._clock = clock
         self._bindings = dict(bindings)
         self._consumer_factory = consumer_factory
         self._producer_factory = producer_factory
-        self._alone_producer_factory = alone_producer_factory  # one record per batch (runtime/publish.py)
+        self._alone_producer_factory = alone_producer_factory  # one record per batch (runtime/handoff/publish.py)
         self._emitter = emitter
         self._stop = stop
         self._audit = audit
         self._on_dead_letter = on_dead_letter
-        self._tail_reader = tail_reader if not settings.exactly_once else None  # see runtime/seeding.py
+        self._tail_reader = tail_reader if not settings.exactly_once else None  # runtime/records/duplicates.py
         self._tracker = OffsetTracker()
         self._invoker = Invoker(stop)
         self._assigned: set[TopicPartition] = set()
-        self._handled = HandledTally()
-        self._each_handled = emitter.wants(Event.RECORD_HANDLED)  # a hook asked for one event per record
         self._join = GroupJoin(
-            name=settings.name, group_id=settings.group_id, timeout_s=settings.join_timeout_s, monotonic=time.monotonic
+            name=settings.name, group_id=settings.group_id, timeout_s=settings.join_timeout_s, monotonic=clock.monotonic
         )
         self.crash: BaseException | None = None
         self.running = False
         # made by `_start_clients`; read by the app's thread (health) and at shutdown, so None until then
         self._consumer: ConsumerPort | None = None
-        self._pauses: PauseController[Decoded] | None = None
-        self._handoff: HandOff | None = None  # runtime/handoff.py
+        self._pauses: PauseController | None = None
+        self._handoff: HandOff | None = None
         self._guard: OwnershipGuard | None = None
 
     # -- state for the app -------------------------------------------------------------------------------
@@ -145,7 +102,7 @@ class ConsumerLoop:
         return self._handoff is None or self._handoff.publisher.healthy
 
     def watch(self) -> None:
-        """Called by a watchdog thread (runtime/lifecycle.py): count the record of a handler call that has run
+        """Called by a watchdog thread (runtime/consumer/lifecycle.py): count the record of a handler call that has run
         past `max.poll.interval.ms` as abandoned when it is found, not when (if ever) the call returns."""
         guard = self._guard
         if self.running and guard is not None and not guard.overdue_reported and guard.overdue_s() > 0:
@@ -184,10 +141,10 @@ class ConsumerLoop:
 
     def _start_clients(self) -> PollCycle:
         """Create the clients, then once each part that acts through them, given what it needs."""
-        s, stop, emit = self.settings, self._stop, self._emit
-        calls = BoundedCalls(timeout_s=CALL_TIMEOUT_MS / 1000 + 1, name=s.name)
+        s, stop, emit, clock = self.settings, self._stop, self._emit, self._clock
+        calls = BoundedCalls(timeout_s=CALL_TIMEOUT_MS / 1000 + 1, name=s.name, monotonic=clock.monotonic)
         consumer = self._consumer = BoundedCommits(self._consumer_factory(), calls)
-        pauses = self._pauses = PauseController(
+        waiting = self._pauses = PauseController(
             consumer,
             self._emitter,
             consumer_name=s.name,
@@ -196,66 +153,51 @@ class ConsumerLoop:
         )
         shared = (s, consumer, self._tracker, self._audit, self._emitter, self._on_dead_letter, self._producer_factory)
         handoff = self._handoff = (
-            ExactlyOnce(*shared, pauses=pauses, assigned=self._assigned)
+            ExactlyOnce(*shared, clock=clock, forget_waiting=waiting.drop, assigned=self._assigned)
             if s.exactly_once
-            else AtLeastOnce(*shared, alone_producer_factory=self._alone_producer_factory)
+            else AtLeastOnce(*shared, clock=clock, alone_producer_factory=self._alone_producer_factory)
         )
         check = OwnershipCheck(consumer, self._tracker, committed_only=handoff.commits_in_transactions)
-        guard = self._guard = OwnershipGuard(check, pauses, emit, name=s.name, stop=stop, monotonic=time.monotonic)
-        outcomes = Outcomes(
-            handoff, self._handled, emit, each_handled=self._each_handled, rng=random.Random(), now_ms=_now_ms
+        ownership = self._guard = OwnershipGuard(check, emit, name=s.name, stop=stop, monotonic=clock.monotonic)
+        duplicates = DuplicateCheck(
+            self._bindings, tail_reader=self._tail_reader, seed_last=s.seed_last, seed_timeout_s=s.seed_timeout_s
         )
-        batches = BatchCaller(self._invoker, outcomes, guard, pauses, stop=stop)
-        duplicates = DuplicateSuppressor(
-            handoff,
-            batches,
+        stage = RecordStage(
             self._bindings,
-            emit,
-            name=s.name,
-            tail_reader=self._tail_reader,
-            seed_last=s.seed_last,
-            seed_timeout_s=s.seed_timeout_s,
-        )
-        processor = RecordProcessor(
-            self._bindings,
-            pauses,
+            waiting,
             self._audit,
             self._invoker,
-            guard,
-            outcomes,
-            batches,
+            ownership,
             duplicates,
-            now_ms=_now_ms,
+            clock=clock,
+            rng=random.Random(),
             stop=stop,
         )
         rebalance = RebalanceListener(
-            self._tracker, pauses, handoff, duplicates, emit, assigned=self._assigned, join=self._join
+            self._tracker, waiting, handoff, duplicates, emit, assigned=self._assigned, join=self._join
         )
         consumer.subscribe(
             s.topics, on_assign=rebalance.on_assign, on_revoke=rebalance.on_revoke, on_lost=rebalance.on_lost
         )
         return PollCycle(
             consumer,
-            pauses,
+            stage,
+            waiting,
             handoff,
-            guard,
-            processor,
-            batches,
-            outcomes,
+            ownership,
             batch_size=s.batch_size,
             max_wait_ms=s.max_wait_ms,
             assigned=self._assigned,
             stop=stop,
-            now_ms=_now_ms,
-            monotonic=time.monotonic,
+            clock=clock,
         )
 
     # -- shutdown ------------------------------------------------------------------------------------------
 
     def _shutdown(self) -> None:
-        self._handled.flush(self._emit)
         try:
             if self._handoff is not None:
+                self._handoff.report_handled()
                 self._handoff.shutdown()
         except BaseException:
             log.exception("%s: error while draining", self.settings.name)
@@ -271,7 +213,3 @@ class ConsumerLoop:
 
     def _emit(self, event: Event, **data: object) -> None:
         self._emitter.emit(event, consumer=self.settings.name, **data)
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)

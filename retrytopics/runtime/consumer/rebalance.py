@@ -2,21 +2,21 @@
 group in time (the loop's health).
 
 Assigned partitions start afresh, and the hand-offs already downstream of them are read
-(runtime/duplicates.py). Revoked ones first commit what is finished; lost ones commit nothing (both are the
-strategy's, runtime/handoff.py). Either is then forgotten: offsets, pauses, queued records, failing publishes.
+(runtime/records/duplicates.py). Revoked ones first commit what is finished; lost ones commit nothing (both
+are the hand-off's, runtime/handoff/). Either is then forgotten: offsets, pauses, queued records, failing
+publishes.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
 
 from retrytopics.events import Event
 from retrytopics.offsets import OffsetTracker, TopicPartition
-from retrytopics.runtime.duplicates import DuplicateSuppressor
-from retrytopics.runtime.handoff import HandOff
-from retrytopics.runtime.pausing import PauseController
+from retrytopics.runtime.handoff.base import HandOff
+from retrytopics.runtime.records.duplicates import DuplicateCheck
+from retrytopics.runtime.waiting import PauseController
 
 __all__ = ["GroupJoin", "RebalanceListener"]
 
@@ -75,9 +75,9 @@ class RebalanceListener:
     def __init__(
         self,
         tracker: OffsetTracker,
-        pauses: PauseController[Any],
+        pauses: PauseController,
         handoff: HandOff,
-        duplicates: DuplicateSuppressor,
+        duplicates: DuplicateCheck,
         emit: Callable[..., None],
         *,
         assigned: set[TopicPartition],

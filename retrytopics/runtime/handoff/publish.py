@@ -7,7 +7,7 @@ app reports unhealthy. A fatal or indefinite producer error (idempotence state l
 replaces the producer and produces every unacknowledged record again; nothing is committed for them until
 the new producer's acks arrive (a copy the old producer did write is suppressed by the tier's duplicate audit).
 
-Exactly-once (`TransactionalPublisher`, runtime/transactional.py): the publish and the source offset commit go
+Exactly-once (`TransactionalPublisher`, runtime/handoff/transactional.py): the publish and the source offset commit go
 into one transaction. Both publishers send the `PublishJob`s defined here, through `produce_job`.
 """
 
@@ -64,10 +64,6 @@ ALONE_OVERRIDES = {"batch.num.messages": 1}
 DEFAULT_RETRY_WAIT = tenacity.wait_exponential(multiplier=0.2, max=10.0) + tenacity.wait_random(0, 0.2)
 
 
-def _no_callback(job: PublishJob) -> None:
-    return None
-
-
 @dataclass(slots=True, kw_only=True)
 class PublishJob:
     """One record on its way to a tier or the DLQ, and what to do once it is durable."""
@@ -77,8 +73,9 @@ class PublishJob:
     value: bytes | None
     source: TopicPartition
     offset: int
-    #: set by the hand-off strategy (runtime/handoff.py) that sends the job
-    on_acked: Callable[[PublishJob], None] = _no_callback
+    #: the assignment of `source` the record was read in (offsets.py): an acknowledgement from an earlier
+    #: assignment finishes nothing
+    epoch: int = 0
     attempt: int = 0
     context: Any = None  # the handler's Record, for callbacks
     #: sent on the one-record-per-batch producer: a too-large refusal is then this record's own
@@ -184,6 +181,7 @@ class Publisher:
         self._retries: list[tuple[float, int]] = []  # (when, job id), a heap
         self._failing: Counter[TopicPartition] = Counter()  # source partitions with a failed, unacked job
         self._fatal: KafkaClientError | None = None
+        self._acked: list[PublishJob] = []  # acknowledged since the last poll() returned
 
     @property
     def healthy(self) -> bool:
@@ -198,7 +196,7 @@ class Publisher:
         return len(self._jobs)
 
     def send(self, job: PublishJob) -> None:
-        """Produce `job`; `job.on_acked(job)` runs from a later `poll()` once the broker acknowledged it."""
+        """Produce `job`; a later `poll()` returns it once the broker acknowledged it."""
         job_id = next(self._ids)
         self._jobs[job_id] = job
         self._produce(job_id, job)
@@ -238,7 +236,7 @@ class Publisher:
                 self._failing[job.source] -= 1
                 if self._failing[job.source] <= 0:
                     del self._failing[job.source]
-            job.on_acked(job)
+            self._acked.append(job)
             return
         if not job.attempt:
             self._failing[job.source] += 1
@@ -254,8 +252,20 @@ class Publisher:
             self._fatal = error
         heapq.heappush(self._retries, (self._clock() + _wait_s(self._wait, job.attempt), job_id))
 
-    def poll(self, timeout_s: float = 0.0) -> None:
-        """Serve delivery reports, replace a failed producer, and produce again what is due for a retry."""
+    def poll(self, timeout_s: float = 0.0) -> list[PublishJob]:
+        """Serve delivery reports, replace a failed producer, and produce again what is due for a retry;
+        returns the jobs acknowledged since the last call (`take_acked`)."""
+        self._serve(timeout_s)
+        return self.take_acked()
+
+    def take_acked(self) -> list[PublishJob]:
+        """The jobs acknowledged since the last `poll()` or `take_acked()` (a `flush` keeps them here)."""
+        if not self._acked:
+            return []
+        acked, self._acked = self._acked, []
+        return acked
+
+    def _serve(self, timeout_s: float) -> None:
         try:
             self._producer.poll(timeout_s)
             if self._alone is not None:
@@ -303,8 +313,9 @@ class Publisher:
             self._failing.pop(tp, None)
 
     def flush(self, timeout_s: float) -> bool:
-        """Wait (polling, retrying) until every job is acknowledged or `timeout_s` passed; True if drained."""
+        """Wait (polling, retrying) until every job is acknowledged or `timeout_s` passed; True if drained. The
+        jobs acknowledged meanwhile wait for `take_acked`."""
         deadline = self._clock() + timeout_s
         while self._jobs and self._clock() < deadline:
-            self.poll(min(0.1, max(0.0, deadline - self._clock())))
+            self._serve(min(0.1, max(0.0, deadline - self._clock())))
         return not self._jobs
