@@ -1,7 +1,7 @@
 """Where a `RetryApp` gets its clients: Kafka by default, or the in-memory broker (`retrytopics/memory.py`).
 
 Everything the app does with a broker goes through one `ClientFactory`: each consumer loop's consumer and
-producer, the tail reads that seed the hand-off audit (runtime/seeding.py), and `provision()`. The runtime
+producer, the tail reads that seed the hand-off audit (runtime/records/duplicates.py), and `provision()`. The runtime
 itself only ever sees the ports (`retrytopics.ports`), so an app given `MemoryClientFactory(broker)` runs
 whole, main and tier consumers in their threads, without Kafka::
 
@@ -205,7 +205,7 @@ class _LockedConsumer:
         self._consumer = consumer
         self._written = written
         self.max_poll_interval_ms = consumer.max_poll_interval_ms
-        self.session_timeout_ms = consumer.session_timeout_ms  # read by runtime/ownership.py
+        self.session_timeout_ms = consumer.session_timeout_ms  # read by runtime/records/ownership.py
 
     def subscribe(
         self,

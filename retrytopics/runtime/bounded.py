@@ -118,7 +118,7 @@ class BoundedCommits:
     def __init__(self, consumer: ConsumerPort, calls: BoundedCalls) -> None:
         self._consumer = consumer
         self._calls = calls
-        # read by runtime/ownership.py
+        # read by runtime/records/ownership.py
         self.max_poll_interval_ms: int = getattr(consumer, "max_poll_interval_ms", 300_000)
         self.session_timeout_ms: int = getattr(consumer, "session_timeout_ms", 45_000)
 

@@ -1,4 +1,4 @@
-"""The head-of-line cost of a forged or skewed due time is bounded (issue 15.3, runtime/pausing.py).
+"""The head-of-line cost of a forged or skewed due time is bounded (issue 15.3, runtime/waiting.py).
 
 The header checks accept a tier record due up to the tier's delay × (1 + jitter) + the clock-skew allowance
 (60 s) ahead, so one forged record used to hold a 1 s tier's partition for about 61 s. A tier consumer now

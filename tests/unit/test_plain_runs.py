@@ -1,4 +1,4 @@
-"""A main consumer's polls go to single-record handlers partition by partition (`RecordProcessor.call_run`):
+"""A main consumer's polls go to single-record handlers partition by partition (`RecordStage.call_run`):
 no decision per record, the successes between two failures finished in one step. These tests hold it to
 what the ordinary path guarantees, on the in-memory broker:
 

@@ -1,4 +1,4 @@
-"""The hand-off audit seeded from the destinations' tails (dedupe.hand_off_key, runtime/seeding.py).
+"""The hand-off audit seeded from the destinations' tails (dedupe.hand_off_key, runtime/records/duplicates.py).
 
 The key a consumer looks up for a record must be exactly the audit key of the hop that `route()` writes for
 it downstream: the first republish of a source record, the DLQ record of a tier record. Seeding reads every

@@ -163,7 +163,7 @@ class OwnershipGuard:
         self._emit(Event.RECORD_ABANDONED, topic=where[0], partition=where[1], offset=where[2])
 
     def lost_ownership(self, msg: Message) -> bool:
-        """True when this consumer may no longer act on `msg`, just handled (`runtime/ownership.py` says why)."""
+        """True when this consumer may no longer act on `msg`, just handled (`runtime/records/ownership.py` says why)."""
         why = self._check.lost(self.monotonic() - self.polled_at)
         if why is None:
             return False

@@ -2,7 +2,7 @@
 
 A principal with WRITE on the DLQ writes, before the main consumer is assigned its partition, a DLQ record
 naming an unhandled source record (offset 4: its coordinates, timestamp, key and value, all of which READ on
-the source shows). The seeded duplicate check (runtime/seeding.py) reads the DLQ's tail at assignment.
+the source shows). The seeded duplicate check (runtime/records/duplicates.py) reads the DLQ's tail at assignment.
 
 Guarantees:
 - with `header_key`, the forged record does not verify and seeds nothing: every source record, offset 4

@@ -10,7 +10,7 @@ whole scenario. The worker first handles and commits records 0-4, then record 5 
 
 Guarantees: the kill never moved the commit past record 5; the restart starts from the last commit (5: records
 0-4 are not handled again); nothing is lost; and nothing is written downstream twice. The restart, seeded
-from the tail of the tier and the DLQ when its partition is assigned (runtime/seeding.py), finds the hop the
+from the tail of the tier and the DLQ when its partition is assigned (runtime/records/duplicates.py), finds the hop the
 killed worker wrote and suppresses record 5 (neither handled nor handed off again): one copy in the tier,
 one DLQ record. Before the seeding (issue 12.4) the restart wrote a second copy to the tier (suppressed by
 the tier's in-memory audit) and a second, identical DLQ record.
