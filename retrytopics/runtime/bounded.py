@@ -12,12 +12,12 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from retrytopics.errors import KafkaClientError
 from retrytopics.ports import ConsumerPort, Message, PartitionsCallback, TopicPartition
+from retrytopics.runtime.clock import SYSTEM_CLOCK
 
 log = logging.getLogger("retrytopics.runtime")
 
@@ -67,7 +67,7 @@ class _Worker:
 class BoundedCalls:
     """Runs blocking client calls for one consumer loop, each for at most `timeout_s` (module docstring)."""
 
-    def __init__(self, *, timeout_s: float, name: str, monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, *, timeout_s: float, name: str, monotonic: Callable[[], float] = SYSTEM_CLOCK.monotonic) -> None:
         self.timeout_s = timeout_s
         self._name = name
         self.monotonic = monotonic

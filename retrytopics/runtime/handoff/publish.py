@@ -16,7 +16,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from retrytopics.events import Emitter, Event
 from retrytopics.offsets import TopicPartition
 from retrytopics.ports import ProducerPort
 from retrytopics.router import Route, RouteContext, too_large_reference_record, too_large_route
+from retrytopics.runtime.clock import SYSTEM_CLOCK
 
 __all__ = ["ALONE_OVERRIDES", "TOO_LARGE_CODES", "PublishJob", "Publisher", "produce_job", "too_large_fallback"]
 
@@ -162,7 +162,7 @@ class Publisher:
         *,
         make_alone_producer: Callable[[], ProducerPort] | None = None,
         wait: tenacity.wait.wait_base = DEFAULT_RETRY_WAIT,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = SYSTEM_CLOCK.monotonic,
         consumer: str = "",
     ) -> None:
         self._make_producer = make_producer

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -28,6 +27,7 @@ from retrytopics.events import Emitter, Event
 from retrytopics.offsets import TopicPartition
 from retrytopics.ports import ProducerPort
 from retrytopics.runtime.bounded import BoundedCalls, CallAbandoned
+from retrytopics.runtime.clock import SYSTEM_CLOCK
 from retrytopics.runtime.handoff.publish import TOO_LARGE_CODES, PublishJob, produce_job
 from retrytopics.transactions import CALL_TIMEOUT_MS
 
@@ -89,7 +89,7 @@ class TransactionalPublisher:
         timeout_s: float = CALL_TIMEOUT_MS / 1000,
         start_timeout_s: float = 30.0,
         consumer: str = "",
-        monotonic: Callable[[], float] = time.monotonic,
+        monotonic: Callable[[], float] = SYSTEM_CLOCK.monotonic,
     ) -> None:
         self._make_producer = make_producer
         self._emitter = emitter

@@ -28,7 +28,6 @@ shows aborted records (tansu) would make an aborted hand-off look done and lose 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from retrytopics.dedupe import HandOffs, audit_key, hand_off_key, record_digest
@@ -87,7 +86,6 @@ def seed(hand_offs: HandOffs, read: TailReader, topics: Sequence[str], *, last: 
     A failed read seeds nothing (logged): the records are then handled as before, at-least-once."""
     if not topics or last <= 0:
         return 0
-    started = time.monotonic()
     try:
         tail = list(read(topics, last, timeout_s))
     except KafkaClientError as exc:
@@ -103,7 +101,7 @@ def seed(hand_offs: HandOffs, read: TailReader, topics: Sequence[str], *, last: 
             hand_offs.remember(audit_key(decode(list(msg.headers))), record_digest(msg.key, msg.value))
         except HeaderDecodeError:
             continue  # not a hop this library wrote
-    log.debug("seeded the hand-off audit from %d records of %s in %.2fs", len(tail), topics, time.monotonic() - started)
+    log.debug("seeded the hand-off audit from %d records of %s", len(tail), topics)
     return len(tail)
 
 
