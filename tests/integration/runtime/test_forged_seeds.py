@@ -1,4 +1,4 @@
-"""A record forged into the DLQ and the source records it names (issue 21.5): the threat model as documented.
+"""A record forged into the DLQ and the source records it names: the threat model as documented.
 
 A principal with WRITE on the DLQ writes, before the main consumer is assigned its partition, a DLQ record
 naming an unhandled source record (offset 4: its coordinates, timestamp, key and value, all of which READ on

@@ -1,4 +1,4 @@
-"""No stuck call hides (issues 22.2, 21.9), on Apache Kafka: a frozen or dead broker, a handler past the poll
+"""No stuck call hides, on Apache Kafka: a frozen or dead broker, a handler past the poll
 interval.
 
 Guarantees:
