@@ -28,7 +28,6 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from retrytopics.dedupe import AuditKey, DuplicateAudit
-from retrytopics.diagnostics import described_failure
 from retrytopics.events import Emitter, Event
 from retrytopics.offsets import OffsetTracker, TopicPartition
 from retrytopics.ports import ConsumerPort
@@ -128,6 +127,8 @@ class HandOffBase:
         self._served_at = 0.0
         self._each_handled = emitter.wants(Event.RECORD_HANDLED)  # a hook asked for one event per record
         self._handled: dict[TopicPartition, _Counted] = {}  # this batch's successes, per partition
+        #: per routing context (a handler's, alive as long as the app), its too-large fallback, made once
+        self._shrinks: dict[int, Callable[[PublishJob], bool]] = {}
 
     # -- the strategy's part -------------------------------------------------------------------------------
 
@@ -219,7 +220,7 @@ class HandOffBase:
                 )
 
     def _failed(self, outcome: Failed) -> None:
-        msg, key, record, failure, route, ctx = outcome
+        msg, key, record, _failure, route, ctx = outcome
         epoch = self._track(msg.tp, msg.offset)
         if key is not None:
             self._remember(key)
@@ -231,7 +232,8 @@ class HandOffBase:
             partition=msg.partition,
             offset=msg.offset,
             attempt=record.attempt,
-            error=type(described_failure(failure)).__name__,
+            # the type the route's exception headers describe (a NonRetryable or Retry wrapper's cause)
+            error=route.retry.exception_type.rpartition(".")[2],
             **timing,
         )
         job = PublishJob(
@@ -242,7 +244,7 @@ class HandOffBase:
             offset=msg.offset,
             epoch=epoch,
             context=record,
-            shrink=too_large_fallback(ctx),
+            shrink=self._shrinks.get(id(ctx)) or self._shrinks.setdefault(id(ctx), too_large_fallback(ctx)),
         )
         self._send(job)
 
