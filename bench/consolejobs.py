@@ -16,13 +16,13 @@ from typing import Any
 import uvicorn
 
 from bench.measure import emit
-from retrytopics.config import AppSettings
 from retrytopics.connectors.broker_process import free_port
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.console.reader import PipelineReader
 from retrytopics.console.web import ConsoleOptions, create_app
-from retrytopics.durations import format_duration
-from retrytopics.ops import pipeline_topics
+from retrytopics.core.durations import format_duration
+from retrytopics.operator.config import AppSettings
+from retrytopics.operator.ops import pipeline_topics
 
 __all__ = ["console_serve"]
 

@@ -29,7 +29,7 @@ from retrytopics import NonRetryable, Record, RetryApp, RetryPolicy
 from retrytopics.connectors.admin import TopicSpec, committed_offsets, end_offsets, ensure_topics
 from retrytopics.connectors.cluster import KafkaCluster
 from retrytopics.connectors.kafka import make_admin, make_consumer, make_producer
-from retrytopics.headers import HeaderDecodeError, decode
+from retrytopics.core.headers import HeaderDecodeError, decode
 
 __all__ = [
     "DrillPlan",

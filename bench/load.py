@@ -15,8 +15,8 @@ from bench.context import Bench
 from retrytopics.connectors.admin import TopicSpec, ensure_topics
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.kafka import PRODUCER_DEFAULTS, make_admin
-from retrytopics.headers import DlqReason, Header, RetryHeaders, encode
-from retrytopics.naming import TopicSet, topics_for
+from retrytopics.core.headers import DlqReason, Header, RetryHeaders, encode
+from retrytopics.core.naming import TopicSet, topics_for
 
 __all__ = ["create_topics", "dead_lettered_pipeline", "dlq_headers", "fill", "tier_headers", "tier_topics"]
 

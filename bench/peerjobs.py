@@ -25,9 +25,9 @@ from bench.measure import emit
 from retrytopics.app import RetryApp
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.kafka import CONSUMER_DEFAULTS, PRODUCER_DEFAULTS
-from retrytopics.events import Event
-from retrytopics.policy import RetryPolicy
-from retrytopics.record import Record
+from retrytopics.core.policy import RetryPolicy
+from retrytopics.core.record import Record
+from retrytopics.observe.events import Event
 
 __all__ = ["DELAYS_MS", "always_fails", "app_peer", "raw_peer"]
 

@@ -14,9 +14,9 @@ from typing import Any
 from bench.measure import emit
 from retrytopics.app import RetryApp
 from retrytopics.connectors.config import KafkaConfig
-from retrytopics.events import Event
-from retrytopics.policy import RetryPolicy
-from retrytopics.record import Record
+from retrytopics.core.policy import RetryPolicy
+from retrytopics.core.record import Record
+from retrytopics.observe.events import Event
 
 __all__ = ["app_failure", "app_success", "app_success_batch", "app_tiers"]
 

@@ -13,7 +13,7 @@ from pyspark.sql import functions as F
 from bench.measure import emit
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.spark_kafka import kafka_options, read_kafka
-from retrytopics.naming import topics_for
+from retrytopics.core.naming import topics_for
 from retrytopics.spark.audit import audit
 from retrytopics.spark.session import builtin_kafka_jars, get_session
 

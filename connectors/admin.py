@@ -14,7 +14,7 @@ from confluent_kafka.cimpl import NewTopic
 
 from retrytopics.connectors.config import check_replication
 from retrytopics.connectors.kafka import map_kafka_errors
-from retrytopics.errors import ConfigError, KafkaClientError, TopicMismatchError
+from retrytopics.core.errors import ConfigError, KafkaClientError, TopicMismatchError
 
 __all__ = [
     "ProvisionOutcome",

@@ -32,7 +32,7 @@ from retrytopics.connectors.apache_security import BrokerSecurity
 from retrytopics.connectors.broker_process import BrokerProcess
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.jars import KAFKA_BROKER, KAFKA_VERSION, resolve
-from retrytopics.errors import BrokerBinaryMissing, BrokerExitedEarly, EmbeddedBrokerError
+from retrytopics.core.errors import BrokerBinaryMissing, BrokerExitedEarly, EmbeddedBrokerError
 
 __all__ = ["BROKER_SETTINGS", "ApacheKafkaBroker", "KRaftNode", "java_major_version", "new_cluster_id"]
 

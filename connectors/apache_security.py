@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
-from retrytopics.errors import ConfigError
+from retrytopics.core.errors import ConfigError
 
 __all__ = ["AUTHORIZER", "SCRAM_MECHANISM", "BrokerSecurity"]
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from retrytopics.errors import BrokerExitedEarly, BrokerPortInUse, EmbeddedBrokerError
+from retrytopics.core.errors import BrokerExitedEarly, BrokerPortInUse, EmbeddedBrokerError
 
 __all__ = ["BrokerProcess", "environment_without", "free_port", "port_is_free"]
 

@@ -1,4 +1,4 @@
-"""confluent-kafka behind the runtime's ports (`retrytopics.ports`): plain tuples in, our errors out.
+"""confluent-kafka behind the runtime's ports (`retrytopics.core.ports`): plain tuples in, our errors out.
 
 The clients come from `connectors.kafka.make_consumer`/`make_producer`, so every product default (manual
 commits, idempotence, acks=all, read_committed) applies; every call translates client exceptions through
@@ -37,9 +37,9 @@ from retrytopics.connectors.record_headers import (
     headers_after_error,
     listed_headers,
 )
-from retrytopics.errors import KafkaClientError
-from retrytopics.headers import Header
-from retrytopics.ports import DeliveryCallback, Message, PartitionsCallback, TopicPartition
+from retrytopics.core.errors import KafkaClientError
+from retrytopics.core.headers import Header
+from retrytopics.core.ports import DeliveryCallback, Message, PartitionsCallback, TopicPartition
 
 __all__ = ["DEFAULT_MAX_POLL_INTERVAL_MS", "DEFAULT_SESSION_TIMEOUT_MS", "KafkaConsumer", "KafkaProducer", "read_tails"]
 

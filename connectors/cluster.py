@@ -31,7 +31,7 @@ from retrytopics.connectors.apache import ApacheKafkaBroker, KRaftNode, new_clus
 from retrytopics.connectors.broker_process import free_port
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.jars import KAFKA_VERSION
-from retrytopics.errors import BrokerExitedEarly, EmbeddedBrokerError
+from retrytopics.core.errors import BrokerExitedEarly, EmbeddedBrokerError
 
 __all__ = ["CLUSTER_SETTINGS", "KafkaCluster", "active_controller", "cluster_nodes", "quorum_voters"]
 

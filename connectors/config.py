@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from types import MappingProxyType
 
-from retrytopics.errors import ConfigError
+from retrytopics.core.errors import ConfigError
 
 __all__ = [
     "FORBIDDEN_OVERRIDES",

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from retrytopics.connectors.broker_process import BrokerProcess, environment_without, free_port
 from retrytopics.connectors.config import KafkaConfig
-from retrytopics.errors import BrokerBinaryMissing, EmbeddedBrokerError
+from retrytopics.core.errors import BrokerBinaryMissing, EmbeddedBrokerError
 
 __all__ = ["EMBEDDED_PRODUCER_OVERRIDES", "EmbeddedBroker", "find_tansu", "free_port"]
 

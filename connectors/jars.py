@@ -23,7 +23,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from retrytopics.errors import BrokerBinaryMissing
+from retrytopics.core.errors import BrokerBinaryMissing
 
 __all__ = [
     "KAFKA_BROKER",

@@ -24,7 +24,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient
 
 from retrytopics.connectors.config import KafkaConfig, redact, validate_overrides
-from retrytopics.errors import ConfigError, KafkaClientError, PublishError
+from retrytopics.core.errors import ConfigError, KafkaClientError, PublishError
 
 __all__ = [
     "CONSUMER_DEFAULTS",

@@ -15,7 +15,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Top
 
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.kafka import make_consumer, map_kafka_errors
-from retrytopics.errors import KafkaClientError
+from retrytopics.core.errors import KafkaClientError
 
 __all__ = ["follow_from_start", "partition_bounds", "range_reader", "read_range"]
 

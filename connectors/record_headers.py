@@ -20,7 +20,7 @@ from __future__ import annotations
 import gc
 from typing import Any, Final
 
-from retrytopics.headers import Header
+from retrytopics.core.headers import Header
 
 __all__ = ["UndecodableHeaderError", "drop_pending_error", "headers_after_error", "listed_headers", "read_headers"]
 

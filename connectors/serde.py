@@ -24,7 +24,7 @@ import fastavro
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from retrytopics.connectors.avro_bounds import DEFAULT_MAX_DEPTH, DEFAULT_MAX_ITEMS, bounds_check
-from retrytopics.errors import ConfigError, PoisonRecordError
+from retrytopics.core.errors import ConfigError, PoisonRecordError
 
 __all__ = [
     "Deserializer",

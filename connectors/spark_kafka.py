@@ -45,7 +45,7 @@ from pyspark.sql.types import (
 
 from retrytopics.connectors import spark_kafka_plan as plan
 from retrytopics.connectors.spark_kafka_plan import OffsetRange, get_option
-from retrytopics.errors import ConfigError
+from retrytopics.core.errors import ConfigError
 
 if TYPE_CHECKING:
     import pyarrow as pa

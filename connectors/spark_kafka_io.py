@@ -20,7 +20,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from retrytopics.connectors.kafka import delivery_error, map_kafka_errors
 from retrytopics.connectors.record_headers import read_headers
 from retrytopics.connectors.spark_kafka_plan import OffsetRange, Subscription, TopicPartitionKey
-from retrytopics.errors import KafkaClientError, PublishError
+from retrytopics.core.errors import KafkaClientError, PublishError
 
 __all__ = ["ARROW_SCHEMA", "OffsetResolver", "TaskWriteReport", "produce_batches", "read_range"]
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Final, TypeAlias
 
 from retrytopics.connectors.config import FORBIDDEN_OVERRIDES
-from retrytopics.durations import parse_duration
-from retrytopics.errors import ConfigError
+from retrytopics.core.durations import parse_duration
+from retrytopics.core.errors import ConfigError
 
 __all__ = [
     "EARLIEST",

@@ -14,7 +14,7 @@ import os
 import random
 
 from retrytopics import NonRetryable, Record, RetryApp, RetryPolicy, json_value
-from retrytopics.config import load_settings
+from retrytopics.operator.config import load_settings
 
 log = logging.getLogger("examples.billing")
 

@@ -15,11 +15,11 @@
 
 from __future__ import annotations
 
-from retrytopics import errors
 from retrytopics.app import RetryApp
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.serde import avro, avro_serializer, bytes_value, json_serializer, json_value, utf8
-from retrytopics.errors import (
+from retrytopics.core import errors
+from retrytopics.core.errors import (
     BatchFailed,
     ConfigError,
     HeaderDecodeError,
@@ -30,11 +30,11 @@ from retrytopics.errors import (
     Retry,
     RetryTopicsError,
 )
-from retrytopics.events import Event, Hook, LoggingHook, Stats
-from retrytopics.headers import DlqReason, RetryHeaders
-from retrytopics.naming import NamingStrategy
-from retrytopics.policy import ROCKETMQ_LEVELS, UNLIMITED, Exponential, InProcessRetry, RetryPolicy
-from retrytopics.record import Record
+from retrytopics.core.headers import DlqReason, RetryHeaders
+from retrytopics.core.naming import NamingStrategy
+from retrytopics.core.policy import ROCKETMQ_LEVELS, UNLIMITED, Exponential, InProcessRetry, RetryPolicy
+from retrytopics.core.record import Record
+from retrytopics.observe.events import Event, Hook, LoggingHook, Stats
 
 __all__ = [
     # Application

@@ -35,13 +35,15 @@ from retrytopics.connectors.admin import ProvisionOutcome, TopicSpec, less_durab
 from retrytopics.connectors.clients import DEFAULT_MAX_POLL_INTERVAL_MS, DEFAULT_SESSION_TIMEOUT_MS
 from retrytopics.connectors.config import KafkaConfig, check_replication, validate_overrides
 from retrytopics.connectors.serde import Deserializer, bytes_value
-from retrytopics.dedupe import DEFAULT_CAPACITY, DuplicateAudit
-from retrytopics.durations import DurationLike, parse_duration
-from retrytopics.errors import ConfigError, KafkaClientError
-from retrytopics.events import Emitter, Hook, LoggingHook, Stats, StatsCollector
-from retrytopics.naming import NamingStrategy, TopicSet, validate_topic_name
-from retrytopics.policy import RetryPolicy
-from retrytopics.redaction import Redactor
+from retrytopics.core.dedupe import DEFAULT_CAPACITY, DuplicateAudit
+from retrytopics.core.durations import DurationLike, parse_duration
+from retrytopics.core.errors import ConfigError, KafkaClientError
+from retrytopics.core.naming import NamingStrategy, TopicSet, validate_topic_name
+from retrytopics.core.policy import RetryPolicy
+from retrytopics.core.redaction import Redactor
+from retrytopics.core.signing import HeaderKeys, KeyLike
+from retrytopics.core.transactions import EXACTLY_ONCE_MAX_POLL_INTERVAL_MS, default_instance_id, transaction_timeout_ms
+from retrytopics.observe.events import Emitter, Hook, LoggingHook, Stats, StatsCollector
 from retrytopics.registry import Registration, Registry
 from retrytopics.runtime.consumer.lifecycle import Runner
 from retrytopics.runtime.consumer.loop import ConsumerLoop
@@ -50,8 +52,6 @@ from retrytopics.runtime.handoff.base import DeadLetterCallback
 from retrytopics.runtime.handoff.publish import ALONE_OVERRIDES
 from retrytopics.runtime.records.calls import Binding
 from retrytopics.runtime.records.duplicates import verified_tails
-from retrytopics.signing import HeaderKeys, KeyLike
-from retrytopics.transactions import EXACTLY_ONCE_MAX_POLL_INTERVAL_MS, default_instance_id, transaction_timeout_ms
 
 __all__ = ["RetryApp"]
 
@@ -72,11 +72,11 @@ class RetryApp:
     `instance_id` names this process in transactional ids (`<consumer group>-<instance_id>`); by default
     `RETRYTOPICS_INSTANCE_ID`, else `HOSTNAME` (a container's or pod's name), else random. A restart with
     the same id fences its crashed predecessor's open transaction at once, instead of leaving it to time out
-    (retrytopics/transactions.py). A tier record due within `wait_in_memory`
+    (retrytopics/core/transactions.py). A tier record due within `wait_in_memory`
     (default 1 s; "0s": never) waits in the tier consumer's memory, at most `wait_in_memory_records` per
     partition, instead of being fetched again when due (see runtime/waiting.py); longer waits happen in Kafka.
     `redact_patterns` (regular expressions) hide more than the built-in secret forms in the exception
-    headers of tier and DLQ records: the whole match, or its `secret` group (see retrytopics/redaction.py).
+    headers of tier and DLQ records: the whole match, or its `secret` group (see retrytopics/core/redaction.py).
     At-least-once, a consumer commits as soon as hand-offs are acknowledged (`commit_on_ack`), and when
     partitions are assigned it reads the last `dedupe_seed` records (default 1000; 0: off) of every partition
     of their tiers and DLQ, for at most 5 s, so that a record a previous owner handed off without committing
@@ -377,7 +377,7 @@ def _transactional_id(settings: LoopSettings, instance_id: str) -> str:
 
 
 def _exactly_once_overrides(app: RetryApp) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The consumer and producer settings that bound an open transaction (retrytopics/transactions.py)."""
+    """The consumer and producer settings that bound an open transaction (retrytopics/core/transactions.py)."""
     poll_ms = app.max_poll_interval_ms
     timeout_ms = transaction_timeout_ms(poll_ms, {**app.kafka.producer_config(), **app.producer_overrides})
     return {"max.poll.interval.ms": poll_ms}, {"transaction.timeout.ms": timeout_ms}

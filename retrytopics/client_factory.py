@@ -2,7 +2,7 @@
 
 Everything the app does with a broker goes through one `ClientFactory`: each consumer loop's consumer and
 producer, the tail reads that seed the hand-off audit (runtime/records/duplicates.py), and `provision()`. The runtime
-itself only ever sees the ports (`retrytopics.ports`), so an app given `MemoryClientFactory(broker)` runs
+itself only ever sees the ports (`retrytopics.core.ports`), so an app given `MemoryClientFactory(broker)` runs
 whole, main and tier consumers in their threads, without Kafka::
 
     broker = MemoryBroker()
@@ -40,12 +40,19 @@ from retrytopics.connectors.clients import (
 )
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.kafka import make_admin
-from retrytopics.errors import ConfigError, KafkaClientError, TopicMismatchError
-from retrytopics.headers import Header
+from retrytopics.core.errors import ConfigError, KafkaClientError, TopicMismatchError
+from retrytopics.core.headers import Header
+from retrytopics.core.ports import (
+    ConsumerPort,
+    DeliveryCallback,
+    Message,
+    PartitionsCallback,
+    ProducerPort,
+    TopicPartition,
+)
+from retrytopics.core.transactions import CALL_TIMEOUT_MS
 from retrytopics.memory import MemoryBroker, MemoryConsumer, MemoryProducer
-from retrytopics.ports import ConsumerPort, DeliveryCallback, Message, PartitionsCallback, ProducerPort, TopicPartition
 from retrytopics.runtime.clock import SYSTEM_CLOCK, Clock
-from retrytopics.transactions import CALL_TIMEOUT_MS
 
 __all__ = ["ClientFactory", "KafkaClientFactory", "MemoryClientFactory"]
 

@@ -1,4 +1,4 @@
-"""An in-memory broker behind the runtime's ports (`retrytopics.ports`), for fast, deterministic unit tests of
+"""An in-memory broker behind the runtime's ports (`retrytopics.core.ports`), for fast, deterministic unit tests of
 the runtime's own logic and of apps that drive the ports.
 
 What it is: topics with partitions and offsets; records with key, value, headers and a timestamp; consumer
@@ -43,9 +43,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from retrytopics.errors import KafkaClientError, PublishError
-from retrytopics.headers import Header
-from retrytopics.ports import DeliveryCallback, Message, PartitionsCallback, TopicPartition
+from retrytopics.core.errors import KafkaClientError, PublishError
+from retrytopics.core.headers import Header
+from retrytopics.core.ports import DeliveryCallback, Message, PartitionsCallback, TopicPartition
 
 __all__ = ["GroupMetadata", "MemoryBroker", "MemoryClock", "MemoryConsumer", "MemoryProducer"]
 

@@ -13,14 +13,14 @@ from types import MappingProxyType
 from typing import Any
 
 from retrytopics.connectors.serde import Deserializer
-from retrytopics.durations import DurationLike, parse_duration
-from retrytopics.errors import ConfigError
-from retrytopics.naming import NamingStrategy, TopicSet, topics_for, validate_topic_name
-from retrytopics.policy import RetryPolicy
-from retrytopics.redaction import Redactor
-from retrytopics.router import RouteContext
+from retrytopics.core.durations import DurationLike, parse_duration
+from retrytopics.core.errors import ConfigError
+from retrytopics.core.naming import NamingStrategy, TopicSet, topics_for, validate_topic_name
+from retrytopics.core.policy import RetryPolicy
+from retrytopics.core.redaction import Redactor
+from retrytopics.core.router import RouteContext
+from retrytopics.core.signing import HeaderKeys
 from retrytopics.runtime.records.calls import Binding
-from retrytopics.signing import HeaderKeys
 
 __all__ = ["Registration", "Registry"]
 

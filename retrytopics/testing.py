@@ -24,10 +24,10 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from retrytopics.app import RetryApp
-from retrytopics.headers import Header, RetryHeaders, encode
-from retrytopics.record import Record
-from retrytopics.router import InboundRecord, Route, route
-from retrytopics.signing import sign
+from retrytopics.core.headers import Header, RetryHeaders, encode
+from retrytopics.core.record import Record
+from retrytopics.core.router import InboundRecord, Route, route
+from retrytopics.core.signing import sign
 
 __all__ = ["call", "make_record", "route_for"]
 

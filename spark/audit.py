@@ -36,10 +36,10 @@ from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.spark_kafka import kafka_options, read_kafka
 from retrytopics.connectors.spark_kafka_io import OffsetResolver
 from retrytopics.connectors.spark_kafka_plan import Subscription, client_properties
-from retrytopics.durations import parse_duration
-from retrytopics.errors import ConfigError
-from retrytopics.naming import TopicSet
-from retrytopics.progress import finish, note, rate
+from retrytopics.core.durations import parse_duration
+from retrytopics.core.errors import ConfigError
+from retrytopics.core.naming import TopicSet
+from retrytopics.operator.progress import finish, note, rate
 from retrytopics.spark.columns import with_retry_columns
 from retrytopics.spark.session import job_step
 
@@ -348,8 +348,8 @@ def _write_parquet(records: DataFrame, eps: DataFrame, summary: Mapping[str, Any
 
 def _chart(facts: list[Row], topics: TopicSet, path: str) -> None:
     """Records per stage in flow order (source, each tier, the DLQ), with what still waits or is overdue,
-    and tier and DLQ records by exception type (top 8, then "other"): `retrytopics.charts`."""
-    from retrytopics.charts import Bar, pipeline_chart
+    and tier and DLQ records by exception type (top 8, then "other"): `retrytopics.operator.charts`."""
+    from retrytopics.operator.charts import Bar, pipeline_chart
 
     coarse = {r.topic: r for r in facts if r.coarse}
     stages = []
@@ -377,7 +377,7 @@ def _chart(facts: list[Row], topics: TopicSet, path: str) -> None:
 def format_table(summary: Mapping[str, Any]) -> str:
     """The console view of a summary: aligned tables (stages, recovery per tier) and counts in words; no
     Python reprs. `--json` prints the summary itself."""
-    from retrytopics.reports import counts, duration, table
+    from retrytopics.operator.reports import counts, duration, table
 
     stages = [
         [

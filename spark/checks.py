@@ -7,7 +7,7 @@ whole job halfway. Each record gets the first problem found, or NULL::
 
     dlq.withColumn("problem", problem(source_partitions=6))
 
-The bounds are those of `retrytopics.headers` (what `headers.decode` accepts on a tier), plus: a count that
+The bounds are those of `retrytopics.core.headers` (what `headers.decode` accepts on a tier), plus: a count that
 one more replay would overflow, and a partition that the source topic does not have.
 """
 
@@ -18,7 +18,7 @@ from typing import Final
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-from retrytopics import headers as H
+from retrytopics.core import headers as H
 
 __all__ = ["PROBLEMS", "headers_dropped", "problem", "problem_sql", "reference_only"]
 

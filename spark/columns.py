@@ -39,8 +39,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from retrytopics import headers as H
-from retrytopics.errors import ConfigError
+from retrytopics.core import headers as H
+from retrytopics.core.errors import ConfigError
 
 __all__ = [
     "RETRY_COLUMNS",

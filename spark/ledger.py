@@ -15,7 +15,7 @@ chooses it, and two different records sharing one made a rerun skip the second.
 Anyone with WRITE on the source can write those two headers too, so a rerun trusts only records it can
 attribute to the replay itself: each record a replay writes carries `retry.replay_mark`, an HMAC over
 (replay id, destination topic, source record) keyed by a random nonce that the `started` entry keeps
-(`retrytopics.signing.mark_keys`; with header keys, keyed by a key derived from both, so that reading the
+(`retrytopics.core.signing.mark_keys`; with header keys, keyed by a key derived from both, so that reading the
 ledger is not enough). A marker without a valid mark is ignored: the record it names is written again, as
 if the marker were not there. A mark copied from a genuine record names that record's source record only.
 A replay id started by a release without marks (its `started` entry has no nonce) trusts markers as before.
@@ -37,9 +37,9 @@ from retrytopics.connectors.admin import TopicSpec, ensure_topics
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.kafka import make_admin, make_consumer, make_producer, map_kafka_errors
 from retrytopics.connectors.spark_kafka import kafka_options, read_kafka
-from retrytopics.errors import KafkaClientError, PublishError
-from retrytopics.headers import REPLAY_ID
-from retrytopics.signing import mark_verifies, replay_mark
+from retrytopics.core.errors import KafkaClientError, PublishError
+from retrytopics.core.headers import REPLAY_ID
+from retrytopics.core.signing import mark_verifies, replay_mark
 from retrytopics.spark.columns import header_text
 
 __all__ = [

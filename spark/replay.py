@@ -34,15 +34,15 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.window import Window
 
-from retrytopics import headers as H
-from retrytopics.config import instant_argument
 from retrytopics.connectors.admin import TopicSpec, ensure_topics
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.kafka import make_admin
 from retrytopics.connectors.spark_kafka import kafka_options, read_kafka, write_kafka
-from retrytopics.errors import ConfigError
-from retrytopics.naming import TopicSet
-from retrytopics.signing import HeaderKeys, mark_keys, started_mark_keys
+from retrytopics.core import headers as H
+from retrytopics.core.errors import ConfigError
+from retrytopics.core.naming import TopicSet
+from retrytopics.core.signing import HeaderKeys, mark_keys, started_mark_keys
+from retrytopics.operator.config import instant_argument
 from retrytopics.spark import checks, ledger, signatures
 from retrytopics.spark import where as where_filter
 from retrytopics.spark.columns import with_retry_columns
@@ -528,7 +528,7 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_replay_cli(args: argparse.Namespace, *, kafka: KafkaConfig, topics: TopicSet) -> int:
     """Run a replay for parsed `args`; exit status 0."""
-    from retrytopics.progress import finish, note, rate
+    from retrytopics.operator.progress import finish, note, rate
     from retrytopics.spark.session import get_session, job_step
 
     origin_ids = None
@@ -570,7 +570,7 @@ def run_replay_cli(args: argparse.Namespace, *, kafka: KafkaConfig, topics: Topi
     if args.json:
         print(json.dumps(result, sort_keys=True, default=str))
     else:
-        from retrytopics.reports import replay_text
+        from retrytopics.operator.reports import replay_text
 
         print(replay_text(result))
     return 0

@@ -20,7 +20,7 @@ from pyspark.sql import SparkSession
 
 from retrytopics.connectors.jars import SPARK_SQL_KAFKA, cached, spark_connector_version, spark_kafka_jars
 from retrytopics.connectors.spark_kafka import register
-from retrytopics.progress import JobStatus, StatusLine, note, step
+from retrytopics.operator.progress import JobStatus, StatusLine, note, step
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -129,7 +129,7 @@ def job_status() -> JobStatus | None:
 @contextmanager
 def spark_progress(out: TextIO | None, *, enabled: bool = True) -> Iterator[None]:
     """While the block runs, one progress line on `out` (a terminal) with the step the job code names
-    (`job_step`, `retrytopics.progress.step`/`note`) and the stage and task counts of the active Spark
+    (`job_step`, `retrytopics.operator.progress.step`/`note`) and the stage and task counts of the active Spark
     jobs; nothing at all when `enabled` is false or `out` is not a terminal (piped, redirected, `--json`)."""
     if out is None or not enabled or not out.isatty():
         yield

@@ -1,6 +1,6 @@
 """Signed retry headers in the replay: verify DLQ records, sign what goes to a tier.
 
-With header keys (`retrytopics.signing`), a DLQ record whose `retry.signature` is missing or does not verify
+With header keys (`retrytopics.core.signing`), a DLQ record whose `retry.signature` is missing or does not verify
 for its DLQ topic is skipped by the replay with the problem `signature`, and a record replayed to the first
 tier is signed for that tier (the tier consumers refuse unsigned records). The keys travel to the executors
 inside the pickled Python functions, never as SQL literals: a literal would show in the query plan (Spark UI,
@@ -17,7 +17,7 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, StringType
 
-from retrytopics.signing import SIGNATURE, HeaderKeys, sign, verify
+from retrytopics.core.signing import SIGNATURE, HeaderKeys, sign, verify
 
 __all__ = ["signature", "verified"]
 

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
-from retrytopics.errors import ConfigError
+from retrytopics.core.errors import ConfigError
 
 __all__ = ["ALLOWED_COLUMNS", "FUNCTIONS", "MAX_DEPTH", "MAX_LENGTH", "to_sql"]
 

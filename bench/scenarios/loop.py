@@ -18,13 +18,13 @@ from typing import Any
 from bench.context import Bench
 from bench.report import Result, Target
 from retrytopics.connectors.serde import bytes_value
-from retrytopics.dedupe import DuplicateAudit
-from retrytopics.events import Emitter, Event, LoggingHook, StatsCollector
+from retrytopics.core.dedupe import DuplicateAudit
+from retrytopics.core.naming import topics_for
+from retrytopics.core.policy import RetryPolicy
+from retrytopics.core.record import Record
+from retrytopics.core.router import RouteContext
 from retrytopics.memory import MemoryBroker
-from retrytopics.naming import topics_for
-from retrytopics.policy import RetryPolicy
-from retrytopics.record import Record
-from retrytopics.router import RouteContext
+from retrytopics.observe.events import Emitter, Event, LoggingHook, StatsCollector
 from retrytopics.runtime.consumer.loop import ConsumerLoop
 from retrytopics.runtime.consumer.settings import LoopSettings
 from retrytopics.runtime.records.calls import Binding

@@ -15,9 +15,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from retrytopics.config import AppSettings
 from retrytopics.connectors.config import KafkaConfig
-from retrytopics.errors import ConfigError
+from retrytopics.core.errors import ConfigError
+from retrytopics.operator.config import AppSettings
 
 __all__ = ["app_renderer", "console_token", "serve"]
 
@@ -66,7 +66,7 @@ def serve(
 
     from retrytopics.console.reader import PipelineReader
     from retrytopics.console.web import create_app
-    from retrytopics.ops import pipeline_topics
+    from retrytopics.operator.ops import pipeline_topics
 
     reader = PipelineReader(kafka=kafka, pipeline=pipeline, topics=pipeline_topics(pipeline), grace_ms=grace_ms)
     reader.bounds(reader.topics.dlq)  # a missing pipeline fails now, naming the topic, not on the first page

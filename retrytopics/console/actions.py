@@ -37,8 +37,8 @@ from retrytopics.connectors.ranges import partition_bounds, range_reader, read_r
 from retrytopics.connectors.record_headers import read_headers
 from retrytopics.console.entries import Entry
 from retrytopics.console.filters import DlqFilter
-from retrytopics.errors import ConfigError, PublishError
-from retrytopics.headers import (
+from retrytopics.core.errors import ConfigError, PublishError
+from retrytopics.core.headers import (
     REPLAY_COUNT,
     REPLAY_ID,
     REPLAY_ORIGIN_ID,
@@ -49,8 +49,8 @@ from retrytopics.headers import (
     encode,
     user_headers,
 )
-from retrytopics.naming import TopicSet
-from retrytopics.signing import HeaderKeys, mark_keys, mark_verifies, replay_mark, sign, started_mark_keys, verify
+from retrytopics.core.naming import TopicSet
+from retrytopics.core.signing import HeaderKeys, mark_keys, mark_verifies, replay_mark, sign, started_mark_keys, verify
 
 __all__ = [
     "DESTINATIONS",

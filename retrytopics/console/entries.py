@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from retrytopics.errors import HeaderDecodeError
-from retrytopics.headers import Header, Lineage, RetryHeaders, decode, decode_lineage
+from retrytopics.core.errors import HeaderDecodeError
+from retrytopics.core.headers import Header, Lineage, RetryHeaders, decode, decode_lineage
 
 __all__ = ["VALUE_KEEP_BYTES", "Entry", "entry_of", "header_text"]
 

@@ -15,9 +15,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from retrytopics.config import parse_instant
 from retrytopics.console.entries import Entry, header_text
-from retrytopics.errors import ConfigError
+from retrytopics.core.errors import ConfigError
+from retrytopics.operator.config import parse_instant
 
 __all__ = ["PARAMETERS", "Cursor", "DlqFilter"]
 

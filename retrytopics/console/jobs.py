@@ -16,11 +16,11 @@ from typing import Any, Final
 
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.console.filters import DlqFilter
-from retrytopics.errors import ConfigError
-from retrytopics.naming import TopicSet
-from retrytopics.progress import render_status
-from retrytopics.redaction import redact
-from retrytopics.signing import HeaderKeys
+from retrytopics.core.errors import ConfigError
+from retrytopics.core.naming import TopicSet
+from retrytopics.core.redaction import redact
+from retrytopics.core.signing import HeaderKeys
+from retrytopics.operator.progress import render_status
 
 __all__ = ["SparkJobs", "SparkReplay", "spark_replay_id"]
 

@@ -1,4 +1,4 @@
-"""The console's Kafka reads: pipeline state (`retrytopics.ops.describe_pipeline`), DLQ pages read backwards
+"""The console's Kafka reads: pipeline state (`retrytopics.operator.ops.describe_pipeline`), DLQ pages read backwards
 by offset, records by coordinates, one origin id's records, and a background tally of the tiers and DLQ.
 
 Every read is assign()-only (no group joined, nothing committed) and bounded: a page holds at most one block
@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from retrytopics.config import AppSettings
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.ranges import follow_from_start, partition_bounds, range_reader, read_range
 from retrytopics.connectors.record_headers import read_headers
@@ -23,10 +22,11 @@ from retrytopics.console.entries import Entry, entry_of
 from retrytopics.console.filters import Cursor, DlqFilter
 from retrytopics.console.paging import Page, read_page
 from retrytopics.console.tally import Tally
-from retrytopics.errors import ConfigError, HeaderDecodeError
-from retrytopics.headers import ORIGIN_MESSAGE_ID, REPLAY_ORIGIN_ID, Header, decode
-from retrytopics.naming import TopicSet
-from retrytopics.ops import PartitionState, describe_pipeline
+from retrytopics.core.errors import ConfigError, HeaderDecodeError
+from retrytopics.core.headers import ORIGIN_MESSAGE_ID, REPLAY_ORIGIN_ID, Header, decode
+from retrytopics.core.naming import TopicSet
+from retrytopics.operator.config import AppSettings
+from retrytopics.operator.ops import PartitionState, describe_pipeline
 
 __all__ = ["PipelineReader"]
 

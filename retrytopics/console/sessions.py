@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from retrytopics.errors import ConfigError
+from retrytopics.core.errors import ConfigError
 
 __all__ = ["MIN_TOKEN_CHARS", "Session", "Sessions", "operator_name"]
 

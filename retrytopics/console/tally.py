@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from retrytopics.headers import RetryHeaders
+from retrytopics.core.headers import RetryHeaders
 
 __all__ = ["OTHER", "Recovery", "Tally"]
 

@@ -2,7 +2,7 @@
 tally to dicts and lists the templates render (with autoescaping) and the JSON endpoint returns.
 
 Record content stays text here: the templates escape it. Exception messages, traces and every header value
-are redacted again on display (`retrytopics.redaction`): the writer redacted the exception headers with its
+are redacted again on display (`retrytopics.core.redaction`): the writer redacted the exception headers with its
 own patterns, and anyone who can write to the DLQ can write anything. A value is shown only when revealed, through the app's deserializer when
 there is one, else as UTF-8 text or a hex dump, cut to `SHOWN_BYTES`.
 """
@@ -16,10 +16,10 @@ from typing import Any, Final
 
 from retrytopics.console.entries import Entry
 from retrytopics.console.tally import Tally
-from retrytopics.headers import RETRY_PREFIX, user_headers
-from retrytopics.naming import TopicSet
-from retrytopics.ops import PartitionState, printable
-from retrytopics.redaction import redact, redact_header
+from retrytopics.core.headers import RETRY_PREFIX, user_headers
+from retrytopics.core.naming import TopicSet
+from retrytopics.core.redaction import redact, redact_header
+from retrytopics.operator.ops import PartitionState, printable
 
 __all__ = [
     "SHOWN_BYTES",

@@ -41,9 +41,9 @@ from retrytopics.console.filters import PARAMETERS, Cursor, DlqFilter
 from retrytopics.console.jobs import SparkJobs, SparkReplay, spark_replay_id
 from retrytopics.console.reader import PipelineReader
 from retrytopics.console.sessions import Session, Sessions
-from retrytopics.errors import ConfigError, RetryTopicsError
-from retrytopics.headers import DlqReason
-from retrytopics.signing import HeaderKeys
+from retrytopics.core.errors import ConfigError, RetryTopicsError
+from retrytopics.core.headers import DlqReason
+from retrytopics.core.signing import HeaderKeys
 
 __all__ = ["CONTENT_SECURITY_POLICY", "ConsoleOptions", "create_app"]
 

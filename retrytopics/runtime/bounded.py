@@ -15,8 +15,8 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from retrytopics.errors import KafkaClientError
-from retrytopics.ports import ConsumerPort, Message, PartitionsCallback, TopicPartition
+from retrytopics.core.errors import KafkaClientError
+from retrytopics.core.ports import ConsumerPort, Message, PartitionsCallback, TopicPartition
 from retrytopics.runtime.clock import SYSTEM_CLOCK
 
 log = logging.getLogger("retrytopics.runtime")

@@ -22,7 +22,7 @@ The same mechanism *holds* a source partition while a publish for it is failing,
 does not pile up records in memory. Pausing is normal operation: it is logged at DEBUG only.
 
 **A bounded wait.** A record never waits longer than its tier's longest delay (delay × (1 + jitter)) after
-this consumer first saw it not due (`bounded_due`, by the rule in retrytopics/due.py): the due time used is
+this consumer first saw it not due (`bounded_due`, by the rule in retrytopics/core/due.py): the due time used is
 min(`retry.due_at`, first seen + longest). A record the app wrote cannot trigger it on one clock (it was written after its failure, and is
 due at most `longest` after that), so nothing runs early; under clock skew the wait becomes the tier's delay
 in real elapsed time; and a forged due time (up to the clock-skew allowance ahead, which the header checks
@@ -36,14 +36,14 @@ import logging
 from collections import Counter, deque
 from collections.abc import Iterator
 
-from retrytopics.dedupe import AuditKey
-from retrytopics.due import bounded_due_ms
-from retrytopics.errors import KafkaClientError
-from retrytopics.events import Emitter, Event
-from retrytopics.offsets import TopicPartition
-from retrytopics.ports import ConsumerPort, Message
+from retrytopics.core.dedupe import AuditKey
+from retrytopics.core.due import bounded_due_ms
+from retrytopics.core.errors import KafkaClientError
+from retrytopics.core.offsets import TopicPartition
+from retrytopics.core.ports import ConsumerPort, Message
+from retrytopics.core.schedule import PauseSchedule
+from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.records.outcome import Queued
-from retrytopics.schedule import PauseSchedule
 
 __all__ = ["PauseController"]
 
@@ -67,7 +67,7 @@ class PauseController:
         self._consumer = consumer
         self._emitter = emitter
         self._name = consumer_name
-        self.ahead_ms = ahead_ms  # how far ahead a record may wait in memory (retrytopics/step.py)
+        self.ahead_ms = ahead_ms  # how far ahead a record may wait in memory (retrytopics/core/step.py)
         self.max_records = max(1, max_records)
         self.schedule: PauseSchedule[TopicPartition] = PauseSchedule()
         self._awaiting: dict[TopicPartition, int] = {}  # partition -> the offset it was sought back to

@@ -13,16 +13,16 @@ from collections.abc import Callable
 
 import pytest
 
-from retrytopics.config import AppSettings
 from retrytopics.connectors.admin import TopicSpec, ensure_topics
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.kafka import make_admin, make_producer
 from retrytopics.connectors.spark_kafka_io import read_range
 from retrytopics.connectors.spark_kafka_plan import OffsetRange
-from retrytopics.headers import DlqReason, RetryHeaders, encode
-from retrytopics.naming import topics_for
-from retrytopics.ops import describe_pipeline, peek_dlq
-from retrytopics.policy import RetryPolicy
+from retrytopics.core.headers import DlqReason, RetryHeaders, encode
+from retrytopics.core.naming import topics_for
+from retrytopics.core.policy import RetryPolicy
+from retrytopics.operator.config import AppSettings
+from retrytopics.operator.ops import describe_pipeline, peek_dlq
 
 from .raw_produce import produce_raw_record
 

@@ -16,7 +16,7 @@ import pytest
 from retrytopics.connectors.admin import TopicSpec, ensure_topics, partition_count
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.kafka import make_admin, make_producer
-from retrytopics.headers import DlqReason, RetryHeaders, encode
+from retrytopics.core.headers import DlqReason, RetryHeaders, encode
 
 pytestmark = pytest.mark.broker
 CLI = str(Path(sys.executable).with_name("retrytopics"))

@@ -28,8 +28,8 @@ from retrytopics.connectors.admin import TopicSpec, committed_offsets, ensure_to
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.embedded import free_port
 from retrytopics.connectors.kafka import make_admin, make_consumer, make_producer
-from retrytopics.demo import Fate, assign_fates
-from retrytopics.headers import decode
+from retrytopics.core.headers import decode
+from retrytopics.operator.demo import Fate, assign_fates
 
 pytestmark = pytest.mark.broker
 CLI = str(Path(sys.executable).with_name("retrytopics"))

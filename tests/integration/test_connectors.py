@@ -12,7 +12,7 @@ import pytest
 from retrytopics.connectors.admin import ProvisionOutcome, TopicSpec, ensure_topics, partition_count
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.kafka import make_admin, make_consumer, make_producer
-from retrytopics.errors import TopicMismatchError
+from retrytopics.core.errors import TopicMismatchError
 
 pytestmark = pytest.mark.broker
 

@@ -12,7 +12,7 @@ import pytest
 
 from retrytopics.connectors.embedded import EmbeddedBroker, free_port
 from retrytopics.connectors.kafka import make_admin
-from retrytopics.errors import BrokerExitedEarly, BrokerPortInUse
+from retrytopics.core.errors import BrokerExitedEarly, BrokerPortInUse
 
 from .processes import alive as _alive
 from .processes import gone

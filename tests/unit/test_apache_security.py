@@ -9,7 +9,7 @@ import pytest
 
 from retrytopics.connectors.apache import ApacheKafkaBroker
 from retrytopics.connectors.apache_security import AUTHORIZER, BrokerSecurity
-from retrytopics.errors import ConfigError
+from retrytopics.core.errors import ConfigError
 
 USERS = {"admin": "admin-Secret-1", "billing": "billing-Secret-2"}
 

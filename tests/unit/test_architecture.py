@@ -1,7 +1,12 @@
-"""The house rules that keep the core pure and the I/O at the edges, checked on the source:
+"""The house rules that keep the layers of the package visible in its tree, checked on the source:
 
-- pure modules import only the standard library and other pure modules;
-- the runtime may add tenacity and the I/O ports, never a Kafka client;
+- `core/` (the pure core) imports only the standard library and the core;
+- `observe/` imports the standard library, the core and itself (and its metrics library, the `metrics` extra);
+- the in-memory broker (`memory.py`) is as pure as the core it stands behind the ports of;
+- the runtime may add tenacity and the I/O ports, never a Kafka client, and nothing of the operator's side;
+- only the operator's side (`operator/`, `console/`, and the Spark jobs the operator's commands run and whose
+  progress lines and reports are the operator's) imports `operator/` or `console/`;
+- the package root holds only the facade and the app's wiring: every other module lives in a layer;
 - only `connectors/` (and the Spark jobs) import confluent_kafka, fastavro or pyspark;
 - nothing in the package unpickles, evals or imports by a name that could come from a record;
 - the facade's `__all__` is complete for what it imports, and sorted within each group (isort style).
@@ -16,73 +21,110 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PURE = {
-    "durations",
-    "policy",
-    "backoff",
-    "classify",
-    "naming",
-    "headers",
-    "router",
-    "offsets",
-    "schedule",
-    "dedupe",
-    "events",
-    "record",
-    "ports",
-    "errors",
-    "progress",
-    "traces",
-    "redaction",
-    "signing",
-    "memory",
-    "step",
-    "diagnostics",
-    "transactions",
-    "due",
+PACKAGE = ROOT / "retrytopics"
+#: the repository's folders and the package each installs as (pyproject.toml's package-dir)
+INSTALLED_AS = {
+    "retrytopics": "retrytopics",
+    "connectors": "retrytopics.connectors",
+    "spark": "retrytopics.spark",
+    "pyspark_retrytopics": "pyspark_retrytopics",
 }
+ROOT_MODULES = {"__init__", "app", "registry", "client_factory", "memory", "testing"}
+LAYERS = {"core", "observe", "operator", "runtime", "console"}
+OPERATOR_SIDE = {"retrytopics.operator", "retrytopics.console"}
 CLIENT_LIBRARIES = {"confluent_kafka", "fastavro", "pyspark"}
+METRICS_LIBRARY = "prometheus_client"
 STDLIB = set(sys.stdlib_module_names)
 IO_CONNECTORS = {f"retrytopics.connectors.{m}" for m in ("clients", "kafka", "admin", "embedded", "spark_kafka")}
 
 
+def _module_name(path: Path) -> str:
+    folder, *rest = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join([INSTALLED_AS[folder], *rest])
+
+
 def _imports(path: Path) -> set[str]:
+    """Every module `path` imports, relative imports resolved against its installed package."""
+    package = _module_name(path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            if node.module:
+                found.add(module)
+            else:  # `from . import x`: each name is a module of that package
+                found |= {f"{module}.{alias.name}" for alias in node.names}
     return found
 
 
+def _in(module: str, packages: set[str]) -> bool:
+    return any(module == p or module.startswith(f"{p}.") for p in packages)
+
+
+def _layer(name: str) -> list[Path]:
+    return sorted((PACKAGE / name).rglob("*.py"))
+
+
 def _library_modules() -> list[Path]:
-    return sorted((ROOT / "retrytopics").rglob("*.py"))
+    return sorted(PACKAGE.rglob("*.py"))
 
 
-@pytest.mark.parametrize("name", sorted(PURE))
-def test_pure_modules_import_only_the_standard_library(name: str) -> None:
-    for module in _imports(ROOT / "retrytopics" / f"{name}.py"):
-        top = module.split(".")[0]
-        if top == "retrytopics":
-            assert module.split(".")[1] in PURE, f"{name} imports non-pure {module}"
-        else:
-            assert top in STDLIB, f"{name} imports {module}"
+@pytest.mark.parametrize("path", _layer("core"), ids=lambda p: p.stem)
+def test_core_imports_only_the_standard_library_and_the_core(path: Path) -> None:
+    for module in _imports(path):
+        assert module.split(".")[0] in STDLIB or _in(module, {"retrytopics.core"}), f"core/{path.name} imports {module}"
+
+
+@pytest.mark.parametrize("path", _layer("observe"), ids=lambda p: p.stem)
+def test_observe_imports_only_the_standard_library_the_core_and_itself(path: Path) -> None:
+    for module in _imports(path):
+        allowed = module.split(".")[0] in STDLIB | {METRICS_LIBRARY}
+        assert allowed or _in(module, {"retrytopics.core", "retrytopics.observe"}), (
+            f"observe/{path.name} imports {module}"
+        )
+
+
+def test_the_in_memory_broker_is_as_pure_as_the_core() -> None:
+    for module in _imports(PACKAGE / "memory.py"):
+        assert module.split(".")[0] in STDLIB or _in(module, {"retrytopics.core"}), f"memory.py imports {module}"
+
+
+def test_runtime_imports_no_client_library_and_nothing_of_the_operator_side() -> None:
+    for path in _layer("runtime"):
+        for module in _imports(path):
+            top = module.split(".")[0]
+            assert top in STDLIB or top in {"retrytopics", "tenacity"}, f"{path.name} imports {module}"
+            # deserializers (connectors.serde) are plain callables; clients and admin are I/O the ports hide
+            assert module not in IO_CONNECTORS, f"{path.name} imports {module}"
+            assert not _in(module, OPERATOR_SIDE), f"{path.name} imports {module}"
+
+
+@pytest.mark.parametrize("folder", ["retrytopics", "connectors", "pyspark_retrytopics"])
+def test_only_the_operator_side_imports_the_operator_or_the_console(folder: str) -> None:
+    operator_side = {PACKAGE / "operator", PACKAGE / "console"}
+    for path in sorted((ROOT / folder).rglob("*.py")):
+        if operator_side & set(path.parents):
+            continue
+        imported = {m for m in _imports(path) if _in(m, OPERATOR_SIDE)}
+        assert not imported, f"{path.relative_to(ROOT)} imports {imported}"
+
+
+def test_the_package_root_holds_only_the_facade_the_wiring_and_the_layers() -> None:
+    modules = {p.stem for p in PACKAGE.glob("*.py")}
+    folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert modules == ROOT_MODULES, f"put {sorted(modules - ROOT_MODULES)} in a layer (docs/architecture.md, Layers)"
+    assert folders == LAYERS, sorted(folders ^ LAYERS)
 
 
 def test_no_kafka_or_avro_client_outside_connectors_and_spark() -> None:
     for path in _library_modules():
         tops = {m.split(".")[0] for m in _imports(path)}
         assert not tops & CLIENT_LIBRARIES, f"{path.relative_to(ROOT)} imports {tops & CLIENT_LIBRARIES}"
-
-
-def test_runtime_imports_no_client_library() -> None:
-    for path in (ROOT / "retrytopics" / "runtime").glob("*.py"):
-        for module in _imports(path):
-            top = module.split(".")[0]
-            assert top in STDLIB or top in {"retrytopics", "tenacity"}, f"{path.name} imports {module}"
-            # deserializers (connectors.serde) are plain callables; clients and admin are I/O the ports hide
-            assert module not in IO_CONNECTORS, f"{path.name} imports {module}"
 
 
 @pytest.mark.parametrize("folder", ["retrytopics", "connectors", "spark", "pyspark_retrytopics"])
@@ -103,12 +145,12 @@ def test_nothing_deserializes_code_from_data(folder: str) -> None:
 def test_facade_exports_are_complete_and_grouped_sorted() -> None:
     import retrytopics
 
-    tree = ast.parse((ROOT / "retrytopics" / "__init__.py").read_text())
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
     imported = {
         alias.asname or alias.name for node in tree.body if isinstance(node, ast.ImportFrom) for alias in node.names
     } - {"annotations"}
     assert set(retrytopics.__all__) == imported
-    source = (ROOT / "retrytopics" / "__init__.py").read_text()
+    source = (PACKAGE / "__init__.py").read_text()
     block = source[source.index("__all__") :]
     groups: list[list[str]] = [[]]
     for line in block.splitlines()[1:]:

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from retrytopics.connectors.serde import avro, avro_serializer, deserialize
-from retrytopics.errors import ConfigError, PoisonRecordError
+from retrytopics.core.errors import ConfigError, PoisonRecordError
 
 #: zigzag varints: 2⁶³ - 1 and -2³¹ (a negative block count is followed by the block's byte size)
 HUGE = "fe" + "ff" * 7 + "ff01"
@@ -87,7 +87,7 @@ CHILD_MEMORY_BYTES = 2 * 1024**3
 _CHILD = """
 import json, sys, time
 from retrytopics.connectors.serde import avro, deserialize
-from retrytopics.errors import PoisonRecordError
+from retrytopics.core.errors import PoisonRecordError
 for name, (schema, value) in json.loads(sys.stdin.read()).items():
     decode = avro(schema)
     started = time.perf_counter()

@@ -16,15 +16,15 @@ import pytest
 from retrytopics import BatchFailed, NonRetryable, RetryApp
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.serde import Deserializer, bytes_value, json_value
-from retrytopics.dedupe import DuplicateAudit
-from retrytopics.errors import ConfigError
-from retrytopics.events import Emitter, Event
-from retrytopics.headers import DlqReason, decode
-from retrytopics.naming import topics_for
-from retrytopics.policy import InProcessRetry, RetryPolicy
-from retrytopics.ports import Message
-from retrytopics.record import Record
-from retrytopics.router import RouteContext, route
+from retrytopics.core.dedupe import DuplicateAudit
+from retrytopics.core.errors import ConfigError
+from retrytopics.core.headers import DlqReason, decode
+from retrytopics.core.naming import topics_for
+from retrytopics.core.policy import InProcessRetry, RetryPolicy
+from retrytopics.core.ports import Message
+from retrytopics.core.record import Record
+from retrytopics.core.router import RouteContext, route
+from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.consumer.loop import ConsumerLoop
 from retrytopics.runtime.consumer.settings import LoopSettings
 from retrytopics.runtime.records.calls import Binding

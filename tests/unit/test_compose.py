@@ -27,9 +27,9 @@ import pytest
 import yaml
 
 from retrytopics.app import RetryApp
-from retrytopics.cli import build_parser
-from retrytopics.config import load_settings
-from retrytopics.durations import parse_duration
+from retrytopics.core.durations import parse_duration
+from retrytopics.operator.cli import build_parser
+from retrytopics.operator.config import load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = Path(__file__).resolve().parent / "data" / "compose-spec.json"

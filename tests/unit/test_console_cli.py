@@ -14,8 +14,8 @@ import pytest
 
 pytest.importorskip("starlette")
 import retrytopics.console as console
-from retrytopics import cli
 from retrytopics.console.entries import entry_of
+from retrytopics.operator import cli
 
 _names = itertools.count()
 

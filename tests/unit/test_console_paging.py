@@ -13,8 +13,8 @@ from retrytopics.console.entries import VALUE_KEEP_BYTES, Entry, entry_of
 from retrytopics.console.filters import Cursor, DlqFilter
 from retrytopics.console.paging import read_page
 from retrytopics.console.tally import MAX_KEYS, OTHER, Tally
-from retrytopics.errors import ConfigError
-from retrytopics.headers import DlqReason, RetryHeaders, encode
+from retrytopics.core.errors import ConfigError
+from retrytopics.core.headers import DlqReason, RetryHeaders, encode
 
 
 def retry(

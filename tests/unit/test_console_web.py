@@ -13,15 +13,14 @@ import pytest
 pytest.importorskip("starlette")
 from starlette.testclient import TestClient
 
-from retrytopics.config import AppSettings
 from retrytopics.console import actions
 from retrytopics.console.entries import Entry, entry_of
 from retrytopics.console.filters import Cursor, DlqFilter
 from retrytopics.console.paging import Page
 from retrytopics.console.tally import Tally
 from retrytopics.console.web import CONTENT_SECURITY_POLICY, ConsoleOptions, create_app
-from retrytopics.errors import ConfigError
-from retrytopics.headers import (
+from retrytopics.core.errors import ConfigError
+from retrytopics.core.headers import (
     ORIGIN_MESSAGE_ID,
     REPLAY_COUNT,
     REPLAY_ID,
@@ -33,9 +32,10 @@ from retrytopics.headers import (
     decode,
     encode,
 )
-from retrytopics.naming import topics_for
-from retrytopics.ops import PartitionState
-from retrytopics.signing import HeaderKeys, sign
+from retrytopics.core.naming import topics_for
+from retrytopics.core.signing import HeaderKeys, sign
+from retrytopics.operator.config import AppSettings
+from retrytopics.operator.ops import PartitionState
 
 TOPICS = topics_for("orders", "billing", [200, 400])
 TOKEN = "unit-test-token-0123456789"
@@ -257,7 +257,7 @@ def test_a_reference_or_a_record_without_its_headers_is_skipped_never_written() 
     """As the Spark replay: a too-large reference's value and a too_many_headers record are not the record's."""
     from dataclasses import replace
 
-    from retrytopics.router import too_large_reference
+    from retrytopics.core.router import too_large_reference
 
     too_large = replace(state(original_offset=0), dlq_reason=DlqReason.TOO_LARGE)
     reference = dlq_entry(0, retry=too_large)
@@ -288,7 +288,7 @@ def test_a_reference_or_a_record_without_its_headers_is_skipped_never_written() 
 
 
 def test_a_replayed_record_carries_a_mark_that_attributes_it_to_its_replay() -> None:
-    from retrytopics.signing import replay_mark
+    from retrytopics.core.signing import replay_mark
 
     record = dlq_entry(0)
     headers = dict(

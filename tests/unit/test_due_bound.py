@@ -13,11 +13,11 @@ from collections.abc import Mapping
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from retrytopics.events import Emitter, Event
-from retrytopics.naming import topics_for
-from retrytopics.policy import RetryPolicy
-from retrytopics.ports import Message
-from retrytopics.router import RouteContext, tier_wait_bounds_ms
+from retrytopics.core.naming import topics_for
+from retrytopics.core.policy import RetryPolicy
+from retrytopics.core.ports import Message
+from retrytopics.core.router import RouteContext, tier_wait_bounds_ms
+from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.waiting import PauseController
 
 NOW = 1_700_000_000_000

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from retrytopics.config import load_settings
-from retrytopics.errors import ConfigError
-from retrytopics.signing import HeaderKeys
+from retrytopics.core.errors import ConfigError
+from retrytopics.core.signing import HeaderKeys
+from retrytopics.operator.config import load_settings
 
 NEW, OLD = "n" * 40, "o" * 40
 

@@ -13,12 +13,12 @@ import random
 
 import pytest
 
-import retrytopics.headers as H
-from retrytopics.headers import MAX_HEADER_COUNT, MAX_USER_HEADERS, DlqReason, Header, decode
-from retrytopics.naming import topics_for
-from retrytopics.policy import RetryPolicy
-from retrytopics.router import InboundRecord, RouteContext, RouteKind, read_retry_state, route
-from retrytopics.signing import HeaderKeys
+import retrytopics.core.headers as H
+from retrytopics.core.headers import MAX_HEADER_COUNT, MAX_USER_HEADERS, DlqReason, Header, decode
+from retrytopics.core.naming import topics_for
+from retrytopics.core.policy import RetryPolicy
+from retrytopics.core.router import InboundRecord, RouteContext, RouteKind, read_retry_state, route
+from retrytopics.core.signing import HeaderKeys
 
 POLICY = RetryPolicy(delays=["5s"], non_retryable=(ValueError,))
 TOPICS = topics_for("orders", "billing", POLICY.tier_delays_ms)
@@ -92,7 +92,7 @@ def test_a_replay_of_the_most_user_headers_allowed_to_the_first_tier_is_read_bac
     `invalid_retry_headers` with the tier's coordinates)."""
     from retrytopics.console import actions
     from retrytopics.console.entries import entry_of
-    from retrytopics.signing import mark_keys, sign
+    from retrytopics.core.signing import mark_keys, sign
 
     ctx = _ctx(signed=True)
     assert ctx.header_keys is not None

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from retrytopics.connectors import jars
-from retrytopics.errors import BrokerBinaryMissing
+from retrytopics.core.errors import BrokerBinaryMissing
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from retrytopics.connectors.config import KafkaConfig, redact
-from retrytopics.errors import ConfigError
+from retrytopics.core.errors import ConfigError
 
 
 def _field_error(**kwargs: object) -> ConfigError:

@@ -11,7 +11,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from retrytopics.connectors.kafka import map_kafka_errors
-from retrytopics.errors import KafkaClientError
+from retrytopics.core.errors import KafkaClientError
 
 
 def _with_bare_context(exc: BaseException, context: object) -> None:

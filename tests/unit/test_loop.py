@@ -19,14 +19,14 @@ from typing import Any
 import pytest
 
 from retrytopics.connectors.serde import bytes_value
-from retrytopics.dedupe import DuplicateAudit
-from retrytopics.errors import KafkaClientError
-from retrytopics.events import Emitter, Event
-from retrytopics.naming import topics_for
-from retrytopics.policy import RetryPolicy
-from retrytopics.ports import Message, PartitionsCallback, TopicPartition
-from retrytopics.record import Record
-from retrytopics.router import InboundRecord, RouteContext, route
+from retrytopics.core.dedupe import DuplicateAudit
+from retrytopics.core.errors import KafkaClientError
+from retrytopics.core.naming import topics_for
+from retrytopics.core.policy import RetryPolicy
+from retrytopics.core.ports import Message, PartitionsCallback, TopicPartition
+from retrytopics.core.record import Record
+from retrytopics.core.router import InboundRecord, RouteContext, route
+from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.consumer.loop import ConsumerLoop
 from retrytopics.runtime.consumer.settings import LoopSettings
 from retrytopics.runtime.records.calls import Binding

@@ -28,15 +28,15 @@ import pytest
 import tenacity
 
 from retrytopics.connectors.serde import bytes_value
-from retrytopics.dedupe import DuplicateAudit
-from retrytopics.events import Emitter, Event
-from retrytopics.headers import DlqReason, RetryHeaders, decode
+from retrytopics.core.dedupe import DuplicateAudit
+from retrytopics.core.headers import DlqReason, RetryHeaders, decode
+from retrytopics.core.naming import topics_for
+from retrytopics.core.policy import RetryPolicy
+from retrytopics.core.ports import Message
+from retrytopics.core.record import Record
+from retrytopics.core.router import InboundRecord, RouteContext, route
 from retrytopics.memory import MemoryBroker, MemoryConsumer
-from retrytopics.naming import topics_for
-from retrytopics.policy import RetryPolicy
-from retrytopics.ports import Message
-from retrytopics.record import Record
-from retrytopics.router import InboundRecord, RouteContext, route
+from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.consumer.loop import ConsumerLoop
 from retrytopics.runtime.consumer.settings import LoopSettings
 from retrytopics.runtime.handoff import at_least_once

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from retrytopics.errors import KafkaClientError, PublishError
+from retrytopics.core.errors import KafkaClientError, PublishError
+from retrytopics.core.ports import TopicPartition
 from retrytopics.memory import MemoryBroker, MemoryConsumer
-from retrytopics.ports import TopicPartition
 
 TP: TopicPartition = ("orders", 0)
 

@@ -9,7 +9,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from retrytopics.connectors import spark_kafka_io
-from retrytopics.errors import KafkaClientError
+from retrytopics.core.errors import KafkaClientError
 
 
 class _Probe:

@@ -44,7 +44,7 @@ def test_wheel_ships_every_avro_schema(wheel: zipfile.ZipFile) -> None:
 
 def test_console_script_is_declared(wheel: zipfile.ZipFile) -> None:
     entry_points = next(n for n in wheel.namelist() if n.endswith("entry_points.txt"))
-    assert "retrytopics = retrytopics.cli:main" in wheel.read(entry_points).decode()
+    assert "retrytopics = retrytopics.operator.cli:main" in wheel.read(entry_points).decode()
 
 
 def test_wheel_ships_the_maven_poms_and_no_jar(wheel: zipfile.ZipFile) -> None:

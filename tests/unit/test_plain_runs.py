@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 
 from retrytopics.connectors.serde import json_value
-from retrytopics.dedupe import DuplicateAudit
-from retrytopics.events import Emitter, Event
-from retrytopics.headers import DlqReason, RetryHeaders, decode
+from retrytopics.core.dedupe import DuplicateAudit
+from retrytopics.core.headers import DlqReason, RetryHeaders, decode
+from retrytopics.core.record import Record
 from retrytopics.memory import DEFAULT_MAX_POLL_INTERVAL_MS, MemoryBroker, MemoryConsumer
-from retrytopics.record import Record
+from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.consumer.loop import ConsumerLoop
 from retrytopics.runtime.consumer.settings import LoopSettings
 from retrytopics.runtime.records.calls import Binding

@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from retrytopics.errors import KafkaClientError, PublishError
-from retrytopics.events import Emitter
-from retrytopics.headers import DlqReason, Header
+from retrytopics.core.errors import KafkaClientError, PublishError
+from retrytopics.core.headers import DlqReason, Header
+from retrytopics.core.naming import topics_for
+from retrytopics.core.policy import RetryPolicy
+from retrytopics.core.router import InboundRecord, RouteContext, RouteKind, route
 from retrytopics.memory import MemoryBroker
-from retrytopics.naming import topics_for
-from retrytopics.policy import RetryPolicy
-from retrytopics.router import InboundRecord, RouteContext, RouteKind, route
+from retrytopics.observe.events import Emitter
 from retrytopics.runtime.handoff.publish import Publisher, PublishJob, too_large_fallback
 from retrytopics.runtime.handoff.transactional import TransactionalPublisher
 

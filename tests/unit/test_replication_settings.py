@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from retrytopics import RetryApp
-from retrytopics.cli import build_parser
-from retrytopics.config import AppSettings, load_settings
 from retrytopics.connectors.admin import TopicDurability, TopicSpec, less_durable, replication_config
 from retrytopics.connectors.config import KafkaConfig
-from retrytopics.errors import ConfigError
+from retrytopics.core.errors import ConfigError
+from retrytopics.operator.cli import build_parser
+from retrytopics.operator.config import AppSettings, load_settings
 
 
 def test_replication_comes_from_toml_then_environment_then_flags(tmp_path: Path) -> None:
@@ -55,7 +55,7 @@ def test_the_cli_flags_reach_the_settings() -> None:
         ["topics", "create", "--topic", "t", "--replication-factor", "3", "--min-insync-replicas", "2"]
     )
     assert (args.replication_factor, args.min_insync_replicas) == (3, 2)
-    from retrytopics.cli import _settings
+    from retrytopics.operator.cli import _settings
 
     args.config = None
     app = _settings(args).app

@@ -15,11 +15,11 @@ from fastavro.validation import validate
 from hypothesis import given
 from hypothesis import strategies as st
 
-from retrytopics import headers as H
-from retrytopics.headers import DlqReason, Lineage, RetryHeaders, to_record
-from retrytopics.naming import topics_for
-from retrytopics.policy import RetryPolicy
-from retrytopics.router import InboundRecord, RouteContext, route
+from retrytopics.core import headers as H
+from retrytopics.core.headers import DlqReason, Lineage, RetryHeaders, to_record
+from retrytopics.core.naming import topics_for
+from retrytopics.core.policy import RetryPolicy
+from retrytopics.core.router import InboundRecord, RouteContext, route
 
 
 def load(name: str) -> dict[str, Any]:

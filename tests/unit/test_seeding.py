@@ -13,13 +13,13 @@ import random
 from collections.abc import Sequence
 
 from retrytopics.connectors.serde import bytes_value
-from retrytopics.dedupe import HandOffs, audit_key, hand_off_key, record_digest
-from retrytopics.errors import KafkaClientError, NonRetryable
-from retrytopics.headers import decode
-from retrytopics.naming import topics_for
-from retrytopics.policy import RetryPolicy
-from retrytopics.ports import Message
-from retrytopics.router import InboundRecord, RouteContext, route
+from retrytopics.core.dedupe import HandOffs, audit_key, hand_off_key, record_digest
+from retrytopics.core.errors import KafkaClientError, NonRetryable
+from retrytopics.core.headers import decode
+from retrytopics.core.naming import topics_for
+from retrytopics.core.policy import RetryPolicy
+from retrytopics.core.ports import Message
+from retrytopics.core.router import InboundRecord, RouteContext, route
 from retrytopics.runtime.handoff.publish import PublishJob, too_large_fallback
 from retrytopics.runtime.records.calls import Binding
 from retrytopics.runtime.records.duplicates import DuplicateCheck, destinations, seed

@@ -21,7 +21,7 @@ from retrytopics.connectors.serde import (
     json_value,
     utf8,
 )
-from retrytopics.errors import ConfigError, PoisonRecordError
+from retrytopics.core.errors import ConfigError, PoisonRecordError
 
 ORDER = json.loads((Path(__file__).parents[2] / "schemas" / "order.avsc").read_text())
 AN_ORDER = {

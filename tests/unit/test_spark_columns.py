@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pyspark.sql.types import ArrayType, LongType, MapType, StringType, StructType, TimestampType
 
-from retrytopics.errors import ConfigError
+from retrytopics.core.errors import ConfigError
 from retrytopics.spark.columns import RETRY_COLUMNS, avro_to_spark_type, load_schema
 
 
@@ -36,7 +36,7 @@ def test_nullable_unions_maps_and_named_references() -> None:
 
 
 def test_every_retry_header_has_a_typed_column() -> None:
-    from retrytopics import headers
+    from retrytopics.core import headers
 
     names = {
         getattr(headers, n)

@@ -19,7 +19,7 @@ from retrytopics.connectors.spark_kafka_plan import (
     subscription_from_options,
     timestamp_spec,
 )
-from retrytopics.errors import ConfigError
+from retrytopics.core.errors import ConfigError
 
 BOOT = {"kafka.bootstrap.servers": "b:9092"}
 

@@ -13,7 +13,7 @@ from pyspark.sql.types import BinaryType, StructField, StructType
 from retrytopics.connectors import spark_kafka
 from retrytopics.connectors.spark_kafka import KafkaDataSource
 from retrytopics.connectors.spark_kafka_plan import delay_batch, duration_option
-from retrytopics.errors import ConfigError
+from retrytopics.core.errors import ConfigError
 
 BOOT = {"kafka.bootstrap.servers": "b:9092", "subscribe": "t", "topic": "out"}
 VALUE = StructType([StructField("value", BinaryType())])

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from retrytopics.errors import ConfigError
+from retrytopics.core.errors import ConfigError
 from retrytopics.spark.where import ALLOWED_COLUMNS, FUNCTIONS, MAX_DEPTH, MAX_LENGTH, to_sql
 
 

@@ -25,9 +25,9 @@ import pytest
 
 from retrytopics import KafkaConfig, Record, RetryApp
 from retrytopics.client_factory import MemoryClientFactory
-from retrytopics.errors import KafkaClientError
-from retrytopics.events import Emitter
+from retrytopics.core.errors import KafkaClientError
 from retrytopics.memory import MemoryBroker
+from retrytopics.observe.events import Emitter
 from retrytopics.runtime.bounded import BoundedCalls, BoundedCommits, CallAbandoned
 from retrytopics.runtime.handoff.transactional import TransactionalPublisher, TransactionOutcomeUnknown
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 
-from retrytopics.offsets import TopicPartition
-from retrytopics.ports import ConsumerPort, Message
+from retrytopics.core.offsets import TopicPartition
+from retrytopics.core.ports import ConsumerPort, Message
 from retrytopics.runtime.clock import Clock
 from retrytopics.runtime.handoff.base import HandOff
 from retrytopics.runtime.records.outcome import Abandoned, Outcome, Waiting

@@ -19,11 +19,12 @@ import random
 import threading
 from collections.abc import Callable, Mapping
 
-from retrytopics.dedupe import DuplicateAudit
-from retrytopics.errors import KafkaClientError
-from retrytopics.events import Emitter, Event
-from retrytopics.offsets import OffsetTracker, TopicPartition
-from retrytopics.ports import ConsumerPort, ProducerPort
+from retrytopics.core.dedupe import DuplicateAudit
+from retrytopics.core.errors import KafkaClientError
+from retrytopics.core.offsets import OffsetTracker, TopicPartition
+from retrytopics.core.ports import ConsumerPort, ProducerPort
+from retrytopics.core.transactions import CALL_TIMEOUT_MS
+from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.bounded import BoundedCalls, BoundedCommits
 from retrytopics.runtime.clock import SYSTEM_CLOCK, Clock
 from retrytopics.runtime.consumer.cycle import PollCycle
@@ -37,7 +38,6 @@ from retrytopics.runtime.records.duplicates import DuplicateCheck, TailReader
 from retrytopics.runtime.records.ownership import OwnershipCheck, OwnershipGuard
 from retrytopics.runtime.records.stage import RecordStage
 from retrytopics.runtime.waiting import PauseController
-from retrytopics.transactions import CALL_TIMEOUT_MS
 
 __all__ = ["ConsumerLoop"]
 

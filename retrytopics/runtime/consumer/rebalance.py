@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from retrytopics.events import Event
-from retrytopics.offsets import OffsetTracker, TopicPartition
+from retrytopics.core.offsets import OffsetTracker, TopicPartition
+from retrytopics.observe.events import Event
 from retrytopics.runtime.handoff.base import HandOff
 from retrytopics.runtime.records.duplicates import DuplicateCheck
 from retrytopics.runtime.waiting import PauseController

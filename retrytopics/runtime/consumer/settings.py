@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from retrytopics.durations import parse_duration
-from retrytopics.errors import ConfigError
+from retrytopics.core.durations import parse_duration
+from retrytopics.core.errors import ConfigError
 from retrytopics.runtime.records.calls import Binding
 
 __all__ = ["TIER_CONSUMER_DEFAULTS", "LoopSettings", "main_settings", "select_tiers", "tier_settings"]

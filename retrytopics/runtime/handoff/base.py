@@ -27,11 +27,11 @@ from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from retrytopics.dedupe import AuditKey, DuplicateAudit
-from retrytopics.events import Emitter, Event
-from retrytopics.offsets import OffsetTracker, TopicPartition
-from retrytopics.ports import ConsumerPort
-from retrytopics.router import RouteKind
+from retrytopics.core.dedupe import AuditKey, DuplicateAudit
+from retrytopics.core.offsets import OffsetTracker, TopicPartition
+from retrytopics.core.ports import ConsumerPort
+from retrytopics.core.router import RouteKind
+from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.clock import Clock
 from retrytopics.runtime.handoff.publish import Publisher, PublishJob, too_large_fallback
 from retrytopics.runtime.handoff.transactional import TransactionalPublisher

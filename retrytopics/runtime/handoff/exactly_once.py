@@ -11,11 +11,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from retrytopics.dedupe import AuditKey, DuplicateAudit
-from retrytopics.errors import KafkaClientError
-from retrytopics.events import Emitter, Event
-from retrytopics.offsets import OffsetTracker, TopicPartition
-from retrytopics.ports import ConsumerPort, ProducerPort
+from retrytopics.core.dedupe import AuditKey, DuplicateAudit
+from retrytopics.core.errors import KafkaClientError
+from retrytopics.core.offsets import OffsetTracker, TopicPartition
+from retrytopics.core.ports import ConsumerPort, ProducerPort
+from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.clock import Clock
 from retrytopics.runtime.handoff.base import CommitSettings, DeadLetterCallback, HandOffBase
 from retrytopics.runtime.handoff.publish import PublishJob

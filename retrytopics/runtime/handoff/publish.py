@@ -23,11 +23,11 @@ from typing import Any
 
 import tenacity
 
-from retrytopics.errors import KafkaClientError, PublishError
-from retrytopics.events import Emitter, Event
-from retrytopics.offsets import TopicPartition
-from retrytopics.ports import ProducerPort
-from retrytopics.router import Route, RouteContext, too_large_reference_record, too_large_route
+from retrytopics.core.errors import KafkaClientError, PublishError
+from retrytopics.core.offsets import TopicPartition
+from retrytopics.core.ports import ProducerPort
+from retrytopics.core.router import Route, RouteContext, too_large_reference_record, too_large_route
+from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.clock import SYSTEM_CLOCK
 
 __all__ = ["ALONE_OVERRIDES", "TOO_LARGE_CODES", "PublishJob", "Publisher", "produce_job", "too_large_fallback"]

@@ -22,14 +22,14 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from retrytopics.errors import KafkaClientError, PublishError
-from retrytopics.events import Emitter, Event
-from retrytopics.offsets import TopicPartition
-from retrytopics.ports import ProducerPort
+from retrytopics.core.errors import KafkaClientError, PublishError
+from retrytopics.core.offsets import TopicPartition
+from retrytopics.core.ports import ProducerPort
+from retrytopics.core.transactions import CALL_TIMEOUT_MS
+from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.bounded import BoundedCalls, CallAbandoned
 from retrytopics.runtime.clock import SYSTEM_CLOCK
 from retrytopics.runtime.handoff.publish import TOO_LARGE_CODES, PublishJob, produce_job
-from retrytopics.transactions import CALL_TIMEOUT_MS
 
 __all__ = ["TransactionOutcomeUnknown", "TransactionalPublisher"]
 

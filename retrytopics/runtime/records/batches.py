@@ -17,11 +17,11 @@ import threading
 from collections.abc import Callable, Generator, Iterator
 from typing import Any, NamedTuple
 
-from retrytopics.dedupe import AuditKey
-from retrytopics.headers import RetryHeaders
-from retrytopics.offsets import TopicPartition
-from retrytopics.ports import Message
-from retrytopics.record import Record
+from retrytopics.core.dedupe import AuditKey
+from retrytopics.core.headers import RetryHeaders
+from retrytopics.core.offsets import TopicPartition
+from retrytopics.core.ports import Message
+from retrytopics.core.record import Record
 from retrytopics.runtime.records.calls import Binding, Invoker, build_record
 from retrytopics.runtime.records.outcome import Abandoned, Failed, Outcome, Succeeded, SucceededRun
 from retrytopics.runtime.records.ownership import OwnershipGuard

@@ -13,14 +13,14 @@ from typing import Any
 
 import tenacity
 
-from retrytopics.classify import Verdict, classify
 from retrytopics.connectors.serde import Deserializer, bytes_value, deserialize
-from retrytopics.errors import BatchFailed, PoisonRecordError
-from retrytopics.headers import RetryHeaders, user_headers
-from retrytopics.policy import RetryPolicy
-from retrytopics.ports import Message
-from retrytopics.record import Record
-from retrytopics.router import RouteContext, origin_message_id, tier_wait_bounds_ms
+from retrytopics.core.classify import Verdict, classify
+from retrytopics.core.errors import BatchFailed, PoisonRecordError
+from retrytopics.core.headers import RetryHeaders, user_headers
+from retrytopics.core.policy import RetryPolicy
+from retrytopics.core.ports import Message
+from retrytopics.core.record import Record
+from retrytopics.core.router import RouteContext, origin_message_id, tier_wait_bounds_ms
 
 __all__ = ["Binding", "Invoker", "build_record"]
 
@@ -36,7 +36,7 @@ class Binding:
     value_deserializer: Deserializer
     #: the handler takes the records of one poll per partition, a list (`RetryApp.batch_handler`)
     batch: bool = False
-    #: per tier topic, the longest one of its records waits (retrytopics/due.py), worked out once
+    #: per tier topic, the longest one of its records waits (retrytopics/core/due.py), worked out once
     wait_bounds_ms: Mapping[str, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

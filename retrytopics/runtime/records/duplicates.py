@@ -30,15 +30,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from retrytopics.dedupe import HandOffs, audit_key, hand_off_key, record_digest
-from retrytopics.errors import HeaderDecodeError, KafkaClientError
-from retrytopics.headers import RetryHeaders, decode, decode_lineage
-from retrytopics.offsets import TopicPartition
-from retrytopics.ports import Message
-from retrytopics.router import origin_message_id, too_large_reference_record
+from retrytopics.core.dedupe import HandOffs, audit_key, hand_off_key, record_digest
+from retrytopics.core.errors import HeaderDecodeError, KafkaClientError
+from retrytopics.core.headers import RetryHeaders, decode, decode_lineage
+from retrytopics.core.offsets import TopicPartition
+from retrytopics.core.ports import Message
+from retrytopics.core.router import origin_message_id, too_large_reference_record
+from retrytopics.core.signing import HeaderKeys, verify
 from retrytopics.runtime.records.calls import Binding
 from retrytopics.runtime.records.outcome import Duplicate
-from retrytopics.signing import HeaderKeys, verify
 
 __all__ = ["DuplicateCheck", "TailReader", "destinations", "seed", "verified_tails"]
 

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from retrytopics.dedupe import AuditKey
-from retrytopics.headers import RetryHeaders
-from retrytopics.offsets import TopicPartition
-from retrytopics.ports import Message
-from retrytopics.record import Record
-from retrytopics.router import Route, RouteContext
+from retrytopics.core.dedupe import AuditKey
+from retrytopics.core.headers import RetryHeaders
+from retrytopics.core.offsets import TopicPartition
+from retrytopics.core.ports import Message
+from retrytopics.core.record import Record
+from retrytopics.core.router import Route, RouteContext
 
 __all__ = ["Abandoned", "Duplicate", "Failed", "Outcome", "Queued", "Succeeded", "SucceededRun", "Waiting"]
 

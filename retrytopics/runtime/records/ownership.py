@@ -24,10 +24,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from retrytopics.errors import KafkaClientError
-from retrytopics.events import Event
-from retrytopics.offsets import OffsetTracker, TopicPartition
-from retrytopics.ports import ConsumerPort, Message
+from retrytopics.core.errors import KafkaClientError
+from retrytopics.core.offsets import OffsetTracker, TopicPartition
+from retrytopics.core.ports import ConsumerPort, Message
+from retrytopics.observe.events import Event
 from retrytopics.runtime.bounded import CallAbandoned
 
 __all__ = ["OwnershipCheck", "OwnershipGuard"]

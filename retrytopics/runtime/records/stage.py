@@ -1,5 +1,5 @@
 """The records stage: what a consumer loop makes of each record it accepts. It reads the record's retry state,
-decides once what the record is (retrytopics/step.py, pure), calls the handler when the record is to be
+decides once what the record is (retrytopics/core/step.py, pure), calls the handler when the record is to be
 handled now, and says so with one outcome value per record (runtime/records/outcome.py). It never pauses,
 publishes or commits: the poll cycle hands each outcome to the part that acts on it.
 
@@ -9,7 +9,7 @@ what the outcomes before it finished.
 
 - `read(msg)`: a record just consumed. A tier record's retry state is read once (malformed: its failure is
   kept, the record goes to the DLQ as `invalid_retry_headers` in its turn); its due time is bounded once
-  (retrytopics/due.py); a record found downstream at assignment, or already handled here, is a `Duplicate`; a
+  (retrytopics/core/due.py); a record found downstream at assignment, or already handled here, is a `Duplicate`; a
   record not due is `Waiting` (in memory, with what was decided, or in Kafka); a record behind others waiting
   in memory waits behind them with its decision, so offset order is kept.
 - `take_queued(msg, queued)`: a record that waited in memory fell due: what was decided is carried out.
@@ -27,13 +27,14 @@ import threading
 from collections.abc import Generator, Iterator, Mapping
 from typing import Any
 
-from retrytopics.dedupe import AuditKey, DuplicateAudit, audit_key
-from retrytopics.errors import HeaderDecodeError
-from retrytopics.headers import RetryHeaders
-from retrytopics.offsets import TopicPartition
-from retrytopics.ports import Message
-from retrytopics.record import Record
-from retrytopics.router import read_retry_state, route
+from retrytopics.core.dedupe import AuditKey, DuplicateAudit, audit_key
+from retrytopics.core.errors import HeaderDecodeError
+from retrytopics.core.headers import RetryHeaders
+from retrytopics.core.offsets import TopicPartition
+from retrytopics.core.ports import Message
+from retrytopics.core.record import Record
+from retrytopics.core.router import read_retry_state, route
+from retrytopics.core.step import Action, decide
 from retrytopics.runtime.clock import Clock
 from retrytopics.runtime.records.batches import BatchCalls, Deferred
 from retrytopics.runtime.records.calls import Binding, Invoker, build_record
@@ -49,7 +50,6 @@ from retrytopics.runtime.records.outcome import (
 )
 from retrytopics.runtime.records.ownership import OwnershipGuard
 from retrytopics.runtime.waiting import PauseController
-from retrytopics.step import Action, decide
 
 __all__ = ["RecordStage"]
 
@@ -272,7 +272,7 @@ class RecordStage:
 
     def _due_at(self, binding: Binding, msg: Message, state: RetryHeaders | None, now: int) -> int | None:
         """When `msg` is due here: its `retry.due_at`, bounded by its tier's longest wait from when this
-        consumer first saw it (retrytopics/due.py); a record due already costs one comparison."""
+        consumer first saw it (retrytopics/core/due.py); a record due already costs one comparison."""
         if state is None or state.due_at is None or state.due_at <= now:
             return None if state is None else state.due_at
         return self._waiting.bounded_due(msg, state.due_at, binding.wait_bounds_ms.get(msg.topic, 0), now)

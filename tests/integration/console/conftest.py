@@ -22,7 +22,7 @@ from retrytopics.connectors.broker_process import free_port
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.kafka import make_admin, make_producer
 from retrytopics.connectors.ranges import partition_bounds, range_reader, read_range
-from retrytopics.headers import REPLAY_ID, DlqReason, RetryHeaders, encode
+from retrytopics.core.headers import REPLAY_ID, DlqReason, RetryHeaders, encode
 
 ROOT = Path(__file__).resolve().parents[3]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -147,10 +147,10 @@ def pipeline(kafka: KafkaConfig) -> Iterator[Pipeline]:
 @pytest.fixture(scope="module")
 def console(pipeline: Pipeline) -> Iterator[str]:
     """The console with actions on, served by uvicorn in a thread; its base URL."""
-    from retrytopics.config import AppSettings
     from retrytopics.console.reader import PipelineReader
     from retrytopics.console.web import ConsoleOptions, create_app
-    from retrytopics.ops import pipeline_topics
+    from retrytopics.operator.config import AppSettings
+    from retrytopics.operator.ops import pipeline_topics
 
     settings = AppSettings(topic=pipeline.source, group=pipeline.group, delays=("200ms", "400ms"))
     reader = PipelineReader(kafka=pipeline.kafka, pipeline=settings, topics=pipeline_topics(settings))

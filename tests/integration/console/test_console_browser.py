@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from retrytopics.connectors.broker_process import free_port
-from retrytopics.headers import DlqReason, decode
+from retrytopics.core.headers import DlqReason, decode
 
 from .conftest import (
     XSS_HEADER,

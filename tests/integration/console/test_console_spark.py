@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from retrytopics.console import actions
-from retrytopics.headers import DlqReason, decode
+from retrytopics.core.headers import DlqReason, decode
 
 from .conftest import Pipeline, log_in, wait_until, written_by_the_replay_shown
 
@@ -59,7 +59,7 @@ def shown(page: Any, selector: str) -> bool:
 
 
 def decode_lineage_origin(message: Any) -> str:
-    from retrytopics.headers import decode_lineage
+    from retrytopics.core.headers import decode_lineage
 
     origin = decode_lineage(list(message.headers())).replay_origin_id
     assert origin is not None

@@ -20,11 +20,11 @@ import pytest
 from confluent_kafka import Producer
 
 from retrytopics import RetryApp
-from retrytopics.config import AppSettings
 from retrytopics.connectors.admin import TopicSpec, ensure_topics, topic_durability
 from retrytopics.connectors.cluster import KafkaCluster
 from retrytopics.connectors.kafka import make_admin, make_consumer
-from retrytopics.ops import describe_pipeline, durability_warnings, provision_pipeline
+from retrytopics.operator.config import AppSettings
+from retrytopics.operator.ops import describe_pipeline, durability_warnings, provision_pipeline
 
 from ..runtime.conftest import wait_until
 

@@ -16,7 +16,7 @@ from retrytopics.connectors.brokers import local_broker
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.embedded import free_port
 from retrytopics.connectors.kafka import make_admin, make_consumer, make_producer
-from retrytopics.headers import Header
+from retrytopics.core.headers import Header
 
 from .proxy import KafkaProxy
 

@@ -28,12 +28,12 @@ import pytest
 from retrytopics import RetryApp
 from retrytopics.connectors.clients import KafkaConsumer, KafkaProducer
 from retrytopics.connectors.config import KafkaConfig
-from retrytopics.dedupe import DuplicateAudit
-from retrytopics.errors import KafkaClientError
-from retrytopics.events import Emitter, Event
-from retrytopics.offsets import OffsetTracker, TopicPartition
-from retrytopics.ports import Message
-from retrytopics.router import route
+from retrytopics.core.dedupe import DuplicateAudit
+from retrytopics.core.errors import KafkaClientError
+from retrytopics.core.offsets import OffsetTracker, TopicPartition
+from retrytopics.core.ports import Message
+from retrytopics.core.router import route
+from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.clock import SYSTEM_CLOCK
 from retrytopics.runtime.consumer.settings import LoopSettings
 from retrytopics.runtime.handoff.exactly_once import ExactlyOnce

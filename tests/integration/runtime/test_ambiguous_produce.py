@@ -27,7 +27,7 @@ from confluent_kafka import Producer
 
 from retrytopics import Record, RetryApp, RetryPolicy
 from retrytopics.connectors.config import KafkaConfig
-from retrytopics.headers import decode
+from retrytopics.core.headers import decode
 
 from .conftest import Kit, wait_until
 from .proxy import PRODUCE, KafkaProxy

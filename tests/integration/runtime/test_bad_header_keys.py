@@ -21,7 +21,7 @@ import pytest
 
 from retrytopics import Record, RetryApp, RetryPolicy, json_value
 from retrytopics.connectors.config import KafkaConfig
-from retrytopics.headers import DlqReason, RetryHeaders, decode, encode
+from retrytopics.core.headers import DlqReason, RetryHeaders, decode, encode
 
 from ..raw_produce import produce_raw_record
 from .conftest import Kit, Read, wait_until

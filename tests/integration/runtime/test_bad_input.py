@@ -19,7 +19,7 @@ import pytest
 
 from retrytopics import Record, RetryApp, RetryPolicy, json_value
 from retrytopics.connectors.config import KafkaConfig
-from retrytopics.headers import DlqReason, RetryHeaders, decode, encode
+from retrytopics.core.headers import DlqReason, RetryHeaders, decode, encode
 
 from .conftest import Kit, wait_until
 

@@ -16,7 +16,7 @@ import pytest
 
 from retrytopics import NonRetryable, Record, RetryApp, RetryPolicy
 from retrytopics.connectors.apache import ApacheKafkaBroker
-from retrytopics.headers import decode
+from retrytopics.core.headers import decode
 
 from .conftest import Kit, wait_until
 

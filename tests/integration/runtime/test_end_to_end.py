@@ -22,7 +22,7 @@ import pytest
 
 from retrytopics import Record, RetryApp, RetryPolicy, json_value
 from retrytopics.connectors.config import KafkaConfig
-from retrytopics.headers import DlqReason, decode
+from retrytopics.core.headers import DlqReason, decode
 
 from .conftest import Kit, wait_until
 

@@ -17,8 +17,8 @@ from confluent_kafka import ConsumerGroupState
 
 from retrytopics import Record, RetryApp, RetryPolicy
 from retrytopics.connectors.config import KafkaConfig
-from retrytopics.events import Event
-from retrytopics.headers import DlqReason, decode
+from retrytopics.core.headers import DlqReason, decode
+from retrytopics.observe.events import Event
 
 from .conftest import Kit, wait_until
 

@@ -27,7 +27,7 @@ import pytest
 from retrytopics import Record, RetryApp, RetryPolicy
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.kafka import make_producer
-from retrytopics.headers import DlqReason, RetryHeaders, encode
+from retrytopics.core.headers import DlqReason, RetryHeaders, encode
 
 from .conftest import Kit, wait_until
 

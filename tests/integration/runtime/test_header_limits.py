@@ -18,7 +18,7 @@ import pytest
 
 from retrytopics import Record, RetryApp, RetryPolicy
 from retrytopics.connectors.config import KafkaConfig
-from retrytopics.headers import MAX_HEADER_COUNT, MAX_USER_HEADERS, DlqReason, decode
+from retrytopics.core.headers import MAX_HEADER_COUNT, MAX_USER_HEADERS, DlqReason, decode
 
 from .conftest import Kit, wait_until
 

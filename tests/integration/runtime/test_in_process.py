@@ -17,7 +17,7 @@ import pytest
 
 from retrytopics import InProcessRetry, NonRetryable, Record, RetryApp, RetryPolicy
 from retrytopics.connectors.config import KafkaConfig
-from retrytopics.headers import DlqReason, decode
+from retrytopics.core.headers import DlqReason, decode
 
 from .conftest import Kit, wait_until
 

@@ -33,7 +33,7 @@ import pytest
 
 from retrytopics import RetryApp
 from retrytopics.connectors.config import KafkaConfig
-from retrytopics.headers import DlqReason, RetryHeaders, decode
+from retrytopics.core.headers import DlqReason, RetryHeaders, decode
 
 from .conftest import Kit, Read, wait_until
 from .fault_worker import build_app, read_ledger, spawn

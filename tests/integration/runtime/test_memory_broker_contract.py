@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 
 from retrytopics.connectors.clients import KafkaConsumer, KafkaProducer
+from retrytopics.core.ports import ConsumerPort, Message, ProducerPort, TopicPartition
 from retrytopics.memory import MemoryBroker
-from retrytopics.ports import ConsumerPort, Message, ProducerPort, TopicPartition
 
 from .conftest import Kit
 

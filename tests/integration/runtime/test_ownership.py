@@ -22,7 +22,7 @@ import pytest
 
 from retrytopics import Event, Record, RetryApp, RetryPolicy
 from retrytopics.connectors.config import KafkaConfig
-from retrytopics.headers import decode
+from retrytopics.core.headers import decode
 
 from .conftest import Kit, wait_until
 

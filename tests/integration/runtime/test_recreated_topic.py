@@ -19,7 +19,7 @@ from confluent_kafka import KafkaException
 from retrytopics import NonRetryable, Record, RetryApp, RetryPolicy
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.kafka import make_producer
-from retrytopics.headers import DlqReason, decode
+from retrytopics.core.headers import DlqReason, decode
 
 from .conftest import Kit, wait_until
 

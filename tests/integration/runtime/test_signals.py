@@ -27,7 +27,7 @@ import pytest
 
 from retrytopics import RetryApp
 from retrytopics.connectors.config import KafkaConfig
-from retrytopics.headers import DlqReason, decode
+from retrytopics.core.headers import DlqReason, decode
 
 from .conftest import Kit, wait_until
 from .fault_worker import build_app, read_ledger, spawn

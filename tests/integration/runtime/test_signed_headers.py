@@ -21,8 +21,8 @@ import pytest
 
 from retrytopics import Record, RetryApp, RetryPolicy
 from retrytopics.connectors.config import KafkaConfig
-from retrytopics.headers import DlqReason, RetryHeaders, decode, encode
-from retrytopics.signing import HeaderKeys, sign, verify
+from retrytopics.core.headers import DlqReason, RetryHeaders, decode, encode
+from retrytopics.core.signing import HeaderKeys, sign, verify
 
 from .conftest import Kit, wait_until
 

@@ -21,8 +21,8 @@ import pytest
 
 from retrytopics import Record, RetryApp, RetryPolicy
 from retrytopics.connectors.config import KafkaConfig
-from retrytopics.events import Event
-from retrytopics.headers import DlqReason, Header, RetryHeaders, decode, encode
+from retrytopics.core.headers import DlqReason, Header, RetryHeaders, decode, encode
+from retrytopics.observe.events import Event
 
 from .conftest import Kit, wait_until
 

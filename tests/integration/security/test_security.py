@@ -27,9 +27,9 @@ from confluent_kafka import KafkaError
 from retrytopics import NonRetryable, Record, RetryPolicy
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.kafka import last_client_error, make_producer
-from retrytopics.errors import KafkaClientError
-from retrytopics.headers import DlqReason, decode
-from retrytopics.preflight import connection_hint
+from retrytopics.core.errors import KafkaClientError
+from retrytopics.core.headers import DlqReason, decode
+from retrytopics.operator.preflight import connection_hint
 
 from ..runtime.conftest import Kit, wait_until
 from .conftest import Secured, pipeline
@@ -185,7 +185,7 @@ def test_the_cli_with_a_wrong_password_file_exits_with_a_hint_and_prints_no_secr
         [
             sys.executable,
             "-m",
-            "retrytopics.cli",
+            "retrytopics.operator.cli",
             "topics",
             "describe",
             "--topic",

@@ -10,8 +10,8 @@ from confluent_kafka import TopicPartition
 
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.kafka import make_consumer
-from retrytopics.headers import DlqReason, Lineage, RetryHeaders, encode
-from retrytopics.naming import TopicSet, topics_for
+from retrytopics.core.headers import DlqReason, Lineage, RetryHeaders, encode
+from retrytopics.core.naming import TopicSet, topics_for
 
 from .conftest import create_topics, produce
 

@@ -64,8 +64,8 @@ def test_audit_refuses_to_write_into_a_folder_that_is_not_empty(
 ) -> None:
     """`--out DIR` replaces DIR/records/ whole: a folder that already holds files is refused before any
     work, naming `out`, and nothing in it is deleted."""
-    from retrytopics.errors import ConfigError
-    from retrytopics.naming import topics_for
+    from retrytopics.core.errors import ConfigError
+    from retrytopics.core.naming import topics_for
 
     kept = tmp_path / "records" / "kept.parquet"
     kept.parent.mkdir()

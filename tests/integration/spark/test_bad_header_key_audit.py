@@ -16,8 +16,8 @@ from pyspark.sql import SparkSession
 
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.kafka import make_consumer
-from retrytopics.headers import DlqReason, encode
-from retrytopics.naming import TopicSet, topics_for
+from retrytopics.core.headers import DlqReason, encode
+from retrytopics.core.naming import TopicSet, topics_for
 from retrytopics.spark.audit import audit
 
 from ..raw_produce import produce_raw_record

@@ -12,7 +12,7 @@ from pyspark.sql import SparkSession
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.serde import avro_serializer
 from retrytopics.connectors.spark_kafka import read_kafka
-from retrytopics.headers import DlqReason, Lineage, RetryHeaders, encode
+from retrytopics.core.headers import DlqReason, Lineage, RetryHeaders, encode
 from retrytopics.spark.columns import load_schema, with_avro_value, with_retry_columns
 
 from .conftest import create_topics, produce

@@ -34,8 +34,8 @@ from pyspark.sql import SparkSession
 from retrytopics import Record, RetryApp, RetryPolicy, json_value
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.kafka import make_consumer, make_producer
-from retrytopics.errors import PoisonRecordError
-from retrytopics.naming import TopicSet
+from retrytopics.core.errors import PoisonRecordError
+from retrytopics.core.naming import TopicSet
 from retrytopics.spark import ledger
 from retrytopics.spark.audit import audit
 from retrytopics.spark.replay import replay

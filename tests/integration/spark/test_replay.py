@@ -25,8 +25,8 @@ import pytest
 from pyspark.sql import SparkSession
 
 from retrytopics.connectors.config import KafkaConfig
-from retrytopics.headers import DlqReason, Lineage, decode, decode_lineage, user_headers
-from retrytopics.naming import TopicSet, topics_for
+from retrytopics.core.headers import DlqReason, Lineage, decode, decode_lineage, user_headers
+from retrytopics.core.naming import TopicSet, topics_for
 from retrytopics.spark.replay import replay
 
 from .conftest import create_topics, produce, read_direct
@@ -125,7 +125,7 @@ warm_up_workers(SparkSession.builder.master("local[1]").config("spark.ui.enabled
                 .config("spark.sql.shuffle.partitions", "1")
                 .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1").getOrCreate())
 from retrytopics.connectors.config import KafkaConfig
-from retrytopics.naming import TopicSet, topics_for
+from retrytopics.core.naming import TopicSet, topics_for
 from retrytopics.spark.replay import add_replay_arguments, run_replay_cli
 cfg = json.loads(sys.argv[1])
 parser = argparse.ArgumentParser()

@@ -18,8 +18,8 @@ import pytest
 from pyspark.sql import SparkSession
 
 from retrytopics.connectors.config import KafkaConfig
-from retrytopics.headers import DlqReason, Lineage, RetryHeaders
-from retrytopics.naming import TopicSet, topics_for
+from retrytopics.core.headers import DlqReason, Lineage, RetryHeaders
+from retrytopics.core.naming import TopicSet, topics_for
 from retrytopics.spark.replay import replay
 
 from .conftest import create_topics, produce, read_direct

@@ -25,10 +25,10 @@ from pyspark.sql import SparkSession
 
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.kafka import make_producer
-from retrytopics.errors import ConfigError
-from retrytopics.headers import DlqReason, Lineage, encode
-from retrytopics.naming import TopicSet, topics_for
-from retrytopics.signing import mark_keys, replay_mark
+from retrytopics.core.errors import ConfigError
+from retrytopics.core.headers import DlqReason, Lineage, encode
+from retrytopics.core.naming import TopicSet, topics_for
+from retrytopics.core.signing import mark_keys, replay_mark
 from retrytopics.spark import ledger
 from retrytopics.spark.replay import replay
 

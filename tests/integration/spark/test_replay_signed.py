@@ -11,9 +11,9 @@ import pytest
 from pyspark.sql import SparkSession
 
 from retrytopics.connectors.config import KafkaConfig
-from retrytopics.headers import DlqReason, encode
-from retrytopics.naming import topics_for
-from retrytopics.signing import HeaderKeys, sign, verify
+from retrytopics.core.headers import DlqReason, encode
+from retrytopics.core.naming import topics_for
+from retrytopics.core.signing import HeaderKeys, sign, verify
 from retrytopics.spark.replay import replay
 
 from .conftest import create_topics, produce, read_direct

@@ -18,10 +18,10 @@ import pytest
 from pyspark.sql import SparkSession
 
 from retrytopics.connectors.config import KafkaConfig
-from retrytopics.headers import DlqReason, Lineage, encode
-from retrytopics.naming import TopicSet, topics_for
-from retrytopics.router import too_large_reference
-from retrytopics.signing import HeaderKeys, sign
+from retrytopics.core.headers import DlqReason, Lineage, encode
+from retrytopics.core.naming import TopicSet, topics_for
+from retrytopics.core.router import too_large_reference
+from retrytopics.core.signing import HeaderKeys, sign
 from retrytopics.spark.replay import replay
 
 from .conftest import create_topics, produce, read_direct

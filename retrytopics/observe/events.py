@@ -1,0 +1,230 @@
+"""Named runtime events and the one hook protocol that observes them.
+
+Pure: standard library only; the core never imports a metrics library. Logging and metrics subscribe::
+
+    class Metrics:
+        def on_event(self, event: Event, data: Mapping[str, object]) -> None:
+            if event is Event.DLQ_DISPATCHED:
+                dlq_counter.labels(reason=data["reason"]).inc()
+
+    app = RetryApp(kafka=..., group="billing", hooks=[Metrics()])
+
+Hooks run in the consumer thread that emitted the event, so they must be quick. A hook that raises is
+logged and ignored: observability must never change what happens to a record.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from types import MappingProxyType
+from typing import ClassVar, Protocol, runtime_checkable
+
+__all__ = ["PER_BATCH", "Emitter", "Event", "Hook", "LoggingHook", "NullHook", "Stats", "StatsCollector"]
+
+log = logging.getLogger("retrytopics.events")
+
+
+class Event(StrEnum):
+    """What happened, in the past tense (`data` keys in brackets)."""
+
+    CONSUMER_STARTED = "consumer.started"
+    """A consumer loop started [consumer, group, topics]."""
+    CONSUMER_STOPPED = "consumer.stopped"
+    """A consumer loop closed after draining and committing [consumer, group]."""
+    PARTITIONS_ASSIGNED = "partitions.assigned"
+    """The group gave this consumer partitions [consumer, partitions]."""
+    PARTITIONS_REVOKED = "partitions.revoked"
+    """Partitions were taken away after their finished offsets were committed [consumer, partitions]."""
+    PARTITIONS_LOST = "partitions.lost"
+    """Partitions were lost without a chance to commit (session or poll timeout) [consumer, partitions]."""
+    RECORD_HANDLED = "record.handled"
+    """A handler call returned [topic, partition, offset, attempt, due_at (None on a source topic), handled_at].
+    Emitted per record only when a hook wants it (see `Hook`); `RECORDS_HANDLED` sums them per batch."""
+    RECORDS_HANDLED = "records.handled"
+    """The handler calls that returned for one partition in one poll batch [consumer, topic, partition, count,
+    first_offset, last_offset, lateness_ms (handled_at - due_at of each retried record; empty on a source)]."""
+    RECORD_FAILED = "record.failed"
+    """A handler call raised (or the record could not be decoded); a route follows [topic, partition, offset,
+    attempt, error, due_at, handled_at]."""
+    RECORD_ABANDONED = "record.abandoned"
+    """This consumer lost ownership before it could act on a record; the new owner will [topic, partition, offset]."""
+    RETRY_SCHEDULED = "retry.scheduled"
+    """A failed record's republish to a tier was acknowledged [topic, partition, offset, destination, due_at]."""
+    DLQ_DISPATCHED = "dlq.dispatched"
+    """A record's DLQ publish was acknowledged [topic, partition, offset, destination, reason]."""
+    PUBLISH_FAILED = "publish.failed"
+    """A republish or DLQ publish failed and will be retried [destination, error, attempt]."""
+    PRODUCER_RECREATED = "producer.recreated"
+    """A producer hit a fatal error and was replaced [consumer, error]."""
+    PARTITION_PAUSED = "partition.paused"
+    """A partition was paused: its head record is not due yet, or a publish is failing [topic, partition, until]."""
+    PARTITION_RESUMED = "partition.resumed"
+    """A paused partition was resumed [topic, partition]."""
+    DUE_CLAMPED = "due.clamped"
+    """A tier record's `retry.due_at` lay beyond its tier's longest delay from when this consumer first saw it:
+    skewed clocks or a forged due time; it waits until `clamped_to` instead [consumer, topic, partition, offset,
+    due_at, clamped_to]."""
+    DUPLICATE_SUPPRESSED = "duplicate.suppressed"
+    """A tier record already handled once (same origin, replay count and attempt) was skipped [topic, partition,
+    offset, origin_message_id, reconsume_times]."""
+    OFFSETS_COMMITTED = "offsets.committed"
+    """A commit was sent [consumer, offsets, synchronous]."""
+    TRANSACTION_ABORTED = "transaction.aborted"
+    """Exactly-once mode: a transaction was aborted and its partitions rewound [consumer, error]."""
+
+
+@runtime_checkable
+class Hook(Protocol):
+    """Receives events. `data` is read-only and its keys are listed on each `Event` member.
+
+    A hook may also have a `wanted_events` attribute, a set or frozenset of the events it wants: it then
+    receives those only. Without it, a hook receives every event, `RECORD_HANDLED` included, which is then
+    built once per handled record: a hook that can count `RECORDS_HANDLED` (one per partition and batch)
+    instead keeps the success path lean by leaving `RECORD_HANDLED` out of its `wanted_events`."""
+
+    def on_event(self, event: Event, data: Mapping[str, object]) -> None: ...
+
+
+#: Every event but the per-record success: what the built-in hooks want.
+PER_BATCH: frozenset[Event] = frozenset(Event) - {Event.RECORD_HANDLED}
+
+
+class NullHook:
+    """Ignores everything (the default)."""
+
+    wanted_events: frozenset[Event] = frozenset()
+
+    def on_event(self, event: Event, data: Mapping[str, object]) -> None:
+        return None
+
+
+#: Events that are normal operation and frequent: logged at DEBUG by `LoggingHook`.
+_QUIET = frozenset(
+    {
+        Event.RECORD_HANDLED,
+        Event.RECORDS_HANDLED,
+        Event.PARTITION_PAUSED,
+        Event.PARTITION_RESUMED,
+        Event.OFFSETS_COMMITTED,
+        Event.RETRY_SCHEDULED,
+        Event.RECORD_FAILED,
+    }
+)
+_LOUD = frozenset({Event.PUBLISH_FAILED, Event.PRODUCER_RECREATED, Event.TRANSACTION_ABORTED})
+
+
+class LoggingHook:
+    """Logs events: pausing and handling at DEBUG, trouble at WARNING, the rest at INFO."""
+
+    wanted_events = PER_BATCH
+
+    def __init__(self, logger: logging.Logger | None = None) -> None:
+        self.logger = logger or logging.getLogger("retrytopics")
+
+    def on_event(self, event: Event, data: Mapping[str, object]) -> None:
+        level = logging.DEBUG if event in _QUIET else logging.WARNING if event in _LOUD else logging.INFO
+        if self.logger.isEnabledFor(level):
+            text = " ".join(f"{k}={v}" for k, v in data.items())
+            # the fields travel as data too, so that JSON log lines carry them as keys (retrytopics.operator.logs)
+            self.logger.log(level, "%s %s", event.value, text, extra={"event": event.value, "event_fields": dict(data)})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Stats:
+    """Counters since the app started (`RetryApp.stats`)."""
+
+    handled: int = 0
+    failed: int = 0
+    retried: int = 0
+    dead_lettered: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    duplicates_suppressed: int = 0
+    publish_failures: int = 0
+    abandoned: int = 0
+    transactions_aborted: int = 0
+    paused_partitions: int = 0
+
+
+class StatsCollector:
+    """A hook that counts events; thread-safe, since every consumer thread emits."""
+
+    wanted_events = PER_BATCH
+    _COUNTED: ClassVar[dict[Event, str]] = {
+        Event.RECORDS_HANDLED: "handled",
+        Event.RECORD_FAILED: "failed",
+        Event.RETRY_SCHEDULED: "retried",
+        Event.DUPLICATE_SUPPRESSED: "duplicates_suppressed",
+        Event.PUBLISH_FAILED: "publish_failures",
+        Event.RECORD_ABANDONED: "abandoned",
+        Event.TRANSACTION_ABORTED: "transactions_aborted",
+    }
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: Counter[str] = Counter()
+        self._dead: Counter[str] = Counter()
+
+    def on_event(self, event: Event, data: Mapping[str, object]) -> None:
+        name = self._COUNTED.get(event)
+        if name is None and event is not Event.DLQ_DISPATCHED:
+            return
+        with self._lock:
+            if name is not None:
+                count = data.get("count", 1)
+                self._counts[name] += count if isinstance(count, int) else 1
+            else:
+                self._dead[str(data.get("reason"))] += 1
+
+    def snapshot(self, *, paused_partitions: int = 0) -> Stats:
+        with self._lock:
+            return Stats(
+                dead_lettered=MappingProxyType(dict(self._dead)),
+                paused_partitions=paused_partitions,
+                **{name: self._counts[name] for name in self._COUNTED.values()},
+            )
+
+
+def _wanted(hook: Hook) -> frozenset[Event]:
+    """The events `hook` receives: its `wanted_events` when that is a set of `Event`s, else every one (an
+    attribute of that name that is something else belongs to the hook's own business, not to us)."""
+    wanted = getattr(hook, "wanted_events", None)
+    if isinstance(wanted, set | frozenset) and all(isinstance(e, Event) for e in wanted):
+        return frozenset(wanted)
+    return frozenset(Event)
+
+
+class Emitter:
+    """Fans an event out to the hooks that want it; a failing hook is logged, never propagated."""
+
+    def __init__(self, hooks: Iterable[Hook] = ()) -> None:
+        self._hooks: list[Hook] = []
+        self._routes: dict[Event, tuple[Hook, ...]] = {}
+        for hook in hooks:
+            self.add(hook)
+
+    @property
+    def hooks(self) -> tuple[Hook, ...]:
+        return tuple(self._hooks)
+
+    def add(self, hook: Hook) -> None:
+        self._hooks.append(hook)
+        self._routes = {event: tuple(h for h in self._hooks if event in _wanted(h)) for event in Event}
+
+    def wants(self, event: Event) -> bool:
+        """Whether any hook receives `event` (so that a caller can skip building a frequent one)."""
+        return bool(self._routes.get(event))
+
+    def emit(self, event: Event, **data: object) -> None:
+        hooks = self._routes.get(event)
+        if not hooks:
+            return
+        view = MappingProxyType(data)
+        for hook in hooks:
+            try:
+                hook.on_event(event, view)
+            except Exception:
+                log.exception("hook %r failed on %s", hook, event.value)

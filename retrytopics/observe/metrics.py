@@ -1,0 +1,197 @@
+"""Prometheus metrics, as a hook on the runtime's events (install the `metrics` extra).
+
+    from retrytopics.observe.metrics import PrometheusHook
+    metrics = PrometheusHook()
+    metrics.serve(9102)                       # GET http://host:9102/metrics
+    app = RetryApp(kafka=..., group="billing", hooks=[metrics])
+
+Each hook owns its registry, so several apps in one process (or tests) never collide. Labels are bounded
+by configuration (topics, tiers, reasons), never by record content.
+
+`retrytopics run/tiers --metrics-port` also wires `track_health(lambda: app.healthy)` (the gauge
+`retrytopics_healthy`) and `consumer_properties()` into the app's consumers (the gauge
+`retrytopics_consumer_lag` per topic, from librdkafka's statistics). Both are read without a broker
+request, so `/metrics` answers while the brokers are down.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from retrytopics.observe.events import PER_BATCH, Event
+
+__all__ = ["LATENESS_BUCKETS_S", "STATISTICS_INTERVAL_MS", "PrometheusHook"]
+
+log = logging.getLogger("retrytopics.metrics")
+
+#: How often librdkafka reports consumer lag; a longer interval costs less JSON parsing on big assignments.
+STATISTICS_INTERVAL_MS = 15_000
+
+#: Lateness (handled_at - due_at) buckets, in seconds: the SLO is p99 <= 100 ms.
+LATENESS_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+
+class PrometheusHook:
+    """Counts records handled, failed, retried and dead-lettered per topic (and tier, reason), observes
+    lateness, and tracks paused partitions and publish failures."""
+
+    wanted_events = PER_BATCH
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.handled = Counter("retrytopics_records_handled", "Handler calls that returned", ["topic"], registry=r)
+        self.failed = Counter("retrytopics_records_failed", "Handler calls that raised", ["topic"], registry=r)
+        self.retried = Counter(
+            "retrytopics_records_retried", "Republishes to a tier, acknowledged", ["topic", "tier_topic"], registry=r
+        )
+        self.dead_lettered = Counter(
+            "retrytopics_records_dead_lettered", "DLQ publishes, acknowledged", ["topic", "reason"], registry=r
+        )
+        self.duplicates = Counter(
+            "retrytopics_duplicates_suppressed", "Tier records skipped as already handled", ["topic"], registry=r
+        )
+        self.publish_failures = Counter(
+            "retrytopics_publish_failures", "Republish or DLQ publish attempts that failed", ["topic"], registry=r
+        )
+        self.abandoned = Counter(
+            "retrytopics_records_abandoned",
+            "Records left to a new owner after losing a partition",
+            ["topic"],
+            registry=r,
+        )
+        self.lateness = Histogram(
+            "retrytopics_lateness_seconds",
+            "handled_at - due_at of retried records",
+            ["topic"],
+            buckets=LATENESS_BUCKETS_S,
+            registry=r,
+        )
+        self.paused = Gauge("retrytopics_paused_partitions", "Partitions paused right now", ["topic"], registry=r)
+        self.commits = Counter("retrytopics_commits", "Offset commits sent", ["consumer"], registry=r)
+        self.healthy = Gauge(
+            "retrytopics_healthy", "1 while every consumer loop of the app is healthy (app.healthy), else 0", registry=r
+        )
+        self.lag = Gauge(
+            "retrytopics_consumer_lag",
+            "Records after the committed offset, summed over the assigned partitions "
+            "(a tier's lag includes records waiting for their due time)",
+            ["topic"],
+            registry=r,
+        )
+        self._paused: set[tuple[str, int]] = set()
+        self._lock = threading.Lock()
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
+        """Expose `/metrics` over HTTP on `port` (a daemon thread)."""
+        start_http_server(port, addr=addr, registry=self.registry)
+
+    def track_health(self, probe: Callable[[], bool]) -> None:
+        """Report `probe()` (e.g. `lambda: app.healthy`) as `retrytopics_healthy` at each scrape."""
+        self.healthy.set_function(lambda: _probe(probe))
+
+    def consumer_properties(self) -> dict[str, object]:
+        """librdkafka properties that make a consumer report its lag to this hook."""
+        return {"statistics.interval.ms": STATISTICS_INTERVAL_MS, "stats_cb": self.on_statistics}
+
+    def on_statistics(self, stats_json: str) -> None:
+        """librdkafka's stats_cb: set the lag of each topic this consumer has partitions of."""
+        try:
+            for topic, lag in consumer_lag(json.loads(stats_json)).items():
+                self.lag.labels(topic).set(lag)
+        except (ValueError, TypeError, AttributeError):  # a malformed report must not break the consumer
+            log.debug("unreadable librdkafka statistics", exc_info=True)
+
+    def on_event(self, event: Event, data: Mapping[str, object]) -> None:
+        topic = str(data.get("topic", ""))
+        if event is Event.RECORDS_HANDLED:
+            count = data.get("count")
+            self.handled.labels(topic).inc(count if isinstance(count, int) else 1)
+            lateness = data.get("lateness_ms")
+            for ms in lateness if isinstance(lateness, tuple) else ():
+                self.lateness.labels(topic).observe(max(0, ms) / 1000)
+        elif event is Event.RECORD_FAILED:
+            self.failed.labels(topic).inc()
+            self._observe_lateness(topic, data)
+        elif event is Event.RETRY_SCHEDULED:
+            self.retried.labels(topic, str(data.get("destination", ""))).inc()
+        elif event is Event.DLQ_DISPATCHED:
+            self.dead_lettered.labels(topic, str(data.get("reason", ""))).inc()
+        elif event is Event.DUPLICATE_SUPPRESSED:
+            self.duplicates.labels(topic).inc()
+        elif event is Event.PUBLISH_FAILED:
+            self.publish_failures.labels(str(data.get("destination", ""))).inc()
+        elif event is Event.RECORD_ABANDONED:
+            self.abandoned.labels(topic).inc()
+        elif event is Event.OFFSETS_COMMITTED:
+            self.commits.labels(str(data.get("consumer", ""))).inc()
+        elif event in (Event.PARTITION_PAUSED, Event.PARTITION_RESUMED):
+            self._track_pause(event, topic, data.get("partition"))
+        elif event in (Event.PARTITIONS_REVOKED, Event.PARTITIONS_LOST):
+            self._forget(data.get("partitions"))
+
+    def _observe_lateness(self, topic: str, data: Mapping[str, object]) -> None:
+        due_at = data.get("due_at")
+        if isinstance(due_at, int):
+            handled_at = data.get("handled_at")
+            now_ms = handled_at if isinstance(handled_at, int) else int(time.time() * 1000)
+            self.lateness.labels(topic).observe(max(0, now_ms - due_at) / 1000)
+
+    def _track_pause(self, event: Event, topic: str, partition: object) -> None:
+        if not isinstance(partition, int):
+            return
+        with self._lock:
+            if event is Event.PARTITION_PAUSED:
+                self._paused.add((topic, partition))
+            else:
+                self._paused.discard((topic, partition))
+            self._publish_paused()
+
+    def _forget(self, partitions: object) -> None:
+        if not isinstance(partitions, list | tuple | set | frozenset):
+            return
+        with self._lock:
+            for item in partitions:
+                coordinates = (getattr(item, "topic", None), getattr(item, "partition", None))
+                if isinstance(item, tuple) and len(item) == 2:
+                    coordinates = item
+                self._paused.discard(coordinates)
+            self._publish_paused()
+
+    def _publish_paused(self) -> None:
+        per_topic: dict[str, int] = {}
+        for topic, _ in self._paused:
+            per_topic[topic] = per_topic.get(topic, 0) + 1
+        for labels in list(self.paused._metrics):
+            if labels[0] not in per_topic:
+                self.paused.labels(*labels).set(0)
+        for topic, count in per_topic.items():
+            self.paused.labels(topic).set(count)
+
+
+def _probe(probe: Callable[[], bool]) -> float:
+    try:
+        return 1.0 if probe() else 0.0
+    except Exception:  # noqa: BLE001 - a scrape must answer; a probe that fails reports unhealthy
+        return 0.0
+
+
+def consumer_lag(stats: Mapping[str, object]) -> dict[str, int]:
+    """Lag per topic from one librdkafka statistics report: the sum of `consumer_lag` over its partitions
+    (librdkafka reports -1 for a partition it does not consume or whose committed offset it does not know,
+    and the internal partition -1)."""
+    lag: dict[str, int] = {}
+    topics = stats.get("topics")
+    for topic, entry in (topics or {}).items() if isinstance(topics, dict) else ():
+        partitions = entry.get("partitions", {}) if isinstance(entry, dict) else {}
+        known = [p.get("consumer_lag", -1) for key, p in partitions.items() if key != "-1" and isinstance(p, dict)]
+        known = [value for value in known if isinstance(value, int) and value >= 0]
+        if known:
+            lag[topic] = sum(known)
+    return lag

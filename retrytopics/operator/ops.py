@@ -1,0 +1,292 @@
+"""Operator actions behind the CLI: provision and describe a retry pipeline's topics, peek at a DLQ.
+
+Each function takes validated settings and returns plain data; `cli.py` only parses arguments and prints.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from retrytopics.connectors.admin import (
+    ProvisionOutcome,
+    TopicSpec,
+    committed_offsets,
+    end_offsets,
+    ensure_topics,
+    less_durable,
+    partition_count,
+    read_at,
+    replication_config,
+    topic_durability,
+)
+from retrytopics.connectors.config import KafkaConfig
+from retrytopics.connectors.kafka import make_admin, make_consumer, map_kafka_errors, open_tail
+from retrytopics.connectors.record_headers import read_headers
+from retrytopics.core.errors import ConfigError, HeaderDecodeError, KafkaClientError
+from retrytopics.core.headers import decode, user_headers
+from retrytopics.core.naming import TopicSet, topics_for
+from retrytopics.core.policy import RetryPolicy
+from retrytopics.operator.config import AppSettings
+
+__all__ = [
+    "PartitionState",
+    "PeekedRecord",
+    "describe_pipeline",
+    "durability_warnings",
+    "peek_dlq",
+    "pipeline_topics",
+    "printable",
+    "provision_pipeline",
+]
+
+log = logging.getLogger("retrytopics.ops")
+
+
+def pipeline_topics(app: AppSettings) -> TopicSet:
+    """The tier and DLQ topics of the pipeline that `app` describes."""
+    app.require("topic", "group", "delays")  # no default ladder: a guessed one names topics that do not exist
+    assert app.topic is not None and app.group is not None and app.delays is not None
+    policy = RetryPolicy(delays=app.delays)
+    return topics_for(app.topic, app.group, policy.tier_delays_ms, strategy=app.naming, dlq=app.dlq)
+
+
+def provision_pipeline(
+    kafka: KafkaConfig, app: AppSettings, *, create_source: bool = False
+) -> dict[str, ProvisionOutcome]:
+    """Create the tier topics and the DLQ (idempotent), and the source topic too when `create_source`.
+    Tiers get as many partitions as the source topic unless `app.partitions` says otherwise, so that keyless
+    records keep their partition number; new topics get `app.replication_factor` and `app.min_insync_replicas`."""
+    topics = pipeline_topics(app)
+    admin = make_admin(kafka)
+    outcome: dict[str, ProvisionOutcome] = {}
+    config = replication_config(app.min_insync_replicas)
+    if create_source:
+        app.require("partitions")
+        source = TopicSpec(
+            name=topics.source, partitions=app.partitions or 1, replication_factor=app.replication_factor, config=config
+        )
+        outcome.update(ensure_topics(admin, [source]))
+    partitions = app.partitions or partition_count(admin, topics.source)
+    if partitions is None:
+        raise ConfigError("app.partitions", None, f"source topic {topics.source!r} does not exist; pass --partitions")
+    specs = [
+        TopicSpec(name=name, partitions=partitions, replication_factor=app.replication_factor, config=config)
+        for name in topics.all_topics
+    ]
+    outcome.update(ensure_topics(admin, specs))
+    _warn_less_durable(kafka, app)
+    return outcome
+
+
+def _warn_less_durable(kafka: KafkaConfig, app: AppSettings) -> None:
+    try:
+        warnings = durability_warnings(kafka, app)
+    except KafkaClientError as exc:  # advice only: a broker that will not describe configs works the same
+        log.debug("replication of the pipeline's topics not compared: %s", exc)
+        return
+    for warning in warnings:
+        log.warning("%s", warning)
+
+
+def durability_warnings(kafka: KafkaConfig, app: AppSettings) -> list[str]:
+    """One line per tier or DLQ topic of the pipeline that is less durable than its source (fewer replicas,
+    or a lower `min.insync.replicas`): a record handed off there is more easily lost than it was."""
+    topics = pipeline_topics(app)
+    return less_durable(topics.source, topic_durability(make_admin(kafka), [topics.source, *topics.all_topics]))
+
+
+def printable(data: bytes | None, limit: int = 200) -> str | None:
+    """Bytes as text when they are UTF-8, else `base64:`-prefixed; bounded, for terminals and JSON."""
+    if data is None:
+        return None
+    try:
+        text = data.decode("utf-8")
+        if text.isprintable():
+            return text if len(text) <= limit else text[:limit] + "…"
+    except UnicodeDecodeError:
+        pass
+    encoded = base64.b64encode(data[: limit * 3 // 4]).decode()
+    return "base64:" + encoded + ("…" if len(data) > limit * 3 // 4 else "")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PeekedRecord:
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+    key: str | None
+    value: str | None
+    user_headers: dict[str, str | None]
+    retry: dict[str, object] | None
+    header_error: str | None
+
+    def as_dict(self) -> dict[str, object]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+def _peeked(message: object) -> PeekedRecord:
+    headers, unreadable = read_headers(message)
+    retry: dict[str, object] | None = None
+    error: str | None = None if unreadable is None else str(unreadable)
+    try:
+        decoded = decode(headers)
+        retry = {
+            "reason": decoded.dlq_reason.value if decoded.dlq_reason else None,
+            "reconsume_times": decoded.reconsume_times,
+            "origin_message_id": decoded.origin_message_id,
+            "original": f"{decoded.original_topic}[{decoded.original_partition}]@{decoded.original_offset}",
+            "exception_type": decoded.exception_type,
+            "exception_message": decoded.exception_message,
+            "first_failed_at": decoded.first_failed_at,
+            "last_failed_at": decoded.last_failed_at,
+            "replay_count": decoded.lineage.replay_count,
+        }
+    except HeaderDecodeError as exc:
+        error = str(exc) if error is None else f"{error}; {exc}"
+    return PeekedRecord(
+        topic=message.topic(),  # type: ignore[attr-defined]
+        partition=message.partition(),  # type: ignore[attr-defined]
+        offset=message.offset(),  # type: ignore[attr-defined]
+        timestamp_ms=message.timestamp()[1],  # type: ignore[attr-defined]
+        key=printable(message.key()),  # type: ignore[attr-defined]
+        value=printable(message.value()),  # type: ignore[attr-defined]
+        user_headers={k: printable(v, 80) for k, v in user_headers(headers)},
+        retry=retry,
+        header_error=error,
+    )
+
+
+def peek_dlq(
+    kafka: KafkaConfig, topic: str, *, last: int = 20, follow: bool = False, idle_timeout_s: float = 2.0
+) -> Iterator[PeekedRecord]:
+    """The last `last` records of each DLQ partition (oldest first), then new ones while `follow`.
+    Reads with assign(): it never joins a consumer group and never commits."""
+    admin = make_admin(kafka)
+    partitions = partition_count(admin, topic)
+    if partitions is None:
+        raise ConfigError("dlq", topic, "topic does not exist")
+    consumer = open_tail(kafka, topic, partitions, last=last)
+    try:
+        yield from _drain(consumer, follow, idle_timeout_s)
+    finally:
+        consumer.close()
+
+
+def _drain(consumer: object, follow: bool, idle_timeout_s: float) -> Iterator[PeekedRecord]:
+    idle_since = time.monotonic()
+    while follow or time.monotonic() - idle_since < idle_timeout_s:
+        messages = consumer.consume(500, 0.2)  # type: ignore[attr-defined]
+        for message in messages:
+            if message.error() is None:
+                idle_since = time.monotonic()
+                yield _peeked(message)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PartitionState:
+    """One partition of a pipeline topic as an operator sees it."""
+
+    topic: str
+    kind: str  # "source" | "tier" | "dlq"
+    partition: int
+    end_offset: int
+    committed: int | None
+    lag: int | None
+    state: str  # "idle", "waiting 12.3s" (paused until due: normal), "overdue 45.0s" (stuck), "-"
+    replicas: int
+    in_sync_replicas: int
+    min_insync_replicas: int | None  # the topic's effective setting (its own, else the broker's default)
+
+    def as_dict(self) -> dict[str, object]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+def _head_state(kafka: KafkaConfig, topic: str, partition: int, offset: int, now_ms: int, grace_ms: int) -> str:
+    message = read_at(kafka, topic, partition, offset)
+    if message is None:
+        return "unknown"
+    try:
+        due_at = decode(read_headers(message)[0]).due_at
+    except HeaderDecodeError:
+        return "invalid headers at head"
+    if due_at is None:
+        return "unknown"
+    if due_at > now_ms:
+        return f"waiting {(due_at - now_ms) / 1000:.1f}s"
+    return f"overdue {(now_ms - due_at) / 1000:.1f}s" if now_ms - due_at > grace_ms else "due"
+
+
+def describe_pipeline(kafka: KafkaConfig, app: AppSettings, *, grace_ms: int = 30_000) -> list[PartitionState]:
+    """End offsets, committed offsets and lag of the source (main group), each tier (its own group: the tier
+    topic's name) and the DLQ; for a tier partition with lag, whether its head record is still waiting for
+    its due time (the consumer is paused on it, as designed) or overdue (no consumer, or a stuck one); the
+    replicas and in-sync replicas of each partition and each topic's `min.insync.replicas`."""
+    topics = pipeline_topics(app)
+    admin = make_admin(kafka)
+    replication = _replication(admin, [topics.source, *topics.all_topics])
+    _warn_less_durable(kafka, app)
+    now_ms = int(time.time() * 1000)
+    rows: list[PartitionState] = []
+    plan = [
+        (topics.source, "source", app.group),
+        *[(t.topic, "tier", t.topic) for t in topics.tiers],
+        (topics.dlq, "dlq", None),
+    ]
+    for topic, kind, group in plan:
+        partitions = partition_count(admin, topic)
+        if partitions is None:
+            raise ConfigError("app.topic", topic, "topic does not exist; run `retrytopics topics create` first")
+        consumer = make_consumer(kafka, group_id=None)
+        try:
+            ends = end_offsets(consumer, topic, partitions)
+        finally:
+            consumer.close()
+        committed = committed_offsets(kafka, group, topic, partitions) if group else {}
+        for p in range(partitions):
+            start = committed.get(p)
+            lag = None if group is None else ends[p] - (start or 0)
+            state = "-"
+            if kind == "tier":
+                state = "idle" if not lag else _head_state(kafka, topic, p, start or 0, now_ms, grace_ms)
+            replicas, in_sync, min_insync = replication.get((topic, p), (0, 0, None))
+            rows.append(
+                PartitionState(
+                    topic=topic,
+                    kind=kind,
+                    partition=p,
+                    end_offset=ends[p],
+                    committed=start,
+                    lag=lag,
+                    state=state,
+                    replicas=replicas,
+                    in_sync_replicas=in_sync,
+                    min_insync_replicas=min_insync,
+                )
+            )
+    return rows
+
+
+def _replication(admin: object, names: list[str]) -> dict[tuple[str, int], tuple[int, int, int | None]]:
+    """(topic, partition) -> (replicas, in-sync replicas, the topic's min.insync.replicas)."""
+    with map_kafka_errors():
+        metadata = admin.list_topics(timeout=10).topics  # type: ignore[attr-defined]
+    try:
+        durability = topic_durability(admin, names)  # type: ignore[arg-type]
+    except KafkaClientError as exc:  # a broker that will not describe configs: the column stays empty
+        log.debug("min.insync.replicas of the pipeline's topics not read: %s", exc)
+        durability = {}
+    return {
+        (name, p): (
+            len(meta.replicas),
+            len(meta.isrs),
+            durability[name].min_insync_replicas if name in durability else None,
+        )
+        for name in names
+        if name in metadata
+        for p, meta in metadata[name].partitions.items()
+    }

@@ -1,0 +1,353 @@
+"""The header contract: round trip, a total bounded decoder, tolerant lineage, user headers kept byte for byte."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from retrytopics.core import headers as H
+from retrytopics.core.errors import ConfigError, HeaderDecodeError
+from retrytopics.core.headers import DlqReason, Lineage, RetryHeaders, decode, decode_lineage, encode, truncate_utf8
+
+INT64 = 2**63 - 1
+names = st.from_regex(r"[a-zA-Z0-9._-]{1,40}", fullmatch=True)
+ids = st.text(min_size=1, max_size=40)
+times = st.integers(min_value=0, max_value=INT64)
+
+lineages = st.builds(
+    Lineage,
+    replay_id=st.none() | ids,
+    replayed_at=st.none() | times,
+    replay_count=st.integers(min_value=0, max_value=2**31 - 1),
+    replay_origin_id=st.none() | ids,
+)
+
+
+@st.composite
+def retry_headers(draw: st.DrawFn) -> RetryHeaders:
+    first = draw(st.integers(min_value=0, max_value=INT64 // 2))
+    last = first + draw(st.integers(min_value=0, max_value=10**12))
+    on_tier = draw(st.booleans())
+    return RetryHeaders(
+        reconsume_times=draw(st.integers(min_value=1, max_value=2**31 - 1)),
+        origin_message_id=draw(ids),
+        original_topic=draw(names),
+        original_partition=draw(st.integers(min_value=0, max_value=2**31 - 1)),
+        original_offset=draw(times),
+        original_timestamp=draw(st.integers(min_value=-1, max_value=INT64)),
+        consumer_group=draw(names),
+        tier=draw(st.integers(min_value=0, max_value=99)) if on_tier else None,
+        due_at=draw(times) if on_tier else None,
+        first_failed_at=first,
+        last_failed_at=last,
+        exception_type=draw(st.text(min_size=1, max_size=60)),
+        exception_message=draw(st.text(max_size=200)),
+        exception_trace=draw(st.text(max_size=300)),
+        dlq_reason=None if on_tier else draw(st.sampled_from(DlqReason)),
+        lineage=draw(lineages),
+    )
+
+
+def sample(**changes: Any) -> RetryHeaders:
+    base = RetryHeaders(
+        reconsume_times=2,
+        origin_message_id="orders-0-42",
+        original_topic="orders",
+        original_partition=0,
+        original_offset=42,
+        original_timestamp=1_700_000_000_000,
+        consumer_group="billing",
+        tier=1,
+        due_at=1_700_000_035_000,
+        first_failed_at=1_700_000_000_100,
+        last_failed_at=1_700_000_005_000,
+        exception_type="builtins.OSError",
+        exception_message="down",
+        exception_trace="Traceback ...",
+    )
+    return dataclasses.replace(base, **changes)
+
+
+@given(retry_headers())
+def test_round_trip_is_identity(h: RetryHeaders) -> None:
+    encoded = encode(h)
+    assert decode(encoded) == h
+    keys = [k for k, _ in encoded]
+    assert len(keys) == len(set(keys)), "no header key is duplicated"
+    assert all(k.startswith(H.RETRY_PREFIX) and isinstance(v, bytes) for k, v in encoded)
+    assert sum(len(k) + len(v or b"") for k, v in encoded) <= H.MAX_RETRY_HEADERS_BYTES
+
+
+def test_encoding_is_readable_text() -> None:
+    encoded = dict(encode(sample()))
+    assert encoded[H.SCHEMA_VERSION] == b"1"
+    assert encoded[H.RECONSUME_TIMES] == b"2"
+    assert encoded[H.DUE_AT] == b"1700000035000"
+    assert encoded[H.REPLAY_COUNT] == b"0"
+    assert H.DLQ_REASON not in encoded and H.REPLAY_ID not in encoded  # None fields are left out
+    assert dict(encode(sample(tier=None, due_at=None, dlq_reason=DlqReason.TIMEOUT)))[H.DLQ_REASON] == b"timeout"
+
+
+def replace_header(headers: list[H.Header], key: str, value: bytes | None) -> list[H.Header]:
+    return [(k, value if k == key else v) for k, v in headers]
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "reason"),
+    [
+        (H.RECONSUME_TIMES, b"abc", "decimal integer"),
+        (H.RECONSUME_TIMES, b"-1", "1.."),
+        (H.RECONSUME_TIMES, b"0", "1.."),
+        (H.RECONSUME_TIMES, b"+3", "decimal integer"),
+        (H.RECONSUME_TIMES, b"\xd9\xa3", "decimal integer"),  # an Arabic-Indic digit, which int() would accept
+        (H.RECONSUME_TIMES, b"007", "decimal integer"),
+        (H.ORIGINAL_OFFSET, b"99999999999999999999", "decimal integer"),
+        (H.ORIGINAL_PARTITION, b"2147483648", "0.."),
+        (H.TIER, b"100", "0..99"),
+        (H.ORIGIN_MESSAGE_ID, b"\xff\xfe", "UTF-8"),
+        (H.ORIGIN_MESSAGE_ID, b"", "1..512"),
+        (H.ORIGINAL_TOPIC, b"no spaces allowed", "topic"),
+        (H.SCHEMA_VERSION, b"2", "1..1"),
+        (H.DUE_AT, None, "together"),  # a null value counts as absent; tier without due_at is refused
+        (H.CONSUMER_GROUP, None, "missing"),
+    ],
+)
+def test_bad_values_name_the_header_and_value(key: str, value: bytes | None, reason: str) -> None:
+    with pytest.raises(HeaderDecodeError) as info:
+        decode(replace_header(encode(sample()), key, value))
+    assert info.value.field == key
+    assert info.value.value == value
+    assert reason in info.value.reason
+
+
+def test_missing_duplicated_oversized_and_too_many() -> None:
+    good = encode(sample())
+    with pytest.raises(HeaderDecodeError) as info:
+        decode([(k, v) for k, v in good if k != H.ORIGINAL_OFFSET])
+    assert (info.value.field, info.value.reason) == (H.ORIGINAL_OFFSET, "missing")
+    with pytest.raises(HeaderDecodeError) as info:
+        decode([*good, (H.TIER, b"0")])
+    assert info.value.field == H.TIER and "duplicated" in info.value.reason
+    with pytest.raises(HeaderDecodeError) as info:
+        decode(replace_header(good, H.EXCEPTION_TRACE, b"x" * (H.MAX_VALUE_BYTES + 1)))
+    assert info.value.field == H.EXCEPTION_TRACE
+    assert isinstance(info.value.value, bytes) and len(info.value.value) <= 67  # a bounded excerpt
+    with pytest.raises(HeaderDecodeError) as info:
+        decode([*good, *[("user", b"")] * H.MAX_HEADER_COUNT])
+    assert info.value.field == "headers"
+
+
+def test_a_future_schema_version_is_reported_before_anything_else() -> None:
+    with pytest.raises(HeaderDecodeError) as info:
+        decode([(H.SCHEMA_VERSION, b"2")])
+    assert info.value.field == H.SCHEMA_VERSION
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({H.FIRST_FAILED_AT: b"9", H.LAST_FAILED_AT: b"8"}, H.LAST_FAILED_AT),
+        ({H.DLQ_REASON: b"exhausted"}, H.DLQ_REASON),
+        ({H.DLQ_REASON: b"bored"}, H.DLQ_REASON),
+    ],
+)
+def test_cross_field_rules_are_header_errors(changes: dict[str, bytes], field: str) -> None:
+    hs = [(k, changes.pop(k, v)) for k, v in encode(sample())]
+    hs += list(changes.items())
+    with pytest.raises(HeaderDecodeError) as info:
+        decode(hs)
+    assert info.value.field == field
+
+
+def test_due_at_without_tier_is_refused() -> None:
+    hs = [(k, v) for k, v in encode(sample()) if k != H.TIER]
+    with pytest.raises(HeaderDecodeError) as info:
+        decode(hs)
+    assert info.value.field == H.DUE_AT
+
+
+known_keys = st.sampled_from([k for k, _ in encode(sample(lineage=Lineage(replay_id="r", replayed_at=1)))])
+values = st.none() | st.binary(max_size=40) | st.sampled_from([b"0", b"1", b"-1", b"orders", b"exhausted", b"9" * 30])
+entries = st.tuples(known_keys | st.text(max_size=12), values)
+garbage = st.integers() | st.text(max_size=5) | st.tuples(st.integers(), st.binary()) | st.tuples(st.text(), st.text())
+
+
+@given(st.lists(entries | garbage, max_size=40))
+def test_decode_is_total(items: list[Any]) -> None:
+    try:
+        decode(items)
+    except HeaderDecodeError as error:
+        assert isinstance(error.field, str) and error.reason
+        assert not isinstance(error.value, bytes | str) or len(error.value) <= 67
+
+
+@given(st.data(), retry_headers())
+def test_decode_is_total_on_mutations_of_valid_headers(data: st.DataObject, h: RetryHeaders) -> None:
+    hs = encode(h)
+    index = data.draw(st.integers(min_value=0, max_value=len(hs) - 1))
+    hs[index] = (hs[index][0], data.draw(values))
+    try:
+        assert decode(hs) is not None
+    except HeaderDecodeError as error:
+        assert error.field.startswith(H.RETRY_PREFIX)
+
+
+@given(st.lists(entries | garbage, max_size=40))
+def test_decode_lineage_never_raises(items: list[Any]) -> None:
+    assert isinstance(decode_lineage(items), Lineage)
+
+
+def test_decode_lineage_keeps_valid_fields_and_drops_the_rest() -> None:
+    lineage = decode_lineage(
+        [
+            ("user", b"x"),
+            (H.REPLAY_ID, b"replay-7"),
+            (H.REPLAY_COUNT, b"many"),
+            (H.REPLAYED_AT, b"5"),
+            (H.REPLAYED_AT, b"6"),  # duplicated: ambiguous, dropped
+            (H.REPLAY_ORIGIN_ID, b"orders-0-1"),
+            (H.TIER, b"3"),  # not lineage: never read here
+        ]
+    )
+    assert lineage == Lineage(replay_id="replay-7", replay_origin_id="orders-0-1")
+
+
+def test_user_headers_are_kept_byte_for_byte_in_order_with_duplicates() -> None:
+    user = [("trace", b"\x00\xff"), ("a", None), ("trace", b"2"), ("Retry.tier", b"mine")]
+    mixed = [user[0], *encode(sample()), user[1], user[2], ("retry.custom", b"?"), user[3]]
+    assert H.user_headers(mixed) == user
+
+
+@given(st.text(max_size=300), st.integers(min_value=14 * 3, max_value=400), st.sampled_from(["head", "tail"]))
+def test_truncate_utf8_bounds_and_marks(text: str, limit: int, keep: Any) -> None:
+    out = truncate_utf8(text, limit, keep=keep)
+    assert len(out.encode("utf-8")) <= limit
+    if len(text.encode("utf-8")) <= limit:
+        assert out == text
+    else:
+        marker = "…[truncated]"
+        assert out.endswith(marker) if keep == "head" else out.startswith(marker)
+        body = out.removesuffix(marker) if keep == "head" else out.removeprefix(marker)
+        assert text.startswith(body) if keep == "head" else text.endswith(body)
+
+
+def test_truncate_utf8_examples_and_surrogates() -> None:
+    assert truncate_utf8("abcdef", 5, marker="~") == "abcd~"
+    assert truncate_utf8("abcdef", 5, marker="~", keep="tail") == "~cdef"
+    assert truncate_utf8("ééé", 4, marker="~") == "é~"  # 3 bytes of room: never half of the second "é"
+    assert truncate_utf8("bad \udc80", 100) == "bad \\udc80"
+    with pytest.raises(ConfigError):
+        truncate_utf8("abcdef", 2, marker="~~~")
+
+
+def test_redact() -> None:
+    text = "auth failed password=hunter2 api_key: abc Authorization: Bearer x.y.z for https://bob:pw@db/x"
+    out = H.redact(text)
+    for secret in ("hunter2", "abc", "x.y.z", "bob:pw"):
+        assert secret not in out
+    assert out.count("[hidden]") == 4
+
+
+#: a bad value of one field each, and the field the error must name
+FIELD_ERRORS: list[tuple[dict[str, Any], str]] = [
+    ({"reconsume_times": 0}, "reconsume_times"),
+    ({"original_topic": "a b"}, "original_topic"),
+    ({"exception_message": "x" * 2000}, "exception_message"),
+    ({"exception_message": "\udc80"}, "exception_message"),
+    ({"lineage": "none"}, "lineage"),
+]
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        *FIELD_ERRORS,
+        ({"tier": 1, "dlq_reason": DlqReason.EXHAUSTED}, "dlq_reason"),
+        ({"first_failed_at": 10, "last_failed_at": 9}, "last_failed_at"),
+    ],
+)
+def test_constructor_errors_name_the_field(changes: dict[str, Any], field: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        sample(**changes)
+    assert info.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        *FIELD_ERRORS,
+        ({"tier": 1, "due_at": 5, "dlq_reason": DlqReason.EXHAUSTED}, "dlq_reason"),
+        ({"last_failed_at": -5}, "last_failed_at"),
+        ({"due_at": None}, "due_at"),
+    ],
+)
+def test_evolve_checks_what_it_changes_and_the_rules_between_fields(changes: dict[str, Any], field: str) -> None:
+    # the router's copies are as strict as the constructor on what they change (sample() is a tier record)
+    with pytest.raises(ConfigError) as info:
+        sample().evolve(**changes)
+    assert info.value.field == field
+
+
+@given(h=retry_headers(), data=st.data())
+def test_evolve_equals_replace_for_valid_changes(h: RetryHeaders, data: st.DataObject) -> None:
+    other = data.draw(retry_headers())
+    names = data.draw(st.sets(st.sampled_from(sorted(f.name for f in dataclasses.fields(RetryHeaders)))))
+    changes = {name: getattr(other, name) for name in names}
+    try:
+        expected = dataclasses.replace(h, **changes)
+    except ConfigError as exc:
+        with pytest.raises(ConfigError) as info:
+            h.evolve(**changes)
+        assert info.value.field == exc.field
+    else:
+        assert h.evolve(**changes) == expected
+    with pytest.raises(TypeError):
+        h.evolve(colour="red")
+
+
+@given(
+    value=st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-(2**70), 2**70),
+        st.text(max_size=300),
+        st.binary(max_size=10),
+        st.floats(allow_nan=False),
+    )
+)
+def test_the_fast_checks_agree_with_the_full_check(value: object) -> None:
+    for spec, check in (*H._RETRY_CHECKS, *H._LINEAGE_CHECKS):
+        assert check(value) == H._problem(spec, value), (spec.attr, value)
+
+
+_RAW_VALUES = st.one_of(
+    st.none(),
+    st.integers(min_value=-(2**70), max_value=2**70).map(lambda i: str(i).encode()),
+    st.from_regex(rb"\A0[0-9]{1,25}\Z"),  # leading zeros, and too many digits for an int64
+    st.sampled_from([b"", b"0", b"-0", b"+1", b" 1", b"1 ", "\u0661\u0662".encode(), "\u00b2".encode(), b"1e3"]),
+    st.sampled_from([r.value.encode() for r in DlqReason] + [b"EXHAUSTED", b"orders", b"orders.billing", b"a/b"]),
+    st.text(max_size=40).map(lambda t: t.encode("utf-8", "surrogatepass")),
+    st.binary(max_size=40),
+    st.integers(min_value=0, max_value=9000).map(lambda n: b"x" * n),
+)
+
+
+@given(spec=st.sampled_from([*H._RETRY_SPECS, *H._LINEAGE_SPECS]), raw=_RAW_VALUES)
+def test_the_fast_field_parser_reads_and_refuses_exactly_as_the_full_one(spec: Any, raw: bytes | None) -> None:
+    # decode reads the common valid value of each field in a few comparisons; whatever it reads, and every
+    # error it raises (header, excerpt, reason), must be what the full parser gives
+    parse = H._fast_parser(spec)
+
+    def outcome(read: Any) -> tuple[str, Any]:
+        try:
+            value = read()
+        except HeaderDecodeError as exc:
+            return ("refused", (exc.field, exc.value, exc.reason))
+        return ("read", (type(value), value))
+
+    assert outcome(lambda: parse(raw)) == outcome(lambda: H._parse(spec, raw))
+    assert outcome(lambda: parse(raw)) == outcome(lambda: H._parse(spec, raw))  # the second time from a cache

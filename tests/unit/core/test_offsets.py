@@ -1,0 +1,182 @@
+"""Commit positions move only over a gap-free prefix of finished records, and stale acknowledgements
+(from before a revocation) never move them."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from retrytopics.core.offsets import OffsetTracker
+
+TP = ("orders", 0)
+
+
+def test_position_waits_for_the_oldest_unfinished_record() -> None:
+    # setup
+    tracker = OffsetTracker()
+    epoch = tracker.assign(TP)
+    for offset in (10, 11, 12):
+        tracker.track(TP, offset)
+    # when: a later record finishes first
+    tracker.finish(TP, 11, epoch)
+    tracker.finish(TP, 12, epoch)
+    # then: nothing is committable until 10 finishes, then everything is
+    assert tracker.commit_positions() == {}
+    tracker.finish(TP, 10, epoch)
+    assert tracker.commit_positions() == {TP: 13}
+
+
+def test_committed_positions_are_not_offered_again() -> None:
+    tracker = OffsetTracker()
+    epoch = tracker.assign(TP)
+    tracker.track(TP, 0)
+    tracker.finish(TP, 0, epoch)
+    tracker.mark_committed(tracker.commit_positions())
+    assert tracker.commit_positions() == {}
+    assert tracker.positions() == {TP: 1}
+
+
+def test_gaps_in_offsets_are_fine() -> None:
+    # transaction markers and compaction leave holes in a partition's offsets
+    tracker = OffsetTracker()
+    epoch = tracker.assign(TP)
+    tracker.track(TP, 3)
+    tracker.track(TP, 7)
+    tracker.finish(TP, 3, epoch)
+    tracker.finish(TP, 7, epoch)
+    assert tracker.commit_positions() == {TP: 8}
+
+
+def test_an_ack_from_a_previous_assignment_is_ignored() -> None:
+    # setup: offset 5 is republished, then the partition is revoked and assigned again
+    tracker = OffsetTracker()
+    old = tracker.assign(TP)
+    tracker.track(TP, 5)
+    tracker.revoke(TP)
+    new = tracker.assign(TP)
+    tracker.track(TP, 5)
+    # when: the old republish is acknowledged
+    assert tracker.finish(TP, 5, old) is False
+    # then: only the new owner's decision counts
+    assert tracker.commit_positions() == {}
+    assert tracker.finish(TP, 5, new) is True
+    assert tracker.commit_positions() == {TP: 6}
+
+
+def test_revoked_partition_has_no_position() -> None:
+    tracker = OffsetTracker()
+    epoch = tracker.assign(TP)
+    tracker.track(TP, 0)
+    tracker.finish(TP, 0, epoch)
+    tracker.revoke(TP)
+    assert tracker.positions() == {}
+    assert tracker.finish(TP, 0, epoch) is False
+
+
+def test_rewind_returns_the_last_commit_or_the_first_tracked_offset() -> None:
+    tracker = OffsetTracker()
+    epoch = tracker.assign(TP)
+    tracker.track(TP, 4)
+    tracker.finish(TP, 4, epoch)
+    tracker.track(TP, 5)
+    assert tracker.rewind(TP) == 4  # never committed: back to the first tracked offset
+    tracker.track(TP, 4)
+    tracker.finish(TP, 4, epoch)
+    tracker.mark_committed(tracker.commit_positions())
+    tracker.track(TP, 5)
+    tracker.finish(TP, 5, epoch)
+    assert tracker.rewind(TP) == 5  # the committed position
+    assert tracker.commit_positions() == {}
+
+
+def test_offsets_must_increase() -> None:
+    tracker = OffsetTracker()
+    tracker.track(TP, 3)
+    try:
+        tracker.track(TP, 3)
+    except ValueError as exc:
+        assert "must increase" in str(exc)
+    else:
+        raise AssertionError("a repeated offset was accepted")
+
+
+@given(order=st.permutations(list(range(30))), finished=st.sets(st.integers(0, 29)))
+def test_position_is_one_past_the_longest_finished_prefix(order: list[int], finished: set[int]) -> None:
+    tracker = OffsetTracker()
+    epoch = tracker.assign(TP)
+    for offset in range(30):
+        tracker.track(TP, offset)
+    for offset in order:
+        if offset in finished:
+            tracker.finish(TP, offset, epoch)
+    prefix = 0
+    while prefix in finished:
+        prefix += 1
+    expected = {TP: prefix} if prefix else {}
+    assert tracker.commit_positions() == expected
+    assert tracker.in_flight(TP) == 30 - prefix
+
+
+@given(
+    at_once=st.lists(st.booleans(), min_size=1, max_size=40),
+    finish_order=st.randoms(use_true_random=False),
+)
+def test_finishing_at_once_moves_positions_exactly_as_track_then_finish(at_once: list[bool], finish_order) -> None:
+    # setup: the same records through both paths; a record not finished at once is handed off and finishes later
+    fast, slow = OffsetTracker(), OffsetTracker()
+    fast_epoch, slow_epoch = fast.assign(TP), slow.assign(TP)
+    later: list[int] = []
+    for offset, succeeded in enumerate(at_once, start=100):
+        # when
+        if succeeded:
+            assert fast.finish_at_once(TP, offset) is True
+            slow.finish(TP, offset, slow.track(TP, offset))
+        else:
+            fast.track(TP, offset)
+            slow.track(TP, offset)
+            later.append(offset)
+        # then: the positions agree after every step
+        assert fast.commit_positions() == slow.commit_positions()
+        assert fast.in_flight(TP) == slow.in_flight(TP)
+    finish_order.shuffle(later)
+    for offset in later:
+        assert fast.finish(TP, offset, fast_epoch) == slow.finish(TP, offset, slow_epoch)
+        assert fast.commit_positions() == slow.commit_positions()
+    assert fast.commit_positions() == {TP: 100 + len(at_once)}
+    assert fast.rewind(TP) == slow.rewind(TP) == 100
+
+
+def test_finishing_at_once_before_the_position_is_refused() -> None:
+    tracker = OffsetTracker()
+    tracker.finish_at_once(TP, 5)
+    try:
+        tracker.finish_at_once(TP, 3)
+    except ValueError as exc:
+        assert "before the finished position" in str(exc)
+    else:
+        raise AssertionError("an offset behind the position was accepted")
+
+
+@given(runs=st.lists(st.tuples(st.integers(1, 5), st.booleans()), min_size=1, max_size=12))
+def test_finishing_a_run_equals_finishing_each_at_once(runs: list[tuple[int, bool]]) -> None:
+    # setup: runs of successes (a batch call), each optionally followed by a hand-off still in flight
+    bulk, each = OffsetTracker(), OffsetTracker()
+    epoch_bulk, epoch_each = bulk.assign(TP), each.assign(TP)
+    offset, pending = 0, []
+    for size, then_pending in runs:
+        run = list(range(offset, offset + size))
+        # when
+        assert bulk.finish_run(TP, run) == sum(each.finish_at_once(TP, o) for o in run) == size
+        offset += size
+        if then_pending:
+            bulk.track(TP, offset)
+            each.track(TP, offset)
+            pending.append(offset)
+            offset += 1
+        # then
+        assert bulk.commit_positions() == each.commit_positions()
+    # and: the hand-offs acknowledged in any order (here the last first) move both alike
+    for o in reversed(pending):
+        assert bulk.finish(TP, o, epoch_bulk) == each.finish(TP, o, epoch_each) is True
+        assert bulk.positions() == each.positions() and bulk.in_flight(TP) == each.in_flight(TP)
+    assert bulk.commit_positions() == each.commit_positions() == {TP: offset}

@@ -1,0 +1,86 @@
+"""The Prometheus hook turns runtime events into counters, a lateness histogram and a paused gauge."""
+
+from __future__ import annotations
+
+import urllib.request
+
+from retrytopics.connectors.embedded import free_port
+from retrytopics.observe.events import Emitter, Event
+from retrytopics.observe.metrics import PrometheusHook
+
+
+def _value(hook: PrometheusHook, name: str, **labels: str) -> float | None:
+    return hook.registry.get_sample_value(name, labels)
+
+
+def test_events_become_metrics() -> None:
+    hook = PrometheusHook()
+    emit = Emitter([hook]).emit
+    # per-record successes are not wanted by the hook (it counts the per-batch sums): delivered to nobody
+    emit(Event.RECORD_HANDLED, topic="orders", partition=0, offset=9, attempt=1)
+    emit(Event.RECORDS_HANDLED, topic="orders", partition=0, count=3, first_offset=1, last_offset=4, lateness_ms=())
+    emit(
+        Event.RECORDS_HANDLED,
+        topic="orders.b.retry.1s",
+        partition=0,
+        count=1,
+        first_offset=1,
+        last_offset=1,
+        lateness_ms=(40,),
+    )
+    emit(Event.RECORD_FAILED, topic="orders", partition=0, offset=2, attempt=1, error="boom")
+    emit(Event.RETRY_SCHEDULED, topic="orders", partition=0, offset=2, destination="orders.b.retry.1s", due_at=5)
+    emit(Event.DLQ_DISPATCHED, topic="orders", partition=0, offset=3, destination="orders.b.dlq", reason="poison")
+    emit(Event.PARTITION_PAUSED, topic="orders.b.retry.1s", partition=0, until=10)
+    emit(Event.PARTITION_PAUSED, topic="orders.b.retry.1s", partition=1, until=10)
+    emit(Event.PARTITION_RESUMED, topic="orders.b.retry.1s", partition=0)
+
+    assert _value(hook, "retrytopics_records_handled_total", topic="orders") == 3
+    assert _value(hook, "retrytopics_records_failed_total", topic="orders") == 1
+    assert _value(hook, "retrytopics_records_retried_total", topic="orders", tier_topic="orders.b.retry.1s") == 1
+    assert _value(hook, "retrytopics_records_dead_lettered_total", topic="orders", reason="poison") == 1
+    assert _value(hook, "retrytopics_lateness_seconds_count", topic="orders.b.retry.1s") == 1
+    assert _value(hook, "retrytopics_lateness_seconds_bucket", topic="orders.b.retry.1s", le="0.05") == 1
+    assert _value(hook, "retrytopics_lateness_seconds_bucket", topic="orders.b.retry.1s", le="0.025") == 0
+    assert _value(hook, "retrytopics_paused_partitions", topic="orders.b.retry.1s") == 1
+
+
+def test_metrics_endpoint_serves_the_counters() -> None:
+    hook = PrometheusHook()
+    port = free_port()
+    hook.serve(port, addr="127.0.0.1")
+    hook.on_event(Event.DLQ_DISPATCHED, {"topic": "orders", "reason": "exhausted"})
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    assert 'retrytopics_records_dead_lettered_total{reason="exhausted",topic="orders"} 1.0' in body
+
+
+def test_health_is_read_at_each_scrape_and_a_failing_probe_reads_unhealthy() -> None:
+    hook = PrometheusHook()
+    state = {"healthy": True}
+    hook.track_health(lambda: state["healthy"])
+    assert _value(hook, "retrytopics_healthy") == 1
+    state["healthy"] = False
+    assert _value(hook, "retrytopics_healthy") == 0
+    hook.track_health(lambda: 1 / 0 > 0)
+    assert _value(hook, "retrytopics_healthy") == 0
+
+
+def test_consumer_lag_per_topic_from_librdkafka_statistics() -> None:
+    import json
+
+    hook = PrometheusHook()
+    stats = {
+        "type": "consumer",
+        "topics": {
+            "orders.b.retry.5s": {
+                "partitions": {"0": {"consumer_lag": 7}, "1": {"consumer_lag": 3}, "-1": {"consumer_lag": -1}}
+            },
+            "orders": {"partitions": {"0": {"consumer_lag": -1}}},  # not consumed here: no series
+        },
+    }
+    hook.on_statistics(json.dumps(stats))
+    assert _value(hook, "retrytopics_consumer_lag", topic="orders.b.retry.5s") == 10
+    assert _value(hook, "retrytopics_consumer_lag", topic="orders") is None
+    hook.on_statistics("{not json")  # ignored, never raised into librdkafka's callback
+    properties = hook.consumer_properties()
+    assert properties["stats_cb"] == hook.on_statistics and int(properties["statistics.interval.ms"]) > 0
