@@ -1,4 +1,4 @@
-"""A main consumer's polls go to single-record handlers partition by partition (`RecordProcessor.call_run`):
+"""A main consumer's polls go to single-record handlers partition by partition (`RecordStage.call_run`):
 no decision per record, the successes between two failures finished in one step. These tests hold it to
 what the ordinary path guarantees, on the in-memory broker:
 
@@ -28,7 +28,7 @@ from retrytopics.runtime.consumer.loop import ConsumerLoop
 from retrytopics.runtime.consumer.settings import LoopSettings
 from retrytopics.runtime.records.calls import Binding
 
-from .test_loop_memory import (
+from ..kit import (
     CTX,
     DLQ,
     GROUP,
