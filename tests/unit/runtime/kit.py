@@ -130,12 +130,13 @@ def build_loop(
     consumer: MemoryConsumer | None = None,
     hooks: Sequence[Any] = (),
     consumer_factory: Callable[[], ConsumerPort] | None = None,
+    ctx: RouteContext = CTX,
     **settings: Any,
 ) -> ConsumerLoop:
     """A consumer loop of `topic` on `broker` and its clock, calling `ledger.handle`; events go to the ledger
     and to `hooks`."""
     consumer = consumer or broker.consumer(GROUP if topic == "orders" else topic)
-    binding = Binding(topic="orders", handler=ledger.handle, policy=POLICY, ctx=CTX, value_deserializer=bytes_value)
+    binding = Binding(topic="orders", handler=ledger.handle, policy=ctx.policy, ctx=ctx, value_deserializer=bytes_value)
     exactly_once = settings.get("exactly_once", False)
     defaults: dict[str, Any] = {"max_wait_ms": 100, "commit_every": 1, "batch_size": 3}
     return ConsumerLoop(
@@ -175,13 +176,15 @@ def delivered_at(broker: MemoryBroker, topic: str, partition: int, offset: int) 
     return broker.journal.index(("delivered", topic, partition, offset))
 
 
-def tier_record(broker: MemoryBroker, offset: int, record_id: str, *, failed_ago_ms: int = 0) -> Message:
+def tier_record(
+    broker: MemoryBroker, offset: int, record_id: str, *, failed_ago_ms: int = 0, ctx: RouteContext = CTX
+) -> Message:
     """Route a failure of orders[0]@offset `failed_ago_ms` ago, and append the resulting tier record (due
-    the tier's delay, 5 s with jitter, after that failure)."""
+    the first tier's delay after that failure: 5 s with CTX; its policy has no jitter)."""
     now = broker.clock.now_ms() - failed_ago_ms
     source = InboundRecord(topic="orders", partition=0, offset=offset, timestamp_ms=now, key=b"k", headers=())
-    decision = route(CTX, source, OSError("down"), now_ms=now, rng=random.Random(0))
-    return broker.append(TIER, record_id.encode(), key=b"k", headers=decision.headers, partition=0)
+    decision = route(ctx, source, OSError("down"), now_ms=now, rng=random.Random(0))
+    return broker.append(decision.topic, record_id.encode(), key=b"k", headers=decision.headers, partition=0)
 
 
 def eventually(done: Callable[[], object], timeout_s: float = 10.0) -> None:
