@@ -116,8 +116,9 @@ def hand_offs(broker: MemoryBroker, topic: str) -> list[tuple[str, RetryHeaders]
     return [(m.value.decode(), decode(list(m.headers))) for m in broker.records(topic)]
 
 
-def use_broker_clock(monkeypatch: pytest.MonkeyPatch, broker: MemoryBroker) -> None:
-    """The publisher's retry back-off is short and fixed (the loop reads the broker's clock: `build_loop`)."""
+def short_publish_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The at-least-once publisher retries a refused hand-off after a fixed 0.5 s (on the loop's clock), so
+    that a test of refused produces needs few polls."""
     monkeypatch.setattr(at_least_once, "Publisher", functools.partial(Publisher, wait=tenacity.wait_fixed(0.5)))
 
 

@@ -42,8 +42,8 @@ from ..kit import (
     hand_offs,
     new_broker,
     run,
+    short_publish_backoff,
     tier_record,
-    use_broker_clock,
 )
 
 # -- at-least-once -----------------------------------------------------------------------------------------
@@ -56,7 +56,7 @@ def test_a_failure_is_handed_off_to_its_tier_and_committed_only_after_the_ack(mo
     fill(broker, {0: ids})
     broker.ack_after_polls = 3
     ledger = Ledger(broker, failing={"id-1", "id-4"})
-    use_broker_clock(monkeypatch, broker)
+    short_publish_backoff(monkeypatch)
     stop = StopWhen(committed_all(broker, GROUP, {0: 6}))
 
     # when
@@ -88,7 +88,7 @@ def test_a_failing_republish_holds_its_partition_and_nothing_is_committed_past_i
     fill(broker, {0: ids})
     broker.fail_produces(3, code, retriable=code == "NOT_ENOUGH_REPLICAS", topic=TIER)
     ledger = Ledger(broker, failing={"id-2"})
-    use_broker_clock(monkeypatch, broker)
+    short_publish_backoff(monkeypatch)
     stop = StopWhen(committed_all(broker, GROUP, {0: 6}))
 
     # when
@@ -111,7 +111,7 @@ def test_a_republish_refused_as_too_large_goes_to_the_dlq(monkeypatch: pytest.Mo
     fill(broker, {0: ["id-0", "id-1", "id-2"]})
     broker.fail_produces(2, "MSG_SIZE_TOO_LARGE", topic=TIER)
     ledger = Ledger(broker, failing={"id-1"})
-    use_broker_clock(monkeypatch, broker)
+    short_publish_backoff(monkeypatch)
     stop = StopWhen(committed_all(broker, GROUP, {0: 3}))
 
     # when
@@ -136,7 +136,7 @@ def test_a_rebalance_mid_way_commits_what_is_finished_and_the_new_owner_reads_th
     broker.ack_after_polls = 10  # hand-offs are in flight when the rebalance comes
     failing = {f"id-{p}-{i}" for p in (0, 1) for i in range(1, 8, 3)}
     ledger = Ledger(broker, failing)
-    use_broker_clock(monkeypatch, broker)
+    short_publish_backoff(monkeypatch)
     newcomer = broker.consumer(GROUP)
 
     def join_after_five(_id: str) -> None:
@@ -168,7 +168,7 @@ def test_a_lost_partition_commits_nothing_and_its_records_are_read_again(monkeyp
     ids = [f"id-{i}" for i in range(6)]
     fill(broker, {0: ids})
     ledger = Ledger(broker, failing=set())
-    use_broker_clock(monkeypatch, broker)
+    short_publish_backoff(monkeypatch)
     consumer = broker.consumer(GROUP)
     seen: dict[str, Any] = {}
 
@@ -206,7 +206,7 @@ def test_an_aborted_transaction_leaves_no_visible_hand_off_and_its_records_are_h
     ids = [f"id-{i}" for i in range(4)]
     fill(broker, {0: ids})
     ledger = Ledger(broker, failing={"id-1", "id-2"})
-    use_broker_clock(monkeypatch, broker)
+    short_publish_backoff(monkeypatch)
     broker.fail_produces(1, "NOT_ENOUGH_REPLICAS", topic=TIER)
     first_written = len(broker.journal)
     stop = StopWhen(committed_all(broker, GROUP, {0: 4}))
@@ -240,7 +240,7 @@ def test_a_tier_record_not_yet_due_pauses_its_partition_and_is_handled_once_due(
     tier_record(broker, 1, "id-1")
     due = {m.value.decode(): decode(list(m.headers)).due_at for m in broker.records(TIER)}
     ledger = Ledger(broker, failing=set())
-    use_broker_clock(monkeypatch, broker)
+    short_publish_backoff(monkeypatch)
     stop = StopWhen(committed_all(broker, TIER, {0: 2}, topic=TIER))
 
     # when

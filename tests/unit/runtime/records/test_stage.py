@@ -72,8 +72,8 @@ from ..kit import (
     first_commit_past,
     new_broker,
     run,
+    short_publish_backoff,
     tier_record,
-    use_broker_clock,
 )
 
 
@@ -135,7 +135,7 @@ def test_each_partition_is_called_in_offset_order_and_a_failure_is_committed_onl
     broker.ack_after_polls = 3
     failing = {"id-0-0", "id-0-4", "id-1-5"}
     ledger = JsonLedger(broker, failing)
-    use_broker_clock(monkeypatch, broker)
+    short_publish_backoff(monkeypatch)
     stop = StopWhen(committed_all(broker, GROUP, {0: 6, 1: 6, 2: 6}))
 
     # when
@@ -177,7 +177,7 @@ def test_a_call_that_outlives_the_poll_interval_is_left_alone_and_the_rest_of_th
     ids = {p: [f"id-{p}-{i}" for i in range(5)] for p in range(2)}
     fill_json(broker, ids)
     ledger = JsonLedger(broker, failing=set())
-    use_broker_clock(monkeypatch, broker)
+    short_publish_backoff(monkeypatch)
 
     def slow_once(record_id: str) -> None:
         if record_id == "id-0-2" and ledger.calls[record_id] == 1:
@@ -206,7 +206,7 @@ def test_a_failure_while_stopping_is_neither_handed_off_nor_committed_and_nothin
     ids = {0: [f"id-0-{i}" for i in range(6)]}
     fill_json(broker, ids)
     ledger = JsonLedger(broker, failing={"id-0-2"})
-    use_broker_clock(monkeypatch, broker)
+    short_publish_backoff(monkeypatch)
     stop = StopWhen(lambda: False)
     ledger.on_call = lambda record_id: stop.set() if record_id == "id-0-2" else None
 
@@ -229,7 +229,7 @@ def test_a_base_exception_from_a_handler_stops_the_app_and_the_calls_before_it_a
     broker = new_broker()
     fill_json(broker, {0: [f"id-0-{i}" for i in range(6)]})
     ledger = JsonLedger(broker, failing={"id-0-1"})
-    use_broker_clock(monkeypatch, broker)
+    short_publish_backoff(monkeypatch)
 
     def interrupt(record_id: str) -> None:
         if record_id == "id-0-3":
@@ -258,7 +258,7 @@ def test_after_a_long_call_ownership_is_asked_with_the_calls_that_returned_befor
     ids = [f"id-0-{i}" for i in range(6)]
     fill_json(broker, {0: ids})
     ledger = JsonLedger(broker, failing={"id-0-3"})
-    use_broker_clock(monkeypatch, broker)
+    short_publish_backoff(monkeypatch)
     consumer = broker.consumer(GROUP)
 
     def expelled_during(record_id: str) -> None:
