@@ -1,8 +1,9 @@
 """The runtime's one clock seam: every part of a consumer reads time through the `Clock` it was given, so a
-test drives the whole runtime on a fake clock. An app takes its clock from its client factory
-(`ClientFactory.clock`): the system clock for Kafka, the broker's `MemoryClock` for the in-memory broker, so
-that a consume that waits there moves the whole runtime's time. The one exception is the Runner's bounded
-stop (runtime/consumer/lifecycle.py): it waits for threads, which only real time moves.
+test drives the whole runtime on a fake clock. A `ConsumerLoop` takes one (`clock=`; the in-memory broker's
+`MemoryClock` is one, which a consume with nothing to deliver moves forward); an app takes its clock from its
+client factory (`ClientFactory.clock`): the system clock for Kafka, and for a whole app on the in-memory broker
+unless given another (its consumes wait in real time). The one exception is the Runner's bounded stop
+(runtime/consumer/lifecycle.py): it waits for threads, which only real time moves.
 """
 
 from __future__ import annotations

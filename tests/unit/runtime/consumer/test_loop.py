@@ -10,165 +10,41 @@ Guarantees, each asserted on topic contents, decoded retry headers, committed of
 - exactly-once: an aborted transaction leaves no visible hand-off, and its records are handled again;
 - a tier record not yet due pauses its partition and is handled once due, not before.
 
-The broker's clock is the loop's (`loop.time` is monkeypatched, as in test_loop.py): a consume that finds
-nothing advances it by its timeout, so waits cost no real time. What Kafka does is proven on Apache Kafka
+The broker's clock is the loop's (`clock=broker.clock`): a consume that finds nothing advances it by its
+timeout, so waits cost no real time. What Kafka does is proven on Apache Kafka
 (`tests/integration/runtime/`), and this broker's behaviour by the contract test there.
 """
 
 from __future__ import annotations
 
-import functools
-import random
 import threading
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 import pytest
-import tenacity
 
-from retrytopics.connectors.serde import bytes_value
-from retrytopics.core.dedupe import DuplicateAudit
-from retrytopics.core.headers import DlqReason, RetryHeaders, decode
-from retrytopics.core.naming import topics_for
-from retrytopics.core.policy import RetryPolicy
-from retrytopics.core.ports import Message
-from retrytopics.core.record import Record
-from retrytopics.core.router import InboundRecord, RouteContext, route
-from retrytopics.memory import MemoryBroker, MemoryConsumer
-from retrytopics.observe.events import Emitter, Event
+from retrytopics.core.errors import KafkaClientError
+from retrytopics.core.headers import DlqReason, decode
+from retrytopics.observe.events import Event
 from retrytopics.runtime.consumer.loop import ConsumerLoop
-from retrytopics.runtime.consumer.settings import LoopSettings
-from retrytopics.runtime.handoff import at_least_once
-from retrytopics.runtime.handoff.publish import Publisher
-from retrytopics.runtime.records.calls import Binding
 
-POLICY = RetryPolicy(delays=["5s"])
-GROUP = "billing"
-CTX = RouteContext(policy=POLICY, topics=topics_for("orders", GROUP, POLICY.tier_delays_ms), group=GROUP)
-TIER = CTX.topics.tiers[0].topic
-DLQ = CTX.topics.dlq
-
-#: iterations of the loop (stop checks) after which a test gives up: a bound, never reached when all is well
-MAX_CHECKS = 20_000
-
-
-class StopWhen(threading.Event):
-    """The loop's stop event, set once `done()` holds (or after MAX_CHECKS checks: `gave_up`)."""
-
-    def __init__(self, done: Callable[[], bool]) -> None:
-        super().__init__()
-        self.done = done
-        self.checks = 0
-        self.gave_up = False
-
-    def is_set(self) -> bool:
-        if super().is_set():
-            return True
-        self.checks += 1
-        if self.done() or self.checks > MAX_CHECKS:
-            self.gave_up = self.checks > MAX_CHECKS
-            self.set()
-        return super().is_set()
-
-
-class Ledger:
-    """What happened to each id: handler calls, and the events the loop emitted."""
-
-    def __init__(self, broker: MemoryBroker, failing: set[str]) -> None:
-        self.broker = broker
-        self.failing = failing
-        self.calls: Counter[str] = Counter()
-        self.called_at: dict[str, list[int]] = {}
-        self.seen: list[tuple[Event, dict[str, Any]]] = []
-        self.on_call: Callable[[str], None] = lambda _id: None
-
-    def handle(self, record: Record[bytes]) -> None:
-        record_id = record.value.decode()
-        self.calls[record_id] += 1
-        self.called_at.setdefault(record_id, []).append(self.broker.clock.now_ms())
-        self.on_call(record_id)
-        if record_id in self.failing:
-            raise RuntimeError(f"{record_id} fails")
-
-    def on_event(self, event: Event, data: dict[str, Any]) -> None:
-        self.seen.append((event, dict(data)))
-
-    def of(self, event: Event) -> list[dict[str, Any]]:
-        return [d for e, d in self.seen if e is event]
-
-
-def new_broker(partitions: int = 1) -> MemoryBroker:
-    broker = MemoryBroker()
-    broker.create_topics(["orders", TIER, DLQ], partitions)
-    return broker
-
-
-def fill(broker: MemoryBroker, ids_by_partition: dict[int, list[str]]) -> None:
-    for partition, ids in ids_by_partition.items():
-        for record_id in ids:
-            broker.append("orders", record_id.encode(), key=b"k", partition=partition)
-
-
-def hand_offs(broker: MemoryBroker, topic: str) -> list[tuple[str, RetryHeaders]]:
-    """(id, decoded retry headers) of every record a read_committed reader finds in `topic`."""
-    return [(m.value.decode(), decode(list(m.headers))) for m in broker.records(topic)]
-
-
-def use_broker_clock(monkeypatch: pytest.MonkeyPatch, broker: MemoryBroker) -> None:
-    """The publisher's retry back-off is short and fixed (the loop reads the broker's clock: `build_loop`)."""
-    monkeypatch.setattr(at_least_once, "Publisher", functools.partial(Publisher, wait=tenacity.wait_fixed(0.5)))
-
-
-def build_loop(
-    broker: MemoryBroker,
-    ledger: Ledger,
-    stop: threading.Event,
-    *,
-    topic: str = "orders",
-    consumer: MemoryConsumer | None = None,
-    **settings: Any,
-) -> ConsumerLoop:
-    consumer = consumer or broker.consumer(GROUP if topic == "orders" else topic)
-    binding = Binding(topic="orders", handler=ledger.handle, policy=POLICY, ctx=CTX, value_deserializer=bytes_value)
-    exactly_once = settings.get("exactly_once", False)
-    defaults: dict[str, Any] = {"max_wait_ms": 100, "commit_every": 1, "batch_size": 3}
-    return ConsumerLoop(
-        LoopSettings(
-            name=topic, group_id=GROUP if topic == "orders" else topic, topics=(topic,), **{**defaults, **settings}
-        ),
-        {topic: binding},
-        consumer_factory=lambda: consumer,
-        producer_factory=lambda: broker.producer(transactional_id=f"{topic}-1" if exactly_once else None),
-        emitter=Emitter([ledger]),
-        stop=stop,
-        audit=DuplicateAudit(100),
-        clock=broker.clock,
-    )
-
-
-def committed_all(broker: MemoryBroker, group: str, ends: dict[int, int], topic: str = "orders") -> Callable[[], bool]:
-    return lambda: broker.committed(group) == {(topic, p): end for p, end in ends.items()}
-
-
-def run(loop: ConsumerLoop, stop: StopWhen) -> None:
-    loop.run()
-    assert loop.crash is None
-    assert not stop.gave_up, "the loop never reached the expected end state"
-
-
-def first_commit_past(broker: MemoryBroker, topic: str, partition: int, offset: int) -> int:
-    """Index in the broker's journal of the first commit that covers `offset` of the partition."""
-    return next(
-        i
-        for i, e in enumerate(broker.journal)
-        if e[0] == "committed" and e[2:4] == (topic, partition) and e[4] > offset
-    )
-
-
-def delivered_at(broker: MemoryBroker, topic: str, partition: int, offset: int) -> int:
-    return broker.journal.index(("delivered", topic, partition, offset))
-
+from ..kit import (
+    DLQ,
+    GROUP,
+    TIER,
+    Ledger,
+    StopWhen,
+    build_loop,
+    committed_all,
+    delivered_at,
+    fill,
+    first_commit_past,
+    hand_offs,
+    new_broker,
+    run,
+    short_publish_backoff,
+    tier_record,
+)
 
 # -- at-least-once -----------------------------------------------------------------------------------------
 
@@ -180,7 +56,7 @@ def test_a_failure_is_handed_off_to_its_tier_and_committed_only_after_the_ack(mo
     fill(broker, {0: ids})
     broker.ack_after_polls = 3
     ledger = Ledger(broker, failing={"id-1", "id-4"})
-    use_broker_clock(monkeypatch, broker)
+    short_publish_backoff(monkeypatch)
     stop = StopWhen(committed_all(broker, GROUP, {0: 6}))
 
     # when
@@ -212,7 +88,7 @@ def test_a_failing_republish_holds_its_partition_and_nothing_is_committed_past_i
     fill(broker, {0: ids})
     broker.fail_produces(3, code, retriable=code == "NOT_ENOUGH_REPLICAS", topic=TIER)
     ledger = Ledger(broker, failing={"id-2"})
-    use_broker_clock(monkeypatch, broker)
+    short_publish_backoff(monkeypatch)
     stop = StopWhen(committed_all(broker, GROUP, {0: 6}))
 
     # when
@@ -235,7 +111,7 @@ def test_a_republish_refused_as_too_large_goes_to_the_dlq(monkeypatch: pytest.Mo
     fill(broker, {0: ["id-0", "id-1", "id-2"]})
     broker.fail_produces(2, "MSG_SIZE_TOO_LARGE", topic=TIER)
     ledger = Ledger(broker, failing={"id-1"})
-    use_broker_clock(monkeypatch, broker)
+    short_publish_backoff(monkeypatch)
     stop = StopWhen(committed_all(broker, GROUP, {0: 3}))
 
     # when
@@ -260,7 +136,7 @@ def test_a_rebalance_mid_way_commits_what_is_finished_and_the_new_owner_reads_th
     broker.ack_after_polls = 10  # hand-offs are in flight when the rebalance comes
     failing = {f"id-{p}-{i}" for p in (0, 1) for i in range(1, 8, 3)}
     ledger = Ledger(broker, failing)
-    use_broker_clock(monkeypatch, broker)
+    short_publish_backoff(monkeypatch)
     newcomer = broker.consumer(GROUP)
 
     def join_after_five(_id: str) -> None:
@@ -292,7 +168,7 @@ def test_a_lost_partition_commits_nothing_and_its_records_are_read_again(monkeyp
     ids = [f"id-{i}" for i in range(6)]
     fill(broker, {0: ids})
     ledger = Ledger(broker, failing=set())
-    use_broker_clock(monkeypatch, broker)
+    short_publish_backoff(monkeypatch)
     consumer = broker.consumer(GROUP)
     seen: dict[str, Any] = {}
 
@@ -330,7 +206,7 @@ def test_an_aborted_transaction_leaves_no_visible_hand_off_and_its_records_are_h
     ids = [f"id-{i}" for i in range(4)]
     fill(broker, {0: ids})
     ledger = Ledger(broker, failing={"id-1", "id-2"})
-    use_broker_clock(monkeypatch, broker)
+    short_publish_backoff(monkeypatch)
     broker.fail_produces(1, "NOT_ENOUGH_REPLICAS", topic=TIER)
     first_written = len(broker.journal)
     stop = StopWhen(committed_all(broker, GROUP, {0: 4}))
@@ -354,14 +230,6 @@ def test_an_aborted_transaction_leaves_no_visible_hand_off_and_its_records_are_h
 # -- tiers -------------------------------------------------------------------------------------------------
 
 
-def tier_record(broker: MemoryBroker, offset: int, record_id: str) -> Message:
-    """Route a failure of orders[0]@offset now, and append the resulting tier record."""
-    now = broker.clock.now_ms()
-    source = InboundRecord(topic="orders", partition=0, offset=offset, timestamp_ms=now, key=b"k", headers=())
-    decision = route(CTX, source, OSError("down"), now_ms=now, rng=random.Random(0))
-    return broker.append(TIER, record_id.encode(), key=b"k", headers=decision.headers, partition=0)
-
-
 def test_a_tier_record_not_yet_due_pauses_its_partition_and_is_handled_once_due(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -372,7 +240,7 @@ def test_a_tier_record_not_yet_due_pauses_its_partition_and_is_handled_once_due(
     tier_record(broker, 1, "id-1")
     due = {m.value.decode(): decode(list(m.headers)).due_at for m in broker.records(TIER)}
     ledger = Ledger(broker, failing=set())
-    use_broker_clock(monkeypatch, broker)
+    short_publish_backoff(monkeypatch)
     stop = StopWhen(committed_all(broker, TIER, {0: 2}, topic=TIER))
 
     # when
@@ -386,3 +254,64 @@ def test_a_tier_record_not_yet_due_pauses_its_partition_and_is_handled_once_due(
     paused = [d["until"] for d in ledger.of(Event.PARTITION_PAUSED)]
     assert paused[:2] == [due["id-0"], due["id-1"]]
     assert len(ledger.of(Event.PARTITION_RESUMED)) >= 2
+
+
+# -- lifecycle of the loop ---------------------------------------------------------------------------------
+
+
+def test_a_client_that_cannot_be_created_stops_the_app_with_the_error() -> None:
+    """A consumer or producer that cannot be created stops the app with `crash` set, rather than ending the
+    loop's thread silently while the app reports itself running and healthy."""
+    broker = new_broker()
+    stop = threading.Event()
+
+    def refuse() -> Any:
+        raise KafkaClientError("the client could not be created", code="_INVALID_ARG")
+
+    loop = build_loop(broker, Ledger(broker, failing=set()), stop, consumer_factory=refuse)
+
+    loop.run()  # returns: the thread ends with the error recorded, not with an uncaught exception
+    assert isinstance(loop.crash, KafkaClientError)
+    assert stop.is_set()  # every other loop of the app stops too, and run() re-raises the crash
+    assert not loop.running and not loop.healthy
+    assert broker.committed(GROUP) == {}
+
+
+def test_a_consumer_that_never_joins_its_group_is_unhealthy_within_the_join_timeout() -> None:
+    """A member that cannot join (here: the group's rebalance waits for a member that holds the partition
+    and never polls again) makes the loop unhealthy once `join_timeout_s` has passed on its clock, and
+    healthy again once it joins."""
+    # setup: a first member holds the topic's partition and stops polling
+    broker = new_broker()
+    fill(broker, {0: ["id-0"]})
+    blocker = broker.consumer(GROUP)
+    blocker.subscribe(["orders"], on_assign=lambda _: None, on_revoke=lambda _: None, on_lost=lambda _: None)
+    blocker.consume(1, 0)
+    assert blocker.assignment == [("orders", 0)]
+    ledger = Ledger(broker, failing=set())
+    started = broker.clock.monotonic()
+    health: list[tuple[float, bool]] = []
+    loop: ConsumerLoop
+
+    def sample() -> bool:
+        elapsed = broker.clock.monotonic() - started
+        health.append((elapsed, loop.healthy))
+        if elapsed > 95 and blocker.assignment:
+            blocker.consume(1, 0)  # it polls at last: it revokes, and the group settles with both members
+        return bool(ledger.of(Event.PARTITIONS_ASSIGNED)) and elapsed > 96
+
+    stop = StopWhen(sample)
+    loop = build_loop(broker, ledger, stop, join_timeout_s=30, max_wait_ms=1000)
+
+    # when
+    run(loop, stop)
+
+    # then: healthy while joining within 30 s, unhealthy from past 30 s until it joined, healthy after
+    joined_at = next(t for t, _ in health if t > 95)  # the blocker revoked then; the loop joins at once
+    assert all(ok for t, ok in health if t <= 30)
+    late = [ok for t, ok in health if 31 <= t < joined_at]
+    assert late and not any(late)
+    assert health[-1][1]
+    # and: once joined, it owns the partition (the range plan gives it to the later member) and handles it
+    assert [d["partitions"] for d in ledger.of(Event.PARTITIONS_ASSIGNED)] == [[("orders", 0)]]
+    assert ledger.calls == Counter({"id-0": 1})
