@@ -45,13 +45,13 @@ from retrytopics.core.signing import HeaderKeys, KeyLike
 from retrytopics.core.transactions import EXACTLY_ONCE_MAX_POLL_INTERVAL_MS, default_instance_id, transaction_timeout_ms
 from retrytopics.observe.events import Emitter, Hook, LoggingHook, Stats, StatsCollector
 from retrytopics.registry import Registration, Registry
-from retrytopics.runtime.dispatch import Binding
-from retrytopics.runtime.lifecycle import Runner
-from retrytopics.runtime.loop import ConsumerLoop, DeadLetterCallback, LoopSettings
-from retrytopics.runtime.main import main_settings
-from retrytopics.runtime.publish import ALONE_OVERRIDES
-from retrytopics.runtime.seeding import verified_tails
-from retrytopics.runtime.tiers import TIER_CONSUMER_DEFAULTS, tier_settings
+from retrytopics.runtime.consumer.lifecycle import Runner
+from retrytopics.runtime.consumer.loop import ConsumerLoop
+from retrytopics.runtime.consumer.settings import TIER_CONSUMER_DEFAULTS, LoopSettings, main_settings, tier_settings
+from retrytopics.runtime.handoff.base import DeadLetterCallback
+from retrytopics.runtime.handoff.publish import ALONE_OVERRIDES
+from retrytopics.runtime.records.calls import Binding
+from retrytopics.runtime.records.duplicates import verified_tails
 
 __all__ = ["RetryApp"]
 
@@ -74,13 +74,13 @@ class RetryApp:
     the same id fences its crashed predecessor's open transaction at once, instead of leaving it to time out
     (retrytopics/core/transactions.py). A tier record due within `wait_in_memory`
     (default 1 s; "0s": never) waits in the tier consumer's memory, at most `wait_in_memory_records` per
-    partition, instead of being fetched again when due (see runtime/pausing.py); longer waits happen in Kafka.
+    partition, instead of being fetched again when due (see runtime/waiting.py); longer waits happen in Kafka.
     `redact_patterns` (regular expressions) hide more than the built-in secret forms in the exception
     headers of tier and DLQ records: the whole match, or its `secret` group (see retrytopics/core/redaction.py).
     At-least-once, a consumer commits as soon as hand-offs are acknowledged (`commit_on_ack`), and when
     partitions are assigned it reads the last `dedupe_seed` records (default 1000; 0: off) of every partition
     of their tiers and DLQ, for at most 5 s, so that a record a previous owner handed off without committing
-    it is suppressed, not handled and handed off again (see retrytopics/runtime/seeding.py).
+    it is suppressed, not handled and handed off again (see retrytopics/runtime/records/duplicates.py).
     `header_key` (str or bytes, at least 32 bytes; or a list for rotation: the first signs, any verifies) signs
     the retry headers of every tier and DLQ record with an HMAC (`retry.signature`); tier records whose
     signature is missing or wrong are dead-lettered as `invalid_retry_headers`, and only verified records seed
@@ -317,6 +317,7 @@ class RetryApp:
             audit=DuplicateAudit(self._dedupe_capacity),
             on_dead_letter=self.on_dead_letter,
             tail_reader=verified_tails(clients.read_tails, self._header_keys),
+            clock=clients.clock,
         )
 
     def run(self) -> None:

@@ -1,7 +1,7 @@
 """Where a `RetryApp` gets its clients: Kafka by default, or the in-memory broker (`retrytopics/memory.py`).
 
 Everything the app does with a broker goes through one `ClientFactory`: each consumer loop's consumer and
-producer, the tail reads that seed the hand-off audit (runtime/seeding.py), and `provision()`. The runtime
+producer, the tail reads that seed the hand-off audit (runtime/records/duplicates.py), and `provision()`. The runtime
 itself only ever sees the ports (`retrytopics.core.ports`), so an app given `MemoryClientFactory(broker)` runs
 whole, main and tier consumers in their threads, without Kafka::
 
@@ -52,6 +52,7 @@ from retrytopics.core.ports import (
 )
 from retrytopics.core.transactions import CALL_TIMEOUT_MS
 from retrytopics.memory import MemoryBroker, MemoryConsumer, MemoryProducer
+from retrytopics.runtime.clock import SYSTEM_CLOCK, Clock
 
 __all__ = ["ClientFactory", "KafkaClientFactory", "MemoryClientFactory"]
 
@@ -62,7 +63,10 @@ _MEMORY_WAIT_S = 0.1
 
 class ClientFactory(Protocol):
     """What a `RetryApp` asks of a broker. `overrides` are librdkafka properties (the app's own, over the
-    tier consumers' defaults); a factory applies those it understands."""
+    tier consumers' defaults); a factory applies those it understands. `clock`: the time every consumer
+    of the app reads (runtime/clock.py)."""
+
+    clock: Clock
 
     def consumer(self, group_id: str, overrides: Mapping[str, Any]) -> ConsumerPort:
         """A member of `group_id` for one consumer loop, manual commits, read_committed unless overridden."""
@@ -87,6 +91,8 @@ class ClientFactory(Protocol):
 class KafkaClientFactory:
     """The default: confluent-kafka clients for `kafka` (connectors/clients.py), every product default
     applied (idempotence, acks=all, manual commits, read_committed)."""
+
+    clock: Clock = SYSTEM_CLOCK
 
     def __init__(self, kafka: KafkaConfig) -> None:
         self.kafka = kafka
@@ -134,8 +140,9 @@ class MemoryClientFactory:
     or through a producer from `producer()`: a direct `append` wakes no waiting consumer.
     """
 
-    def __init__(self, broker: MemoryBroker) -> None:
+    def __init__(self, broker: MemoryBroker, *, clock: Clock = SYSTEM_CLOCK) -> None:
         self.broker = broker
+        self.clock = clock
         self.lock = threading.RLock()
         self._written = threading.Condition(self.lock)
 
@@ -205,7 +212,7 @@ class _LockedConsumer:
         self._consumer = consumer
         self._written = written
         self.max_poll_interval_ms = consumer.max_poll_interval_ms
-        self.session_timeout_ms = consumer.session_timeout_ms  # read by runtime/ownership.py
+        self.session_timeout_ms = consumer.session_timeout_ms  # read by runtime/records/ownership.py
 
     def subscribe(
         self,

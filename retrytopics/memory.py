@@ -8,7 +8,7 @@ committed offsets per group; producers whose delivery reports are served by `pol
 whose records and offsets reach read_committed readers only on commit (a commit or abort marker takes an
 offset, as on Kafka); share groups (KIP-932: any number of members on a partition, records acquired under a
 lock on the fake clock, a delivery count, ACCEPT/RELEASE/REJECT/RENEW, archiving at the delivery limit); a fake
-clock; and failures a test injects (refused produces, expulsion, rebalances, freezes, a share member killed).
+clock; and failures a test injects (refused produces, expulsion, rebalances, freezes, stale copies fetched before a seek, a share member killed).
 
 What it is not: a Kafka emulator. No threads, network, retention, replicas or timing of its own: `consume`
 with nothing to deliver advances the clock by its timeout and returns at once. What Kafka does is tested on
@@ -28,8 +28,8 @@ Kafka agree on what the runtime relies on.
     consumer.commit({msg.tp: msg.offset + 1}, asynchronous=False)
     assert broker.committed("billing") == {("orders", msg.partition): 1}
 
-The runtime reads time through `time.time()`/`time.monotonic()`; point it at `broker.clock` (tests monkeypatch
-`retrytopics.runtime.loop.time`) so that a consume that waits moves the loop's time too.
+The runtime reads time through the `Clock` it is given (runtime/clock.py); a loop given `broker.clock`
+(a `MemoryClock`) sees a consume that waits move its time too.
 
 This module is past the 300-line budget on purpose: it is one fake of one broker, and its classes (each under
 250 lines) share private state the way a broker's parts do; split, they would need a private API of their own.
@@ -463,6 +463,7 @@ class MemoryConsumer:
         self._closed = False
         self._rotation = 0
         self._callbacks: tuple[PartitionsCallback, PartitionsCallback, PartitionsCallback] | None = None
+        self._stale: list[Message] = []
         #: asynchronous commits the group refused (an expelled member's): librdkafka only logs them
         self.refused_commits: list[dict[TopicPartition, int]] = []
 
@@ -483,6 +484,11 @@ class MemoryConsumer:
         """The next consume returns nothing, `seconds` later on the clock (SIGSTOP, a VM pause); longer than
         the session, and the member is expelled (`on_lost` at the consume after)."""
         self._freeze_s = seconds
+
+    def deliver_stale(self, msgs: Sequence[Message]) -> None:
+        """The next consume returns `msgs` first, whatever the positions say: copies librdkafka fetched before
+        a seek and hands out after it, which the consumer of this port must recognise and drop."""
+        self._stale = list(msgs)
 
     def paused(self) -> set[TopicPartition]:
         return set(self._paused)
@@ -516,7 +522,8 @@ class MemoryConsumer:
             self._wake_from_freeze()
             return []
         self._serve_group()
-        batch = self._fetch(max_records)
+        stale, self._stale = self._stale[:max_records], self._stale[max_records:]
+        batch = stale + self._fetch(max_records - len(stale))
         if not batch:
             self._broker.clock.advance(timeout_s)  # the wait a real consume would have spent
         return batch

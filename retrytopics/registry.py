@@ -20,7 +20,7 @@ from retrytopics.core.policy import RetryPolicy
 from retrytopics.core.redaction import Redactor
 from retrytopics.core.router import RouteContext
 from retrytopics.core.signing import HeaderKeys
-from retrytopics.runtime.dispatch import Binding
+from retrytopics.runtime.records.calls import Binding
 
 __all__ = ["Registration", "Registry"]
 

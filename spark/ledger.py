@@ -10,7 +10,7 @@ crashed producer's buffer is simply written by the rerun.
 
 `retry.replay_original` is `<original_topic>-<original_partition>-<original_offset>` of the replayed DLQ
 record: the one source record it stands for. The origin id cannot serve: with `id_header` a producer
-chooses it, and two different records sharing one made a rerun skip the second (issue 15.1).
+chooses it, and two different records sharing one made a rerun skip the second.
 
 Anyone with WRITE on the source can write those two headers too, so a rerun trusts only records it can
 attribute to the replay itself: each record a replay writes carries `retry.replay_mark`, an HMAC over

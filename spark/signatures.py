@@ -1,4 +1,4 @@
-"""Signed retry headers in the replay (issue 15.5): verify DLQ records, sign what goes to a tier.
+"""Signed retry headers in the replay: verify DLQ records, sign what goes to a tier.
 
 With header keys (`retrytopics.core.signing`), a DLQ record whose `retry.signature` is missing or does not verify
 for its DLQ topic is skipped by the replay with the problem `signature`, and a record replayed to the first

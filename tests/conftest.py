@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from retrytopics.connectors.config import KafkaConfig
 
@@ -44,6 +45,11 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 TEST_SESSION_TIMEOUT_MS = 6000
 
 BROKER_KINDS = ("apache", "tansu", "cluster", "testcontainers")
+
+# Property tests check outcomes, never speed: on a loaded 2-core machine one example can outlast hypothesis's
+# default 200 ms deadline, which would fail a correct test. No deadline, for every test.
+hypothesis_settings.register_profile("retrytopics", deadline=None)
+hypothesis_settings.load_profile("retrytopics")
 
 
 def selected_broker_kind() -> str:

@@ -1,5 +1,5 @@
-"""The scenarios of issues 7 and 13 and the console's (issue 26), in order, then the floors of the ratio targets,
-then the failover of issue 22 (on 3-node clusters of its own). Each module has `NAME`
+"""The scenarios in order (throughput, lateness, memory, idle cost, Spark, the console, the peer), then the floors of the ratio targets,
+then a failover (on 3-node clusters of its own). Each module has `NAME`
 and `run(bench) -> list[Result]`."""
 
 from __future__ import annotations

@@ -25,8 +25,9 @@ from retrytopics.core.record import Record
 from retrytopics.core.router import RouteContext
 from retrytopics.memory import MemoryBroker
 from retrytopics.observe.events import Emitter, Event, LoggingHook, StatsCollector
-from retrytopics.runtime.dispatch import Binding
-from retrytopics.runtime.loop import ConsumerLoop, LoopSettings
+from retrytopics.runtime.consumer.loop import ConsumerLoop
+from retrytopics.runtime.consumer.settings import LoopSettings
+from retrytopics.runtime.records.calls import Binding
 
 NAME = "0.loop"
 BATCH = 500

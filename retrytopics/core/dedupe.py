@@ -21,7 +21,7 @@ is told apart from the first life's hops (docs/architecture.md).
 A second store, `HandOffs`, seeded from the recent tail of a record's destinations (the tiers and the DLQ)
 when its partition is assigned, holds the keys of hops already written downstream: a record whose
 `hand_off_key` is there, and whose key and value are the bytes that hop carries (`record_digest`; or, for a
-hop dead-lettered as a `too_large` reference, the reference it would make: runtime/duplicates.py), was
+hop dead-lettered as a `too_large` reference, the reference it would make: runtime/records/duplicates.py), was
 handed off by a previous owner that died before committing it, and is suppressed rather than handled and
 handed off again. The digest is only computed for a record whose key is found.
 
@@ -65,7 +65,7 @@ def hand_off_key(
     own key with one more failure; for a source record (`state` None), its `coords` (topic, partition,
     offset) and timestamp (as the router writes it to ``retry.original_timestamp``) with `replay_count` and one
     failure. Seen in a destination's tail, it says the record was handed off already (see
-    `runtime/seeding.py`)::
+    `runtime/records/duplicates.py`)::
 
         hand_off_key(None, ("orders", 0, 42), 1700000000000, 0)   # ("orders", 0, 42, 1700000000000, 0, 1)
     """

@@ -16,16 +16,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum, StrEnum
 from typing import Final, Literal, NamedTuple, Protocol
 
-from retrytopics.core.backoff import jittered_delay_ms, schedule_delay_ms, tier_for_hint
+from retrytopics.core.backoff import schedule_delay_ms, tier_for_hint
 from retrytopics.core.classify import Classification, Verdict, classify
 from retrytopics.core.diagnostics import describe
+from retrytopics.core.due import due_problem, longest_wait_ms, next_due_ms
 from retrytopics.core.errors import ConfigError, HeaderDecodeError
 from retrytopics.core.headers import (
     MAX_USER_HEADERS,
@@ -49,10 +49,10 @@ __all__ = [
     "RouteContext",
     "RouteKind",
     "Unread",
-    "longest_wait_ms",
     "origin_message_id",
     "read_retry_state",
     "route",
+    "tier_wait_bounds_ms",
     "too_large_reference",
     "too_large_reference_record",
     "too_large_route",
@@ -186,17 +186,14 @@ def read_retry_state(ctx: RouteContext, record: Consumed, *, now_ms: int) -> Ret
     return state
 
 
-def longest_wait_ms(ctx: RouteContext, topic: str) -> int | None:
-    """The longest a record of tier ``topic`` is meant to wait: the tier's delay with the most jitter (None:
-    not a tier of this context). A tier consumer never waits longer than this after first seeing a record
-    (runtime/pausing.py), whatever its ``retry.due_at`` says."""
-    tier = ctx.topics.tier_by_topic(topic)
-    return None if tier is None else math.ceil(tier.delay_ms * (1 + ctx.policy.jitter))
+def tier_wait_bounds_ms(ctx: RouteContext) -> dict[str, int]:
+    """The longest a record of each tier topic of ``ctx`` is meant to wait (due.longest_wait_ms): a tier
+    consumer never waits longer than this after first seeing a record, whatever its ``retry.due_at`` says."""
+    return {t.topic: longest_wait_ms(t.delay_ms, ctx.policy.jitter) for t in ctx.topics.tiers}
 
 
 def _check_bounds(ctx: RouteContext, tier: TierTopic, h: RetryHeaders, now_ms: int) -> None:
     policy, skew = ctx.policy, ctx.clock_skew_ms
-    longest = math.ceil(tier.delay_ms * (1 + policy.jitter))
     # Unlimited retries still stop one short of the header's int32 range, so that "+1" always encodes.
     bound = _MAX_RECONSUME_TIMES if policy.max_reconsume_times is None else policy.max_reconsume_times
     # each reason is written only when its check fails: every tier record is checked (a tier consumer's hot path)
@@ -216,14 +213,11 @@ def _check_bounds(ctx: RouteContext, tier: TierTopic, h: RetryHeaders, now_ms: i
         )
     if h.last_failed_at > now_ms + skew:
         raise HeaderDecodeError("retry.last_failed_at", h.last_failed_at, "in the future")
-    if h.due_at is not None and h.due_at > now_ms + longest + skew:
-        raise HeaderDecodeError(
-            "retry.due_at", h.due_at, f"later than now + this tier's delay ({longest} ms with jitter)"
-        )
-    if h.due_at is not None and h.due_at > h.last_failed_at + longest:
-        raise HeaderDecodeError(
-            "retry.due_at", h.due_at, f"more than this tier's delay ({longest} ms) after retry.last_failed_at"
-        )
+    if h.due_at is not None:
+        longest = longest_wait_ms(tier.delay_ms, policy.jitter)
+        problem = due_problem(h.due_at, h.last_failed_at, longest_ms=longest, now_ms=now_ms, skew_ms=skew)
+        if problem is not None:
+            raise HeaderDecodeError("retry.due_at", h.due_at, problem)
 
 
 class Unread(Enum):
@@ -295,17 +289,16 @@ def _hop(previous: RetryHeaders | None, now_ms: int) -> _Hop:
 
 
 def _next_due(ctx: RouteContext, verdict: Classification, hop: _Hop, rng: random.Random) -> tuple[TierTopic, int]:
-    """The tier and due time of the next retry; a retry-after hint picks the tier and floors the jitter."""
+    """The tier and due time of the next retry; a retry-after hint picks the tier (due.py floors the wait)."""
     policy, hint = ctx.policy, verdict.retry_after_ms
     if hint is None:
         delay = schedule_delay_ms(verdict.schedule_ms, hop.reconsume_times)
-        floor = 0
     else:
         delay = policy.tier_delays_ms[tier_for_hint(policy.tier_delays_ms, hint)]
-        floor = min(hint, delay)  # jitter may add to a hint, never take away from it
-    tier = ctx.topics.tier_by_delay(delay)
-    jittered = jittered_delay_ms(delay, jitter=policy.jitter, max_delay_ms=policy.max_delay_ms, rng=rng)
-    return tier, hop.last_failed_at + max(floor, jittered)
+    due_at = next_due_ms(
+        hop.last_failed_at, delay, jitter=policy.jitter, max_delay_ms=policy.max_delay_ms, hint_ms=hint, rng=rng
+    )
+    return ctx.topics.tier_by_delay(delay), due_at
 
 
 def _state(

@@ -6,7 +6,7 @@ Pure: standard library only.
 A transaction is open on the broker from its first hand-off until its batch's commit, so at most one poll
 batch plus the calls that commit it: a batch must end within `max.poll.interval.ms` (past it the member
 leaves its group and the transaction can only abort), and each transactional call times out after
-`CALL_TIMEOUT_MS` (runtime/transactional.py). `transaction.timeout.ms` must cover both, or the broker
+`CALL_TIMEOUT_MS` (runtime/handoff/transactional.py). `transaction.timeout.ms` must cover both, or the broker
 aborts a transaction that was still legitimately open and the batch is read again, forever. (A commit asked
 again across a coordinator's failover may take longer; the broker's abort then ends it cleanly.) It is also the
 longest a crashed process's open transaction holds back read_committed readers of the topics it wrote,
@@ -33,7 +33,7 @@ EXACTLY_ONCE_MAX_POLL_INTERVAL_MS = 20_000
 
 #: the timeout of each blocking client call a consumer loop makes (a topic's metadata; a transactional call:
 #: sending the offsets, committing, aborting, which is abandoned 1 s later, with its producer, if librdkafka
-#: does not keep it: runtime/transactional.py)
+#: does not keep it: runtime/handoff/transactional.py)
 CALL_TIMEOUT_MS = 5_000
 
 #: the commit of a batch takes two calls: its offsets, then the commit itself

@@ -12,12 +12,12 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from retrytopics.core.errors import KafkaClientError
 from retrytopics.core.ports import ConsumerPort, Message, PartitionsCallback, TopicPartition
+from retrytopics.runtime.clock import SYSTEM_CLOCK
 
 log = logging.getLogger("retrytopics.runtime")
 
@@ -67,7 +67,7 @@ class _Worker:
 class BoundedCalls:
     """Runs blocking client calls for one consumer loop, each for at most `timeout_s` (module docstring)."""
 
-    def __init__(self, *, timeout_s: float, name: str, monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, *, timeout_s: float, name: str, monotonic: Callable[[], float] = SYSTEM_CLOCK.monotonic) -> None:
         self.timeout_s = timeout_s
         self._name = name
         self.monotonic = monotonic
@@ -118,7 +118,7 @@ class BoundedCommits:
     def __init__(self, consumer: ConsumerPort, calls: BoundedCalls) -> None:
         self._consumer = consumer
         self._calls = calls
-        # read by runtime/ownership.py
+        # read by runtime/records/ownership.py
         self.max_poll_interval_ms: int = getattr(consumer, "max_poll_interval_ms", 300_000)
         self.session_timeout_ms: int = getattr(consumer, "session_timeout_ms", 45_000)
 

@@ -1,4 +1,4 @@
-"""The operator tools read past a record whose header key is not UTF-8 (issue 16 item 1).
+"""The operator tools read past a record whose header key is not UTF-8.
 
 Before: confluent-kafka's `headers()` raised SystemError on such a key, and `dlq peek`, `topics describe`
 and the Spark data source behind `audit` and `replay` crashed on it. Guarantee: each reads every record;

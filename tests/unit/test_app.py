@@ -13,7 +13,7 @@ import retrytopics
 from retrytopics import ConfigError, InProcessRetry, KafkaConfig, NonRetryable, Record, RetryApp, RetryPolicy
 from retrytopics.core.headers import DlqReason
 from retrytopics.core.router import RouteKind
-from retrytopics.runtime.tiers import select_tiers
+from retrytopics.runtime.consumer.settings import select_tiers
 from retrytopics.testing import call, make_record, route_for
 
 POLICY = RetryPolicy(delays=["5s", "30s"])

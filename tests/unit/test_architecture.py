@@ -165,3 +165,32 @@ def test_facade_exports_are_complete_and_grouped_sorted() -> None:
 
     for group in groups:
         assert group == sorted(group, key=isort_key), group
+
+
+#: inside the runtime, what each part may import of the others (module prefixes under retrytopics.runtime):
+#: the records stage yields outcomes and never imports the hand-off or the consumer; waiting and the
+#: hand-off know the records stage only by its outcome values
+RUNTIME_MAY_IMPORT = {
+    "clock": set(),
+    "bounded": {"clock"},
+    "waiting": {"records.outcome"},
+    "records": {"records", "waiting", "clock", "bounded"},
+    "handoff": {"handoff", "records.outcome", "clock", "bounded"},
+    "consumer": {"consumer", "records", "waiting", "handoff", "clock", "bounded"},
+}
+
+
+def test_inside_the_runtime_imports_go_one_way() -> None:
+    runtime = ROOT / "retrytopics" / "runtime"
+    for path in sorted(runtime.rglob("*.py")):
+        part = path.relative_to(runtime).with_suffix("").parts[0]
+        if part == "__init__":
+            continue
+        allowed = RUNTIME_MAY_IMPORT[part]
+        for module in _imports(path):
+            if not module.startswith("retrytopics.runtime."):
+                continue
+            target = module.removeprefix("retrytopics.runtime.")
+            assert any(target == a or target.startswith(a + ".") for a in allowed), (
+                f"{path.relative_to(ROOT)} ({part}) imports {module}"
+            )

@@ -1,4 +1,4 @@
-"""Header keys for the CLI (issue 15.5): `[app] header_key_file`, `RETRYTOPICS_APP_HEADER_KEY`, or the
+"""Header keys for the CLI: `[app] header_key_file`, `RETRYTOPICS_APP_HEADER_KEY`, or the
 replay's `--header-key-file`, in the usual precedence (file < environment < flags); never a key on argv; a
 short key fails at start-up naming the setting, without showing the key; `--app` brings the app's own keys.
 """

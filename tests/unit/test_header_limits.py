@@ -1,4 +1,4 @@
-"""What the router writes stays within what the decoder reads back (issue 21.4).
+"""What the router writes stays within what the decoder reads back.
 
 The decoder refuses a record with more than `MAX_HEADER_COUNT` headers and a retry header value longer than
 `MAX_VALUE_BYTES`. The writer keeps every hop within both, from the same definitions: a record with more than

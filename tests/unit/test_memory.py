@@ -132,3 +132,20 @@ def test_a_new_producer_with_the_same_transactional_id_fences_the_old_one_and_ab
         old.commit_transaction(1)
     assert fenced.value.fatal and fenced.value.code == "_FENCED"
     assert broker.records("orders") == [] and len(broker.records("orders", read_committed=False)) == 1
+
+
+def test_stale_copies_come_first_in_the_next_consume_only() -> None:
+    """`deliver_stale`: the next consume returns the given copies before what the positions say (records
+    fetched before a seek), within `max_records`; the consume after it does not repeat them."""
+    broker = MemoryBroker()
+    broker.create_topic("orders")
+    for value in (b"a", b"b", b"c"):
+        broker.append("orders", value, partition=0)
+    consumer = subscribed(broker, [])
+    assert [m.offset for m in consumer.consume(10, 0)] == [0, 1, 2]
+    consumer.seek(TP, 0)
+
+    consumer.deliver_stale(broker.records("orders")[2:])
+
+    assert [m.offset for m in consumer.consume(2, 0)] == [2, 0]
+    assert [m.offset for m in consumer.consume(10, 0)] == [1, 2]

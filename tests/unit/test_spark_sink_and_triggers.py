@@ -1,4 +1,4 @@
-"""The Spark data source's sink modes and streaming trigger options, without a session or a broker (issue 14):
+"""The Spark data source's sink modes and streaming trigger options, without a session or a broker:
 `minOffsetsPerTrigger`/`maxTriggerDelay` were accepted and ignored, `mode("overwrite")` appended silently."""
 
 from __future__ import annotations

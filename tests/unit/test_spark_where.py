@@ -1,5 +1,5 @@
 """The replay's `--where` filter: only column references, literals, operators and a few pure functions reach
-Spark, rebuilt from the parse tree (issue 16.5: `reflect`/`java_method` ran and `raise_error`/casts leaked a
+Spark, rebuilt from the parse tree (`reflect`/`java_method` ran and `raise_error`/casts leaked a
 local file's contents)."""
 
 from __future__ import annotations

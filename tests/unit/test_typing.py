@@ -1,4 +1,4 @@
-"""The package type-checks under `mypy --strict` as it installs (issue 13): `scripts/typecheck.py` links the
+"""The package type-checks under `mypy --strict` as it installs: `scripts/typecheck.py` links the
 repository's folders into the installed layout, where `retrytopics.connectors` and `retrytopics.spark`
 resolve, and runs mypy with pyproject.toml's settings."""
 

@@ -34,10 +34,12 @@ from retrytopics.core.offsets import OffsetTracker, TopicPartition
 from retrytopics.core.ports import Message
 from retrytopics.core.router import route
 from retrytopics.observe.events import Emitter, Event
-from retrytopics.runtime.exactly_once import ExactlyOnce
-from retrytopics.runtime.loop import LoopSettings
-from retrytopics.runtime.pausing import PauseController
-from retrytopics.runtime.publish import PublishJob
+from retrytopics.runtime.clock import SYSTEM_CLOCK
+from retrytopics.runtime.consumer.settings import LoopSettings
+from retrytopics.runtime.handoff.exactly_once import ExactlyOnce
+from retrytopics.runtime.records.calls import build_record
+from retrytopics.runtime.records.outcome import Failed
+from retrytopics.runtime.waiting import PauseController
 
 from .conftest import Kit
 
@@ -97,7 +99,7 @@ def test_purge_reports_of_an_aborted_transaction_do_not_fail_the_next_one(
     settings = LoopSettings(name=f"{group}:main", group_id=group, topics=(source,), exactly_once=True)
     consumer = KafkaConsumer(kafka, group_id=group, overrides=consumer_overrides)
     tracker, assigned = OffsetTracker(), set[TopicPartition]()
-    pauses: PauseController[Any] = PauseController(consumer, emitter, consumer_name=settings.name)
+    pauses = PauseController(consumer, emitter, consumer_name=settings.name)
     _RefusesFirstOffsets.refused = False
     handoff = ExactlyOnce(
         settings,
@@ -107,7 +109,8 @@ def test_purge_reports_of_an_aborted_transaction_do_not_fail_the_next_one(
         emitter,
         None,
         lambda: _RefusesFirstOffsets(kafka, transactional_id=unique_name("txn"), overrides={"linger.ms": 30_000}),
-        pauses=pauses,
+        clock=SYSTEM_CLOCK,
+        forget_waiting=pauses.drop,
         assigned=assigned,
     )
 
@@ -119,12 +122,13 @@ def test_purge_reports_of_an_aborted_transaction_do_not_fail_the_next_one(
     consumer.subscribe([source], on_assign=on_assign, on_revoke=handoff.revoked, on_lost=handoff.lost)
     handed_off: list[int] = []
     rng = random.Random(0)
+    binding = app.handlers[source]
 
     def hand_off_batch(batch: list[Message]) -> None:
         for msg in batch:
             decision = route(ctx, msg, RuntimeError("fails"), now_ms=int(time.time() * 1000), rng=rng)
-            job = PublishJob(route=decision, key=msg.key, value=msg.value, source=msg.tp, offset=msg.offset)
-            handoff.hand_off(job, handoff.track(msg.tp, msg.offset))
+            record, _ = build_record(binding, msg, None)
+            handoff.apply(Failed(msg, None, record, RuntimeError("fails"), decision, ctx))
             handed_off.append(msg.offset)
         handoff.end_batch()
 

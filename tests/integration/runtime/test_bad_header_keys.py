@@ -1,4 +1,4 @@
-"""A header key that is not UTF-8 never stops a consumer (issue 16 item 1).
+"""A header key that is not UTF-8 never stops a consumer.
 
 Before: confluent-kafka's `headers()` raised SystemError on such a key, so the main consumer (or a tier's)
 exited on every restart, its neighbours in the same fetch were never handled and nothing was committed:
@@ -60,7 +60,7 @@ class Env:
 def _tier_headers(env: Env, now_ms: int) -> list[tuple[bytes, bytes | None]]:
     good = RetryHeaders(
         # an offset no source record has: a tier record that names a real source record's first hop makes
-        # the main consumer's seeded audit treat that record as handed off already (issue 12.4)
+        # the main consumer's seeded audit treat that record as handed off already
         reconsume_times=1,
         origin_message_id="forged-tier",
         original_topic=env.source,

@@ -1,4 +1,4 @@
-"""Batch handlers end to end on the broker (issue 13): `@app.batch_handler` on the source and on both tiers.
+"""Batch handlers end to end on the broker: `@app.batch_handler` on the source and on both tiers.
 
 Guarantees: 400 records over 3 partitions, 10% failing once, 2% always and 2% non-retryable, reported
 per record through `BatchFailed`. Every id ends exactly where its plan says: succeeded once (after one retry

@@ -1,4 +1,4 @@
-"""A single kill of a consumer writes no duplicate dead letter in at-least-once mode (issue 12.4).
+"""A single kill of a consumer writes no duplicate dead letter in at-least-once mode.
 
 Two ways a record used to reach the DLQ twice, each measured here on a real broker:
 

@@ -1,4 +1,4 @@
-"""Exactly-once: a rebalance never commits a hand-off without its source offset (issue 12.1).
+"""Exactly-once: a rebalance never commits a hand-off without its source offset.
 
 Guarantee: records waiting in a tier consumer's memory are handed off at the top of a loop iteration, so
 their transaction is still open when `consume()` runs the rebalance callbacks. When the partition is revoked

@@ -1,8 +1,8 @@
-"""A record forged into the DLQ and the source records it names (issue 21.5): the threat model as documented.
+"""A record forged into the DLQ and the source records it names: the threat model as documented.
 
 A principal with WRITE on the DLQ writes, before the main consumer is assigned its partition, a DLQ record
 naming an unhandled source record (offset 4: its coordinates, timestamp, key and value, all of which READ on
-the source shows). The seeded duplicate check (runtime/seeding.py) reads the DLQ's tail at assignment.
+the source shows). The seeded duplicate check (runtime/records/duplicates.py) reads the DLQ's tail at assignment.
 
 Guarantees:
 - with `header_key`, the forged record does not verify and seeds nothing: every source record, offset 4

@@ -1,5 +1,5 @@
 """A tier consumer frozen past its session while records wait in its memory hands nothing off when it wakes
-(issue 12.2; catalogue scenario 5 with waiting in memory).
+(catalogue scenario 5, with waiting in memory).
 
 Guarantee: records of the 600 ms tier are fetched and wait in the tier process's memory; the process is
 SIGSTOPped, a replacement takes the partition over and handles them; after SIGCONT the woken process never

@@ -1,4 +1,4 @@
-"""A record with more headers than a retry record may carry keeps its lineage (issue 21.4).
+"""A record with more headers than a retry record may carry keeps its lineage.
 
 Guarantee: the bound the tier decoder and the replay enforce (`headers.MAX_HEADER_COUNT`) is applied before
 the first hand-off, from the same definition (`MAX_USER_HEADERS`: what is left once every retry header a hop

@@ -1,4 +1,4 @@
-"""A producer-chosen id never makes two source records duplicates of each other (issue 15.1).
+"""A producer-chosen id never makes two source records duplicates of each other.
 
 Guarantee: with `RetryApp(id_header="order-id")`, different source records carrying the same `order-id` that
 each fail once are each handled again in the tier: none is suppressed as a duplicate of another, every tier

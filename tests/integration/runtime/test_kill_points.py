@@ -10,9 +10,9 @@ whole scenario. The worker first handles and commits records 0-4, then record 5 
 
 Guarantees: the kill never moved the commit past record 5; the restart starts from the last commit (5: records
 0-4 are not handled again); nothing is lost; and nothing is written downstream twice. The restart, seeded
-from the tail of the tier and the DLQ when its partition is assigned (runtime/seeding.py), finds the hop the
+from the tail of the tier and the DLQ when its partition is assigned (runtime/records/duplicates.py), finds the hop the
 killed worker wrote and suppresses record 5 (neither handled nor handed off again): one copy in the tier,
-one DLQ record. Before the seeding (issue 12.4) the restart wrote a second copy to the tier (suppressed by
+one DLQ record. Before the seeding the restart wrote a second copy to the tier (suppressed by
 the tier's in-memory audit) and a second, identical DLQ record.
 
 The three scenarios run side by side (one source and group each), so the slow part, the dead member's
@@ -201,7 +201,7 @@ def test_sigkill_after_the_retry_ack_writes_the_hop_once(runs: dict[str, Run]) -
 def test_sigkill_after_the_dlq_ack_writes_one_dlq_record(runs: dict[str, Run]) -> None:
     run = runs["after_dlq_ack"]
     _assert_killed_then_resumed_from_the_last_commit(run, handed_off=True)
-    # then: one DLQ record (before issue 12.4: a second, identical one written by the restart)
+    # then: one DLQ record (without the seeding at assignment, the restart wrote a second, identical one)
     (dead,) = run.headers("dlq")
     assert (dead.origin_message_id, dead.lineage.replay_count, dead.reconsume_times, dead.dlq_reason) == (
         f"{run.source}-0-{KILLED}",

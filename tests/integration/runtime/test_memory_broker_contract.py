@@ -1,7 +1,7 @@
 """The in-memory broker (`retrytopics/memory.py`) and Apache Kafka agree on what the runtime relies on.
 
 One set of scenarios, run on both through the ports (`MemoryConsumer`/`MemoryProducer` and
-`KafkaConsumer`/`KafkaProducer`), asserting the same observable outcomes (issue 13):
+`KafkaConsumer`/`KafkaProducer`), asserting the same observable outcomes:
 
 - produce then consume returns the records in offset order, key, value and headers intact;
 - pause stops delivery of a partition and resume restarts it; seek delivers again from an offset;

@@ -1,4 +1,4 @@
-"""A source topic deleted and recreated under the same name keeps no ghost of its first life (issue 21.1).
+"""A source topic deleted and recreated under the same name keeps no ghost of its first life.
 
 Guarantee: the hand-offs its first life left in the DLQ (and tiers) never make the recreated topic's records,
 which restart at offset 0, look handed off already: with the same group, every record of the second life is

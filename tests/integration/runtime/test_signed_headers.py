@@ -1,4 +1,4 @@
-"""Signed retry headers and a bounded wait on a real broker (issue 15.3 and 15.5).
+"""Signed retry headers and a bounded wait on a real broker.
 
 Guarantees:
 - With `RetryApp(header_key=...)`, a tier record written by a plain producer (valid headers, but no signature

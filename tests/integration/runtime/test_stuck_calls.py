@@ -1,4 +1,4 @@
-"""No stuck call hides (issues 22.2, 21.9), on Apache Kafka: a frozen or dead broker, a handler past the poll
+"""No stuck call hides, on Apache Kafka: a frozen or dead broker, a handler past the poll
 interval.
 
 Guarantees:
@@ -36,7 +36,7 @@ from .conftest import Kit, wait_until
 pytestmark = pytest.mark.broker
 
 CONSUMER = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
-#: the documented bound on one transactional call (runtime/transactional.py), with room for a busy machine
+#: the documented bound on one transactional call (runtime/handoff/transactional.py), with room for a busy machine
 CALL_BOUND_S = 6.0
 
 

@@ -1,4 +1,4 @@
-"""A republish too large for the producer never wedges its partition (issue 16.2).
+"""A republish too large for the producer never wedges its partition.
 
 Guarantee: a 999,000-byte value whose handler fails cannot be republished to a tier once the retry headers
 are added (librdkafka's `message.max.bytes` is 1,000,000). It is dead-lettered with reason `too_large`
@@ -157,7 +157,7 @@ def test_one_oversized_record_dead_letters_alone_and_its_batch_neighbours_are_re
     apps: list[RetryApp],
     exactly_once: bool,
 ) -> None:
-    """Guarantee (issue 21.2): the broker refuses a produce batch as a whole when one of its records is too
+    """Guarantee: the broker refuses a produce batch as a whole when one of its records is too
     large, and reports that error on every record of the batch. Only the record that is too large on its own
     is dead-lettered as `too_large`; the others of the same poll reach the tier with their values and user
     headers intact, and are handled there. In exactly-once mode too, where the refused records are sent

@@ -1,4 +1,4 @@
-"""TLS, SASL/SCRAM and ACLs on a real path (issue 15 item 4), on the package's Apache Kafka broker: a SASL_SSL
+"""TLS, SASL/SCRAM and ACLs on a real path, on the package's Apache Kafka broker: a SASL_SSL
 listener (SCRAM-SHA-512, a certificate from a CA made by the tests, PEM) and the standard authorizer, with the
 principals and ACLs docs/operations.md recommends (see conftest.py).
 

@@ -1,5 +1,5 @@
 """The Spark replay job as the `replay` principal, on the package's SASL_SSL broker with the standard
-authorizer (issue 15 item 4).
+authorizer.
 
 Guarantee: with the ACLs docs/operations.md gives the replay principal (READ the DLQ and its ledger, READ
 and WRITE the original topic and the ledger, DESCRIBE on the reader group prefixes) and nothing more, `replay`

@@ -1,4 +1,4 @@
-"""The audit reads past a record whose header key is not UTF-8 (issue 16 item 1).
+"""The audit reads past a record whose header key is not UTF-8.
 
 Before: the Python data source called confluent-kafka's `headers()`, which raised SystemError on such a
 key, and the Spark task, then the whole audit, failed. Guarantee: the audit counts the record like any

@@ -8,7 +8,7 @@
 - a streaming read with trigger(availableNow) reads everything, and a restart from its checkpoint reads
   only what arrived since;
 - a streaming write copies records (key, value, headers, partition) exactly; a batch overwrite is refused
-  and writes nothing, as with Spark's kafka sink (issue 14).
+  and writes nothing, as with Spark's kafka sink.
 """
 
 from __future__ import annotations

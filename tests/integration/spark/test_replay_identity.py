@@ -1,4 +1,4 @@
-"""Guarantee of the replay job when an origin id is shared (issue 15.1):
+"""Guarantee of the replay job when an origin id is shared:
 
 - a DLQ record stands for one source record, named by its original topic, partition and offset, never by
   its `origin_message_id`, which `RetryApp(id_header=...)` lets two different records share: two DLQ

@@ -1,4 +1,4 @@
-"""Guarantees of the replay job on untrusted DLQ records (issues 15.2 and 16.5):
+"""Guarantees of the replay job on untrusted DLQ records:
 
 - a forged DLQ record (a partition the source does not have, a replay count one replay would overflow, a
   tier's due time beyond Spark's timestamps) is skipped and counted with its problem, and every valid record
@@ -95,8 +95,8 @@ def test_forged_dlq_records_are_skipped_with_their_problem_and_a_stopped_run_is_
     topics = _pipeline(kafka, source, 2, 2)
     valid = [_dlq_record(source, i, i % 2) for i in range(6)]
     forged = [
-        _dlq_record(source, 10, 999),  # issue 15.2: _UNKNOWN_PARTITION after part of the selection was written
-        _dlq_record(source, 11, 1, replay_count=2**31 - 1),  # issue 16.5: ARITHMETIC_OVERFLOW on +1
+        _dlq_record(source, 10, 999),  # _UNKNOWN_PARTITION after part of the selection was written
+        _dlq_record(source, 11, 1, replay_count=2**31 - 1),  # ARITHMETIC_OVERFLOW on +1
         _dlq_record(source, 0, 999, replay_count=5),  # valid record 0's id: must not shadow it
         _dlq_record(source, 12, 0, forge=[("retry.tier", b"0"), ("retry.due_at", str(2**63 - 1).encode())]),
     ]

@@ -1,4 +1,4 @@
-"""The replay with signed retry headers (issue 15.5): a DLQ record whose signature is missing, made with
+"""The replay with signed retry headers: a DLQ record whose signature is missing, made with
 another key, or made for another topic is skipped and counted (problem `signature`) while the signed ones
 are replayed; to the first tier, what the replay writes verifies with the app's key there.
 """

@@ -1,4 +1,4 @@
-"""What a replay trusts (issue 21 items 3, 6 and 7):
+"""What a replay trusts:
 
 - a `too_large` DLQ record whose value was replaced by a reference to the record is never written as if the
   reference were the value: it is skipped and counted as `skipped_reference_only`; a `too_many_headers`

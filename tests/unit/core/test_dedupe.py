@@ -59,7 +59,7 @@ def test_capacity_must_be_a_positive_int(capacity: object) -> None:
         DuplicateAudit(capacity=capacity)  # type: ignore[arg-type]
 
 
-# -- issue 15.1: colliding ids ------------------------------------------------------------------------------
+# -- colliding ids ---------------------------------------------------------------------------------------------
 
 CTX = RouteContext(
     policy=RetryPolicy(delays=["5s", "30s"]),

@@ -1,7 +1,6 @@
 """Secrets in exception text never reach tier or DLQ headers; ordinary diagnostics stay readable.
 
-Issue 16 item 4: 11 of 16 common secret forms leaked. The table is the catalogue; each row names the
-secret that must disappear. User patterns extend the built-in ones (`RetryApp(redact_patterns=[...])`).
+The table is the catalogue; each row names the secret that must disappear. User patterns extend the built-in ones (`RetryApp(redact_patterns=[...])`).
 """
 
 from __future__ import annotations
@@ -56,7 +55,7 @@ LEAKS = [
     ("credentials=user:pass", "user:pass"),
     ("x" * 300 + "_password=hunter2", "hunter2"),
     ('{"token": "' + "e" * 2000 + '"}', "e" * 100),
-    # issue 21 item 12
+    # more forms of the same secrets
     ("DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=Zm9vYmFy==;EndpointSuffix=x", "Zm9vYmFy=="),
     ("kafka-configs --password hunter2 --user bob", "hunter2"),
     ("pass=hunter2", "hunter2"),

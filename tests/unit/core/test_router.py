@@ -203,7 +203,7 @@ def test_invariants_across_hops(kinds: list[type[Exception]], jitter: float, see
 def test_a_state_the_caller_read_once_routes_exactly_as_if_route_read_it(
     kinds: list[type[Exception]], seed: int
 ) -> None:
-    # the runtime reads a record's retry state when it arrives and hands it to route() (issue 13: headers
+    # the runtime reads a record's retry state when it arrives and hands it to route() (headers
     # are decoded once); every hop must route byte for byte as if route() had read the headers itself
     ctx = context(RetryPolicy(max_retries=UNLIMITED, jitter=0.5, per_exception={TimeoutError: ["1s", "1m"]}))
     record, now = source(), T0
@@ -451,7 +451,7 @@ def _retry_from(cause: BaseException, *, after: str | None = "5s", suppress: boo
 
 
 def test_retry_from_an_exception_describes_the_cause_on_the_tier_and_in_the_dlq() -> None:
-    # issue 12.3: the tier and the DLQ described the signal ("retrytopics.errors.Retry", "retry requested")
+    # the tier and the DLQ described the signal ("retrytopics.errors.Retry", "retry requested")
     ctx = context(RetryPolicy(delays=["5s", "30s"]))
     routes = run(ctx, [_retry_from(TimeoutError("gateway slow"), after="20s") for _ in range(3)])
     assert [r.kind for r in routes] == [RouteKind.TIER, RouteKind.TIER, RouteKind.DLQ]

@@ -1,4 +1,4 @@
-"""Signed retry headers (retrytopics/core/signing.py, issue 15.5): what the signature covers, rotation, key rules,
+"""Signed retry headers (retrytopics/core/signing.py): what the signature covers, rotation, key rules,
 and the router's use of it (tier records must verify, every route is signed, seeding trusts only verified
 tails). A principal with WRITE on a tier or the DLQ must not be able to forge, alter or move retry state.
 """
@@ -23,7 +23,7 @@ from retrytopics.core.policy import RetryPolicy
 from retrytopics.core.ports import Message
 from retrytopics.core.router import InboundRecord, RouteContext, RouteKind, read_retry_state, route
 from retrytopics.core.signing import SIGNATURE, HeaderKeys, sign, verify
-from retrytopics.runtime.seeding import seed, verified_tails
+from retrytopics.runtime.records.duplicates import seed, verified_tails
 
 KEY = b"k" * 32
 OLD = "an older key, still accepted: 32b"
@@ -106,7 +106,7 @@ def test_user_headers_their_order_and_duplicates_are_signed(
 
 
 def test_a_tier_record_with_rewritten_tenant_and_role_headers_goes_to_the_dlq() -> None:
-    """The forgery of issue 21 item 8: a genuine signed tier record copied with `tenant` and `role`
+    """A forgery that user headers alone would allow: a genuine signed tier record copied with `tenant` and `role`
     rewritten no longer verifies, so its consumer dead-letters it instead of handing it to the handler."""
     source = InboundRecord(
         topic="orders",

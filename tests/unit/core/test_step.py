@@ -1,7 +1,6 @@
-"""The pure per-record step (retrytopics/core/step.py): the rules in their order, over every combination of facts
-(hypothesis): a record waiting behind its partition's queue is never acted on; a hop handed off or handled
-already is never handled again; nothing is handled before it is due; a record not due waits in memory only
-within the horizon; and everything else is handled now."""
+"""The pure per-record decision (retrytopics/core/step.py): the rules in their order, over every combination of facts
+(hypothesis): a hop handed off or handled already is never handled again; nothing is handled before it is due;
+a record not due waits in memory only within the horizon; and everything else is handled now."""
 
 from __future__ import annotations
 
@@ -14,7 +13,6 @@ MS = st.integers(0, 10**13)
 
 
 @given(
-    behind=st.booleans(),
     handed_off=st.booleans(),
     duplicate=st.booleans(),
     due=st.none() | MS,
@@ -22,15 +20,11 @@ MS = st.integers(0, 10**13)
     horizon=st.integers(0, 10**6),
 )
 def test_the_rules_hold_in_their_order(
-    behind: bool, handed_off: bool, duplicate: bool, due: int | None, now: int, horizon: int
+    handed_off: bool, duplicate: bool, due: int | None, now: int, horizon: int
 ) -> None:
-    action = decide(
-        behind_queue=behind, handed_off=handed_off, duplicate=duplicate, due_ms=due, now_ms=now, horizon_ms=horizon
-    )
+    action = decide(handed_off=handed_off, duplicate=duplicate, due_ms=due, now_ms=now, horizon_ms=horizon)
     not_due = due is not None and due > now
-    if behind:
-        assert action is Action.WAIT_BEHIND
-    elif handed_off:
+    if handed_off:
         assert action is Action.FINISH_HANDED_OFF
     elif duplicate:
         assert action is Action.SUPPRESS_DUPLICATE
@@ -40,11 +34,11 @@ def test_the_rules_hold_in_their_order(
         assert action is Action.HANDLE
     # the guarantees, whatever the facts
     if action is Action.HANDLE:
-        assert not behind and not handed_off and not duplicate and not not_due
+        assert not handed_off and not duplicate and not not_due
 
 
 def test_examples() -> None:
-    facts = {"behind_queue": False, "handed_off": False, "duplicate": False, "now_ms": 1_000, "horizon_ms": 500}
+    facts = {"handed_off": False, "duplicate": False, "now_ms": 1_000, "horizon_ms": 500}
     assert decide(**facts, due_ms=None) is Action.HANDLE  # a source record
     assert decide(**facts, due_ms=1_000) is Action.HANDLE  # due exactly now
     assert decide(**facts, due_ms=1_500) is Action.WAIT_IN_MEMORY

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from retrytopics.observe.events import PER_BATCH, Emitter, Event, LoggingHook, NullHook, StatsCollector
-from retrytopics.runtime.tally import HandledTally
 
 
 class Recorder:
@@ -33,31 +32,6 @@ def test_a_hook_without_an_events_attribute_receives_everything() -> None:
 def test_the_built_in_hooks_do_not_make_the_loop_build_per_record_successes() -> None:
     assert not Emitter([StatsCollector(), LoggingHook(), NullHook()]).wants(Event.RECORD_HANDLED)
     assert Emitter([StatsCollector(), Recorder()]).wants(Event.RECORD_HANDLED)
-
-
-def test_the_tally_sums_per_partition_and_starts_again_after_a_flush() -> None:
-    # setup: records of two partitions, interleaved as a poll batch delivers them; two are retries
-    tally, hook, stats = HandledTally(), Recorder(), StatsCollector()
-    emitter = Emitter([hook, stats])
-    for tp, offset, lateness in [(("o", 0), 5, None), (("o", 1), 7, None), (("o", 0), 6, 12), (("o", 0), 9, 3)]:
-        tally.add(tp, offset, lateness)
-
-    # when
-    tally.flush(emitter.emit)
-    tally.flush(emitter.emit)  # nothing new: nothing emitted
-
-    # then
-    assert hook.seen == [
-        (
-            Event.RECORDS_HANDLED,
-            {"topic": "o", "partition": 0, "count": 3, "first_offset": 5, "last_offset": 9, "lateness_ms": (12, 3)},
-        ),
-        (
-            Event.RECORDS_HANDLED,
-            {"topic": "o", "partition": 1, "count": 1, "first_offset": 7, "last_offset": 7, "lateness_ms": ()},
-        ),
-    ]
-    assert stats.snapshot().handled == 4
 
 
 def test_a_hook_whose_own_attribute_shares_the_name_still_receives_everything() -> None:

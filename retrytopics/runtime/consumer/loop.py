@@ -1,0 +1,215 @@
+"""The consumer loop shared by main and tier consumers: one consumer + one producer + one thread, from start
+to shutdown. It makes the clients and, once, each part that acts through them, and reports its health.
+
+The path of a record (docs/architecture.md draws it): the poll cycle (runtime/consumer/cycle.py) consumes a
+batch; the records stage (runtime/records/) reads, decides and calls the handler, yielding one outcome per
+record; waiting (runtime/waiting.py) pauses partitions and queues records due soon; the hand-off
+(runtime/handoff/) finishes, publishes and commits. Rebalance callbacks are runtime/consumer/rebalance.py.
+
+Records of a main topic carry no retry state (incoming `retry.*` headers are ignored there), so the same
+loop serves both kinds of consumer; only tier records are ever paused.
+
+Every part reads time through the loop's `Clock` (runtime/clock.py): a test passes a fake one.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections.abc import Callable, Mapping
+
+from retrytopics.core.dedupe import DuplicateAudit
+from retrytopics.core.errors import KafkaClientError
+from retrytopics.core.offsets import OffsetTracker, TopicPartition
+from retrytopics.core.ports import ConsumerPort, ProducerPort
+from retrytopics.core.transactions import CALL_TIMEOUT_MS
+from retrytopics.observe.events import Emitter, Event
+from retrytopics.runtime.bounded import BoundedCalls, BoundedCommits
+from retrytopics.runtime.clock import SYSTEM_CLOCK, Clock
+from retrytopics.runtime.consumer.cycle import PollCycle
+from retrytopics.runtime.consumer.rebalance import GroupJoin, RebalanceListener
+from retrytopics.runtime.consumer.settings import LoopSettings
+from retrytopics.runtime.handoff.at_least_once import AtLeastOnce
+from retrytopics.runtime.handoff.base import DeadLetterCallback, HandOff
+from retrytopics.runtime.handoff.exactly_once import ExactlyOnce
+from retrytopics.runtime.records.calls import Binding, Invoker
+from retrytopics.runtime.records.duplicates import DuplicateCheck, TailReader
+from retrytopics.runtime.records.ownership import OwnershipCheck, OwnershipGuard
+from retrytopics.runtime.records.stage import RecordStage
+from retrytopics.runtime.waiting import PauseController
+
+__all__ = ["ConsumerLoop"]
+
+log = logging.getLogger("retrytopics.runtime")
+
+
+class ConsumerLoop:
+    """Runs one consumer until `stop` is set (see the module docstring). The clients are created in `run()`,
+    with everything that acts through them (`_start_clients`)."""
+
+    def __init__(
+        self,
+        settings: LoopSettings,
+        bindings: Mapping[str, Binding],
+        *,
+        consumer_factory: Callable[[], ConsumerPort],
+        producer_factory: Callable[[], ProducerPort],
+        emitter: Emitter,
+        stop: threading.Event,
+        audit: DuplicateAudit,
+        on_dead_letter: DeadLetterCallback | None = None,
+        tail_reader: TailReader | None = None,
+        alone_producer_factory: Callable[[], ProducerPort] | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.settings = settings
+        self._clock = clock
+        self._bindings = dict(bindings)
+        self._consumer_factory = consumer_factory
+        self._producer_factory = producer_factory
+        self._alone_producer_factory = alone_producer_factory  # one record per batch (runtime/handoff/publish.py)
+        self._emitter = emitter
+        self._stop = stop
+        self._audit = audit
+        self._on_dead_letter = on_dead_letter
+        self._tail_reader = tail_reader if not settings.exactly_once else None  # runtime/records/duplicates.py
+        self._tracker = OffsetTracker()
+        self._invoker = Invoker(stop)
+        self._assigned: set[TopicPartition] = set()
+        self._join = GroupJoin(
+            name=settings.name, group_id=settings.group_id, timeout_s=settings.join_timeout_s, monotonic=clock.monotonic
+        )
+        self.crash: BaseException | None = None
+        self.running = False
+        # made by `_start_clients`; read by the app's thread (health) and at shutdown, so None until then
+        self._consumer: ConsumerPort | None = None
+        self._pauses: PauseController | None = None
+        self._handoff: HandOff | None = None
+        self._guard: OwnershipGuard | None = None
+
+    # -- state for the app -------------------------------------------------------------------------------
+
+    @property
+    def healthy(self) -> bool:
+        """False after a crash, while a publish is failing, while the consumer is out of its group (not joined
+        `join_timeout_s` after starting, or its assignment lost: the coordinator stopped answering), and while
+        a poll batch (a handler call, say) runs past `max.poll.interval.ms`."""
+        if self.crash is not None or not self._join.in_time():
+            return False
+        if self.running and self._guard is not None and self._guard.overdue_s() > 0:
+            return False
+        return self._handoff is None or self._handoff.publisher.healthy
+
+    def watch(self) -> None:
+        """Called by a watchdog thread (runtime/consumer/lifecycle.py): count the record of a handler call that has run
+        past `max.poll.interval.ms` as abandoned when it is found, not when (if ever) the call returns."""
+        guard = self._guard
+        if self.running and guard is not None and not guard.overdue_reported and guard.overdue_s() > 0:
+            guard.report_overdue(self._invoker.calling)
+
+    @property
+    def paused_partitions(self) -> int:
+        return len(self._pauses.paused) if self._pauses is not None else 0
+
+    # -- the loop ------------------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Consume until `stop` is set or a handler raises a BaseException; then drain, commit and close.
+
+        Creating the clients is inside the crash handling: a consumer or producer that cannot be created
+        (bad settings, a transactional producer whose broker never answers) stops the app with `crash` set,
+        rather than ending this thread silently while the app reports itself running and healthy."""
+        self.running = True
+        self._join.started()
+        try:
+            cycle = self._start_clients()
+            self._emit(Event.CONSUMER_STARTED, group=self.settings.group_id, topics=list(self.settings.topics))
+            while not self._stop.is_set():
+                cycle.run_once()
+        except BaseException as exc:
+            self.crash = exc
+            if isinstance(exc, Exception):
+                log.error("%s: stopping the app after an unexpected error", self.settings.name, exc_info=exc)
+            else:
+                log.warning("%s: stopping the app: %s raised in a handler", self.settings.name, type(exc).__name__)
+            self._stop.set()
+            if self._handoff is not None:
+                self._handoff.crashed(exc)
+        finally:
+            self._shutdown()
+
+    def _start_clients(self) -> PollCycle:
+        """Create the clients, then once each part that acts through them, given what it needs."""
+        s, stop, emit, clock = self.settings, self._stop, self._emit, self._clock
+        calls = BoundedCalls(timeout_s=CALL_TIMEOUT_MS / 1000 + 1, name=s.name, monotonic=clock.monotonic)
+        consumer = self._consumer = BoundedCommits(self._consumer_factory(), calls)
+        waiting = self._pauses = PauseController(
+            consumer,
+            self._emitter,
+            consumer_name=s.name,
+            ahead_ms=s.wait_in_memory_ms,
+            max_records=s.wait_in_memory_records,
+        )
+        shared = (s, consumer, self._tracker, self._audit, self._emitter, self._on_dead_letter, self._producer_factory)
+        handoff = self._handoff = (
+            ExactlyOnce(*shared, clock=clock, forget_waiting=waiting.drop, assigned=self._assigned)
+            if s.exactly_once
+            else AtLeastOnce(*shared, clock=clock, alone_producer_factory=self._alone_producer_factory)
+        )
+        check = OwnershipCheck(consumer, self._tracker, committed_only=handoff.commits_in_transactions)
+        ownership = self._guard = OwnershipGuard(check, emit, name=s.name, stop=stop, monotonic=clock.monotonic)
+        duplicates = DuplicateCheck(
+            self._bindings, tail_reader=self._tail_reader, seed_last=s.seed_last, seed_timeout_s=s.seed_timeout_s
+        )
+        stage = RecordStage(
+            self._bindings,
+            waiting,
+            self._audit,
+            self._invoker,
+            ownership,
+            duplicates,
+            clock=clock,
+            rng=random.Random(),
+            stop=stop,
+        )
+        rebalance = RebalanceListener(
+            self._tracker, waiting, handoff, duplicates, emit, assigned=self._assigned, join=self._join
+        )
+        consumer.subscribe(
+            s.topics, on_assign=rebalance.on_assign, on_revoke=rebalance.on_revoke, on_lost=rebalance.on_lost
+        )
+        return PollCycle(
+            consumer,
+            stage,
+            waiting,
+            handoff,
+            ownership,
+            batch_size=s.batch_size,
+            max_wait_ms=s.max_wait_ms,
+            assigned=self._assigned,
+            stop=stop,
+            clock=clock,
+        )
+
+    # -- shutdown ------------------------------------------------------------------------------------------
+
+    def _shutdown(self) -> None:
+        try:
+            if self._handoff is not None:
+                self._handoff.report_handled()
+                self._handoff.shutdown()
+        except BaseException:
+            log.exception("%s: error while draining", self.settings.name)
+        finally:
+            try:
+                if self._consumer is not None:  # None: its creation failed
+                    self._consumer.close()
+            except KafkaClientError as exc:
+                log.warning("%s: close failed: %s", self.settings.name, exc)
+            self._invoker.close()
+            self.running = False
+            self._emit(Event.CONSUMER_STOPPED, group=self.settings.group_id)
+
+    def _emit(self, event: Event, **data: object) -> None:
+        self._emitter.emit(event, consumer=self.settings.name, **data)

@@ -1,0 +1,149 @@
+"""The at-least-once hand-off (the default): a success is finished at once, a failure when the broker has
+acknowledged its republish (acks=all, idempotent producer); commits are asynchronous, by count or time, and
+as soon as a poll delivered acknowledgements (`commit_on_ack`); a revoke waits for in-flight acks and commits
+synchronously; shutdown drains the producer and commits. The interface is runtime/handoff/base.py.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+
+from retrytopics.core.dedupe import DuplicateAudit
+from retrytopics.core.errors import KafkaClientError
+from retrytopics.core.offsets import OffsetTracker, TopicPartition
+from retrytopics.core.ports import ConsumerPort, ProducerPort
+from retrytopics.observe.events import Emitter, Event
+from retrytopics.runtime.clock import Clock
+from retrytopics.runtime.handoff.base import CommitSettings, DeadLetterCallback, HandOffBase
+from retrytopics.runtime.handoff.publish import Publisher, PublishJob
+
+__all__ = ["AtLeastOnce"]
+
+log = logging.getLogger("retrytopics.runtime")
+
+#: the longest `consume()` wait while hand-offs are unacknowledged: their commit follows the ack
+_ACK_WAIT_MS = 20
+
+#: within a batch, acknowledged hand-offs are committed at most this often (the batch's end commits them anyway)
+_ACK_COMMIT_SPACING_S = 0.01
+
+
+class AtLeastOnce(HandOffBase):
+    """Finished on success or acknowledgement; asynchronous commits of the finished prefix."""
+
+    commits_in_transactions = False
+
+    def __init__(
+        self,
+        settings: CommitSettings,
+        consumer: ConsumerPort,
+        tracker: OffsetTracker,
+        audit: DuplicateAudit,
+        emitter: Emitter,
+        on_dead_letter: DeadLetterCallback | None,
+        producer_factory: Callable[[], ProducerPort],
+        *,
+        clock: Clock,
+        alone_producer_factory: Callable[[], ProducerPort] | None = None,
+    ) -> None:
+        super().__init__(settings, consumer, tracker, audit, emitter, on_dead_letter, clock=clock)
+        self.publisher: Publisher = Publisher(
+            producer_factory,
+            emitter,
+            make_alone_producer=alone_producer_factory,
+            clock=clock.monotonic,
+            consumer=settings.name,
+        )
+        self._finished_since_commit = 0
+        self._acked_since_commit = False
+        self._last_commit = clock.monotonic()
+
+    def _finish(self, tp: TopicPartition, offset: int, epoch: int) -> None:
+        if self._tracker.finish(tp, offset, epoch):
+            self._finished_since_commit += 1
+
+    def _finish_success(self, tp: TopicPartition, offset: int) -> None:
+        if self._tracker.finish_at_once(tp, offset):
+            self._finished_since_commit += 1
+
+    def _finish_run(self, tp: TopicPartition, offsets: list[int]) -> None:
+        self._finished_since_commit += self._tracker.finish_run(tp, offsets)
+
+    def _send(self, job: PublishJob) -> None:
+        self.publisher.send(job)
+
+    def _acknowledged(self, jobs: list[PublishJob]) -> None:
+        for job in jobs:
+            if self._tracker.finish(job.source, job.offset, job.epoch):
+                self._finished_since_commit += 1
+                self._acked_since_commit = True
+            self._announce(job)
+
+    def serve(self, *, within_batch: bool = False) -> None:
+        """Serve delivery reports, and commit what acknowledgements finished (within a batch: spaced)."""
+        if not self._serve_now(self.publisher, within_batch):
+            return  # delivery reports free offsets; nothing to serve when none are pending
+        self._acknowledged(self.publisher.poll(0))
+        if not within_batch or self._monotonic() - self._last_commit >= _ACK_COMMIT_SPACING_S:
+            self._commit_acked()
+
+    def wait_ms(self, wait_ms: int) -> int:
+        if self.publisher.in_flight and self._settings.commit_on_ack:
+            return min(wait_ms, _ACK_WAIT_MS)  # serve the acks soon: their commit follows at once
+        return wait_ms
+
+    def end_batch(self) -> None:
+        settings = self._settings
+        self.report_handled()
+        due = self._monotonic() - self._last_commit >= settings.commit_interval_ms / 1000
+        if self._finished_since_commit >= settings.commit_every or (due and self._finished_since_commit):
+            self._commit(self._tracker.commit_positions(), asynchronous=True)
+        else:
+            self._commit_acked()
+
+    def _commit_acked(self) -> None:
+        """Commit (asynchronously) as soon as a poll delivered acknowledgements of hand-offs: a consumer
+        killed between an ack and the commit covering it leaves the record to be handed off again by the
+        next owner, so that window is kept to one poll. Successes still commit by count or time."""
+        if self._acked_since_commit and self._settings.commit_on_ack:
+            self._acked_since_commit = False
+            self._commit(self._tracker.commit_positions(), asynchronous=True)
+
+    def _commit(self, positions: Mapping[TopicPartition, int], *, asynchronous: bool) -> None:
+        self._last_commit = self._monotonic()
+        self._finished_since_commit = 0
+        self._acked_since_commit = False
+        if not positions:
+            return
+        try:
+            self._consumer.commit(positions, asynchronous=asynchronous)
+        except KafkaClientError as exc:
+            log.warning("%s: commit failed (%s); the next commit covers these offsets", self._settings.name, exc)
+            return
+        self._tracker.mark_committed(dict(positions))
+        self._emit(Event.OFFSETS_COMMITTED, offsets=dict(positions), synchronous=not asynchronous)
+
+    def revoked(self, tps: list[TopicPartition]) -> None:
+        self.publisher.flush(self._settings.revoke_drain_timeout_s)
+        self._acknowledged(self.publisher.take_acked())
+        positions = self._tracker.commit_positions(tps)
+        if positions:
+            self._commit(positions, asynchronous=False)
+
+    def lost(self, tps: list[TopicPartition]) -> None:
+        return None  # nothing may be committed for them any more; their acks are ignored (epochs)
+
+    def crashed(self, cause: BaseException) -> None:
+        return None  # shutdown drains and commits what is finished
+
+    def shutdown(self) -> None:
+        drained = self.publisher.flush(self._settings.drain_timeout_s)
+        self._acknowledged(self.publisher.take_acked())
+        if not drained:
+            log.warning(
+                "%s: %d publishes unacknowledged at shutdown; their offsets stay uncommitted",
+                self._settings.name,
+                self.publisher.in_flight,
+            )
+        self._commit(self._tracker.positions(), asynchronous=False)

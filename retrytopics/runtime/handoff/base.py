@@ -1,0 +1,332 @@
+"""The hand-off: the only part of a consumer loop that acts on outcomes (runtime/records/outcome.py) and the
+only one that commits. A success is finished and counted; a failure is published to its route (a tier or the
+DLQ) and finished once that is durable; a duplicate is finished without a call.
+
+One strategy per delivery mode, behind one interface, so that the loop has no mode branches:
+
+- `AtLeastOnce` (runtime/handoff/at_least_once.py): a success is finished at once, a failure when its
+  republish is acknowledged; commits are asynchronous, by count or time, and as soon as acknowledgements
+  arrive (`commit_on_ack`); a revoke waits for in-flight acks and commits synchronously; shutdown drains the
+  producer and commits.
+- `ExactlyOnce` (runtime/handoff/exactly_once.py): republishes and the consumed offsets commit in one
+  transaction per poll batch.
+
+Both share the offset tracker (offsets.py), the duplicate audit, the per-batch count of handled records
+(`records.handled`, one event per partition and batch), and the announcements of durable hand-offs (events,
+`on_dead_letter`), here in `HandOffBase`.
+
+A consumer model without partitions (a share group) would add a hand-off of its own that acknowledges each
+record instead of finishing offsets; the records stage and its outcomes stay as they are
+(docs/architecture.md, "A second consumer model").
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from types import MappingProxyType
+from typing import Any, Protocol
+
+from retrytopics.core.dedupe import AuditKey, DuplicateAudit
+from retrytopics.core.offsets import OffsetTracker, TopicPartition
+from retrytopics.core.ports import ConsumerPort
+from retrytopics.core.router import RouteKind
+from retrytopics.observe.events import Emitter, Event
+from retrytopics.runtime.clock import Clock
+from retrytopics.runtime.handoff.publish import Publisher, PublishJob, too_large_fallback
+from retrytopics.runtime.handoff.transactional import TransactionalPublisher
+from retrytopics.runtime.records.outcome import Duplicate, Failed, Outcome, Succeeded, SucceededRun
+
+__all__ = ["CommitSettings", "DeadLetterCallback", "HandOff", "HandOffBase"]
+
+log = logging.getLogger("retrytopics.runtime")
+
+#: `on_dead_letter(record, route)`, called once the DLQ publish is durable.
+DeadLetterCallback = Callable[[Any, Any], None]
+
+#: within a batch, delivery reports are served at most this often while hand-offs are in flight: a producer
+#: poll after every record costs more than the rest of a success; acknowledgements then wait at most this
+#: long, or until the batch ends
+_SERVE_SPACING_S = 0.002
+
+
+class CommitSettings(Protocol):
+    """The part of `LoopSettings` a strategy reads."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def commit_every(self) -> int: ...
+    @property
+    def commit_interval_ms(self) -> int: ...
+    @property
+    def commit_on_ack(self) -> bool: ...
+    @property
+    def drain_timeout_s(self) -> float: ...
+    @property
+    def revoke_drain_timeout_s(self) -> float: ...
+
+
+class HandOff(Protocol):
+    """What the poll cycle and the rebalance callbacks ask of a strategy (see the module docstring)."""
+
+    @property
+    def publisher(self) -> Publisher | TransactionalPublisher: ...
+    @property
+    def commits_in_transactions(self) -> bool:
+        """Offsets finished in an open transaction must not be committed outside it (ownership.py)."""
+
+    def apply(self, outcome: Outcome) -> None:
+        """Act on a `Succeeded`, `SucceededRun`, `Failed` or `Duplicate` outcome."""
+
+    def report_handled(self) -> None: ...
+    def serve(self, *, within_batch: bool = False) -> None: ...
+    def wait_ms(self, wait_ms: int) -> int: ...
+    def end_batch(self) -> None: ...
+    def revoked(self, tps: list[TopicPartition]) -> None: ...
+    def lost(self, tps: list[TopicPartition]) -> None: ...
+    def crashed(self, cause: BaseException) -> None: ...
+    def shutdown(self) -> None: ...
+
+
+class _Counted:
+    __slots__ = ("count", "first", "last", "lateness_ms")
+
+    def __init__(self, offset: int) -> None:
+        self.count = 0
+        self.first = self.last = offset
+        self.lateness_ms: list[int] = []
+
+
+#: a source record's timing: handled_at - due_at is the lateness metric, which only retried records have
+_NO_TIMING = MappingProxyType({"due_at": None, "handled_at": None})
+
+
+class HandOffBase:
+    """What both strategies do with outcomes; each strategy says how an offset is finished and a job sent."""
+
+    def __init__(
+        self,
+        settings: CommitSettings,
+        consumer: ConsumerPort,
+        tracker: OffsetTracker,
+        audit: DuplicateAudit,
+        emitter: Emitter,
+        on_dead_letter: DeadLetterCallback | None,
+        *,
+        clock: Clock,
+    ) -> None:
+        self._settings = settings
+        self._consumer = consumer
+        self._tracker = tracker
+        self._audit = audit
+        self._emitter = emitter
+        self._on_dead_letter = on_dead_letter
+        self._monotonic = clock.monotonic
+        self._now_ms = clock.now_ms
+        self._served_at = 0.0
+        self._each_handled = emitter.wants(Event.RECORD_HANDLED)  # a hook asked for one event per record
+        self._handled: dict[TopicPartition, _Counted] = {}  # this batch's successes, per partition
+        #: per routing context (a handler's, alive as long as the app), its too-large fallback, made once
+        self._shrinks: dict[int, Callable[[PublishJob], bool]] = {}
+
+    # -- the strategy's part -------------------------------------------------------------------------------
+
+    def _finish_success(self, tp: TopicPartition, offset: int) -> None:
+        raise NotImplementedError
+
+    def _finish_run(self, tp: TopicPartition, offsets: list[int]) -> None:
+        raise NotImplementedError
+
+    def _track(self, tp: TopicPartition, offset: int) -> int:
+        return self._tracker.track(tp, offset)
+
+    def _finish(self, tp: TopicPartition, offset: int, epoch: int) -> None:
+        raise NotImplementedError
+
+    def _send(self, job: PublishJob) -> None:
+        raise NotImplementedError
+
+    def _remember(self, key: AuditKey) -> None:
+        self._audit.remember(key)
+
+    # -- outcomes ------------------------------------------------------------------------------------------
+
+    def apply(self, outcome: Outcome) -> None:
+        if type(outcome) is SucceededRun:
+            self._succeeded_run(outcome)
+        elif type(outcome) is Succeeded:
+            self._succeeded(outcome)
+        elif type(outcome) is Failed:
+            self._failed(outcome)
+        elif type(outcome) is Duplicate:
+            self._duplicate(outcome)
+        else:
+            raise TypeError(f"the hand-off does not act on {type(outcome).__name__}")
+
+    def _succeeded(self, outcome: Succeeded) -> None:
+        msg, key, record = outcome
+        self._finish_success(msg.tp, msg.offset)
+        if key is not None:
+            self._remember(key)
+        state = record.retry
+        now = self._now_ms() if state is not None else 0
+        counted = self._count(msg.tp, msg.offset, msg.offset, 1)
+        if state is not None and state.due_at is not None:
+            counted.lateness_ms.append(now - state.due_at)
+        if self._each_handled:
+            timing = _NO_TIMING if state is None else {"due_at": state.due_at, "handled_at": now}
+            self._emit(
+                Event.RECORD_HANDLED,
+                topic=msg.topic,
+                partition=msg.partition,
+                offset=msg.offset,
+                attempt=record.attempt,
+                **timing,
+            )
+
+    def _succeeded_run(self, outcome: SucceededRun) -> None:
+        tp, msgs, records, keys = outcome
+        self._finish_run(tp, [m.offset for m in msgs])
+        for key in keys:
+            self._remember(key)
+        counted = self._count(tp, msgs[0].offset, msgs[-1].offset, len(msgs))
+        if records is None:
+            if self._each_handled:
+                for m in msgs:
+                    self._emit(
+                        Event.RECORD_HANDLED,
+                        topic=m.topic,
+                        partition=m.partition,
+                        offset=m.offset,
+                        attempt=1,
+                        **_NO_TIMING,
+                    )
+            return
+        now = self._now_ms()
+        counted.lateness_ms.extend(
+            now - r.retry.due_at for r in records if r.retry is not None and r.retry.due_at is not None
+        )
+        if self._each_handled:
+            for r in records:
+                self._emit(
+                    Event.RECORD_HANDLED,
+                    topic=r.topic,
+                    partition=r.partition,
+                    offset=r.offset,
+                    attempt=r.attempt,
+                    due_at=r.retry.due_at if r.retry else None,
+                    handled_at=now if r.retry else None,
+                )
+
+    def _failed(self, outcome: Failed) -> None:
+        msg, key, record, _failure, route, ctx = outcome
+        epoch = self._track(msg.tp, msg.offset)
+        if key is not None:
+            self._remember(key)
+        state = record.retry
+        timing = _NO_TIMING if state is None else {"due_at": state.due_at, "handled_at": self._now_ms()}
+        self._emit(
+            Event.RECORD_FAILED,
+            topic=msg.topic,
+            partition=msg.partition,
+            offset=msg.offset,
+            attempt=record.attempt,
+            # the type the route's exception headers describe (a NonRetryable or Retry wrapper's cause)
+            error=route.retry.exception_type.rpartition(".")[2],
+            **timing,
+        )
+        job = PublishJob(
+            route=route,
+            key=msg.key,
+            value=msg.value,
+            source=msg.tp,
+            offset=msg.offset,
+            epoch=epoch,
+            context=record,
+            shrink=self._shrinks.get(id(ctx)) or self._shrinks.setdefault(id(ctx), too_large_fallback(ctx)),
+        )
+        self._send(job)
+
+    def _duplicate(self, outcome: Duplicate) -> None:
+        msg, origin, attempt, downstream = outcome
+        self._finish(msg.tp, msg.offset, self._track(msg.tp, msg.offset))
+        if downstream:
+            log.info(
+                "%s: duplicate suppressed: %s[%d]@%d was handed off already (found downstream at assignment)",
+                self._settings.name,
+                msg.topic,
+                msg.partition,
+                msg.offset,
+            )
+        else:
+            log.info(
+                "%s: duplicate suppressed: %s[%d]@%d repeats %s attempt %d (a republish was duplicated by a crash)",
+                self._settings.name,
+                msg.topic,
+                msg.partition,
+                msg.offset,
+                origin,
+                attempt,
+            )
+        self._emit(
+            Event.DUPLICATE_SUPPRESSED,
+            topic=msg.topic,
+            partition=msg.partition,
+            offset=msg.offset,
+            origin_message_id=origin,
+            reconsume_times=attempt,
+        )
+
+    def _count(self, tp: TopicPartition, first: int, last: int, count: int) -> _Counted:
+        counted = self._handled.get(tp)
+        if counted is None:
+            counted = self._handled[tp] = _Counted(first)
+        counted.count += count
+        counted.last = last
+        return counted
+
+    def report_handled(self) -> None:
+        """Emit one `records.handled` per partition counted since the last report (one poll batch)."""
+        handled, self._handled = self._handled, {}
+        for (topic, partition), c in handled.items():
+            self._emit(
+                Event.RECORDS_HANDLED,
+                topic=topic,
+                partition=partition,
+                count=c.count,
+                first_offset=c.first,
+                last_offset=c.last,
+                lateness_ms=tuple(c.lateness_ms),
+            )
+
+    # -- shared steps --------------------------------------------------------------------------------------
+
+    def _serve_now(self, publisher: Publisher | TransactionalPublisher, within_batch: bool) -> bool:
+        """Whether to poll the producer now: always between batches; within one, only while hand-offs are in
+        flight, and at most every `_SERVE_SPACING_S`."""
+        if not within_batch:
+            return True
+        if not publisher.in_flight:
+            return False
+        now = self._monotonic()
+        if now - self._served_at < _SERVE_SPACING_S:
+            return False
+        self._served_at = now
+        return True
+
+    def _emit(self, event: Event, **data: object) -> None:
+        self._emitter.emit(event, consumer=self._settings.name, **data)
+
+    def _announce(self, job: PublishJob) -> None:
+        r = job.route
+        where = {"topic": job.source[0], "partition": job.source[1], "offset": job.offset, "destination": r.topic}
+        if r.kind is RouteKind.TIER:
+            self._emit(Event.RETRY_SCHEDULED, due_at=r.due_at_ms, **where)
+            return
+        self._emit(Event.DLQ_DISPATCHED, reason=str(r.reason), **where)
+        if self._on_dead_letter is not None:
+            try:
+                self._on_dead_letter(job.context, r)
+            except Exception:
+                log.exception("on_dead_letter callback failed for %s", where)

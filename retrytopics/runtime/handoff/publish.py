@@ -1,0 +1,321 @@
+"""Carrying out a `Route`: produce the failed record to its tier or the DLQ, and learn when it is durable.
+
+At-least-once (`Publisher`): the source offset becomes committable only in the delivery callback of an
+acknowledged publish (acks=all, idempotent producer). A failed delivery is produced again after a tenacity
+back-off, from the poll loop, never by sleeping in it; the source partition is held paused meanwhile and the
+app reports unhealthy. A fatal or indefinite producer error (idempotence state lost, a timeout, a fenced epoch)
+replaces the producer and produces every unacknowledged record again; nothing is committed for them until
+the new producer's acks arrive (a copy the old producer did write is suppressed by the tier's duplicate audit).
+
+Exactly-once (`TransactionalPublisher`, runtime/handoff/transactional.py): the publish and the source offset commit go
+into one transaction. Both publishers send the `PublishJob`s defined here, through `produce_job`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import tenacity
+
+from retrytopics.core.errors import KafkaClientError, PublishError
+from retrytopics.core.offsets import TopicPartition
+from retrytopics.core.ports import ProducerPort
+from retrytopics.core.router import Route, RouteContext, too_large_reference_record, too_large_route
+from retrytopics.observe.events import Emitter, Event
+from retrytopics.runtime.clock import SYSTEM_CLOCK
+
+__all__ = ["ALONE_OVERRIDES", "TOO_LARGE_CODES", "PublishJob", "Publisher", "produce_job", "too_large_fallback"]
+
+log = logging.getLogger("retrytopics.publish")
+
+#: Delivery errors after which the producer is replaced, not just retried: fatal ones, and indefinite ones
+#: (a timeout may have left a request in flight, and a delayed write could land later; Jepsen's advice for
+#: Kafka clients is to re-initialize the producer), and the broker disowning the producer's id or epoch.
+_RESTART_CODES = frozenset(
+    {
+        "_MSG_TIMED_OUT",
+        "_TIMED_OUT",
+        "_FENCED",
+        "PRODUCER_FENCED",
+        "INVALID_PRODUCER_EPOCH",
+        "UNKNOWN_PRODUCER_ID",
+        "OUT_OF_ORDER_SEQUENCE_NUMBER",
+        "INVALID_PRODUCER_ID_MAPPING",
+    }
+)
+
+#: Delivery errors no retry can fix: the record itself is too large for the producer or the broker. Retried,
+#: it wedged its partition forever (never acknowledged, never committed); it goes to the DLQ instead.
+TOO_LARGE_CODES = frozenset({"MSG_SIZE_TOO_LARGE", "RECORD_LIST_TOO_LARGE"})
+
+#: The producer a record refused as too large is sent again on: one record per batch. librdkafka batches the
+#: records of a partition, and the broker refuses a batch as a whole when one record (or the batch) exceeds
+#: the topic's `max.message.bytes`, reporting the error on every record of it: a refusal names the record
+#: only when the record was alone in its batch.
+ALONE_OVERRIDES = {"batch.num.messages": 1}
+
+#: Back-off between attempts to publish a record whose delivery failed (seconds).
+DEFAULT_RETRY_WAIT = tenacity.wait_exponential(multiplier=0.2, max=10.0) + tenacity.wait_random(0, 0.2)
+
+
+@dataclass(slots=True, kw_only=True)
+class PublishJob:
+    """One record on its way to a tier or the DLQ, and what to do once it is durable."""
+
+    route: Route
+    key: bytes | None
+    value: bytes | None
+    source: TopicPartition
+    offset: int
+    #: the assignment of `source` the record was read in (offsets.py): an acknowledgement from an earlier
+    #: assignment finishes nothing
+    epoch: int = 0
+    attempt: int = 0
+    context: Any = None  # the handler's Record, for callbacks
+    #: sent on the one-record-per-batch producer: a too-large refusal is then this record's own
+    alone: bool = False
+    #: makes the job smaller after a too-large refusal (see `too_large_fallback`); False when it cannot
+    shrink: Callable[[PublishJob], bool] | None = None
+    shrunk: int = 0  # steps `shrink` took
+    partition: int | None = field(default=None, init=False)
+
+
+def too_large_fallback(ctx: RouteContext) -> Callable[[PublishJob], bool]:
+    """A job's two steps down after a too-large refusal: to the DLQ (reason `too_large`) without exception
+    message and trace; then with the value replaced by a reference to the consumed record, no user headers
+    and no key longer than 1 KiB. Each step is logged; after the second there is nothing left to drop."""
+
+    def shrink(job: PublishJob) -> bool:
+        if job.shrunk >= 2:
+            return False
+        job.shrunk += 1
+        steps = job.shrunk
+        if steps == 2:
+            job.key, job.value = too_large_reference_record(
+                job.source[0], job.source[1], job.offset, job.key, job.value
+            )
+        # built after the value and key changed: with header_key, the signature covers what is published
+        job.route = too_large_route(ctx, job.route, keep_user_headers=steps == 1, key=job.key, value=job.value)
+        log.warning(
+            "%s[%d]@%d: republish refused as too large; %s",
+            job.source[0],
+            job.source[1],
+            job.offset,
+            "dead-lettering it as too_large without exception details"
+            if steps == 1
+            else "dead-lettering a reference to it instead of its value",
+        )
+        return True
+
+    return shrink
+
+
+def _partition(producer: ProducerPort, route: Route) -> int | None:
+    # Keyless records keep their original partition (modulo the destination's size); keyed ones are
+    # partitioned by key, as on the source.
+    if route.partition_hint is None:
+        return None
+    return route.partition_hint % producer.partition_count(route.topic)
+
+
+def produce_job(producer: ProducerPort, job: PublishJob, on_delivery: Callable[[PublishError | None], None]) -> None:
+    """Send `job` to its route's topic (raises KafkaClientError when the producer refuses it at once)."""
+    job.partition = _partition(producer, job.route)
+    producer.produce(
+        job.route.topic,
+        key=job.key,
+        value=job.value,
+        headers=job.route.headers,
+        partition=job.partition,
+        on_delivery=on_delivery,
+    )
+
+
+def _sent_again(job: PublishJob) -> bool:
+    """After a too-large refusal, whether `job` goes out again: alone, when it was refused in a batch (maybe
+    for a neighbour); made smaller (`too_large_fallback`) when it was refused alone and still can shrink."""
+    if not job.alone:
+        job.alone = True
+        return True
+    return job.shrink is not None and job.shrink(job)
+
+
+def _wait_s(wait: tenacity.wait.wait_base, attempt: int) -> float:
+    state = tenacity.RetryCallState(None, None, (), {})  # type: ignore[arg-type]
+    state.attempt_number = attempt
+    return float(wait(state))
+
+
+class Publisher:
+    """At-least-once publishing with retries from the poll loop (see the module docstring)."""
+
+    def __init__(
+        self,
+        make_producer: Callable[[], ProducerPort],
+        emitter: Emitter,
+        *,
+        make_alone_producer: Callable[[], ProducerPort] | None = None,
+        wait: tenacity.wait.wait_base = DEFAULT_RETRY_WAIT,
+        clock: Callable[[], float] = SYSTEM_CLOCK.monotonic,
+        consumer: str = "",
+    ) -> None:
+        self._make_producer = make_producer
+        self._producer = make_producer()
+        # made at the first too-large refusal (`ALONE_OVERRIDES`); without a factory (a client that does not
+        # batch, as the memory broker's) a refused record is sent again on the main producer
+        self._make_alone_producer = make_alone_producer
+        self._alone: ProducerPort | None = None
+        self._emitter = emitter
+        self._consumer = consumer  # names the consumer loop in events, as for every other event
+        self._wait = wait
+        self._clock = clock
+        self._generation = 0
+        self._ids = itertools.count()
+        self._jobs: dict[int, PublishJob] = {}  # every unacknowledged job
+        self._retries: list[tuple[float, int]] = []  # (when, job id), a heap
+        self._failing: Counter[TopicPartition] = Counter()  # source partitions with a failed, unacked job
+        self._fatal: KafkaClientError | None = None
+        self._acked: list[PublishJob] = []  # acknowledged since the last poll() returned
+
+    @property
+    def healthy(self) -> bool:
+        """False while some publish has failed and is waiting to be retried."""
+        return not self._failing and self._fatal is None
+
+    def is_failing(self, source: TopicPartition) -> bool:
+        return self._failing[source] > 0
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._jobs)
+
+    def send(self, job: PublishJob) -> None:
+        """Produce `job`; a later `poll()` returns it once the broker acknowledged it."""
+        job_id = next(self._ids)
+        self._jobs[job_id] = job
+        self._produce(job_id, job)
+
+    def _produce(self, job_id: int, job: PublishJob) -> None:
+        generation = self._generation
+
+        def delivered(error: PublishError | None) -> None:
+            self._delivered(job_id, generation, error)
+
+        try:
+            produce_job(self._alone_producer() if job.alone else self._producer, job, delivered)
+        except KafkaClientError as exc:
+            job.alone = job.alone or exc.code in TOO_LARGE_CODES  # the producer judged this record by itself
+            self._delivered(job_id, generation, PublishError(job.route.topic, str(exc), code=exc.code, fatal=exc.fatal))
+
+    def _alone_producer(self) -> ProducerPort:
+        if self._make_alone_producer is None:
+            return self._producer
+        if self._alone is None:
+            self._alone = self._make_alone_producer()
+        return self._alone
+
+    def _delivered(self, job_id: int, generation: int, error: PublishError | None) -> None:
+        job = self._jobs.get(job_id)
+        if job is None or generation != self._generation:
+            return  # a report from a replaced producer; the job was produced again
+        if error is not None and error.code in TOO_LARGE_CODES and _sent_again(job):
+            # at once (a record alone or smaller is a new record, not a retry), but from `poll`, never from
+            # inside this delivery report: a client call made there (the metadata lookup of a keyless record's
+            # partition) broke confluent-kafka's callback state and aborted the process
+            heapq.heappush(self._retries, (self._clock(), job_id))
+            return
+        if error is None:
+            del self._jobs[job_id]
+            if job.attempt:
+                self._failing[job.source] -= 1
+                if self._failing[job.source] <= 0:
+                    del self._failing[job.source]
+            self._acked.append(job)
+            return
+        if not job.attempt:
+            self._failing[job.source] += 1
+        job.attempt += 1
+        self._emitter.emit(
+            Event.PUBLISH_FAILED,
+            consumer=self._consumer,
+            destination=job.route.topic,
+            error=str(error),
+            attempt=job.attempt,
+        )
+        if error.fatal or error.code in _RESTART_CODES:
+            self._fatal = error
+        heapq.heappush(self._retries, (self._clock() + _wait_s(self._wait, job.attempt), job_id))
+
+    def poll(self, timeout_s: float = 0.0) -> list[PublishJob]:
+        """Serve delivery reports, replace a failed producer, and produce again what is due for a retry;
+        returns the jobs acknowledged since the last call (`take_acked`)."""
+        self._serve(timeout_s)
+        return self.take_acked()
+
+    def take_acked(self) -> list[PublishJob]:
+        """The jobs acknowledged since the last `poll()` or `take_acked()` (a `flush` keeps them here)."""
+        if not self._acked:
+            return []
+        acked, self._acked = self._acked, []
+        return acked
+
+    def _serve(self, timeout_s: float) -> None:
+        try:
+            self._producer.poll(timeout_s)
+            if self._alone is not None:
+                self._alone.poll(0)
+        except KafkaClientError as exc:  # a producer in a fatal state may raise here rather than report
+            if not exc.fatal:
+                raise
+            self._fatal = exc
+        if self._fatal is not None:
+            self._recreate()
+        now = self._clock()
+        while self._retries and self._retries[0][0] <= now:
+            _, job_id = heapq.heappop(self._retries)
+            job = self._jobs.get(job_id)
+            if job is not None:
+                self._produce(job_id, job)
+
+    def _recreate(self) -> None:
+        error, self._fatal = self._fatal, None
+        log.error("producer failed fatally (%s); replacing it and producing %d records again", error, len(self._jobs))
+        for producer in (self._producer, self._alone):
+            try:
+                if producer is not None:
+                    producer.purge()
+            except KafkaClientError:
+                pass  # a dead producer may refuse even this; it is dropped either way
+        self._producer, self._alone = self._make_producer(), None
+        self._generation += 1
+        self._emitter.emit(Event.PRODUCER_RECREATED, consumer=self._consumer, error=str(error))
+        # Everything unacknowledged goes out again on the new producer: at once if it had not failed yet,
+        # after its back-off otherwise (an outage must not turn into a tight produce loop).
+        now = self._clock()
+        self._retries = [
+            (now + (_wait_s(self._wait, j.attempt) if j.attempt else 0.0), i) for i, j in self._jobs.items()
+        ]
+        heapq.heapify(self._retries)
+
+    def forget(self, sources: list[TopicPartition]) -> None:
+        """Stop retrying jobs of revoked source partitions: their new owner handles those records again."""
+        dropped = set(sources)
+        for job_id, job in list(self._jobs.items()):
+            if job.source in dropped:
+                del self._jobs[job_id]
+        for tp in dropped:
+            self._failing.pop(tp, None)
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait (polling, retrying) until every job is acknowledged or `timeout_s` passed; True if drained. The
+        jobs acknowledged meanwhile wait for `take_acked`."""
+        deadline = self._clock() + timeout_s
+        while self._jobs and self._clock() < deadline:
+            self._serve(min(0.1, max(0.0, deadline - self._clock())))
+        return not self._jobs

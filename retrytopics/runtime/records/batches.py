@@ -1,0 +1,156 @@
+"""Batch handler calls (`RetryApp.batch_handler`): records deferred for one call per partition, and the
+outcomes of that call.
+
+The records stage decides about each record as for a single-record handler (a duplicate, not due yet, poison),
+but a record to handle is *deferred*: the records of one partition gathered from one poll are passed to one
+handler call, in offset order, and each gets its own outcome (success, or a failure with its route). A record
+that failed before any call (poison, invalid retry headers) waits with them, so that every partition's
+outcomes come in offset order: the offset tracker needs that, and so does the guarantee that nothing is
+committed past an unsettled record. Whatever else happens to a partition (a wait, a duplicate) first calls
+what is deferred for it (`BatchCalls.settle`). A main consumer's plain runs skip the deferral
+(`BatchCalls.call_run`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Generator, Iterator
+from typing import Any, NamedTuple
+
+from retrytopics.core.dedupe import AuditKey
+from retrytopics.core.headers import RetryHeaders
+from retrytopics.core.offsets import TopicPartition
+from retrytopics.core.ports import Message
+from retrytopics.core.record import Record
+from retrytopics.runtime.records.calls import Binding, Invoker, build_record
+from retrytopics.runtime.records.outcome import Abandoned, Failed, Outcome, Succeeded, SucceededRun
+from retrytopics.runtime.records.ownership import OwnershipGuard
+
+__all__ = ["BatchCalls", "Deferred", "FailedOutcome"]
+
+#: builds a failure's outcome (its route decided once): the records stage's
+FailedOutcome = Callable[
+    [Binding, Message, "AuditKey | None", Record[Any], "RetryHeaders | None", BaseException], Failed
+]
+
+
+class Deferred(NamedTuple):
+    binding: Binding
+    msg: Message
+    key: AuditKey | None
+    record: Record[Any]
+    state: RetryHeaders | None
+    #: known before any call (poison, invalid headers): settled in its place, never passed to the handler
+    failure: BaseException | None
+
+
+class BatchCalls:
+    """The deferred records of one loop (per partition, in offset order), and the calls of their handlers."""
+
+    def __init__(
+        self, invoker: Invoker, ownership: OwnershipGuard, failed: FailedOutcome, *, stop: threading.Event
+    ) -> None:
+        self._invoker = invoker
+        self._ownership = ownership
+        self._failed = failed
+        self._stop = stop
+        self._groups: dict[TopicPartition, list[Deferred]] = {}
+        #: the audit keys among the deferred records (a copy of one read meanwhile is a duplicate)
+        self.keys: set[AuditKey] = set()
+
+    def defer(self, item: Deferred) -> None:
+        self._groups.setdefault(item.msg.tp, []).append(item)
+        if item.key is not None:
+            self.keys.add(item.key)
+
+    def holds(self, tp: TopicPartition) -> bool:
+        return tp in self._groups
+
+    def abandon(self) -> list[Abandoned]:
+        """Drop every deferred record uncalled: `Abandoned` at each partition's first (read again from there)."""
+        groups, self._groups = list(self._groups.values()), {}
+        self.keys.clear()
+        return [Abandoned(group[0].msg) for group in groups]
+
+    def settle(self, tp: TopicPartition | None = None) -> Generator[Outcome, None, bool]:
+        """Call the batch handlers on what is deferred for `tp` (default: every partition), one call per
+        partition, yielding each record's outcome; returns False when a call may have cost this consumer its
+        partition (every group not settled then yields `Abandoned` at its first record)."""
+        if tp is None:
+            groups, self._groups = list(self._groups.values()), {}
+        else:
+            group = self._groups.pop(tp, None)
+            groups = [] if group is None else [group]
+        if not self._groups:
+            self.keys.clear()
+        else:
+            for group in groups:
+                self.keys.difference_update(d.key for d in group if d.key is not None)
+        for i, group in enumerate(groups):
+            if not (yield from self._call(group)):
+                for rest in groups[i + 1 :]:
+                    yield Abandoned(rest[0].msg)
+                return False
+        return True
+
+    def call_run(self, binding: Binding, msgs: list[Message]) -> Iterator[Outcome]:
+        """One call on a plain run of source records of one partition (runtime/records/stage.py says when a
+        run is plain): nothing to decide per record, so no `Deferred` each. A record that fails before the call
+        (poison) makes it an ordinary group, settled in offset order."""
+        built = [build_record(binding, m, None) for m in msgs]
+        if any(poison is not None for _, poison in built):
+            yield from self._call(
+                [Deferred(binding, m, None, r, None, p) for m, (r, p) in zip(msgs, built, strict=True)]
+            )
+            return
+        records = [record for record, _ in built]
+        outcomes = self._called(binding, msgs[0], records)
+        if outcomes is None:
+            if not self._stop.is_set():
+                yield Abandoned(msgs[0])
+            return
+        if all(o is None for o in outcomes):
+            yield SucceededRun(msgs[0].tp, msgs, None, [])
+            return
+        yield from self._each(
+            [Deferred(binding, m, None, r, None, None) for m, r in zip(msgs, records, strict=True)], iter(outcomes)
+        )
+
+    def _call(self, group: list[Deferred]) -> Generator[Outcome, None, bool]:
+        first = group[0]
+        called = [d for d in group if d.failure is None]
+        outcomes = self._called(first.binding, first.msg, [d.record for d in called])
+        if outcomes is None:
+            if self._stop.is_set():
+                return True  # stopping: nothing settled, nothing to read again here
+            yield Abandoned(first.msg)
+            return False
+        if len(called) == len(group) and all(o is None for o in outcomes):
+            keys = [d.key for d in group if d.key is not None]
+            yield SucceededRun(first.msg.tp, [d.msg for d in group], [d.record for d in group], keys)
+            return True
+        return (yield from self._each(group, iter(outcomes)))
+
+    def _called(self, binding: Binding, first: Message, records: list[Any]) -> list[BaseException | None] | None:
+        """The outcomes of one call on `records` (none: no call), or None when nothing may be settled: the app
+        is stopping, or this consumer lost (or may have lost) the partition during the call; the records are
+        then read again, here or by the new owner."""
+        if self._stop.is_set():
+            return None
+        outcomes = self._invoker.call_batch(binding, records) if records else []
+        if records and self._ownership.lost_ownership(first):
+            return None
+        return outcomes
+
+    def _each(self, group: list[Deferred], outcomes: Iterator[BaseException | None]) -> Generator[Outcome, None, bool]:
+        """In offset order: a record that failed before the call keeps that failure, the others take the
+        call's outcomes in turn."""
+        for d in group:
+            failure = d.failure if d.failure is not None else next(outcomes)
+            if failure is None:
+                yield Succeeded(d.msg, d.key, d.record)
+                continue
+            if self._ownership.stopping(d.msg, failure):
+                return True  # this record and the rest of the group stay unsettled, so uncommitted
+            yield self._failed(d.binding, d.msg, d.key, d.record, d.state, failure)
+        return True

@@ -1,0 +1,282 @@
+"""The records stage: what a consumer loop makes of each record it accepts. It reads the record's retry state,
+decides once what the record is (retrytopics/core/step.py, pure), calls the handler when the record is to be
+handled now, and says so with one outcome value per record (runtime/records/outcome.py). It never pauses,
+publishes or commits: the poll cycle hands each outcome to the part that acts on it.
+
+Each step is a generator of outcomes, consumed by the cycle as they come, so an outcome is acted on before
+the stage goes on: the ownership question after a long handler call (runtime/records/ownership.py) commits
+what the outcomes before it finished.
+
+- `read(msg)`: a record just consumed. A tier record's retry state is read once (malformed: its failure is
+  kept, the record goes to the DLQ as `invalid_retry_headers` in its turn); its due time is bounded once
+  (retrytopics/core/due.py); a record found downstream at assignment, or already handled here, is a `Duplicate`; a
+  record not due is `Waiting` (in memory, with what was decided, or in Kafka); a record behind others waiting
+  in memory waits behind them with its decision, so offset order is kept.
+- `take_queued(msg, queued)`: a record that waited in memory fell due: what was decided is carried out.
+- `plain_runs(batch)` / `call_run(...)`: a main consumer's poll, partition by partition, with nothing to
+  decide per record (a source record carries no retry state: never a duplicate hop, never waiting).
+- `settle_deferred()`: the batch handlers' calls (runtime/records/batches.py).
+
+A failure's route is decided here, once (`router.route`, with the state read at `read`).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Generator, Iterator, Mapping
+from typing import Any
+
+from retrytopics.core.dedupe import AuditKey, DuplicateAudit, audit_key
+from retrytopics.core.errors import HeaderDecodeError
+from retrytopics.core.headers import RetryHeaders
+from retrytopics.core.offsets import TopicPartition
+from retrytopics.core.ports import Message
+from retrytopics.core.record import Record
+from retrytopics.core.router import read_retry_state, route
+from retrytopics.core.step import Action, decide
+from retrytopics.runtime.clock import Clock
+from retrytopics.runtime.records.batches import BatchCalls, Deferred
+from retrytopics.runtime.records.calls import Binding, Invoker, build_record
+from retrytopics.runtime.records.duplicates import DuplicateCheck
+from retrytopics.runtime.records.outcome import (
+    Abandoned,
+    Failed,
+    Outcome,
+    Queued,
+    Succeeded,
+    SucceededRun,
+    Waiting,
+)
+from retrytopics.runtime.records.ownership import OwnershipGuard
+from retrytopics.runtime.waiting import PauseController
+
+__all__ = ["RecordStage"]
+
+
+class RecordStage:
+    """Reads, decides and calls for one loop (see the module docstring)."""
+
+    def __init__(
+        self,
+        bindings: Mapping[str, Binding],
+        waiting: PauseController,
+        audit: DuplicateAudit,
+        invoker: Invoker,
+        ownership: OwnershipGuard,
+        duplicates: DuplicateCheck,
+        *,
+        clock: Clock,
+        rng: random.Random,
+        stop: threading.Event,
+    ) -> None:
+        self._bindings = bindings
+        self._waiting = waiting
+        self._audit = audit
+        self._invoker = invoker
+        self._ownership = ownership
+        self._duplicates = duplicates
+        self._now_ms = clock.now_ms
+        self._rng = rng
+        self._stop = stop
+        self.batches = BatchCalls(invoker, ownership, self.failed, stop=stop)
+        # a main consumer (source topics only): its polls can go to the handlers partition by partition
+        self._sources_only = all(topic == b.topic for topic, b in bindings.items())
+
+    # -- a main consumer's poll, run by run ------------------------------------------------------------------
+
+    def plain_runs(self, batch: list[Message]) -> list[tuple[Binding, list[Message]]] | None:
+        """`batch` as runs per partition, when each record would be handed to its handler as it is: on a
+        source topic nothing is decided per record (no retry state, so no due time and no audit key; never
+        queued in memory), so `step.decide` would say HANDLE for every record that is accepted and was not
+        handed off downstream already. None: read the records one by one."""
+        if not self._sources_only:
+            return None
+        # rare: only after a previous owner died between hand-off and commit. Asked before any `accept`,
+        # which the records' ordinary path then asks again (accepting a sought-back record forgets the seek)
+        duplicates = self._duplicates
+        if duplicates.seeded and any(duplicates.was_handed_off(m, None, None) for m in batch):
+            return None
+        waiting, accept = self._waiting, self._waiting.accept
+        runs: dict[TopicPartition, list[Message]] = {}
+        run: list[Message] = []
+        tp: TopicPartition = ("", -1)
+        open_ = False  # every record of `tp` is accepted without asking (a poll comes in runs per partition)
+        for msg in batch:
+            if msg.partition != tp[1] or msg.topic != tp[0]:
+                tp = (msg.topic, msg.partition)
+                run = runs.setdefault(tp, [])
+                open_ = waiting.accepts_all(tp)
+            if open_ or accept(msg):
+                run.append(msg)
+        return [(self._bindings[tp[0]], run) for tp, run in runs.items() if run]
+
+    def call_run(self, binding: Binding, msgs: list[Message]) -> Iterator[Outcome]:
+        """A plain run of one partition: one call per record in offset order (a batch handler: one call,
+        runtime/records/batches.py). The calls that returned between two failures are one `SucceededRun`. A
+        record this consumer may no longer act on ends the run with `Abandoned`. However the run ends
+        (stopping, a BaseException from a handler), the calls that returned are yielded first."""
+        if binding.batch:
+            yield from self.batches.call_run(binding, msgs)
+            return
+        ownership, stopped = self._ownership, self._stop.is_set
+        call, clock, sure_until = self._invoker.caller(binding), ownership.monotonic, ownership.sure_until
+        tp, done, i = msgs[0].tp, 0, 0  # msgs[done:i]: calls that returned, not yielded yet
+        try:
+            for i, msg in enumerate(msgs):
+                if stopped():
+                    break
+                record, poison = build_record(binding, msg, None)
+                failure: BaseException | None = poison
+                if failure is None:
+                    try:
+                        call(record)
+                    except Exception as exc:  # noqa: BLE001 - every handler failure is routed; BaseException stops the app
+                        failure = exc
+                    if clock() > sure_until:  # a long call: asked with what is finished (ownership.py)
+                        if done < i:
+                            yield _run(tp, msgs, done, i)
+                            done = i
+                        if ownership.lost_ownership(msg):
+                            yield Abandoned(msg)
+                            return
+                    if failure is None:
+                        continue
+                    if ownership.stopping(msg, failure):
+                        break
+                if done < i:
+                    yield _run(tp, msgs, done, i)
+                done = i + 1
+                yield self.failed(binding, msg, None, record, None, failure)
+            else:
+                i = len(msgs)
+        except GeneratorExit:
+            raise
+        except BaseException:
+            # a handler's BaseException stops the app: the calls that returned before it are finished first
+            if done < i:
+                yield _run(tp, msgs, done, i)
+            raise
+        if done < i:
+            yield _run(tp, msgs, done, i)
+
+    # -- one record at a time ------------------------------------------------------------------------------
+
+    def read(self, msg: Message) -> Iterator[Outcome]:
+        """A record just consumed and accepted (see the module docstring)."""
+        binding = self._bindings[msg.topic]
+        state: RetryHeaders | None = None
+        bad: HeaderDecodeError | None = None
+        if msg.topic == binding.topic:  # a source record carries no retry state the router would read
+            if not self._duplicates.seeded:  # nothing handed off downstream: only HANDLE is possible
+                yield from self._handle(binding, msg, None, None, None)
+                return
+        else:
+            try:
+                state = read_retry_state(binding.ctx, msg, now_ms=self._now_ms())
+            except HeaderDecodeError as exc:
+                bad = exc
+        now = self._now_ms()
+        key = None if state is None else audit_key(state)
+        due = self._due_at(binding, msg, state, now)
+        waiting = self._waiting
+        action = decide(
+            handed_off=self._duplicates.was_handed_off(msg, state, bad),
+            duplicate=key is not None and (key in self._audit or key in self.batches.keys or waiting.holds_key(key)),
+            due_ms=due,
+            now_ms=now,
+            horizon_ms=waiting.ahead_ms,
+        )
+        if action is Action.HANDLE and not waiting.queued(msg.tp):
+            yield from self._handle(binding, msg, key, state, bad)
+            return
+        # Anything else first calls what is deferred for the partition's batch handler (offset order).
+        if self.batches.holds(msg.tp) and not (yield from self.batches.settle(msg.tp)):
+            return
+        duplicate = None
+        if action is Action.FINISH_HANDED_OFF or action is Action.SUPPRESS_DUPLICATE:
+            duplicate = self._duplicates.duplicate(msg, state, downstream=action is Action.FINISH_HANDED_OFF)
+            if not waiting.queued(msg.tp):
+                yield duplicate
+                return
+        if action is Action.PAUSE and not waiting.queued(msg.tp):
+            yield Waiting(msg, due, None)
+            return
+        # due within the horizon, or behind records of its partition waiting in memory: it waits there too
+        yield Waiting(
+            msg,
+            due if action is Action.WAIT_IN_MEMORY or action is Action.PAUSE else None,
+            Queued(state, key, bad, duplicate),
+        )
+
+    def take_queued(self, msg: Message, queued: Queued) -> Iterator[Outcome]:
+        """A record that waited in memory came to its turn: carry out what was decided when it was read."""
+        if queued.duplicate is not None:
+            if self.batches.holds(msg.tp) and not (yield from self.batches.settle(msg.tp)):
+                return
+            yield queued.duplicate
+            return
+        yield from self._handle(self._bindings[msg.topic], msg, queued.key, queued.state, queued.bad)
+
+    def abandon_deferred(self) -> list[Abandoned]:
+        """After an abandoned record: nothing deferred for a batch handler may be called in this poll either;
+        each partition's deferred records are read again from the first."""
+        return self.batches.abandon()
+
+    def settle_deferred(self) -> Generator[Outcome, None, bool]:
+        """Call the batch handlers on every record deferred for them (`BatchCalls.settle`)."""
+        return (yield from self.batches.settle())
+
+    def failed(
+        self,
+        binding: Binding,
+        msg: Message,
+        key: AuditKey | None,
+        record: Record[Any],
+        state: RetryHeaders | None,
+        failure: BaseException,
+    ) -> Failed:
+        """A failure's outcome, with its route (the state read when the record arrived; unreadable headers:
+        None, and the failure says why)."""
+        decision = route(binding.ctx, msg, failure, now_ms=self._now_ms(), rng=self._rng, previous=state)
+        return Failed(msg, key, record, failure, decision, binding.ctx)
+
+    def _handle(
+        self,
+        binding: Binding,
+        msg: Message,
+        key: AuditKey | None,
+        state: RetryHeaders | None,
+        bad: BaseException | None,
+    ) -> Iterator[Outcome]:
+        """Call the handler (or defer the record to its batch handler's call): its outcome."""
+        record, poison = build_record(binding, msg, state)
+        failure: BaseException | None = bad or poison
+        if binding.batch:
+            self.batches.defer(Deferred(binding, msg, key, record, state, failure))
+            return
+        if failure is None:
+            try:
+                self._invoker.call(binding, record)
+            except Exception as exc:  # noqa: BLE001 - every handler failure is routed; BaseException stops the app
+                failure = exc
+            # A record this consumer may no longer act on must not hold its partition's commit position: it
+            # is read again (here or by the new owner), not finished.
+            if self._ownership.lost_ownership(msg) or (failure is not None and self._ownership.stopping(msg, failure)):
+                yield Abandoned(msg)
+                return
+        if failure is None:
+            yield Succeeded(msg, key, record)
+        else:
+            yield self.failed(binding, msg, key, record, state, failure)
+
+    def _due_at(self, binding: Binding, msg: Message, state: RetryHeaders | None, now: int) -> int | None:
+        """When `msg` is due here: its `retry.due_at`, bounded by its tier's longest wait from when this
+        consumer first saw it (retrytopics/core/due.py); a record due already costs one comparison."""
+        if state is None or state.due_at is None or state.due_at <= now:
+            return None if state is None else state.due_at
+        return self._waiting.bounded_due(msg, state.due_at, binding.wait_bounds_ms.get(msg.topic, 0), now)
+
+
+def _run(tp: TopicPartition, msgs: list[Message], start: int, end: int) -> SucceededRun:
+    return SucceededRun(tp, msgs if start == 0 and end == len(msgs) else msgs[start:end], None, [])
