@@ -509,14 +509,16 @@ def decode(headers: Sequence[Header]) -> RetryHeaders:
     (naming the header, a bounded excerpt of the value, and the reason), and nothing else."""
     found = _collect(headers)
     # The version first, so that a record from a newer writer is reported as such, not as a missing field.
-    _parse(_RETRY_SPECS[0], found.get(SCHEMA_VERSION))
+    # (each field's fast parser reads the same value, or raises the same error, as `_parse`)
+    _RETRY_PARSERS[0][2](found.get(SCHEMA_VERSION))
     values = {attr: parse(found.get(header)) for header, attr, parse in _RETRY_PARSERS}
     lineage = {attr: parse(found.get(header)) for header, attr, parse in _LINEAGE_PARSERS}
     if lineage["replay_count"] is None:
         lineage["replay_count"] = 0
-    # Every field was validated by _parse above; build without validating it a second time (decode is on
-    # the tier consumers' hot path) and check only the rules between fields.
-    decoded = _prevalidated(RetryHeaders, {**values, "lineage": _prevalidated(Lineage, lineage)})
+    # Every field was validated by its parser above; build without validating it a second time (decode is
+    # on the tier consumers' hot path) and check only the rules between fields.
+    values["lineage"] = _prevalidated(Lineage, lineage)
+    decoded = _prevalidated(RetryHeaders, values)
     try:
         decoded._check_consistency()
     except ConfigError as error:  # e.g. first_failed_at > last_failed_at
