@@ -417,8 +417,8 @@ _LINEAGE_HEADERS: Final = frozenset(s.header for s in _LINEAGE_SPECS)
 
 def _recurring(header: str) -> Callable[[object], Header]:
     """The (header, encoded value) pair of one header, remembered for values that recur from record to record
-    (names, tiers, counts, exception types and the stack texts of one failure site): a pair built once is
-    shared. Only exact `int` and `str` values (and DLQ reasons) are remembered: a subclass may print otherwise."""
+    (names, tiers, counts, exception types): a pair built once is shared. Only exact `int` and `str` values
+    (and DLQ reasons) are remembered: a subclass may print otherwise."""
     known: dict[object, Header] = {}
 
     def pair(value: object) -> Header:
@@ -439,7 +439,9 @@ _schema_pair, _times_pair, _topic_pair, _partition_pair, _group_pair, _tier_pair
     _recurring(header)
     for header in (SCHEMA_VERSION, RECONSUME_TIMES, ORIGINAL_TOPIC, ORIGINAL_PARTITION, CONSUMER_GROUP, TIER)
 )
-_type_pair, _trace_pair, _reason_pair = (_recurring(h) for h in (EXCEPTION_TYPE, EXCEPTION_TRACE, DLQ_REASON))
+# not the trace: its last line carries the failure's message, which often names the record (a new text per
+# record), and a trace may be 8 KiB: remembering them would cost memory for nothing
+_type_pair, _reason_pair = (_recurring(h) for h in (EXCEPTION_TYPE, DLQ_REASON))
 
 
 def encode(h: RetryHeaders) -> list[Header]:
@@ -482,7 +484,7 @@ def encode(h: RetryHeaders) -> list[Header]:
         (LAST_FAILED_AT, str(last).encode("utf-8")),
         _type_pair(kind),
         (EXCEPTION_MESSAGE, str(message).encode("utf-8")),
-        _trace_pair(trace),
+        (EXCEPTION_TRACE, str(trace).encode("utf-8")),
     )
     if reason is not None:
         out.append(_reason_pair(reason))
