@@ -219,14 +219,13 @@ def _fast_check(spec: _Spec) -> Callable[[object], str | None]:
             return None if type(value) is str and value.isascii() and lo <= len(value) <= hi else _problem(spec, value)
 
     elif spec.kind == "topic":
-        valid: set[str] = set()  # a process sees few topic and group names: each is matched once
 
         def check(value: object) -> str | None:
-            if type(value) is str and value in valid:
+            if type(value) is str and value in _valid_names:
                 return None
             reason = _problem(spec, value)
-            if reason is None and type(value) is str and len(valid) < _KNOWN_NAMES:
-                valid.add(value)
+            if reason is None and type(value) is str and len(_valid_names) < _KNOWN_NAMES:
+                _valid_names.add(value)
             return reason
 
     else:
@@ -238,6 +237,8 @@ def _fast_check(spec: _Spec) -> Callable[[object], str | None]:
 
 
 _KNOWN_NAMES: Final = 4096
+#: topic and group names a check found legal: a process sees few, and each is matched against `_TOPIC` once
+_valid_names: Final[set[str]] = set()
 
 
 def _validate(
@@ -253,6 +254,68 @@ def _validate(
 
 
 _RETRY_CHECKS: Final = tuple((spec, _fast_check(spec)) for spec in _RETRY_SPECS)
+
+
+def _plainly_valid(values: tuple[object, ...]) -> bool:
+    """True when every field of a retry state (`_retry_values`, in `_RETRY_SPECS` order) is valid in its
+    common form: exact ints in range, ASCII text within bounds (its length is its UTF-8 size), names matched
+    before. False says nothing: `_validate` then checks field by field and names the first bad one. A state is
+    validated each time one is built, once per failed record; this is one expression instead of 16 calls."""
+    (
+        schema,
+        times,
+        origin,
+        topic,
+        partition,
+        offset,
+        timestamp,
+        group,
+        tier,
+        due_at,
+        first,
+        last,
+        kind,
+        message,
+        trace,
+        reason,
+    ) = values
+    return (
+        type(schema) is int
+        and schema == 1
+        and type(times) is int
+        and 1 <= times <= _INT32
+        and type(origin) is str
+        and origin.isascii()
+        and 1 <= len(origin) <= _ID_LIMIT_BYTES
+        and type(topic) is str
+        and topic in _valid_names
+        and type(partition) is int
+        and 0 <= partition <= _INT32
+        and type(offset) is int
+        and 0 <= offset <= _INT64
+        and type(timestamp) is int
+        and -1 <= timestamp <= _INT64
+        and type(group) is str
+        and group in _valid_names
+        and (tier is None or (type(tier) is int and 0 <= tier <= 99))
+        and (due_at is None or (type(due_at) is int and 0 <= due_at <= _INT64))
+        and type(first) is int
+        and 0 <= first <= _INT64
+        and type(last) is int
+        and 0 <= last <= _INT64
+        and type(kind) is str
+        and kind.isascii()
+        and 1 <= len(kind) <= TYPE_LIMIT_BYTES
+        and type(message) is str
+        and message.isascii()
+        and len(message) <= MESSAGE_LIMIT_BYTES
+        and type(trace) is str
+        and trace.isascii()
+        and len(trace) <= TRACE_LIMIT_BYTES
+        and (reason is None or type(reason) is DlqReason)
+    )
+
+
 _LINEAGE_CHECKS: Final = tuple((spec, _fast_check(spec)) for spec in _LINEAGE_SPECS)
 #: every field a spec names, read at once (validation and `encode`, once per built or published state)
 _retry_values: Final = operator.attrgetter(*(s.attr for s in _RETRY_SPECS))
@@ -305,7 +368,8 @@ class RetryHeaders:
     schema_version: int = 1
 
     def __post_init__(self) -> None:
-        _validate(self, _RETRY_CHECKS, _retry_values)
+        if not _plainly_valid(_retry_values(self)):
+            _validate(self, _RETRY_CHECKS, _retry_values)
         if not isinstance(self.lineage, Lineage):
             raise ConfigError("lineage", self.lineage, "expected a Lineage")
         self._check_consistency()
@@ -347,18 +411,83 @@ _all_retry_fields: Final = operator.attrgetter(*_RETRY_FIELD_NAMES)
 _set: Final = object.__setattr__  # RetryHeaders is frozen; evolve fills a fresh instance
 _NO_LINEAGE: Final = Lineage()
 #: (header, attribute) in encoding order, and every attribute at once: `encode` runs once per republish
-_RETRY_ENCODING: Final = tuple((s.header, s.attr) for s in _RETRY_SPECS)
 _LINEAGE_ENCODING: Final = tuple((s.header, s.attr) for s in _LINEAGE_SPECS)
 _LINEAGE_HEADERS: Final = frozenset(s.header for s in _LINEAGE_SPECS)
 
 
+def _recurring(header: str) -> Callable[[object], Header]:
+    """The (header, encoded value) pair of one header, remembered for values that recur from record to record
+    (names, tiers, counts, exception types): a pair built once is shared. Only exact `int` and `str` values
+    (and DLQ reasons) are remembered: a subclass may print otherwise."""
+    known: dict[object, Header] = {}
+
+    def pair(value: object) -> Header:
+        found = known.get(value) if type(value) in _REMEMBERED_TYPES else None
+        if found is None:
+            found = (header, str(value).encode("utf-8"))
+            if type(value) in _REMEMBERED_TYPES:
+                if len(known) >= _KNOWN_NAMES:
+                    known.clear()  # a bound, not an LRU: the values that recur are back after a few records
+                known[value] = found
+        return found
+
+    return pair
+
+
+_REMEMBERED_TYPES: Final = frozenset({int, str, DlqReason})
+_schema_pair, _times_pair, _topic_pair, _partition_pair, _group_pair, _tier_pair = (
+    _recurring(header)
+    for header in (SCHEMA_VERSION, RECONSUME_TIMES, ORIGINAL_TOPIC, ORIGINAL_PARTITION, CONSUMER_GROUP, TIER)
+)
+# not the trace: its last line carries the failure's message, which often names the record (a new text per
+# record), and a trace may be 8 KiB: remembering them would cost memory for nothing
+_type_pair, _reason_pair = (_recurring(h) for h in (EXCEPTION_TYPE, DLQ_REASON))
+
+
 def encode(h: RetryHeaders) -> list[Header]:
     """The ``retry.*`` headers of ``h``: UTF-8 text, decimal numbers, None fields left out."""
+    (
+        schema,
+        times,
+        origin,
+        topic,
+        partition,
+        offset,
+        timestamp,
+        group,
+        tier,
+        due_at,
+        first,
+        last,
+        kind,
+        message,
+        trace,
+        reason,
+    ) = _retry_values(h)
+    # in `_RETRY_SPECS` order; one encoding per value, as `str(value).encode("utf-8")`
     out: list[Header] = [
-        (header, str(value).encode("utf-8"))
-        for (header, _), value in zip(_RETRY_ENCODING, _retry_values(h), strict=False)
-        if value is not None
+        _schema_pair(schema),
+        _times_pair(times),
+        (ORIGIN_MESSAGE_ID, str(origin).encode("utf-8")),
+        _topic_pair(topic),
+        _partition_pair(partition),
+        (ORIGINAL_OFFSET, str(offset).encode("utf-8")),
+        (ORIGINAL_TIMESTAMP, str(timestamp).encode("utf-8")),
+        _group_pair(group),
     ]
+    if tier is not None:
+        out.append(_tier_pair(tier))
+    if due_at is not None:
+        out.append((DUE_AT, str(due_at).encode("utf-8")))
+    out += (
+        (FIRST_FAILED_AT, str(first).encode("utf-8")),
+        (LAST_FAILED_AT, str(last).encode("utf-8")),
+        _type_pair(kind),
+        (EXCEPTION_MESSAGE, str(message).encode("utf-8")),
+        (EXCEPTION_TRACE, str(trace).encode("utf-8")),
+    )
+    if reason is not None:
+        out.append(_reason_pair(reason))
     if h.lineage is _NO_LINEAGE:  # most records: encoded once, at import
         out += _NO_LINEAGE_HEADERS
     else:
@@ -382,14 +511,16 @@ def decode(headers: Sequence[Header]) -> RetryHeaders:
     (naming the header, a bounded excerpt of the value, and the reason), and nothing else."""
     found = _collect(headers)
     # The version first, so that a record from a newer writer is reported as such, not as a missing field.
-    _parse(_RETRY_SPECS[0], found.get(SCHEMA_VERSION))
+    # (each field's fast parser reads the same value, or raises the same error, as `_parse`)
+    _RETRY_PARSERS[0][2](found.get(SCHEMA_VERSION))
     values = {attr: parse(found.get(header)) for header, attr, parse in _RETRY_PARSERS}
     lineage = {attr: parse(found.get(header)) for header, attr, parse in _LINEAGE_PARSERS}
     if lineage["replay_count"] is None:
         lineage["replay_count"] = 0
-    # Every field was validated by _parse above; build without validating it a second time (decode is on
-    # the tier consumers' hot path) and check only the rules between fields.
-    decoded = _prevalidated(RetryHeaders, {**values, "lineage": _prevalidated(Lineage, lineage)})
+    # Every field was validated by its parser above; build without validating it a second time (decode is
+    # on the tier consumers' hot path) and check only the rules between fields.
+    values["lineage"] = _prevalidated(Lineage, lineage)
+    decoded = _prevalidated(RetryHeaders, values)
     try:
         decoded._check_consistency()
     except ConfigError as error:  # e.g. first_failed_at > last_failed_at

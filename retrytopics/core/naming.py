@@ -96,16 +96,17 @@ class TopicSet:
 
     def tier_by_topic(self, topic: str) -> TierTopic | None:
         """The tier whose topic is ``topic``, or None (e.g. for the source topic)."""
-        return next((t for t in self.tiers if t.topic == topic), None)
+        for tier in self.tiers:  # a plain loop: asked once per tier record, and once per failure by delay
+            if tier.topic == topic:
+                return tier
+        return None
 
     def tier_by_delay(self, delay_ms: int) -> TierTopic:
         """The tier with exactly this delay; a :class:`ConfigError` means the TopicSet and policy disagree."""
-        found = next((t for t in self.tiers if t.delay_ms == delay_ms), None)
-        if found is None:
-            raise ConfigError(
-                "delay_ms", delay_ms, "no tier has this delay; build the TopicSet from policy.tier_delays_ms"
-            )
-        return found
+        for tier in self.tiers:
+            if tier.delay_ms == delay_ms:
+                return tier
+        raise ConfigError("delay_ms", delay_ms, "no tier has this delay; build the TopicSet from policy.tier_delays_ms")
 
     @property
     def all_topics(self) -> tuple[str, ...]:

@@ -282,10 +282,16 @@ class _Hop(NamedTuple):
 
 
 def _hop(previous: RetryHeaders | None, now_ms: int) -> _Hop:
+    # through tuple.__new__: a NamedTuple's own constructor is Python code, and this runs once per failure
     if previous is None:
-        return _Hop(1, now_ms, now_ms)
+        return _new_hop(_Hop, (1, now_ms, now_ms))
     # a clock step back never moves failure time backwards
-    return _Hop(previous.reconsume_times + 1, previous.first_failed_at, max(now_ms, previous.last_failed_at))
+    return _new_hop(
+        _Hop, (previous.reconsume_times + 1, previous.first_failed_at, max(now_ms, previous.last_failed_at))
+    )
+
+
+_new_hop = tuple.__new__
 
 
 def _next_due(ctx: RouteContext, verdict: Classification, hop: _Hop, rng: random.Random) -> tuple[TierTopic, int]:

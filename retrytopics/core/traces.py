@@ -117,21 +117,36 @@ def keyed_chain(failure: BaseException) -> tuple[tuple[object, ...], list[Link]]
     with one message share a key, so their description can be cached). None when the text cannot be keyed
     this way (a SyntaxError prints its own attributes, notes are mutable, a broken `__str__`): such failures
     are described each time, by `format_trace`."""
+    if failure.__cause__ is None and failure.__context__ is None:  # most failures: one exception, no chain
+        link = _link(failure, "")
+        return None if link is None else ((type(failure), link.text, link.where, ""), [link])
     key: list[object] = []
     links: list[Link] = []
     for exc, separator in _chain(failure):
-        if isinstance(exc, SyntaxError) or getattr(exc, "__notes__", None) is not None:
+        link = _link(exc, separator)
+        if link is None:
             return None
-        try:
-            text = str(exc)
-        except Exception:  # noqa: BLE001 - described the slow way, which prints a placeholder
-            return None
-        tb = exc.__traceback__
-        frames = [] if tb is None else list(traceback.walk_tb(tb))
-        where = tuple((frame.f_code, lineno) for frame, lineno in frames)
-        key += (type(exc), text, where, separator)
-        links.append(_new_link(Link, (exc, separator, text, where, frames)))  # (NamedTuple.__new__ is Python code)
+        key += (type(exc), link.text, link.where, separator)
+        links.append(link)
     return tuple(key), links
+
+
+def _link(exc: BaseException, separator: str) -> Link | None:
+    """`exc` read once (None: it cannot be keyed, see `keyed_chain`)."""
+    if isinstance(exc, SyntaxError) or getattr(exc, "__notes__", None) is not None:
+        return None
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - described the slow way, which prints a placeholder
+        return None
+    frames: list[tuple[FrameType, int]] = []
+    where: list[tuple[CodeType, int]] = []
+    tb = exc.__traceback__
+    while tb is not None:  # traceback.walk_tb, without a generator per exception
+        frames.append((tb.tb_frame, tb.tb_lineno))
+        where.append((tb.tb_frame.f_code, tb.tb_lineno))
+        tb = tb.tb_next
+    return _new_link(Link, (exc, separator, text, tuple(where), frames))  # (NamedTuple.__new__ is Python code)
 
 
 _new_link = tuple.__new__

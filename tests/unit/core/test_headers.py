@@ -351,3 +351,82 @@ def test_the_fast_field_parser_reads_and_refuses_exactly_as_the_full_one(spec: A
 
     assert outcome(lambda: parse(raw)) == outcome(lambda: H._parse(spec, raw))
     assert outcome(lambda: parse(raw)) == outcome(lambda: H._parse(spec, raw))  # the second time from a cache
+
+
+def _encoded_field_by_field(h: RetryHeaders) -> list[tuple[str, bytes]]:
+    """The encoding docs/headers.md states: every field in spec order as `str(value)` in UTF-8, None left out."""
+    fields = [(s.header, getattr(h, s.attr)) for s in H._RETRY_SPECS]
+    fields += [(s.header, getattr(h.lineage, s.attr)) for s in H._LINEAGE_SPECS]
+    return [(header, str(value).encode("utf-8")) for header, value in fields if value is not None]
+
+
+class _Loud(int):
+    """An int that prints otherwise: the remembered pair of an equal plain int must not stand for it."""
+
+    def __str__(self) -> str:
+        return "loud"
+
+
+@given(retry_headers())
+def test_encode_writes_every_byte_as_the_field_by_field_encoding(h: RetryHeaders) -> None:
+    # encode shares the pairs of values that recur (names, tiers, exception types, traces): the first encoding
+    # of a value and every later one are the bytes the field-by-field encoding gives
+    assert encode(h) == _encoded_field_by_field(h)
+    assert encode(h) == _encoded_field_by_field(h)
+
+
+def test_a_remembered_pair_never_stands_for_a_value_that_prints_otherwise() -> None:
+    plain = sample(original_partition=7)
+    loud = sample(original_partition=_Loud(7))
+    assert dict(encode(plain))[H.ORIGINAL_PARTITION] == b"7"
+    assert dict(encode(loud))[H.ORIGINAL_PARTITION] == b"loud"
+    assert encode(loud) == _encoded_field_by_field(loud)
+
+
+_FIELD_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.sampled_from([-2, -1, 0, 1, 2, 98, 99, 100, 2**31 - 2, 2**31 - 1, 2**31, INT64, INT64 + 1]),
+    st.text(max_size=30),
+    st.sampled_from(["", "é", "\udc80", "a b", "orders", "billing", "x" * 249, "x" * 250, "x" * 512, "x" * 513]),
+    st.sampled_from(["y" * 1024, "y" * 1025, "z" * 8192, "z" * 8193, "é" * 600]),
+    st.sampled_from([*DlqReason, "exhausted"]),
+    st.floats(allow_nan=False),
+)
+
+
+def _edges(spec: Any) -> list[object]:
+    """The values either side of each of `spec`'s bounds, and the near misses of its kind."""
+    if spec.kind == "int":
+        return [spec.lo - 1, spec.lo, spec.hi, spec.hi + 1, True, float(spec.lo), str(spec.lo)]
+    if spec.kind == "text":
+        sizes = {max(0, spec.lo - 1), spec.lo, spec.hi, spec.hi + 1}
+        return [c * n for n in sizes for c in ("a", "é")] + [b"a", "\udc80"]
+    return ["orders", "", "a b", "x" * 249, "x" * 250, b"orders", DlqReason.TIMEOUT, "timeout"]
+
+
+def _accepts_only_valid(spec: Any, value: object) -> None:
+    values = list(H._retry_values(sample()))
+    values[H._RETRY_SPECS.index(spec)] = value
+    if H._plainly_valid(tuple(values)):
+        assert all(H._problem(s, v) is None for s, v in zip(H._RETRY_SPECS, values, strict=True)), (spec.attr, value)
+
+
+@pytest.mark.parametrize("spec", H._RETRY_SPECS, ids=lambda s: s.attr)
+def test_the_one_expression_check_accepts_nothing_a_field_check_refuses_at_the_bounds(spec: Any) -> None:
+    # a state is checked in one expression first; whatever it accepts, every field check must accept (else the
+    # field-by-field checks run and name the first bad field)
+    for value in _edges(spec):
+        _accepts_only_valid(spec, value)
+
+
+@given(spec=st.sampled_from(H._RETRY_SPECS), value=_FIELD_VALUES)
+def test_the_one_expression_check_accepts_nothing_a_field_check_refuses(spec: Any, value: object) -> None:
+    _accepts_only_valid(spec, value)
+
+
+def test_the_one_expression_check_accepts_the_states_the_router_builds() -> None:
+    # the point of it: a state of plain values takes one expression, not sixteen calls
+    assert H._plainly_valid(H._retry_values(sample()))
+    assert H._plainly_valid(H._retry_values(sample(tier=None, due_at=None, dlq_reason=DlqReason.TIMEOUT)))
