@@ -39,6 +39,7 @@ PURE = {
     "step",
     "diagnostics",
     "transactions",
+    "key_order",
 }
 CLIENT_LIBRARIES = {"confluent_kafka", "fastavro", "pyspark"}
 STDLIB = set(sys.stdlib_module_names)
