@@ -10,10 +10,12 @@ What each consumer knows is also written to a compacted key-state topic, so a ne
 it before it reads anything::
 
     chains = SourceChains(KeyOrdering(), source="orders", partition=0)
-    chains.admit(b"acct-7", 41)                # Admission(HANDLE): the key is not blocked
-    chains.handed_off(b"acct-7", 41, tier=0, now_ms=t)    # its handler failed, the router sent it to tier 0
-    chains.acked(b"acct-7", 41, landed=0)      # -> Chain(head=41, frontier=41, at_tier=0, ...): write it
-    chains.admit(b"acct-7", 57)                # Admission(FOLLOW, tier=0, after=41)
+    k = key_id(b"acct-7")
+    chains.admit(k)                                   # Admission(HANDLE): the key is not blocked
+    chains.handed_off(k, 41, now_ms=t)                # its handler failed; the router sent it to a tier
+    chains.admit(k)                                   # Admission(WAIT): until that hop is acknowledged
+    chains.acked(k, 41, landed=0)                     # Chain(head=41, frontier=41, at_tier=0, ...): write it
+    chains.admit(k)                                   # Admission(FOLLOW, tier=0, after=41)
 
 The module holds one state machine and the wire forms it writes and reads (follower headers, key-state
 records): they change together, so they stay in one file past the usual size.
@@ -64,6 +66,7 @@ __all__ = [
     "Step",
     "TierDecision",
     "TierPassages",
+    "batch_end",
     "decode_follower",
     "decode_record",
     "encode_follower",
@@ -434,6 +437,22 @@ def _excerpt(value: object) -> object:
     return f"<{type(value).__name__}>"
 
 
+def batch_end(keys: Sequence[bytes | None]) -> int:
+    """How many records, from the start of `keys` (a run of one partition, as `key_id`s; None: no key), one batch
+    call may take: up to the second record of a key already in it, which must wait for the call's outcome (it
+    follows the first if that one fails). Records without a key never end a call::
+
+        batch_end([b"a", b"b", None, None, b"a", b"c"])   # 4
+    """
+    seen: set[bytes] = set()
+    for index, key in enumerate(keys):
+        if key is not None:
+            if key in seen:
+                return index
+            seen.add(key)
+    return len(keys)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The main consumer: open chains of one source partition
 
@@ -473,6 +492,10 @@ class _Open:
     followers: int
     since_ms: int
     pending: int | None = None  # offset of a follower whose hand-off is not acknowledged yet
+    anchor: tuple[int, int] = (0, 0)  # (tier, frontier) as the chain record says: where `_chase` walks from
+
+    def __post_init__(self) -> None:
+        self.anchor = (self.at_tier, self.frontier)
 
 
 class SourceChains:
@@ -513,6 +536,8 @@ class SourceChains:
                 latest[key] = record
             elif record.tier is None or record.seen is None:
                 latest[key] = None
+                chains._passages.pop(key, None)  # facts about the closed chain's records, as `_close` drops them
+                chains._settled.pop(key, None)
             else:
                 chains._passages.get(key, {}).pop((record.tier, record.seen), None)
         closed: list[Closed] = []
@@ -579,10 +604,14 @@ class SourceChains:
             state.pending = None
             if landed is not None:
                 state.frontier, state.at_tier, state.followers = offset, landed, state.followers + 1
+                state.anchor = (landed, offset)
             # else: dropped on its way (in the DLQ unhandled); the next follower waits behind the same record
         if self._chase(key, state):
             return self._close(key)
-        return None if landed is None else self._record(key, state)
+        if landed is None:
+            return None
+        state.anchor = (state.at_tier, state.frontier)
+        return self._record(key, state)
 
     def learn(self, record: KeyStateRecord) -> Closed | None:
         """Apply a key-state record of this partition read live (tiers' passages and their tombstones; chain
@@ -610,23 +639,26 @@ class SourceChains:
         return chain.source_topic == self.source and chain.source_partition == self.partition
 
     def _chase(self, key: bytes, state: _Open) -> bool:
-        """Follow the passages of the frontier from where it was sent; True when they show it terminal (and no
-        follower is in flight). A record settled at or after the frontier settles it (everything before a
-        handled record is terminal), whichever tier says so: a tier forgets its passages below one it settled.
-        The walk is bounded: the frontier may visit a tier again, and any tier on its path is a good place to
-        send a follower (that tier forwards it)."""
-        if self._settled.get(key, -1) >= state.frontier:
+        """Follow the passages of the frontier from where the chain record last put it; True when they show it
+        terminal (and no follower is in flight). A record settled at or after the frontier settles it
+        (everything before a handled record is terminal), whichever tier says so: a tier forgets its passages
+        below one it settled. A record can visit a tier twice, so the walk stops before a position it has been
+        at: any tier on the record's path is a good place to send a follower (that tier forwards it), and
+        walking from the recorded position makes a rebuilt state decide as the live one."""
+        if self._settled.get(key, -1) >= state.anchor[1]:
             return state.pending is None
         passages = self._passages.get(key, {})
-        for _ in range(2 * (_MAX_TIER + 1)):
-            passage = passages.get((state.at_tier, state.frontier))
-            if passage is None:
-                return False
+        position, visited = state.anchor, {state.anchor}
+        while (passage := passages.get(position)) is not None:
             if passage.fate is not Fate.SENT or passage.to_tier is None or passage.after is None:
                 return state.pending is None
-            if (passage.to_tier, passage.after) == (state.at_tier, state.frontier):
-                return False
-            state.at_tier, state.frontier = passage.to_tier, passage.after
+            if (passage.to_tier, passage.after) in visited:
+                break
+            position = (passage.to_tier, passage.after)
+            visited.add(position)
+            if self._settled.get(key, -1) >= position[1]:
+                return state.pending is None
+        state.at_tier, state.frontier = position
         return False
 
     def _close(self, key: bytes) -> Closed:
@@ -758,10 +790,8 @@ class TierPassages:
         if known is not None and known.pending is not None:
             return _T_WAIT
         entry = None if known is None else known.entries.get(after)
-        if entry is None:
-            # a copy of a record read here already, or of one at or below a record settled here
-            copy = known is not None and (offset in known.entries or offset <= known.floor)
-            return _T_DUPLICATE if copy else _T_UNPROVEN
+        if entry is None:  # a copy of a record at or below one settled here, or nothing here accounts for it
+            return _T_DUPLICATE if known is not None and offset <= known.floor else _T_UNPROVEN
         if entry.fate is Fate.SENT:
             return TierDecision(Step.FORWARD, entry.to_tier, entry.after)
         if entry.fate is Fate.DEAD_LETTERED and self.config.dead_head is DeadHeadPolicy.DEAD_LETTER:

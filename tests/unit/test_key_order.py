@@ -35,6 +35,7 @@ from retrytopics.key_order import (
     Step,
     TierDecision,
     TierPassages,
+    batch_end,
     decode_follower,
     decode_record,
     encode_follower,
@@ -104,6 +105,7 @@ class Sim:
         self.violations: list[str] = []
         self.unproven = 0
         self.now = 0
+        self.refusals: dict[tuple[int, bool], bool] = {}
 
     # --- choices: hypothesis while exploring, the happy path while draining
     def choose(self, options: list[str]) -> str:
@@ -132,7 +134,15 @@ class Sim:
             node.outstanding[write.origin] = node.outstanding.get(write.origin, 0) + 1
         node.inflight.append(write)
 
-    def land(self, write: Write, *, may_refuse: bool) -> int | None:
+    def too_large(self, hop: Hop) -> bool:
+        """Whether a tier refuses this hop as too large: a property of the record and the kind of hop (a retry
+        carries exception headers, a follower does not), so every copy of one hop gets the same answer."""
+        kind = (hop.offset, hop.after is None)
+        if kind not in self.refusals:
+            self.refusals[kind] = self.draw is not None and self.choose(["fits", "too_large"]) == "too_large"
+        return self.refusals[kind]
+
+    def land(self, write: Write) -> int | None:
         """Append `write` where it goes; returns the tier it landed in (None: the DLQ)."""
         if write.dest == "state":
             assert isinstance(write.payload, Chain | Passage | Closed)
@@ -140,7 +150,7 @@ class Sim:
             return None
         hop = write.payload
         assert isinstance(hop, Hop)
-        if write.dest == "tier" and not (may_refuse and self.choose(["fits", "too_large"]) == "too_large"):
+        if write.dest == "tier" and not self.too_large(hop):
             assert write.tier is not None
             self.tiers[write.tier].append(hop)
             return write.tier
@@ -230,7 +240,7 @@ class Sim:
     def ack_step(self, name: str) -> None:
         node = self.nodes[name]
         write = node.inflight.popleft()
-        landed = self.land(write, may_refuse=self.draw is not None)
+        landed = self.land(write)
         if write.origin is not None:
             node.outstanding[write.origin] -= 1
         records: list[KeyStateRecord] = []
@@ -259,7 +269,7 @@ class Sim:
         the rest are lost; it restarts from its committed position and the key-state topic."""
         node = self.nodes[name]
         for write in list(node.inflight)[:survivors]:
-            self.land(write, may_refuse=False)
+            self.land(write)
         start = node.committed()
         self.nodes[name] = Node(pos=start, done={i for i in node.done if i < start}, state_pos=len(self.state))
         if name == "main":
@@ -491,8 +501,8 @@ def test_a_follower_under_a_dead_lettered_head_is_released_or_dead_lettered_by_p
 
 def test_a_tier_forwards_a_follower_behind_its_predecessor_and_recognises_copies() -> None:
     """A follower of a record sent on is forwarded there; a dropped forward keeps the next follower waiting
-    behind the same record; a copy of a follower already read is a duplicate; an unknown predecessor is
-    unproven, never handled."""
+    behind the same record; an unknown predecessor is unproven, never handled; a copy at or below a record
+    settled here is a duplicate."""
     chain = ChainKey(SOURCE, 0, key_id(b"k"))
     tier = TierPassages(KeyOrdering(), tier=0)
     assert tier.on_follower(chain, 12, 10) == TierDecision(Step.UNPROVEN)
@@ -506,8 +516,9 @@ def test_a_tier_forwards_a_follower_behind_its_predecessor_and_recognises_copies
     dropped = tier.acked(chain, 12, landed=None)
     assert dropped == [Passage(tier=0, chain=chain, seen=12, fate=Fate.SENT, to_tier=1, after=10)]
     assert tier.on_follower(chain, 15, 12) == TierDecision(Step.FORWARD, 1, 10)
-    assert tier.on_follower(chain, 12, 11) == TierDecision(Step.DUPLICATE)
     assert tier.on_follower(chain, 30, 20) == TierDecision(Step.UNPROVEN)
+    tier.handled(chain, 15, to_tier=None)  # 15 succeeds here: everything up to it is terminal
+    assert tier.on_follower(chain, 12, 11) == TierDecision(Step.DUPLICATE)
 
 
 def test_a_record_passing_a_tier_twice_keeps_each_follower_behind_its_own_predecessor() -> None:
@@ -559,6 +570,23 @@ def test_the_bounds_hold() -> None:
     assert tier.handled(third, 3, to_tier=None)[1:] == [Closed(chain=first, tier=0, seen=1)]
     assert tier.tracked() == 2
     assert tier.on_follower(first, 4, 1) == TierDecision(Step.UNPROVEN)
+
+
+@given(st.lists(st.sampled_from([b"a", b"b", b"c", None]), max_size=12))
+def test_a_batch_call_never_holds_two_records_of_one_key(keys: list[bytes | None]) -> None:
+    """Cut at `batch_end` again and again, a run becomes calls in which no key appears twice, in order, none
+    empty, every record in exactly one; records without a key never cut a call."""
+    calls, rest = [], keys
+    while rest:
+        end = batch_end(rest)
+        assert end > 0
+        calls.append(rest[:end])
+        rest = rest[end:]
+    assert [k for call in calls for k in call] == keys
+    for call in calls:
+        keyed = [k for k in call if k is not None]
+        assert len(keyed) == len(set(keyed))
+    assert batch_end([None, None]) == 2
 
 
 def test_configuration_errors_name_the_field() -> None:
