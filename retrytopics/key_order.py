@@ -134,22 +134,26 @@ class KeyOrdering:
     ``dead_head``: what a dead-lettered record does to its followers (`DeadHeadPolicy`).
     ``max_blocked_keys``: open chains per source partition; the main consumer pauses the partition before a
     record of a new key when it has this many (blocking, counted and logged), about 200 bytes each.
-    ``max_tracked_keys``: keys a tier consumer remembers (for every partition it owns); past it, the
-    oldest key whose last record was settled is forgotten.
+    ``max_tracked_records``: records of open chains a tier consumer remembers (for every partition it owns),
+    about 150 bytes each; past it, the least recently used idle chain is forgotten (a late follower of it is
+    dead-lettered, never handled out of order).
+
+    Example: ``KeyOrdering(dead_head="dead_letter", max_blocked_keys=500)``. A bound too low pauses source
+    partitions whenever that many keys fail at once; too high costs memory only when keys do fail.
     """
 
     dead_head: DeadHeadPolicy = DeadHeadPolicy.RELEASE
     max_blocked_keys: int = 1_000
-    max_tracked_keys: int = 100_000
+    max_tracked_records: int = 100_000
 
     def __post_init__(self) -> None:
         if self.dead_head not in set(DeadHeadPolicy):
             raise ConfigError("dead_head", self.dead_head, f"expected one of {[p.value for p in DeadHeadPolicy]}")
         object.__setattr__(self, "dead_head", DeadHeadPolicy(self.dead_head))
         _positive_int("max_blocked_keys", self.max_blocked_keys)
-        _positive_int("max_tracked_keys", self.max_tracked_keys)
-        if self.max_tracked_keys < self.max_blocked_keys:
-            raise ConfigError("max_tracked_keys", self.max_tracked_keys, "expected at least max_blocked_keys")
+        _positive_int("max_tracked_records", self.max_tracked_records)
+        if self.max_tracked_records < self.max_blocked_keys:
+            raise ConfigError("max_tracked_records", self.max_tracked_records, "expected at least max_blocked_keys")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -701,7 +705,7 @@ class Step(StrEnum):
     until it is."""
     UNPROVEN = "unproven"
     """A follower whose predecessor nothing here accounts for (a forged record, a key-state topic lost, a
-    key forgotten past `max_tracked_keys`): never handled out of order; the runtime dead-letters it as
+    key forgotten past `max_tracked_records`): never handled out of order; the runtime dead-letters it as
     ``blocked_by_key``."""
 
 
@@ -861,10 +865,10 @@ class TierPassages:
         return out + self._bound()
 
     def _bound(self) -> list[KeyStateRecord]:
-        """Past `max_tracked_keys` records remembered, forget the least recently used idle chain (a late
+        """Past `max_tracked_records` records remembered, forget the least recently used idle chain (a late
         follower of it is then unproven, never handled out of order); returns the tombstones of its passages."""
         out: list[KeyStateRecord] = []
-        while self._entries > self.config.max_tracked_keys:
+        while self._entries > self.config.max_tracked_records:
             idle = next((c for c, k in self._known.items() if k.pending is None), None)
             if idle is None:
                 break

@@ -555,15 +555,15 @@ def test_a_rebuilt_tier_starts_from_its_own_passages() -> None:
 
 def test_the_bounds_hold() -> None:
     """At `max_blocked_keys` open chains the main consumer pauses before a record of another key; a tier
-    remembers at most `max_tracked_keys` records, forgetting the least recently used idle chain and
+    remembers at most `max_tracked_records` records, forgetting the least recently used idle chain and
     tombstoning its passages."""
-    main = chains(max_blocked_keys=2, max_tracked_keys=2)
+    main = chains(max_blocked_keys=2, max_tracked_records=2)
     for offset, name in enumerate([b"a", b"b"]):
         main.handed_off(key_id(name), offset, now_ms=0)
         main.acked(key_id(name), offset, landed=0)
     assert main.admit(key_id(b"c")) == Admission(Admit.PAUSE)
     assert main.admit(key_id(b"a")).action is Admit.FOLLOW
-    tier = TierPassages(KeyOrdering(max_blocked_keys=2, max_tracked_keys=2), tier=0)
+    tier = TierPassages(KeyOrdering(max_blocked_keys=2, max_tracked_records=2), tier=0)
     first, second, third = (ChainKey(SOURCE, 0, key_id(k)) for k in (b"a", b"b", b"c"))
     tier.handled(first, 1, to_tier=None)
     tier.handled(second, 2, to_tier=None)
@@ -595,8 +595,8 @@ def test_configuration_errors_name_the_field() -> None:
         KeyOrdering(max_blocked_keys=0)
     with pytest.raises(ConfigError, match="dead_head"):
         KeyOrdering(dead_head="drop")  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match="max_tracked_keys"):
-        KeyOrdering(max_blocked_keys=10, max_tracked_keys=5)
+    with pytest.raises(ConfigError, match="max_tracked_records"):
+        KeyOrdering(max_blocked_keys=10, max_tracked_records=5)
     assert KeyOrdering(dead_head="dead_letter").dead_head is DeadHeadPolicy.DEAD_LETTER  # type: ignore[arg-type]
 
 
