@@ -4,6 +4,8 @@
     ├── ConfigError(field, value, reason)        bad configuration; raised at start-up, names the field
     ├── HeaderDecodeError(field, value, reason)  malformed retry headers on a tier record
     │                                            (the router turns it into DLQ reason `invalid_retry_headers`)
+    ├── KeyStateDecodeError(field, value, reason)
+    │                                            a malformed record in a key-state topic (key_order.py)
     ├── PoisonRecordError(topic, partition, offset, raw, cause)
     │                                            the configured deserializer could not decode a value
     │                                            (DLQ reason `poison`, never retried)
@@ -40,6 +42,7 @@ __all__ = [
     "EmbeddedBrokerError",
     "HeaderDecodeError",
     "KafkaClientError",
+    "KeyStateDecodeError",
     "NonRetryable",
     "PoisonRecordError",
     "PublishError",
@@ -72,6 +75,17 @@ class HeaderDecodeError(RetryTopicsError):
         self.value = value
         self.reason = reason
         super().__init__(f"header {field}={value!r}: {reason}")
+
+
+class KeyStateDecodeError(RetryTopicsError):
+    """A record of a key-state topic (key-ordered retries) is malformed: it is skipped and counted, never
+    trusted. `value` is a bounded, printable excerpt."""
+
+    def __init__(self, field: str, value: object, reason: str) -> None:
+        self.field = field
+        self.value = value
+        self.reason = reason
+        super().__init__(f"key state {field}={value!r}: {reason}")
 
 
 class PoisonRecordError(RetryTopicsError):
