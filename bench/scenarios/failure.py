@@ -39,6 +39,7 @@ def run(b: Bench) -> list[Result]:
             extra={
                 "header_bytes": sum(len(k) + len(v or b"") for k, v in headers),
                 "app_peak_rss_mb": app["peak_rss_mb"],
+                "app_cpu_us_per_record": app["cpu_us_per_record"],
             },
         )
     ]
