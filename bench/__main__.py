@@ -48,11 +48,17 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _matches(name: str, wanted: str) -> bool:
+    # "3", "3.lateness" or "lateness": a scenario's number, its full name, or its name without the number; a
+    # bare number is the whole number ("1" is 1.success, never 10.failover)
+    number, _, rest = name.partition(".")
+    if wanted.isdigit():
+        return number == wanted
+    return name.startswith(wanted) or rest.startswith(wanted)
+
+
 def _selected(only: list[str]) -> list[object]:
-    # "3", "3.lateness" or "lateness": a scenario's number, its full name, or its name without the number
-    chosen = [
-        m for m in ALL if not only or any(m.NAME.startswith(o) or m.NAME.split(".", 1)[-1].startswith(o) for o in only)
-    ]
+    chosen = [m for m in ALL if not only or any(_matches(m.NAME, o) for o in only)]
     if not chosen:
         raise SystemExit(f"no scenario matches {only}; scenarios: {[m.NAME for m in ALL]}")
     return chosen

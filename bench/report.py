@@ -224,7 +224,7 @@ _HOW_TO = """## How to run
 ```
 python -m bench --quick             # smaller N, a few minutes on a 2-core machine, on Apache Kafka
 python -m bench                     # full sizes (1M-record scenarios; several minutes)
-python -m bench --only 3.lateness   # one scenario (repeatable; prefix match: --only 1 --only 4)
+python -m bench --only 3.lateness   # one scenario (repeatable: --only 1 --only 4 by number, or a name prefix)
 python -m bench --broker tansu      # on the embedded tansu broker instead
 python -m bench --only failover     # scenario 10: a leader kill on 3-node clusters of its own (about 3 min)
 ```

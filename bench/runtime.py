@@ -27,19 +27,29 @@ class _Finish:
     def __init__(self, n: int) -> None:
         self.n, self.count = n, 0
         self.first = self.last = 0.0
+        # this process's CPU time over the same span: a per-record cost that a busy machine does not inflate
+        self.cpu_first = self.cpu_last = 0.0
         self.done = threading.Event()
 
     def tick(self) -> None:
         self.count += 1
         if not self.first:
-            self.first = time.monotonic()
+            self.first, self.cpu_first = time.monotonic(), time.process_time()
         if self.count == self.n:
-            self.last = time.monotonic()
+            self.last, self.cpu_last = time.monotonic(), time.process_time()
             self.done.set()
 
     def report(self, **extra: Any) -> None:
         elapsed = self.last - self.first
-        emit("done", count=self.count, seconds=elapsed, rate=self.n / elapsed if elapsed else None, **extra)
+        cpu_us = (self.cpu_last - self.cpu_first) * 1e6 / self.n
+        emit(
+            "done",
+            count=self.count,
+            seconds=elapsed,
+            rate=self.n / elapsed if elapsed else None,
+            cpu_us_per_record=cpu_us,
+            **extra,
+        )
 
 
 class _Retried:
@@ -53,7 +63,8 @@ class _Retried:
     def on_event(self, event: Event, data: Mapping[str, object]) -> None:
         if event is Event.RETRY_SCHEDULED:
             if not self._finish.first:
-                self._finish.first = self._started.first  # time runs from the first handler call
+                # time runs from the first handler call
+                self._finish.first, self._finish.cpu_first = self._started.first, self._started.cpu_first
             self._finish.tick()
 
 
