@@ -84,7 +84,7 @@ def _message(msg: CKMessage) -> Message:
             listed, error = listed_headers(msg, found)
             headers = tuple(listed)
     # confluent-kafka's stubs are looser than what it returns for a record (topic, partition, offset are set);
-    # tuple.__new__ skips the NamedTuple's Python-level __new__ (half of this function's time, measured)
+    # tuple.__new__ skips the NamedTuple's Python-level __new__, a large part of this function's cost
     return _new_message(
         Message,
         (
@@ -195,9 +195,8 @@ class KafkaConsumer:
 
     def _wake_fetcher(self, tp: TopicPartition) -> None:
         # When every partition a librdkafka broker thread fetches is paused, the thread sleeps up to 1 s and a
-        # resume does not wake it: the first fetch came ~1000 ms after resume (measured, librdkafka 2.16),
-        # which made every due record up to a second late. Any request through that thread wakes it; a
-        # watermark query is the cheapest (one round trip, ~1 ms on loopback): first fetch after 2 ms.
+        # resume does not wake it, so a due record could wait up to a second (docs/architecture.md, Pausing).
+        # Any request through that thread wakes it; a watermark query is the cheapest (one round trip).
         # Failures are harmless: the fetch then starts on the thread's own schedule.
         try:
             self._consumer.get_watermark_offsets(CKTopicPartition(tp[0], tp[1]), timeout=0.5, cached=False)

@@ -2,7 +2,7 @@
 
 A DLQ record's headers are untrusted input: anyone who can write to the DLQ can forge them. The replay
 writes a record to `retry.original_partition` of the source, copies its retry state into a tier's headers and
-adds one to `retry.replay_count`, so one forged record (partition 999, a count of 2^31-1) used to fail the
+adds one to `retry.replay_count`, so one forged record (partition 999, a count of 2^31-1) would fail the
 whole job halfway. Each record gets the first problem found, or NULL::
 
     dlq.withColumn("problem", problem(source_partitions=6))

@@ -42,7 +42,7 @@ AcknowledgedCallback = Callable[[Mapping[TopicPartition, frozenset[int]], KafkaC
 
 class Message(NamedTuple):
     """A consumed record, exactly as it arrived. A NamedTuple, not a dataclass: one is built for every
-    record consumed, and this is the cheapest immutable record Python has (0.3 µs against 1.1 µs)."""
+    record consumed, and this is the cheapest immutable record Python has."""
 
     topic: str
     partition: int

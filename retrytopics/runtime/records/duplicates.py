@@ -7,7 +7,7 @@ a handler call (a `Duplicate` outcome, runtime/records/outcome.py):
   and handed it off, then died before committing it.
 
 **Seeding at assignment.** A consumer killed after a hand-off (to a tier or the DLQ) was acknowledged, but
-before the commit covering it, leaves the record to the partition's next owner, which used to handle it again
+before the commit covering it, leaves the record to the partition's next owner, which would handle it again
 and write a second copy downstream (a second DLQ record at the last hop). The hop the dead owner wrote is in
 the destination topic, carrying the record's audit key (`dedupe.hand_off_key`) and its key and value. So when
 partitions are assigned, the loop reads the last `seed_last` records of every partition of their destinations
