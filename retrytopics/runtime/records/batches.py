@@ -22,7 +22,7 @@ from retrytopics.core.headers import RetryHeaders
 from retrytopics.core.offsets import TopicPartition
 from retrytopics.core.ports import Message
 from retrytopics.core.record import Record
-from retrytopics.runtime.records.calls import Binding, Invoker, build_record
+from retrytopics.runtime.records.calls import Binding, Invoker, build_record, build_run
 from retrytopics.runtime.records.outcome import Abandoned, Failed, Outcome, Succeeded, SucceededRun
 from retrytopics.runtime.records.ownership import OwnershipGuard
 
@@ -97,19 +97,20 @@ class BatchCalls:
         """One call on a plain run of source records of one partition (runtime/records/stage.py says when a
         run is plain): nothing to decide per record, so no `Deferred` each. A record that fails before the call
         (poison) makes it an ordinary group, settled in offset order."""
-        built = [build_record(binding, m, None) for m in msgs]
-        if any(poison is not None for _, poison in built):
-            yield from self._call(
-                [Deferred(binding, m, None, r, None, p) for m, (r, p) in zip(msgs, built, strict=True)]
-            )
-            return
-        records = [record for record, _ in built]
-        outcomes = self._called(binding, msgs[0], records)
-        if outcomes is None:
+        records = build_run(binding, msgs)
+        if records is None:
+            built = [build_record(binding, m, None) for m in msgs]
+            if any(poison is not None for _, poison in built):
+                group = [Deferred(binding, m, None, r, None, p) for m, (r, p) in zip(msgs, built, strict=True)]
+                yield from self._call(group)
+                return
+            records = [record for record, _ in built]
+        settled, outcomes = self._called(binding, msgs[0], records)
+        if not settled:
             if not self._stop.is_set():
                 yield Abandoned(msgs[0])
             return
-        if all(o is None for o in outcomes):
+        if outcomes is None:
             yield SucceededRun(msgs[0].tp, msgs, None, [])
             return
         yield from self._each(
@@ -119,28 +120,33 @@ class BatchCalls:
     def _call(self, group: list[Deferred]) -> Generator[Outcome, None, bool]:
         first = group[0]
         called = [d for d in group if d.failure is None]
-        outcomes = self._called(first.binding, first.msg, [d.record for d in called])
-        if outcomes is None:
+        settled, outcomes = self._called(first.binding, first.msg, [d.record for d in called])
+        if not settled:
             if self._stop.is_set():
                 return True  # stopping: nothing settled, nothing to read again here
             yield Abandoned(first.msg)
             return False
+        if outcomes is None:
+            outcomes = [None] * len(called)
         if len(called) == len(group) and all(o is None for o in outcomes):
             keys = [d.key for d in group if d.key is not None]
             yield SucceededRun(first.msg.tp, [d.msg for d in group], [d.record for d in group], keys)
             return True
         return (yield from self._each(group, iter(outcomes)))
 
-    def _called(self, binding: Binding, first: Message, records: list[Any]) -> list[BaseException | None] | None:
-        """The outcomes of one call on `records` (none: no call), or None when nothing may be settled: the app
-        is stopping, or this consumer lost (or may have lost) the partition during the call; the records are
-        then read again, here or by the new owner."""
+    def _called(
+        self, binding: Binding, first: Message, records: list[Any]
+    ) -> tuple[bool, list[BaseException | None] | None]:
+        """Whether the outcomes of one call on `records` may be settled, and those outcomes (None: every record
+        succeeded, or there was nothing to call). Not settled: the app is stopping, or this consumer lost (or
+        may have lost) the partition during the call; the records are then read again, here or by the new
+        owner."""
         if self._stop.is_set():
-            return None
-        outcomes = self._invoker.call_batch(binding, records) if records else []
+            return False, None
+        outcomes = self._invoker.call_batch(binding, records) if records else None
         if records and self._ownership.lost_ownership(first):
-            return None
-        return outcomes
+            return False, None
+        return True, outcomes
 
     def _each(self, group: list[Deferred], outcomes: Iterator[BaseException | None]) -> Generator[Outcome, None, bool]:
         """In offset order: a record that failed before the call keeps that failure, the others take the

@@ -22,7 +22,7 @@ from retrytopics.core.ports import Message
 from retrytopics.core.record import Record
 from retrytopics.core.router import RouteContext, origin_message_id, tier_wait_bounds_ms
 
-__all__ = ["Binding", "Invoker", "build_record"]
+__all__ = ["Binding", "Invoker", "build_record", "build_run"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -85,6 +85,41 @@ def build_record(
 _new_record = tuple.__new__
 
 
+def build_run(binding: Binding, msgs: list[Message]) -> list[Record[Any]] | None:
+    """The Records of a plain run of source records of one partition, as `build_record` makes each, built in
+    one pass; None when a record of the run fails before any call (poison), or the binding decodes values or
+    takes ids from a header: the caller then builds record by record."""
+    if binding.value_deserializer is not bytes_value or binding.ctx.id_header is not None:
+        return None
+    first = msgs[0]
+    topic, partition = first.topic, first.partition
+    prefix = f"{topic}-{partition}-"
+    new, user = _new_record, user_headers
+    records: list[Record[Any]] = []
+    add = records.append
+    for m in msgs:
+        if m.header_error is not None:
+            return None
+        add(
+            new(
+                Record,
+                (
+                    topic,
+                    partition,
+                    m.offset,
+                    m.timestamp_ms,
+                    m.key,
+                    m.value,
+                    m.value,
+                    tuple(user(m.headers)) if m.headers else (),
+                    None,
+                    prefix + str(m.offset),
+                ),
+            )
+        )
+    return records
+
+
 class Invoker:
     """Runs handlers in the calling (poll) thread; coroutines run on one event loop owned by this invoker.
 
@@ -121,16 +156,17 @@ class Invoker:
             return functools.partial(self._once, binding.handler)
         return functools.partial(self.call, binding)
 
-    def call_batch(self, binding: Binding, records: list[Record[Any]]) -> list[BaseException | None]:
-        """Call a batch handler once; each record's failure (None: it succeeded). A `BatchFailed` names the
-        failed ones; any other exception fails them all. BaseException propagates, as for one record."""
+    def call_batch(self, binding: Binding, records: list[Record[Any]]) -> list[BaseException | None] | None:
+        """Call a batch handler once; each record's failure (None: it succeeded), or None when every record
+        succeeded. A `BatchFailed` names the failed ones; any other exception fails them all. BaseException
+        propagates, as for one record."""
         try:
             self._once(binding.handler, records)
         except BatchFailed as failed:
             return _outcomes(records, failed)
         except Exception as exc:  # noqa: BLE001 - the whole call failed: every record is routed
             return [exc] * len(records)
-        return [None] * len(records)
+        return None
 
     def _sleep(self, seconds: float) -> None:
         self._stop.wait(seconds)
