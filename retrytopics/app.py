@@ -371,7 +371,10 @@ class RetryApp:
         return ShareConsumerLoop(
             settings,
             bindings,
-            consumer_factory=lambda: clients.share_consumer(settings.group_id, self.consumer_overrides),
+            # a poll takes at most `batch_size` records: with a slow handler, small batches spread the work
+            consumer_factory=lambda: clients.share_consumer(
+                settings.group_id, {"max.poll.records": settings.batch_size, **self.consumer_overrides}
+            ),
             producer_factory=lambda: clients.producer(None, self.producer_overrides),
             alone_producer_factory=lambda: clients.producer(None, {**self.producer_overrides, **ALONE_OVERRIDES}),
             group_config=lambda: clients.share_group_config(settings.group_id, timeout_s),
