@@ -38,7 +38,7 @@ from retrytopics.core.dedupe import DuplicateAudit
 from retrytopics.core.errors import ConfigError, DeliveryLimitReached
 from retrytopics.core.offsets import TopicPartition
 from retrytopics.core.ports import Message, PartitionsCallback, ProducerPort, ShareConsumerPort
-from retrytopics.core.router import delivery_limit_route
+from retrytopics.core.router import delivery_limit_route, origin_message_id
 from retrytopics.observe.events import Emitter
 from retrytopics.runtime.clock import SYSTEM_CLOCK, Clock
 from retrytopics.runtime.consumer.running import LoopRun
@@ -269,7 +269,7 @@ class ShareConsumerLoop(LoopRun):
                     break
                 count = msg.delivery_count or 1
                 if handoff.handed_off(msg):
-                    handoff.accept_duplicate(msg)
+                    handoff.accept_duplicate(msg, origin_message_id(self._bindings[msg.topic].ctx, msg))
                 elif count >= limit:
                     handoff.apply(self._crash_loop(msg, count, limit))
                 else:

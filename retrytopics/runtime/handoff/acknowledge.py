@@ -96,7 +96,7 @@ class Acknowledging(HandOffBase):
         its ACCEPT was lost."""
         return (msg.tp, msg.offset) in self._handed_off
 
-    def accept_duplicate(self, msg: Message) -> None:
+    def accept_duplicate(self, msg: Message, origin_message_id: str) -> None:
         """ACCEPT a record handed off already, without a call."""
         self._acknowledge(msg.tp, msg.offset, AckType.ACCEPT)
         log.info(
@@ -112,7 +112,7 @@ class Acknowledging(HandOffBase):
             topic=msg.topic,
             partition=msg.partition,
             offset=msg.offset,
-            origin_message_id=f"{msg.topic}-{msg.partition}-{msg.offset}",
+            origin_message_id=origin_message_id,
             reconsume_times=0,
         )
 

@@ -248,10 +248,11 @@ def test_a_record_that_kills_its_process_every_time_reaches_our_dlq_as_a_crash_l
     share: ShareKit, tmp_path: Path
 ) -> None:
     """`id-4` SIGKILLs whichever process handles it. Processes are started one after another (each after
-    the last died), the group's delivery count limit is 4 and its lock 1 s: `id-4` reaches our DLQ as
+    the last died), the group's delivery count limit is 4 and its lock 2 s: `id-4` reaches our DLQ as
     `delivery_limit` with its delivery count, handled only on deliveries 1-3; every other id is handled,
     none dead-lettered."""
-    values = [v.decode() for v in share.setup(12, record_lock_duration_ms=1000, delivery_count_limit=4)]
+    # a 2 s lock: a batch of redeliveries (a synchronous commit before each) ends well within it when loaded
+    values = [v.decode() for v in share.setup(12, record_lock_duration_ms=2000, delivery_count_limit=4)]
     killer = "id-4"
     calls_file = tmp_path / "calls"
     app = share_app(share, lambda _r: None)  # provisions the tier and the DLQ

@@ -59,6 +59,7 @@ def share_loop(
     consumer: MemoryShareConsumer | None = None,
     handler: Callable[[Record[Any]], None] | None = None,
     binding: Binding | None = None,
+    hooks: tuple[Any, ...] = (),
     **settings: Any,
 ) -> ShareConsumerLoop:
     """A share-group main consumer of "orders" on `broker` and its clock; events go to the ledger."""
@@ -72,7 +73,7 @@ def share_loop(
         consumer_factory=lambda: member,
         producer_factory=broker.producer,
         group_config=lambda: broker.share_group_config(GROUP),
-        emitter=Emitter([ledger]),
+        emitter=Emitter([ledger, *hooks]),
         stop=stop,
         audit=DuplicateAudit(100),
         clock=broker.clock,
@@ -292,3 +293,28 @@ def test_redelivered_records_alternate_direction_after_the_fresh_ones() -> None:
     odd = [m._replace(delivery_count=3) for m in broker.records("orders")]
     assert [m.offset for m in handling_order(odd)] == [0, 1, 2, 3]
     assert fresh.delivery_count is None and handling_order([fresh]) == [fresh]
+
+
+def test_a_record_whose_accept_was_lost_after_its_hand_off_is_not_handled_again() -> None:
+    """`id-0` fails and its tier record is acknowledged, but its lock expires before the ACCEPT reaches the
+    group (the broker refuses it): the record comes back (delivery 2) and is ACCEPTed as a duplicate, with
+    no second handler call and no second tier record."""
+    broker = configured(lock_ms=1000)
+    fill(broker, ["id-0"])
+    ledger = Ledger(broker, failing={"id-0"})
+
+    class LateAccept:
+        """Lets the lock expire between the failure and its acknowledgement (a slow commit)."""
+
+        def on_event(self, event: Event, data: Any) -> None:
+            if event is Event.RECORD_FAILED:
+                broker.clock.advance(1.5)
+
+    stop = StopWhen(lambda: states(broker) == {0: (ACCEPTED, 2)})
+    run_until(share_loop(broker, ledger, stop, hooks=(LateAccept(),)), stop)
+
+    assert ledger.calls == {"id-0": 1}
+    assert ids_in(broker, TIER) == ["id-0"]
+    [duplicate] = ledger.of(Event.DUPLICATE_SUPPRESSED)
+    assert (duplicate["offset"], duplicate["origin_message_id"]) == (0, "orders-0-0")
+    assert len(ledger.of(Event.ACKNOWLEDGEMENT_FAILED)) == 1
