@@ -33,6 +33,7 @@ import logging
 import random
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import NoReturn
 
 from retrytopics.core.dedupe import DuplicateAudit
 from retrytopics.core.errors import ConfigError, DeliveryLimitReached
@@ -119,7 +120,7 @@ class _NoPartitions:
 
     max_poll_interval_ms = 0
 
-    def _refuse(self, *_args: object, **_kwargs: object) -> None:
+    def _refuse(self) -> NoReturn:
         raise TypeError("a share group has no partitions to pause, seek or commit")
 
     def subscribe(
@@ -133,7 +134,7 @@ class _NoPartitions:
         self._refuse()
 
     def consume(self, max_records: int, timeout_s: float) -> list[Message]:
-        raise TypeError("a share group has no partitions to pause, seek or commit")
+        self._refuse()
 
     def pause(self, tps: Sequence[TopicPartition]) -> None:
         self._refuse()
@@ -148,7 +149,7 @@ class _NoPartitions:
         self._refuse()
 
     def group_metadata(self) -> object:
-        raise TypeError("a share group has no partitions to pause, seek or commit")
+        self._refuse()
 
     def close(self) -> None:
         return None
