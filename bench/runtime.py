@@ -18,7 +18,7 @@ from retrytopics.core.policy import RetryPolicy
 from retrytopics.core.record import Record
 from retrytopics.observe.events import Event
 
-__all__ = ["app_failure", "app_success", "app_success_batch", "app_tiers"]
+__all__ = ["app_failure", "app_share", "app_success", "app_success_batch", "app_tiers"]
 
 
 class _Finish:
@@ -121,6 +121,49 @@ def app_failure(args: dict[str, Any]) -> None:
     app.provision(partitions=args["partitions"])
     _serve(app, finish, main=True, tiers=None, timeout_s=args.get("timeout_s", 600))
     finish.report()
+
+
+def app_share(args: dict[str, Any]) -> None:
+    """`members` apps in this process, the main consumers of `topic` in one group: share-group members when
+    `consumer` is "share" (at most `batch` records a poll), else consumer-group members; a handler that
+    sleeps `handler_ms`. Done after `n` distinct records handled; a record handled twice is counted once and
+    reported (`duplicates`). Args: bootstrap, topic, group, n, members, consumer, handler_ms, batch."""
+    finish, lock = _Finish(args["n"]), threading.Lock()
+    seen: set[int] = set()
+    calls = 0
+    share = args["consumer"] == "share"
+    apps: list[RetryApp] = []
+    for _ in range(args["members"]):
+        app = RetryApp(
+            kafka=KafkaConfig(bootstrap=args["bootstrap"]),
+            group=args["group"],
+            consumer=args["consumer"],
+            # librdkafka's consumer-group settings mean nothing to a share consumer
+            consumer_overrides={} if share else args.get("consumer_overrides", {}),
+            batch_size=args["batch"] if share else 500,
+        )
+
+        @app.handler(args["topic"], policy=RetryPolicy(delays=["1h"]))
+        def handle(record: Record[bytes]) -> None:
+            nonlocal calls
+            time.sleep(args["handler_ms"] / 1000)
+            with lock:
+                calls += 1
+                if record.offset not in seen:
+                    seen.add(record.offset)
+                    finish.tick()
+
+        apps.append(app)
+    for app in apps:
+        app.start(main=True)
+    emit("ready")
+    try:
+        if not finish.done.wait(args.get("timeout_s", 600)):
+            raise TimeoutError(f"{finish.count} of {finish.n} records after the timeout")
+    finally:
+        for app in apps:
+            app.stop()
+    finish.report(duplicates=calls - len(seen))
 
 
 def app_tiers(args: dict[str, Any]) -> None:

@@ -31,7 +31,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from retrytopics.client_factory import ClientFactory, KafkaClientFactory
-from retrytopics.connectors.admin import ProvisionOutcome, TopicSpec, less_durable, replication_config
+from retrytopics.connectors.admin import (
+    ProvisionOutcome,
+    ShareGroupConfig,
+    TopicSpec,
+    less_durable,
+    replication_config,
+)
 from retrytopics.connectors.clients import DEFAULT_MAX_POLL_INTERVAL_MS, DEFAULT_SESSION_TIMEOUT_MS
 from retrytopics.connectors.config import KafkaConfig, check_replication, validate_overrides
 from retrytopics.connectors.serde import Deserializer, bytes_value
@@ -42,12 +48,18 @@ from retrytopics.core.naming import NamingStrategy, TopicSet, validate_topic_nam
 from retrytopics.core.policy import RetryPolicy
 from retrytopics.core.redaction import Redactor
 from retrytopics.core.signing import HeaderKeys, KeyLike
-from retrytopics.core.transactions import EXACTLY_ONCE_MAX_POLL_INTERVAL_MS, default_instance_id, transaction_timeout_ms
+from retrytopics.core.transactions import (
+    CALL_TIMEOUT_MS,
+    EXACTLY_ONCE_MAX_POLL_INTERVAL_MS,
+    default_instance_id,
+    transaction_timeout_ms,
+)
 from retrytopics.observe.events import Emitter, Hook, LoggingHook, Stats, StatsCollector
 from retrytopics.registry import Registration, Registry
-from retrytopics.runtime.consumer.lifecycle import Runner
+from retrytopics.runtime.consumer.lifecycle import Loop, Runner
 from retrytopics.runtime.consumer.loop import ConsumerLoop
 from retrytopics.runtime.consumer.settings import TIER_CONSUMER_DEFAULTS, LoopSettings, main_settings, tier_settings
+from retrytopics.runtime.consumer.share_loop import ShareConsumerLoop
 from retrytopics.runtime.handoff.base import DeadLetterCallback
 from retrytopics.runtime.handoff.publish import ALONE_OVERRIDES
 from retrytopics.runtime.records.calls import Binding
@@ -60,6 +72,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 log = logging.getLogger("retrytopics.app")
 
 TierSelection = str | Sequence[str]
+
+#: the main consumer's models (`RetryApp(consumer=...)`)
+_CONSUMER_MODELS = ("group", "share")
 
 
 class RetryApp:
@@ -89,6 +104,11 @@ class RetryApp:
     `clients` is where every consumer, producer, tail read and `provision()` step comes from (default: Kafka
     clients for `kafka`, made at each `start`/`provision`); `clients=MemoryClientFactory(broker)` runs the
     whole app on the in-memory broker, for fast tests (retrytopics/client_factory.py).
+    `consumer="share"` makes the main consumer a member of a share group named `group` (Kafka queues, KIP-932:
+    any number of consumers on one partition, each record acknowledged on its own; docs/share-groups.md), for
+    every handled topic: one app, one main consumer, and Kafka keeps a group id to one kind of group. Tier
+    consumers stay consumer-group members (a tier waits by pausing partitions until a record is due; a share
+    group has none to pause). Not with `exactly_once=True`: acknowledgements are not part of a transaction.
     """
 
     def __init__(
@@ -115,6 +135,7 @@ class RetryApp:
         redact_patterns: Sequence[str | re.Pattern[str]] = (),
         header_key: KeyLike | HeaderKeys | None = None,
         clients: ClientFactory | None = None,
+        consumer: str = "group",
     ) -> None:
         if not isinstance(kafka, KafkaConfig):
             raise ConfigError("kafka", kafka, "expected a KafkaConfig")
@@ -126,6 +147,7 @@ class RetryApp:
         validate_overrides("consumer_overrides", self.consumer_overrides, allow_insecure=kafka.allow_insecure)
         validate_overrides("producer_overrides", self.producer_overrides, allow_insecure=kafka.allow_insecure)
         self.exactly_once = bool(exactly_once)
+        self.consumer = consumer  # checked against exactly_once (the property)
         self.naming = NamingStrategy(naming)
         self.id_header = id_header
         self.on_dead_letter = on_dead_letter
@@ -154,6 +176,24 @@ class RetryApp:
         self._stats = StatsCollector()
         self._emitter = Emitter([self._stats, LoggingHook(), *hooks])
         self._runner = Runner(threading.Event())
+
+    @property
+    def consumer(self) -> str:
+        """The main consumer's model: "group" (a consumer group, the default) or "share" (a share group)."""
+        return self._consumer
+
+    @consumer.setter
+    def consumer(self, model: str) -> None:
+        if model not in _CONSUMER_MODELS:
+            raise ConfigError("consumer", model, f"expected one of {list(_CONSUMER_MODELS)}")
+        if model == "share" and self.exactly_once:
+            raise ConfigError(
+                "exactly_once",
+                True,
+                "not available with consumer='share': a share group's acknowledgements are not part of a Kafka "
+                "transaction (the guarantee is at least once)",
+            )
+        self._consumer = model
 
     # -- registration ----------------------------------------------------------------------------------------
 
@@ -267,6 +307,10 @@ class RetryApp:
         )
         outcome = clients.ensure_topics(specs, timeout_s)
         _warn_less_durable(self._registry.bindings, clients, timeout_s)
+        if self.consumer == "share":
+            # as the app's consumer groups: a new group starts at the earliest record (Kafka's share-group
+            # default is latest, which skips what was written before the first member joined)
+            clients.set_share_group_config(self.group, ShareGroupConfig(auto_offset_reset="earliest"), timeout_s)
         return outcome
 
     # -- running ---------------------------------------------------------------------------------------------
@@ -300,9 +344,11 @@ class RetryApp:
         # made when used, not when the app is built: the CLI sets `kafka` on a loaded app before running it
         return KafkaClientFactory(self.kafka) if self._clients is None else self._clients
 
-    def _loop(self, settings: LoopSettings, clients: ClientFactory) -> ConsumerLoop:
+    def _loop(self, settings: LoopSettings, clients: ClientFactory) -> Loop:
         bindings = self._registry.for_topics(settings.topics)
         is_tier = settings.group_id != self.group
+        if not is_tier and self.consumer == "share":
+            return self._share_loop(settings, bindings, clients)
         overrides = {**(TIER_CONSUMER_DEFAULTS if is_tier else {}), **self.consumer_overrides, **self._eos[0]}
         producer_overrides = {**self.producer_overrides, **self._eos[1]}
         transactional_id = _transactional_id(settings, self.instance_id) if self.exactly_once else None
@@ -317,6 +363,25 @@ class RetryApp:
             audit=DuplicateAudit(self._dedupe_capacity),
             on_dead_letter=self.on_dead_letter,
             tail_reader=verified_tails(clients.read_tails, self._header_keys),
+            clock=clients.clock,
+        )
+
+    def _share_loop(self, settings: LoopSettings, bindings: Mapping[str, Binding], clients: ClientFactory) -> Loop:
+        timeout_s = CALL_TIMEOUT_MS / 1000
+        return ShareConsumerLoop(
+            settings,
+            bindings,
+            # a poll takes at most `batch_size` records: with a slow handler, small batches spread the work
+            consumer_factory=lambda: clients.share_consumer(
+                settings.group_id, {"max.poll.records": settings.batch_size, **self.consumer_overrides}
+            ),
+            producer_factory=lambda: clients.producer(None, self.producer_overrides),
+            alone_producer_factory=lambda: clients.producer(None, {**self.producer_overrides, **ALONE_OVERRIDES}),
+            group_config=lambda: clients.share_group_config(settings.group_id, timeout_s),
+            emitter=self._emitter,
+            stop=self._runner.stop_event,
+            audit=DuplicateAudit(self._dedupe_capacity),
+            on_dead_letter=self.on_dead_letter,
             clock=clients.clock,
         )
 

@@ -25,10 +25,13 @@ from typing import Any, Protocol
 
 from retrytopics.connectors.admin import (
     ProvisionOutcome,
+    ShareGroupConfig,
     TopicDurability,
     TopicSpec,
     ensure_topics,
     partition_count,
+    set_share_group_config,
+    share_group_config,
     topic_durability,
 )
 from retrytopics.connectors.clients import (
@@ -40,18 +43,22 @@ from retrytopics.connectors.clients import (
 )
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.kafka import make_admin
+from retrytopics.connectors.share import KafkaShareConsumer
 from retrytopics.core.errors import ConfigError, KafkaClientError, TopicMismatchError
 from retrytopics.core.headers import Header
 from retrytopics.core.ports import (
+    AcknowledgedCallback,
+    AckType,
     ConsumerPort,
     DeliveryCallback,
     Message,
     PartitionsCallback,
     ProducerPort,
+    ShareConsumerPort,
     TopicPartition,
 )
 from retrytopics.core.transactions import CALL_TIMEOUT_MS
-from retrytopics.memory import MemoryBroker, MemoryConsumer, MemoryProducer
+from retrytopics.memory import MemoryBroker, MemoryConsumer, MemoryProducer, MemoryShareConsumer
 from retrytopics.runtime.clock import SYSTEM_CLOCK, Clock
 
 __all__ = ["ClientFactory", "KafkaClientFactory", "MemoryClientFactory"]
@@ -73,6 +80,15 @@ class ClientFactory(Protocol):
 
     def producer(self, transactional_id: str | None, overrides: Mapping[str, Any]) -> ProducerPort:
         """An idempotent producer; transactional (the loop initialises it) when `transactional_id` is given."""
+
+    def share_consumer(self, group_id: str, overrides: Mapping[str, Any]) -> ShareConsumerPort:
+        """A member of share group `group_id`, acknowledging explicitly (`RetryApp(consumer="share")`)."""
+
+    def share_group_config(self, group_id: str, timeout_s: float) -> dict[str, str]:
+        """The share group's configs by Kafka's names (`share.delivery.count.limit`, ...), defaults included."""
+
+    def set_share_group_config(self, group_id: str, config: ShareGroupConfig, timeout_s: float) -> None:
+        """Set the share group's configs (those `config` names; the others stay)."""
 
     def read_tails(self, topics: Sequence[str], last: int, timeout_s: float) -> list[Message]:
         """The last `last` records of every partition of `topics`, read_committed and without a group, read
@@ -109,6 +125,15 @@ class KafkaClientFactory:
             overrides=overrides,
             metadata_timeout_s=CALL_TIMEOUT_MS / 1000,
         )
+
+    def share_consumer(self, group_id: str, overrides: Mapping[str, Any]) -> ShareConsumerPort:
+        return KafkaShareConsumer(self.kafka, group_id=group_id, overrides=overrides)
+
+    def share_group_config(self, group_id: str, timeout_s: float) -> dict[str, str]:
+        return share_group_config(self._admin_client(), group_id, timeout_s=timeout_s)
+
+    def set_share_group_config(self, group_id: str, config: ShareGroupConfig, timeout_s: float) -> None:
+        set_share_group_config(self._admin_client(), group_id, config, timeout_s=timeout_s)
 
     def read_tails(self, topics: Sequence[str], last: int, timeout_s: float) -> list[Message]:
         return read_tails(self.kafka, topics, last=last, timeout_s=timeout_s)
@@ -160,6 +185,24 @@ class MemoryClientFactory:
     def producer(self, transactional_id: str | None, overrides: Mapping[str, Any]) -> ProducerPort:
         with self.lock:
             return _LockedProducer(self.broker.producer(transactional_id=transactional_id), self._written)
+
+    def share_consumer(self, group_id: str, overrides: Mapping[str, Any]) -> ShareConsumerPort:
+        with self.lock:
+            consumer = self.broker.share_consumer(group_id, max_records=int(overrides.get("max.poll.records", 500)))
+        return _LockedShareConsumer(consumer, self._written)
+
+    def share_group_config(self, group_id: str, timeout_s: float) -> dict[str, str]:
+        with self.lock:
+            return self.broker.share_group_config(group_id)
+
+    def set_share_group_config(self, group_id: str, config: ShareGroupConfig, timeout_s: float) -> None:
+        with self.lock:
+            self.broker.configure_share_group(
+                group_id,
+                auto_offset_reset=config.auto_offset_reset,
+                record_lock_duration_ms=config.record_lock_duration_ms,
+                delivery_count_limit=config.delivery_count_limit,
+            )
 
     def read_tails(self, topics: Sequence[str], last: int, timeout_s: float) -> list[Message]:
         tails: list[Message] = []
@@ -252,6 +295,40 @@ class _LockedConsumer:
     def group_metadata(self) -> object:
         with self._written:
             return self._consumer.group_metadata()
+
+    def close(self) -> None:
+        with self._written:
+            self._consumer.close()
+
+
+class _LockedShareConsumer:
+    """A `MemoryShareConsumer` whose calls take the factory's lock, and whose empty poll waits for a write (in
+    real time, at most 0.1 s) before it lets the broker's clock pass the timeout (locks expire on that clock)."""
+
+    def __init__(self, consumer: MemoryShareConsumer, written: threading.Condition) -> None:
+        self._consumer = consumer
+        self._written = written
+        self.supports_renew = consumer.supports_renew
+
+    def subscribe(self, topics: Sequence[str], *, on_acknowledged: AcknowledgedCallback | None = None) -> None:
+        with self._written:
+            self._consumer.subscribe(topics, on_acknowledged=on_acknowledged)
+
+    def poll(self, timeout_s: float) -> list[Message]:
+        with self._written:
+            batch = self._consumer.poll(0.0)
+            if not batch and timeout_s > 0:
+                self._written.wait(min(timeout_s, _MEMORY_WAIT_S))
+                batch = self._consumer.poll(timeout_s)
+            return batch
+
+    def acknowledge(self, message: Message, ack: AckType) -> None:
+        with self._written:
+            self._consumer.acknowledge(message, ack)
+
+    def commit(self, *, asynchronous: bool, timeout_s: float = 30.0) -> dict[TopicPartition, KafkaClientError | None]:
+        with self._written:
+            return self._consumer.commit(asynchronous=asynchronous, timeout_s=timeout_s)
 
     def close(self) -> None:
         with self._written:

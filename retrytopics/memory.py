@@ -251,6 +251,15 @@ class MemoryBroker:
         if delivery_count_limit is not None:
             group.delivery_limit = delivery_count_limit
 
+    def share_group_config(self, group_id: str) -> dict[str, str]:
+        """A share group's configs by Kafka's names, as `connectors.admin.share_group_config` reads them."""
+        group = self._share_group(group_id)
+        return {
+            "share.auto.offset.reset": group.auto_offset_reset,
+            "share.record.lock.duration.ms": str(group.lock_ms),
+            "share.delivery.count.limit": str(group.delivery_limit),
+        }
+
     def share_state(self, group_id: str, topic: str) -> dict[tuple[int, int], tuple[ShareRecordState, int]]:
         """Each record a share group delivered: (partition, offset) -> its state and delivery count."""
         group = self._share_group(group_id)

@@ -1,5 +1,5 @@
 """The scenarios in order (throughput, lateness, memory, idle cost, Spark, the console, the peer), then the floors of the ratio targets,
-then a failover (on 3-node clusters of its own). Each module has `NAME`
+then a failover (on 3-node clusters of its own), then share groups. Each module has `NAME`
 and `run(bench) -> list[Result]`."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from bench.scenarios import (
     lateness,
     loop,
     peer,
+    share,
     spark,
     success,
 )
@@ -36,4 +37,5 @@ ALL: tuple[ModuleType, ...] = (
     peer,
     floor,
     failover,
+    share,
 )

@@ -6,6 +6,9 @@
     │                                            (the router turns it into DLQ reason `invalid_retry_headers`)
     ├── KeyStateDecodeError(field, value, reason)
     │                                            a malformed record in a key-state topic (key_order.py)
+    ├── DeliveryLimitReached(delivery_count, limit)
+    │                                            a share group delivered a record to its limit without a
+    │                                            hand-off (DLQ reason `delivery_limit`)
     ├── PoisonRecordError(topic, partition, offset, raw, cause)
     │                                            the configured deserializer could not decode a value
     │                                            (DLQ reason `poison`, never retried)
@@ -39,6 +42,7 @@ __all__ = [
     "BrokerExitedEarly",
     "BrokerPortInUse",
     "ConfigError",
+    "DeliveryLimitReached",
     "EmbeddedBrokerError",
     "HeaderDecodeError",
     "KafkaClientError",
@@ -64,6 +68,20 @@ class ConfigError(RetryTopicsError, ValueError):
         self.value = value
         self.reason = reason
         super().__init__(f"{field}={value!r}: {reason}")
+
+
+class DeliveryLimitReached(RetryTopicsError):
+    """A share group delivered a record `delivery_count` times, its `share.delivery.count.limit`, and no
+    hand-off of it was ever recorded: the process stopped on it each time. Dead-lettered with reason
+    `delivery_limit` rather than handled once more (one more crash and the broker would archive it)."""
+
+    def __init__(self, delivery_count: int, limit: int) -> None:
+        self.delivery_count = delivery_count
+        self.limit = limit
+        super().__init__(
+            f"delivered {delivery_count} times (the share group's delivery count limit is {limit}) without a "
+            "hand-off: the consumer stopped on it each time"
+        )
 
 
 class HeaderDecodeError(RetryTopicsError):

@@ -125,6 +125,10 @@ class DlqReason(StrEnum):
     TOO_MANY_HEADERS = "too_many_headers"
     """With the retry headers added, it would carry more than ``MAX_HEADER_COUNT`` headers, which no decoder
     reads back; the DLQ record has no user headers (the consumed record still has them)."""
+    DELIVERY_LIMIT = "delivery_limit"
+    """A share group delivered it as often as its ``share.delivery.count.limit`` allows and no hand-off of it was
+    ever recorded: the process stopped on it each time (a crash loop). Its handler is not called again; the
+    exception message gives the delivery count and the limit."""
 
 
 _REASONS: Final = frozenset(r.value for r in DlqReason)

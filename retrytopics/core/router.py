@@ -26,7 +26,7 @@ from retrytopics.core.backoff import schedule_delay_ms, tier_for_hint
 from retrytopics.core.classify import Classification, Verdict, classify
 from retrytopics.core.diagnostics import describe
 from retrytopics.core.due import due_problem, longest_wait_ms, next_due_ms
-from retrytopics.core.errors import ConfigError, HeaderDecodeError
+from retrytopics.core.errors import ConfigError, DeliveryLimitReached, HeaderDecodeError
 from retrytopics.core.headers import (
     MAX_USER_HEADERS,
     DlqReason,
@@ -49,6 +49,7 @@ __all__ = [
     "RouteContext",
     "RouteKind",
     "Unread",
+    "delivery_limit_route",
     "origin_message_id",
     "read_retry_state",
     "route",
@@ -264,6 +265,12 @@ def route(
         return _dead_letter(ctx, record, previous, hop, failure, DlqReason.TIMEOUT)
     retry = _state(ctx, record, previous, hop, failure, tier=tier.index, due_at=due_at, dlq_reason=None)
     return _make_route(ctx, RouteKind.TIER, tier.topic, retry, record)
+
+
+def delivery_limit_route(ctx: RouteContext, record: Consumed, failure: DeliveryLimitReached, *, now_ms: int) -> Route:
+    """The DLQ route of a source record a share group delivered to its limit without a hand-off (a crash
+    loop): reason ``delivery_limit``, whatever the policy says, from the record's own coordinates."""
+    return _dead_letter(ctx, record, None, _hop(None, now_ms), failure, DlqReason.DELIVERY_LIMIT)
 
 
 def _invalid(ctx: RouteContext, record: Consumed, now_ms: int, bad: HeaderDecodeError) -> Route:

@@ -76,6 +76,12 @@ class Event(StrEnum):
     """A commit was sent [consumer, offsets, synchronous]."""
     TRANSACTION_ABORTED = "transaction.aborted"
     """Exactly-once mode: a transaction was aborted and its partitions rewound [consumer, error]."""
+    RECORDS_ACKNOWLEDGED = "records.acknowledged"
+    """A share consumer acknowledged one poll batch [consumer, accepted, released, rejected, renewed (always 0
+    with confluent-kafka 2.16, which has no RENEW), delivery_counts (delivery count -> records of the batch)]."""
+    ACKNOWLEDGEMENT_FAILED = "acknowledgement.failed"
+    """The broker refused a share consumer's acknowledgements (a lock had expired): those records come back
+    [consumer, partitions, error]."""
 
 
 @runtime_checkable
@@ -111,6 +117,7 @@ _QUIET = frozenset(
         Event.PARTITION_PAUSED,
         Event.PARTITION_RESUMED,
         Event.OFFSETS_COMMITTED,
+        Event.RECORDS_ACKNOWLEDGED,
         Event.RETRY_SCHEDULED,
         Event.RECORD_FAILED,
     }
@@ -147,6 +154,12 @@ class Stats:
     abandoned: int = 0
     transactions_aborted: int = 0
     paused_partitions: int = 0
+    #: share consumers: acknowledgements by type (accepted, released, rejected, renewed)
+    acknowledged: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+
+
+#: the acknowledgement counts a `records.acknowledged` event carries
+_ACK_KINDS = ("accepted", "released", "rejected", "renewed")
 
 
 class StatsCollector:
@@ -167,9 +180,16 @@ class StatsCollector:
         self._lock = threading.Lock()
         self._counts: Counter[str] = Counter()
         self._dead: Counter[str] = Counter()
+        self._acks: Counter[str] = Counter()
 
     def on_event(self, event: Event, data: Mapping[str, object]) -> None:
         name = self._COUNTED.get(event)
+        if event is Event.RECORDS_ACKNOWLEDGED:
+            with self._lock:
+                for kind in _ACK_KINDS:
+                    count = data.get(kind)
+                    self._acks[kind] += count if isinstance(count, int) else 0
+            return
         if name is None and event is not Event.DLQ_DISPATCHED:
             return
         with self._lock:
@@ -183,6 +203,7 @@ class StatsCollector:
         with self._lock:
             return Stats(
                 dead_lettered=MappingProxyType(dict(self._dead)),
+                acknowledged=MappingProxyType({k: v for k, v in self._acks.items() if v}),
                 paused_partitions=paused_partitions,
                 **{name: self._counts[name] for name in self._COUNTED.values()},
             )

@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 from retrytopics.observe.events import PER_BATCH, Event
 
-__all__ = ["LATENESS_BUCKETS_S", "STATISTICS_INTERVAL_MS", "PrometheusHook"]
+__all__ = ["DELIVERY_COUNT_BUCKETS", "LATENESS_BUCKETS_S", "STATISTICS_INTERVAL_MS", "PrometheusHook"]
 
 log = logging.getLogger("retrytopics.metrics")
 
@@ -35,6 +35,10 @@ STATISTICS_INTERVAL_MS = 15_000
 
 #: Lateness (handled_at - due_at) buckets, in seconds: the SLO is p99 <= 100 ms.
 LATENESS_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+
+#: Share-group delivery counts: Kafka bounds the limit to 2-10 (default 5).
+DELIVERY_COUNT_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10)
 
 
 class PrometheusHook:
@@ -75,6 +79,25 @@ class PrometheusHook:
         )
         self.paused = Gauge("retrytopics_paused_partitions", "Partitions paused right now", ["topic"], registry=r)
         self.commits = Counter("retrytopics_commits", "Offset commits sent", ["consumer"], registry=r)
+        self.acknowledgements = Counter(
+            "retrytopics_share_acknowledgements",
+            "Share-consumer acknowledgements by type (renewed stays 0: confluent-kafka 2.16 has no RENEW)",
+            ["consumer", "type"],
+            registry=r,
+        )
+        self.delivery_counts = Histogram(
+            "retrytopics_share_delivery_count",
+            "The delivery count of each record a share consumer received (1: first delivery)",
+            ["consumer"],
+            buckets=DELIVERY_COUNT_BUCKETS,
+            registry=r,
+        )
+        self.acknowledgement_failures = Counter(
+            "retrytopics_share_acknowledgement_failures",
+            "Share-consumer acknowledgement commits the broker refused (the records come back)",
+            ["consumer"],
+            registry=r,
+        )
         self.healthy = Gauge(
             "retrytopics_healthy", "1 while every consumer loop of the app is healthy (app.healthy), else 0", registry=r
         )
@@ -129,12 +152,27 @@ class PrometheusHook:
             self.publish_failures.labels(str(data.get("destination", ""))).inc()
         elif event is Event.RECORD_ABANDONED:
             self.abandoned.labels(topic).inc()
+        elif event is Event.RECORDS_ACKNOWLEDGED:
+            self._observe_acknowledged(str(data.get("consumer", "")), data)
+        elif event is Event.ACKNOWLEDGEMENT_FAILED:
+            self.acknowledgement_failures.labels(str(data.get("consumer", ""))).inc()
         elif event is Event.OFFSETS_COMMITTED:
             self.commits.labels(str(data.get("consumer", ""))).inc()
         elif event in (Event.PARTITION_PAUSED, Event.PARTITION_RESUMED):
             self._track_pause(event, topic, data.get("partition"))
         elif event in (Event.PARTITIONS_REVOKED, Event.PARTITIONS_LOST):
             self._forget(data.get("partitions"))
+
+    def _observe_acknowledged(self, consumer: str, data: Mapping[str, object]) -> None:
+        for kind in ("accepted", "released", "rejected", "renewed"):
+            count = data.get(kind)
+            if isinstance(count, int):
+                self.acknowledgements.labels(consumer, kind).inc(count)
+        counts = data.get("delivery_counts")
+        for delivery_count, records in counts.items() if isinstance(counts, Mapping) else ():
+            if isinstance(delivery_count, int) and isinstance(records, int):
+                for _ in range(records):
+                    self.delivery_counts.labels(consumer).observe(delivery_count)
 
     def _observe_lateness(self, topic: str, data: Mapping[str, object]) -> None:
         due_at = data.get("due_at")

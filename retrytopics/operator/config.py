@@ -21,6 +21,7 @@ every user of the machine through /proc).
     topic = "orders"
     group = "billing"
     delays = ["5s", "30s", "5m"]
+    consumer = "share"          # run: the main consumer in a share group (default: the app's own choice)
     [metrics]
     port = 9102
     [logging]
@@ -82,6 +83,7 @@ _SCHEMA: dict[str, dict[str, type]] = {
         "dlq": str,
         "header_key": str,
         "header_key_file": str,
+        "consumer": str,
     },
     "metrics": {"port": int},
     "logging": {"level": str, "json": bool},
@@ -106,8 +108,12 @@ class AppSettings:
     #: signed retry headers (`RetryApp(header_key=...)`): from `[app] header_key_file` (one key per line, the
     #: first signs), `RETRYTOPICS_APP_HEADER_KEY` (keys separated by commas) or the app; never from argv
     header_keys: HeaderKeys | None = field(default=None, repr=False)
+    #: `run`: the main consumer's model, "group" or "share" (`RetryApp(consumer=...)`); None: the app's own
+    consumer: str | None = None
 
     def __post_init__(self) -> None:
+        if self.consumer not in (None, "group", "share"):
+            raise ConfigError("app.consumer", self.consumer, "expected group or share")
         for name in ("topic", "group", "dlq"):
             value = getattr(self, name)
             if value is not None:

@@ -101,6 +101,8 @@ def prepare_app(reference: str, settings: Settings) -> Any:
     app = load_app(reference)
     app.kafka = settings.kafka_over(app.kafka)
     check_kafka(app.kafka)
+    if settings.app.consumer is not None:
+        app.consumer = settings.app.consumer  # a ConfigError naming exactly_once for an exactly-once app
     from retrytopics.connectors.kafka import check_properties
 
     check_properties("consumer_overrides", app.consumer_overrides)

@@ -44,7 +44,7 @@ def test_unknown_scenario_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     """A selection that matches nothing stops the run and lists the scenarios."""
     main = _bench("bench.__main__", monkeypatch)
     with pytest.raises(SystemExit, match=r"2\.failure"):
-        main._selected(["11"])
+        main._selected(["99"])
 
 
 def test_child_reports_its_cpu_time_per_record(

@@ -23,10 +23,11 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
+from typing import Protocol
 
-from retrytopics.runtime.consumer.loop import ConsumerLoop
+from retrytopics.runtime.consumer.settings import LoopSettings
 
-__all__ = ["STOP_TIMEOUT_S", "Runner"]
+__all__ = ["STOP_TIMEOUT_S", "Loop", "Runner"]
 
 log = logging.getLogger("retrytopics.runtime")
 
@@ -38,15 +39,31 @@ STOP_TIMEOUT_S = 25.0
 _WATCH_EVERY_S = 0.5
 
 
+class Loop(Protocol):
+    """What the runner and the app ask of a consumer loop: `ConsumerLoop` (runtime/consumer/loop.py) or
+    `ShareConsumerLoop` (runtime/consumer/share_loop.py)."""
+
+    settings: LoopSettings
+    crash: BaseException | None
+    running: bool
+
+    @property
+    def healthy(self) -> bool: ...
+    @property
+    def paused_partitions(self) -> int: ...
+    def run(self) -> None: ...
+    def watch(self) -> None: ...
+
+
 class Runner:
     """Starts loops in threads and stops them together."""
 
     def __init__(self, stop: threading.Event) -> None:
         self.stop_event = stop
-        self.loops: list[ConsumerLoop] = []
+        self.loops: list[Loop] = []
         self._threads: list[threading.Thread] = []
 
-    def start(self, loops: list[ConsumerLoop]) -> None:
+    def start(self, loops: list[Loop]) -> None:
         for loop in loops:
             thread = threading.Thread(target=loop.run, name=f"retrytopics:{loop.settings.name}", daemon=True)
             self.loops.append(loop)
@@ -55,7 +72,7 @@ class Runner:
         if loops:
             threading.Thread(target=self._watch, args=(list(loops),), name="retrytopics:watchdog", daemon=True).start()
 
-    def _watch(self, loops: list[ConsumerLoop]) -> None:
+    def _watch(self, loops: list[Loop]) -> None:
         while not self.stop_event.wait(_WATCH_EVERY_S):
             for loop in loops:
                 loop.watch()

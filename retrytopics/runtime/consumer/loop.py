@@ -20,20 +20,20 @@ import threading
 from collections.abc import Callable, Mapping
 
 from retrytopics.core.dedupe import DuplicateAudit
-from retrytopics.core.errors import KafkaClientError
 from retrytopics.core.offsets import OffsetTracker, TopicPartition
 from retrytopics.core.ports import ConsumerPort, ProducerPort
 from retrytopics.core.transactions import CALL_TIMEOUT_MS
-from retrytopics.observe.events import Emitter, Event
+from retrytopics.observe.events import Emitter
 from retrytopics.runtime.bounded import BoundedCalls, BoundedCommits
 from retrytopics.runtime.clock import SYSTEM_CLOCK, Clock
 from retrytopics.runtime.consumer.cycle import PollCycle
 from retrytopics.runtime.consumer.rebalance import GroupJoin, RebalanceListener
+from retrytopics.runtime.consumer.running import LoopRun
 from retrytopics.runtime.consumer.settings import LoopSettings
 from retrytopics.runtime.handoff.at_least_once import AtLeastOnce
 from retrytopics.runtime.handoff.base import DeadLetterCallback, HandOff
 from retrytopics.runtime.handoff.exactly_once import ExactlyOnce
-from retrytopics.runtime.records.calls import Binding, Invoker
+from retrytopics.runtime.records.calls import Binding
 from retrytopics.runtime.records.duplicates import DuplicateCheck, TailReader
 from retrytopics.runtime.records.ownership import OwnershipCheck, OwnershipGuard
 from retrytopics.runtime.records.stage import RecordStage
@@ -44,9 +44,9 @@ __all__ = ["ConsumerLoop"]
 log = logging.getLogger("retrytopics.runtime")
 
 
-class ConsumerLoop:
-    """Runs one consumer until `stop` is set (see the module docstring). The clients are created in `run()`,
-    with everything that acts through them (`_start_clients`)."""
+class ConsumerLoop(LoopRun):
+    """Runs one consumer until `stop` is set (see the module docstring). The clients are created in `run()`
+    (runtime/consumer/running.py), with everything that acts through them (`_start_clients`)."""
 
     def __init__(
         self,
@@ -63,25 +63,20 @@ class ConsumerLoop:
         alone_producer_factory: Callable[[], ProducerPort] | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        self.settings = settings
+        super().__init__(settings, emitter, stop)
         self._clock = clock
         self._bindings = dict(bindings)
         self._consumer_factory = consumer_factory
         self._producer_factory = producer_factory
         self._alone_producer_factory = alone_producer_factory  # one record per batch (runtime/handoff/publish.py)
-        self._emitter = emitter
-        self._stop = stop
         self._audit = audit
         self._on_dead_letter = on_dead_letter
         self._tail_reader = tail_reader if not settings.exactly_once else None  # runtime/records/duplicates.py
         self._tracker = OffsetTracker()
-        self._invoker = Invoker(stop)
         self._assigned: set[TopicPartition] = set()
         self._join = GroupJoin(
             name=settings.name, group_id=settings.group_id, timeout_s=settings.join_timeout_s, monotonic=clock.monotonic
         )
-        self.crash: BaseException | None = None
-        self.running = False
         # made by `_start_clients`; read by the app's thread (health) and at shutdown, so None until then
         self._consumer: ConsumerPort | None = None
         self._pauses: PauseController | None = None
@@ -114,30 +109,13 @@ class ConsumerLoop:
 
     # -- the loop ------------------------------------------------------------------------------------------
 
-    def run(self) -> None:
-        """Consume until `stop` is set or a handler raises a BaseException; then drain, commit and close.
-
-        Creating the clients is inside the crash handling: a consumer or producer that cannot be created
-        (bad settings, a transactional producer whose broker never answers) stops the app with `crash` set,
-        rather than ending this thread silently while the app reports itself running and healthy."""
-        self.running = True
+    def _start(self) -> Callable[[], None]:
         self._join.started()
-        try:
-            cycle = self._start_clients()
-            self._emit(Event.CONSUMER_STARTED, group=self.settings.group_id, topics=list(self.settings.topics))
-            while not self._stop.is_set():
-                cycle.run_once()
-        except BaseException as exc:
-            self.crash = exc
-            if isinstance(exc, Exception):
-                log.error("%s: stopping the app after an unexpected error", self.settings.name, exc_info=exc)
-            else:
-                log.warning("%s: stopping the app: %s raised in a handler", self.settings.name, type(exc).__name__)
-            self._stop.set()
-            if self._handoff is not None:
-                self._handoff.crashed(exc)
-        finally:
-            self._shutdown()
+        return self._start_clients().run_once
+
+    def _crashed(self, cause: BaseException) -> None:
+        if self._handoff is not None:
+            self._handoff.crashed(cause)
 
     def _start_clients(self) -> PollCycle:
         """Create the clients, then once each part that acts through them, given what it needs."""
@@ -194,22 +172,11 @@ class ConsumerLoop:
 
     # -- shutdown ------------------------------------------------------------------------------------------
 
-    def _shutdown(self) -> None:
-        try:
-            if self._handoff is not None:
-                self._handoff.report_handled()
-                self._handoff.shutdown()
-        except BaseException:
-            log.exception("%s: error while draining", self.settings.name)
-        finally:
-            try:
-                if self._consumer is not None:  # None: its creation failed
-                    self._consumer.close()
-            except KafkaClientError as exc:
-                log.warning("%s: close failed: %s", self.settings.name, exc)
-            self._invoker.close()
-            self.running = False
-            self._emit(Event.CONSUMER_STOPPED, group=self.settings.group_id)
+    def _drain(self) -> None:
+        if self._handoff is not None:
+            self._handoff.report_handled()
+            self._handoff.shutdown()
 
-    def _emit(self, event: Event, **data: object) -> None:
-        self._emitter.emit(event, consumer=self.settings.name, **data)
+    def _close(self) -> None:
+        if self._consumer is not None:  # None: its creation failed
+            self._consumer.close()

@@ -47,7 +47,9 @@ class AtLeastOnce(HandOffBase):
         clock: Clock,
         alone_producer_factory: Callable[[], ProducerPort] | None = None,
     ) -> None:
-        super().__init__(settings, consumer, tracker, audit, emitter, on_dead_letter, clock=clock)
+        super().__init__(settings, audit, emitter, on_dead_letter, clock=clock)
+        self._consumer = consumer
+        self._tracker = tracker
         self.publisher: Publisher = Publisher(
             producer_factory,
             emitter,
@@ -58,6 +60,9 @@ class AtLeastOnce(HandOffBase):
         self._finished_since_commit = 0
         self._acked_since_commit = False
         self._last_commit = clock.monotonic()
+
+    def _track(self, tp: TopicPartition, offset: int) -> int:
+        return self._tracker.track(tp, offset)
 
     def _finish(self, tp: TopicPartition, offset: int, epoch: int) -> None:
         if self._tracker.finish(tp, offset, epoch):

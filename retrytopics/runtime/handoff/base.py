@@ -11,13 +11,14 @@ One strategy per delivery mode, behind one interface, so that the loop has no mo
 - `ExactlyOnce` (runtime/handoff/exactly_once.py): republishes and the consumed offsets commit in one
   transaction per poll batch.
 
-Both share the offset tracker (offsets.py), the duplicate audit, the per-batch count of handled records
+Both keep an offset tracker (offsets.py); they share the duplicate audit, the per-batch count of handled records
 (`records.handled`, one event per partition and batch), and the announcements of durable hand-offs (events,
 `on_dead_letter`), here in `HandOffBase`.
 
-A consumer model without partitions (a share group) would add a hand-off of its own that acknowledges each
-record instead of finishing offsets; the records stage and its outcomes stay as they are
-(docs/architecture.md, "A second consumer model").
+A consumer model without partitions (a share group) has a hand-off of its own on the same base,
+`Acknowledging` (runtime/handoff/acknowledge.py): it acknowledges each record instead of finishing offsets;
+the records stage and its outcomes are the same (docs/architecture.md, "A second consumer model"). So the
+base knows no consumer and no offsets: each strategy holds its own.
 """
 
 from __future__ import annotations
@@ -28,8 +29,7 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from retrytopics.core.dedupe import AuditKey, DuplicateAudit
-from retrytopics.core.offsets import OffsetTracker, TopicPartition
-from retrytopics.core.ports import ConsumerPort
+from retrytopics.core.offsets import TopicPartition
 from retrytopics.core.router import RouteKind
 from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.clock import Clock
@@ -108,8 +108,6 @@ class HandOffBase:
     def __init__(
         self,
         settings: CommitSettings,
-        consumer: ConsumerPort,
-        tracker: OffsetTracker,
         audit: DuplicateAudit,
         emitter: Emitter,
         on_dead_letter: DeadLetterCallback | None,
@@ -117,8 +115,6 @@ class HandOffBase:
         clock: Clock,
     ) -> None:
         self._settings = settings
-        self._consumer = consumer
-        self._tracker = tracker
         self._audit = audit
         self._emitter = emitter
         self._on_dead_letter = on_dead_letter
@@ -139,7 +135,8 @@ class HandOffBase:
         raise NotImplementedError
 
     def _track(self, tp: TopicPartition, offset: int) -> int:
-        return self._tracker.track(tp, offset)
+        """Start tracking a record about to be handed off; returns the assignment epoch its hand-off carries."""
+        raise NotImplementedError
 
     def _finish(self, tp: TopicPartition, offset: int, epoch: int) -> None:
         raise NotImplementedError

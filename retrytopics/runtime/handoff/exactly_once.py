@@ -45,7 +45,9 @@ class ExactlyOnce(HandOffBase):
         forget_waiting: Callable[[list[TopicPartition]], None],
         assigned: set[TopicPartition],
     ) -> None:
-        super().__init__(settings, consumer, tracker, audit, emitter, on_dead_letter, clock=clock)
+        super().__init__(settings, audit, emitter, on_dead_letter, clock=clock)
+        self._consumer = consumer
+        self._tracker = tracker
         self.publisher: TransactionalPublisher = TransactionalPublisher(
             producer_factory, emitter, consumer=settings.name, monotonic=clock.monotonic
         )

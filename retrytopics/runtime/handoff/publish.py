@@ -195,6 +195,21 @@ class Publisher:
     def in_flight(self) -> int:
         return len(self._jobs)
 
+    @property
+    def awaiting_report(self) -> bool:
+        """Whether some job has had no delivery report yet (neither acknowledged nor failed once)."""
+        return any(not job.attempt for job in self._jobs.values())
+
+    def drop_all(self) -> list[PublishJob]:
+        """Stop tracking and retrying every unacknowledged job, and return them: a share consumer gives their
+        records back to its group instead (runtime/handoff/acknowledge.py). A copy that is written after all
+        is found by the tier's duplicate audit."""
+        dropped = list(self._jobs.values())
+        self._jobs.clear()
+        self._retries.clear()
+        self._failing.clear()
+        return dropped
+
     def send(self, job: PublishJob) -> None:
         """Produce `job`; a later `poll()` returns it once the broker acknowledged it."""
         job_id = next(self._ids)

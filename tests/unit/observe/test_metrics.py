@@ -84,3 +84,25 @@ def test_consumer_lag_per_topic_from_librdkafka_statistics() -> None:
     hook.on_statistics("{not json")  # ignored, never raised into librdkafka's callback
     properties = hook.consumer_properties()
     assert properties["stats_cb"] == hook.on_statistics and int(properties["statistics.interval.ms"]) > 0
+
+
+def test_share_acknowledgements_become_metrics_and_stats() -> None:
+    """A share consumer's `records.acknowledged` counts each acknowledgement type (renewed present at 0:
+    confluent-kafka 2.16 has no RENEW) and observes each record's delivery count; a refused acknowledgement
+    commit is counted; `Stats.acknowledged` sums the types."""
+    from retrytopics.observe.events import StatsCollector
+
+    hook, stats = PrometheusHook(), StatsCollector()
+    emit = Emitter([hook, stats]).emit
+    acknowledged = {"accepted": 4, "released": 1, "rejected": 0, "renewed": 0, "delivery_counts": {1: 3, 2: 2}}
+    emit(Event.RECORDS_ACKNOWLEDGED, consumer="billing:main", **acknowledged)
+    emit(Event.ACKNOWLEDGEMENT_FAILED, consumer="billing:main", partitions=[("orders", 0)], error="lock expired")
+
+    def acks(kind: str) -> float | None:
+        return _value(hook, "retrytopics_share_acknowledgements_total", consumer="billing:main", type=kind)
+
+    assert (acks("accepted"), acks("released"), acks("rejected"), acks("renewed")) == (4, 1, 0, 0)
+    assert _value(hook, "retrytopics_share_delivery_count_count", consumer="billing:main") == 5
+    assert _value(hook, "retrytopics_share_delivery_count_sum", consumer="billing:main") == 7
+    assert _value(hook, "retrytopics_share_acknowledgement_failures_total", consumer="billing:main") == 1
+    assert dict(stats.snapshot().acknowledged) == {"accepted": 4, "released": 1}

@@ -200,3 +200,25 @@ def test_delays_have_no_silent_default() -> None:
     with pytest.raises(ConfigError) as info:
         pipeline_topics(settings.app)
     assert info.value.field == "app.delays" and "--app" in info.value.reason
+
+
+def test_the_main_consumer_model_comes_from_the_config_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`[app] consumer = "share"` makes `retrytopics run`'s app a share-group consumer; on an exactly-once app
+    it is refused naming `exactly_once`, and an unknown model names `app.consumer`."""
+    from retrytopics.operator.preflight import prepare_app
+
+    (tmp_path / "share_cfg_apps.py").write_text(
+        "from retrytopics import KafkaConfig, RetryApp\n"
+        "plain = RetryApp(kafka=KafkaConfig(bootstrap='127.0.0.1:9'), group='billing')\n"
+        "eos = RetryApp(kafka=KafkaConfig(bootstrap='127.0.0.1:9'), group='billing', exactly_once=True)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = tmp_path / "rt.toml"
+    path.write_text('[app]\nconsumer = "share"\n')
+    settings = load_settings(path=path, environ={})
+    assert settings.app.consumer == "share"
+    assert prepare_app("share_cfg_apps:plain", settings).consumer == "share"
+    with pytest.raises(ConfigError) as refused:
+        prepare_app("share_cfg_apps:eos", settings)
+    assert refused.value.field == "exactly_once"
+    assert _error(environ={"RETRYTOPICS_APP_CONSUMER": "queue"}).field == "app.consumer"
