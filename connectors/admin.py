@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from types import MappingProxyType
 
@@ -16,6 +16,7 @@ from confluent_kafka.cimpl import NewTopic
 
 from retrytopics.connectors.config import check_replication
 from retrytopics.connectors.kafka import map_kafka_errors
+from retrytopics.core.broker_dlq import broker_dlq_topic
 from retrytopics.core.errors import ConfigError, KafkaClientError, TopicMismatchError
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "replication_config",
     "set_share_group_config",
     "share_group_config",
+    "share_group_provisioning",
     "topic_durability",
 ]
 
@@ -339,3 +341,27 @@ def share_group_config(admin: AdminClient, group_id: str, *, timeout_s: float = 
         for name, entry in entries.items()
         if name.startswith(("share.", "errors.deadletterqueue."))
     }
+
+
+def share_group_provisioning(
+    group_id: str, *, broker_dlq: bool, replication_factor: int = -1, config: Mapping[str, str] | None = None
+) -> tuple[list[TopicSpec], ShareGroupConfig]:
+    """What provisioning a share group sets up: the topics to ensure and the group configs to set.
+
+    The group starts at the earliest record (Kafka's share-group default, latest, skips what was written
+    before the first member joined). With `broker_dlq`, the broker's own DLQ (KIP-1191) is set as a safety
+    net for what the consumer could not dead-letter itself (its process died first): topic
+    `dlq.<group>` with `SHARE_DLQ_TOPIC_CONFIG` (one partition: the broker writes there only what it archives,
+    and one count for every source keeps provisioning each pipeline of the group idempotent), and the group
+    configs naming it, with record copies (without them the broker wrote nothing, docs/share-groups.md)."""
+    settings = ShareGroupConfig(auto_offset_reset="earliest")
+    if not broker_dlq:
+        return [], settings
+    topic = broker_dlq_topic(group_id)
+    spec = TopicSpec(
+        name=topic,
+        partitions=1,
+        replication_factor=replication_factor,
+        config={**(config or {}), **SHARE_DLQ_TOPIC_CONFIG},
+    )
+    return [spec], replace(settings, dlq_topic=topic, dlq_copy_record=True)

@@ -33,10 +33,10 @@ from typing import Any, TypeVar
 from retrytopics.client_factory import ClientFactory, KafkaClientFactory
 from retrytopics.connectors.admin import (
     ProvisionOutcome,
-    ShareGroupConfig,
     TopicSpec,
     less_durable,
     replication_config,
+    share_group_provisioning,
 )
 from retrytopics.connectors.clients import DEFAULT_MAX_POLL_INTERVAL_MS, DEFAULT_SESSION_TIMEOUT_MS
 from retrytopics.connectors.config import KafkaConfig, check_replication, validate_overrides
@@ -295,22 +295,32 @@ class RetryApp:
         replication_factor: int = -1,
         min_insync_replicas: int | None = None,
         timeout: DurationLike = "30s",
+        broker_dlq: bool = True,
     ) -> dict[str, ProvisionOutcome]:
         """Create the tier topics and DLQs that are missing (never the source topics), with the source's
         partition count unless `partitions` is given (keyless records keep their partition; an existing topic
         with another count is a `TopicMismatchError`), `replication_factor` copies and `min_insync_replicas`
-        (-1 and None: the broker's defaults). Logs a WARNING per tier or DLQ less durable than its source."""
+        (-1 and None: the broker's defaults). Logs a WARNING per tier or DLQ less durable than its source.
+
+        With `consumer="share"`, the share group starts at the earliest record and, unless `broker_dlq=False`,
+        gets the broker's own DLQ (Kafka 4.4+, KIP-1191) as a safety net: topic `dlq.<group>` and the group
+        configs naming it (`connectors.admin.share_group_provisioning`). Idempotent."""
         clients = self._client_factory()
         timeout_s = parse_duration(timeout, field="timeout") / 1000
         specs = _tier_specs(
             self._registry.bindings, clients, partitions, (replication_factor, min_insync_replicas), timeout_s
         )
-        outcome = clients.ensure_topics(specs, timeout_s)
+        share = self.consumer == "share"
+        share_specs, share_config = share_group_provisioning(
+            self.group,
+            broker_dlq=share and broker_dlq,
+            replication_factor=replication_factor,
+            config=replication_config(min_insync_replicas),
+        )
+        outcome = clients.ensure_topics([*specs, *share_specs], timeout_s)
         _warn_less_durable(self._registry.bindings, clients, timeout_s)
-        if self.consumer == "share":
-            # as the app's consumer groups: a new group starts at the earliest record (Kafka's share-group
-            # default is latest, which skips what was written before the first member joined)
-            clients.set_share_group_config(self.group, ShareGroupConfig(auto_offset_reset="earliest"), timeout_s)
+        if share:
+            clients.set_share_group_config(self.group, share_config, timeout_s)
         return outcome
 
     # -- running ---------------------------------------------------------------------------------------------

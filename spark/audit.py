@@ -18,6 +18,9 @@ What Kafka tells, and so what the numbers mean (docs/spark.md, "Audit definition
   tight when tier consumers keep up.
 - A DLQ record is *replayed* when a record on the source or a tier carries `retry.replay_origin_id` equal
   to its origin id (the replay job writes it).
+- With `broker_dlq` (a share group's broker-written DLQ, KIP-1191), its records are dead letters too, of
+  kind `broker_dlq`, decoded and counted once as `retrytopics.spark.broker_dlq` says (ours wins over the
+  broker's copy of one source record); `dlq.broker` gives its own numbers.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from retrytopics.core.durations import parse_duration
 from retrytopics.core.errors import ConfigError
 from retrytopics.core.naming import TopicSet
 from retrytopics.operator.progress import finish, note, rate
+from retrytopics.spark.broker_dlq import BROKER_KIND, broker_summary, mark_duplicates, with_broker_columns
 from retrytopics.spark.columns import with_retry_columns
 from retrytopics.spark.session import job_step
 
@@ -52,6 +56,9 @@ __all__ = [
     "record_facts",
     "run_audit_cli",
 ]
+
+#: The kinds of dead-letter rows: ours and the broker's.
+_DEAD = ("dlq", BROKER_KIND)
 
 
 def _committed(kafka: KafkaConfig, topics: TopicSet) -> list[tuple[str, int, int]]:
@@ -87,15 +94,26 @@ def pipeline_records(
     now_ms: int,
     grace_ms: int,
     kafka_format: str = "python",
+    broker_dlq: str | None = None,
 ) -> DataFrame:
-    """Every record of the pipeline with typed retry columns plus `kind` (source|tier|dlq), `tier_index`,
-    `handled`, `overdue` and `age_ms`. Committed offsets are read first, so no hop is missed."""
+    """Every record of the pipeline with typed retry columns plus `kind` (source|tier|dlq|broker_dlq),
+    `tier_index`, `handled`, `overdue`, `age_ms` and `delivery_count` (broker dead letters only). Committed
+    offsets are read first, so no hop is missed. `broker_dlq`: also the share group's broker-written DLQ."""
     committed = _lookup(_committed(kafka, topics))
-    all_topics = [topics.source, *(t.topic for t in topics.tiers), topics.dlq]
+    all_topics = [topics.source, *(t.topic for t in topics.tiers), topics.dlq, *([broker_dlq] if broker_dlq else [])]
     options = kafka_options(kafka, subscribe=",".join(all_topics), includeHeaders="true")
     df = with_retry_columns(read_kafka(spark, options, kafka_format=kafka_format))
+    if broker_dlq:
+        df = with_broker_columns(df, broker_dlq)
+    else:
+        df = df.withColumn("delivery_count", F.lit(None).cast("int"))
     tier_of = F.create_map(*[x for t in topics.tiers for x in (F.lit(t.topic), F.lit(t.index))])
-    kind = F.when(F.col("topic") == topics.source, "source").when(F.col("topic") == topics.dlq, "dlq").otherwise("tier")
+    kind = (
+        F.when(F.col("topic") == topics.source, "source")
+        .when(F.col("topic") == topics.dlq, "dlq")
+        .when(F.col("topic") == (broker_dlq or ""), BROKER_KIND)
+        .otherwise("tier")
+    )
     now = F.lit(now_ms)
     df = (
         df.withColumn("committed", committed)
@@ -129,9 +147,15 @@ def record_facts(records: DataFrame) -> list[Row]:
     )
 
 
-def _stages(facts: list[Row], topics: TopicSet) -> list[dict[str, Any]]:
+def _order(topics: TopicSet, broker_dlq: str | None) -> list[tuple[str, str]]:
+    """(topic, kind) of each stage in flow order: the source, each tier, our DLQ, the broker's DLQ."""
+    broker = [(broker_dlq, BROKER_KIND)] if broker_dlq else []
+    return [(topics.source, "source"), *((t.topic, "tier") for t in topics.tiers), (topics.dlq, "dlq"), *broker]
+
+
+def _stages(facts: list[Row], topics: TopicSet, broker_dlq: str | None) -> list[dict[str, Any]]:
     found = {r.topic: r for r in facts if r.coarse}
-    order = [(topics.source, "source"), *((t.topic, "tier") for t in topics.tiers), (topics.dlq, "dlq")]
+    order = _order(topics, broker_dlq)
     stages = []
     for topic, kind in order:
         row = found.get(topic)
@@ -142,7 +166,7 @@ def _stages(facts: list[Row], topics: TopicSet) -> list[dict[str, Any]]:
                 "kind": kind,
                 "records": row.records if row else 0,
                 "overdue": int(row.overdue or 0) if row else 0,
-                "unhandled": None if kind == "dlq" else (int(row.unhandled or 0) if row else 0),
+                "unhandled": None if kind in _DEAD else (int(row.unhandled or 0) if row else 0),
                 "age_ms_p50": age[0],
                 "age_ms_max": age[1],
             }
@@ -159,10 +183,10 @@ def _counts(facts: list[Row], column: str, *, where: Callable[[Row], bool]) -> d
     return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
-def _dlq(records: DataFrame, facts: list[Row], topics: TopicSet) -> dict[str, Any]:
-    in_dlq: Callable[[Row], bool] = lambda r: r.topic == topics.dlq  # noqa: E731
-    dlq = records.where(F.col("kind") == "dlq")
-    replay_marks = records.where((F.col("kind") != "dlq") & F.col("replay_origin_id").isNotNull()).select(
+def _dlq(records: DataFrame, facts: list[Row], topics: TopicSet, broker_dlq: str | None) -> dict[str, Any]:
+    in_dlq: Callable[[Row], bool] = lambda r: r.topic in (topics.dlq, broker_dlq)  # noqa: E731
+    dlq = records.where(F.col("kind").isin(*_DEAD))
+    replay_marks = records.where(~F.col("kind").isin(*_DEAD) & F.col("replay_origin_id").isNotNull()).select(
         F.col("replay_origin_id").alias("origin_message_id")
     )
     replayed = dlq.join(replay_marks.distinct(), "origin_message_id", "left_semi").count()
@@ -178,12 +202,15 @@ def _dlq(records: DataFrame, facts: list[Row], topics: TopicSet) -> dict[str, An
 
 def episodes(records: DataFrame) -> DataFrame:
     """One row per failure episode (see the module docstring) with its outcome, attempts and time to recover."""
-    hops = records.where(F.col("kind") != "source").withColumn("replays", F.coalesce("replay_count", F.lit(0)))
+    # a broker dead letter without readable coordinates has no id to follow: counted in `dlq.broker` only
+    traceable = (F.col("kind") != BROKER_KIND) | F.col("origin_message_id").isNotNull()
+    hops = records.where((F.col("kind") != "source") & traceable)
+    hops = hops.withColumn("replays", F.coalesce("replay_count", F.lit(0)))
     tier = F.col("kind") == "tier"
     last = F.struct("handled", "tier_index", "due_at", "topic")
     grouped = hops.groupBy("origin_message_id", "replays").agg(
         F.max("reconsume_times").alias("failures"),
-        F.max((F.col("kind") == "dlq").cast("int")).alias("in_dlq"),
+        F.max(F.col("kind").isin(*_DEAD).cast("int")).alias("in_dlq"),
         F.min("first_failed_at").alias("first_failed_at"),
         F.max_by(last, F.when(tier, F.col("reconsume_times"))).alias("last_tier"),
         F.max(F.when(tier, F.col("overdue"))).alias("overdue"),
@@ -261,19 +288,27 @@ def audit(
     chart: str | None = None,
     kafka_format: str = "python",
     overwrite: bool = False,
+    broker_dlq: str | None = None,
 ) -> dict[str, Any]:
     """Audit the pipeline of `topics`; returns the summary (the `--json` object). `out` writes Parquet
     (`records/`, `episodes/`, `summary.json`) into a folder that is new or empty, or replaces them with
-    `overwrite`; `chart` a PNG of records per stage and exception type.
+    `overwrite`; `chart` a PNG of records per stage and exception type. `broker_dlq`: a share group's
+    broker-written DLQ (`dlq.<group>`), read beside ours (`retrytopics.spark.broker_dlq`).
 
     Three Spark jobs make the summary: the per-record pass (which also reads Kafka once, into the cache),
-    the episode pass and the replayed count; the chart needs none, the Parquet output one per dataset."""
+    the episode pass and the replayed count (and one for `dlq.broker`); the chart needs none, the Parquet
+    output one per dataset. Every number counts a broker dead letter once; `records/` keeps every row, with
+    `duplicate_of` telling the rows not counted."""
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     if out and not overwrite:
         _refuse_a_used_folder(spark, out)
     job_step(spark, "audit: reading committed offsets, planning the read")
-    records = pipeline_records(spark, kafka, topics, now_ms=now_ms, grace_ms=grace_ms, kafka_format=kafka_format)
-    records = records.drop("key", "value", "headers").cache()
+    read = pipeline_records(
+        spark, kafka, topics, now_ms=now_ms, grace_ms=grace_ms, kafka_format=kafka_format, broker_dlq=broker_dlq
+    )
+    read = read.drop("key", "value", "headers").cache()
+    every = mark_duplicates(read).cache() if broker_dlq else read.withColumn("duplicate_of", F.lit(None).cast("string"))
+    records = every.where(F.col("duplicate_of").isNull())
     eps = episodes(records)
     if out:
         eps = eps.cache()  # written as Parquet after the summary
@@ -286,26 +321,30 @@ def audit(
             "group": topics.group,
             "now_ms": now_ms,
             "grace_ms": grace_ms,
-            "stages": _stages(facts, topics),
-            "dlq": _dlq(records, facts, topics),
+            "stages": _stages(facts, topics, broker_dlq),
+            "dlq": _dlq(records, facts, topics, broker_dlq),
             "by_exception_type": _counts(facts, "exception_type", where=hop),
             "reconsume_times": _counts(
                 facts, "reconsume_times", where=lambda r: hop(r) and r.reconsume_times is not None
             ),
             "lineage": _lineage(facts, eps, topics),
         }
+        if broker_dlq:
+            job_step(spark, f"audit: counting the broker's dead letters in {broker_dlq}")
+            summary["dlq"]["broker"] = broker_summary(every, broker_dlq)
         note(f"{summary['lineage']['episodes']:,} failure episodes, {summary['dlq']['records']:,} DLQ records")
         if out:
             job_step(spark, f"audit: writing Parquet to {out}")
-            _write_parquet(records, eps, summary, out)
+            _write_parquet(every, eps, summary, out)
         if chart:
             job_step(spark, f"audit: drawing {chart}")
-            _chart(facts, topics, chart)
+            _chart(facts, topics, chart, broker_dlq)
         return summary
     finally:
         spark.sparkContext.setJobDescription(None)  # type: ignore[arg-type]  # py4j passes None as null
         eps.unpersist()
-        records.unpersist()
+        every.unpersist()
+        read.unpersist()
 
 
 def _timed_facts(spark: SparkSession, records: DataFrame, topics: TopicSet) -> list[Row]:
@@ -346,20 +385,21 @@ def _write_parquet(records: DataFrame, eps: DataFrame, summary: Mapping[str, Any
     )
 
 
-def _chart(facts: list[Row], topics: TopicSet, path: str) -> None:
+def _chart(facts: list[Row], topics: TopicSet, path: str, broker_dlq: str | None = None) -> None:
     """Records per stage in flow order (source, each tier, the DLQ), with what still waits or is overdue,
     and tier and DLQ records by exception type (top 8, then "other"): `retrytopics.operator.charts`."""
     from retrytopics.operator.charts import Bar, pipeline_chart
 
     coarse = {r.topic: r for r in facts if r.coarse}
     stages = []
-    for topic, kind in [(topics.source, "source"), *((t.topic, "tier") for t in topics.tiers), (topics.dlq, "dlq")]:
+    for topic, kind in _order(topics, broker_dlq):
         row = coarse.get(topic)
         overdue, unhandled = (int(row.overdue or 0), int(row.unhandled or 0)) if row else (0, 0)
         notes = [f"{overdue:,} overdue"] if overdue else []
-        if kind != "dlq" and unhandled > overdue:  # a DLQ has no consumer: nothing there waits
+        if kind not in _DEAD and unhandled > overdue:  # a DLQ has no consumer: nothing there waits
             notes.insert(0, f"{unhandled - overdue:,} {'not yet consumed' if kind == 'source' else 'waiting'}")
-        stages.append(Bar(label=topic, value=row.records if row else 0, kind=kind, note=", ".join(notes)))
+        bar_kind = "dlq" if kind in _DEAD else kind
+        stages.append(Bar(label=topic, value=row.records if row else 0, kind=bar_kind, note=", ".join(notes)))
     failures: Counter[str] = Counter()
     for r in facts:
         if not r.coarse and r.topic != topics.source:
@@ -423,6 +463,7 @@ def format_table(summary: Mapping[str, Any]) -> str:
             "",
             f"DLQ: {dlq['records']} records, {dlq['replayed']} replayed, {dlq['pending']} pending",
             f"  by reason: {counts(dlq['by_reason'])}",
+            *_broker_lines(dlq.get("broker")),
             f"  by exception type: {counts(dlq['by_exception_type'])}",
             f"retried records: {failures or 'none'}",
             "",
@@ -432,6 +473,19 @@ def format_table(summary: Mapping[str, Any]) -> str:
             table(["tier", "handled", "recovered", "success rate"], rates, align="lrrr"),
         ]
     )
+
+
+def _broker_lines(broker: Mapping[str, Any] | None) -> list[str]:
+    from retrytopics.operator.reports import counts
+
+    if broker is None:
+        return []
+    return [
+        f"  broker DLQ {broker['topic']}: {broker['records']} records, {broker['counted']} counted "
+        f"({broker['duplicates_of_ours']} also in ours, {broker['duplicates']} repeated, "
+        f"{broker['without_coordinates']} without coordinates); by delivery count: "
+        f"{counts(broker['by_delivery_count'])}"
+    ]
 
 
 def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
@@ -447,6 +501,11 @@ def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
         help="let --out replace the outputs of an earlier audit in a folder that is not empty",
     )
     parser.add_argument("--chart", metavar="PNG", help="write a chart of records per stage and exception type")
+    parser.add_argument(
+        "--broker-dlq",
+        metavar="TOPIC",
+        help="also read a share group's broker-written DLQ (KIP-1191; `topics create` makes dlq.<group>)",
+    )
     parser.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
     parser.add_argument(
         "--kafka-format",
@@ -470,6 +529,7 @@ def run_audit_cli(args: argparse.Namespace, *, kafka: KafkaConfig, topics: Topic
         chart=args.chart,
         kafka_format=args.kafka_format,
         overwrite=args.overwrite,
+        broker_dlq=args.broker_dlq,
     )
     finish()  # the progress line, if any, ends before the result
     print(json.dumps(summary, sort_keys=True) if args.json else format_table(summary))

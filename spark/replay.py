@@ -15,6 +15,10 @@
   Records already replayed `max_replays` times (default 1) are skipped, or parked in `<dlq>.parked`.
 - Idempotent per replay id: see `retrytopics.spark.ledger`. Write tasks are never retried within a run
   (a retried task could resend what its failed attempt delivered): a failed run is rerun with the same id.
+- A share group's broker-written DLQ (`broker_dlq`, KIP-1191) is read and counted, never replayed: the
+  broker copies no headers, so each of its records lost its user headers, the case `skipped_headers_dropped`
+  refuses for ours. Its dead letters not in our DLQ are `skipped_broker_dlq`, by reason in `broker_dlq`
+  (counted once, as the audit counts them); ours of the same source record replays as usual.
 - Output headers: the user headers byte for byte, then `retry.replay_id`, `retry.replayed_at`,
   `retry.replay_count` (+1), `retry.replay_origin_id` (the DLQ record's origin id) and `retry.replay_original`
   (its original coordinates, what a rerun matches on). To a tier, also the retry state, with reconsume_times
@@ -45,6 +49,7 @@ from retrytopics.core.signing import HeaderKeys, mark_keys, started_mark_keys
 from retrytopics.operator.config import instant_argument
 from retrytopics.spark import checks, ledger, signatures
 from retrytopics.spark import where as where_filter
+from retrytopics.spark.broker_dlq import BROKER_KIND, broker_summary, mark_duplicates, with_broker_columns
 from retrytopics.spark.columns import with_retry_columns
 
 __all__ = ["DESTINATIONS", "add_replay_arguments", "replay", "run_replay_cli", "select_records"]
@@ -263,8 +268,10 @@ def replay(
     now_ms: int | None = None,
     kafka_format: str = "python",
     header_keys: HeaderKeys | None = None,
+    broker_dlq: str | None = None,
 ) -> dict[str, Any]:
     """Replay the selected DLQ records of `topics`; returns the `--json` summary (see the module docstring).
+    `broker_dlq`: a share group's broker-written DLQ, counted as `skipped_broker_dlq` (never replayed).
 
     `kafka_format="builtin"` reads and writes through Spark's own `kafka` format instead of the Python data
     source (same rows, same result; `rate_per_s` needs the Python source, which alone can throttle).
@@ -301,6 +308,9 @@ def replay(
         chosen, topics, destination, max_replays, allow_replayed, park, partitions[topics.source], header_keys
     )
     result: dict[str, Any] = {"replay_id": replay_id, "dry_run": dry_run, "destination": destination, **counts}
+    if broker_dlq:
+        result["broker_dlq"] = _broker_dead_letters(spark, kafka, dlq, broker_dlq, kafka_format)
+        result["skipped_broker_dlq"] = result["broker_dlq"]["counted"]
     try:
         if dry_run:
             sample = (
@@ -336,6 +346,19 @@ def replay(
         )
     finally:
         planned.unpersist()
+
+
+def _broker_dead_letters(
+    spark: SparkSession, kafka: KafkaConfig, dlq: DataFrame, broker_dlq: str, kafka_format: str
+) -> dict[str, Any]:
+    """The broker DLQ's numbers (`broker_dlq.broker_summary`): counted once against our whole DLQ, so a
+    source record ours also holds is not among them (ours replays it)."""
+    options = kafka_options(kafka, subscribe=broker_dlq, includeHeaders="true")
+    broker = with_broker_columns(with_retry_columns(read_kafka(spark, options, kafka_format=kafka_format)), broker_dlq)
+    both = dlq.withColumn("kind", F.lit("dlq")).unionByName(
+        broker.withColumn("kind", F.lit(BROKER_KIND)), allowMissingColumns=True
+    )
+    return broker_summary(mark_duplicates(both), broker_dlq)
 
 
 def _partition(destination: str, target_partitions: int) -> Column:
@@ -503,6 +526,11 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--park", action="store_true", help="send such records to <dlq>.parked instead")
     parser.add_argument("--rate", type=int, metavar="RECORDS_PER_S", help="overall send rate limit")
     parser.add_argument("--dry-run", action="store_true", help="print counts and a sample, write nothing")
+    parser.add_argument(
+        "--broker-dlq",
+        metavar="TOPIC",
+        help="count a share group's broker-written DLQ (dlq.<group>) as skipped_broker_dlq: never replayed",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
     parser.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
     parser.add_argument(
@@ -563,6 +591,7 @@ def run_replay_cli(args: argparse.Namespace, *, kafka: KafkaConfig, topics: Topi
         dry_run=args.dry_run,
         kafka_format=args.kafka_format,
         header_keys=header_keys,
+        broker_dlq=args.broker_dlq,
     )
     seconds, written = time.monotonic() - started, int(result.get("written") or 0)
     note(f"{result.get('selected', 0):,} selected, {written:,} written in {seconds:.1f}s ({rate(written, seconds)})")

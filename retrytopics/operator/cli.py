@@ -80,7 +80,7 @@ def _cmd_topics_create(args: argparse.Namespace) -> int:
     from retrytopics.operator.ops import provision_pipeline
 
     kafka, pipeline = preflight.pipeline_of(getattr(args, "app", None), _settings(args))
-    outcome = provision_pipeline(kafka, pipeline, create_source=args.create_source)
+    outcome = provision_pipeline(kafka, pipeline, create_source=args.create_source, broker_dlq=args.broker_dlq)
     for topic, what in outcome.items():
         print(f"{what.value:8} {topic}")
     print(_WRITE_ADVICE + ("" if pipeline.header_keys is not None else _NO_KEY_ADVICE), file=sys.stderr)
@@ -393,6 +393,13 @@ def _add_topics(commands: Any) -> None:
     )
     create.add_argument(
         "--create-source", action="store_true", help="also create the source topic (needs --partitions)"
+    )
+    create.add_argument(
+        "--no-broker-dlq",
+        dest="broker_dlq",
+        action="store_false",
+        help="share-group pipelines ([app] consumer = share): do not set the broker's own DLQ, dlq.<group> "
+        "(Kafka 4.4+, KIP-1191; docs/operations.md)",
     )
     create.set_defaults(run=_cmd_topics_create)
     describe = actions.add_parser("describe", help="offsets, lag, waiting/overdue state and replicas per partition")

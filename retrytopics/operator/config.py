@@ -21,7 +21,7 @@ every user of the machine through /proc).
     topic = "orders"
     group = "billing"
     delays = ["5s", "30s", "5m"]
-    consumer = "share"          # run: the main consumer in a share group (default: the app's own choice)
+    consumer = "share"          # run, topics create: a share-group main consumer (default: the app's choice)
     [metrics]
     port = 9102
     [logging]
@@ -108,7 +108,8 @@ class AppSettings:
     #: signed retry headers (`RetryApp(header_key=...)`): from `[app] header_key_file` (one key per line, the
     #: first signs), `RETRYTOPICS_APP_HEADER_KEY` (keys separated by commas) or the app; never from argv
     header_keys: HeaderKeys | None = field(default=None, repr=False)
-    #: `run`: the main consumer's model, "group" or "share" (`RetryApp(consumer=...)`); None: the app's own
+    #: `run`, `topics create`: the main consumer's model, "group" or "share" (`RetryApp(consumer=...)`); None:
+    #: the app's own
     consumer: str | None = None
 
     def __post_init__(self) -> None:

@@ -21,6 +21,8 @@ from retrytopics.connectors.admin import (
     partition_count,
     read_at,
     replication_config,
+    set_share_group_config,
+    share_group_provisioning,
     topic_durability,
 )
 from retrytopics.connectors.config import KafkaConfig
@@ -55,11 +57,13 @@ def pipeline_topics(app: AppSettings) -> TopicSet:
 
 
 def provision_pipeline(
-    kafka: KafkaConfig, app: AppSettings, *, create_source: bool = False
+    kafka: KafkaConfig, app: AppSettings, *, create_source: bool = False, broker_dlq: bool = True
 ) -> dict[str, ProvisionOutcome]:
     """Create the tier topics and the DLQ (idempotent), and the source topic too when `create_source`.
     Tiers get as many partitions as the source topic unless `app.partitions` says otherwise, so that keyless
-    records keep their partition number; new topics get `app.replication_factor` and `app.min_insync_replicas`."""
+    records keep their partition number; new topics get `app.replication_factor` and `app.min_insync_replicas`.
+    For a share-group pipeline (`app.consumer == "share"`), also the share group's settings and, with
+    `broker_dlq`, the broker's own DLQ (`share_group_provisioning`)."""
     topics = pipeline_topics(app)
     admin = make_admin(kafka)
     outcome: dict[str, ProvisionOutcome] = {}
@@ -77,7 +81,13 @@ def provision_pipeline(
         TopicSpec(name=name, partitions=partitions, replication_factor=app.replication_factor, config=config)
         for name in topics.all_topics
     ]
-    outcome.update(ensure_topics(admin, specs))
+    share = app.consumer == "share"
+    share_specs, share_config = share_group_provisioning(
+        topics.group, broker_dlq=share and broker_dlq, replication_factor=app.replication_factor, config=config
+    )
+    outcome.update(ensure_topics(admin, [*specs, *share_specs]))
+    if share:
+        set_share_group_config(admin, topics.group, share_config)
     _warn_less_durable(kafka, app)
     return outcome
 

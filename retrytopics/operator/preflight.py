@@ -90,6 +90,7 @@ def app_pipeline(app: Any, topic: str | None) -> AppSettings:
         naming=app.naming,
         dlq=custom_dlq,
         header_keys=app.handlers[topic].ctx.header_keys,
+        consumer=app.consumer,
     )
 
 

@@ -161,6 +161,12 @@ def replay_text(result: Mapping[str, Any]) -> str:
     if problems:
         lines.append(f"invalid by problem: {counts(problems)}")
     lines.append(f"destination topics: {destinations}")
+    broker = result.get("broker_dlq")
+    if broker:  # not among the selected: the broker's own DLQ, never replayed (its records lost their headers)
+        lines.append(
+            f"broker DLQ {broker['topic']}: {result.get('skipped_broker_dlq', 0)} not replayed (no headers "
+            f"copied), by reason: {counts(broker['by_reason'])}"
+        )
     sample = result.get("sample") or []
     if sample:
         headers = list(sample[0])

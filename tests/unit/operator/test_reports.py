@@ -215,6 +215,18 @@ def test_a_replay_that_wrote_says_how_many_and_why_it_skipped_the_rest() -> None
     assert re.search(r"^written +17$", text, re.M) and "would write" not in text
 
 
+def test_a_replay_names_the_broker_dlq_it_did_not_replay_outside_the_selected_count() -> None:
+    """The broker DLQ's dead letters are not among the selected: a dry run's "would write" stays
+    selected minus skipped, and one line says how many broker dead letters were not replayed, by reason."""
+    broker = {"topic": "dlq.billing", "counted": 6, "by_reason": {"broker_rejected": 4, "broker_delivery_limit": 2}}
+    text = replay_text(_replay_result(broker_dlq=broker, skipped_broker_dlq=6))
+    assert re.search(r"^would write +19$", text, re.M)
+    assert (
+        "broker DLQ dlq.billing: 6 not replayed (no headers copied), by reason: broker_rejected 4, "
+        "broker_delivery_limit 2"
+    ) in text.splitlines()
+
+
 HOSTILE = "\x1b]0;owned\x07\x1b[2J\u202eevil\r\n" + "\x1b" * 500  # title change, bell, clear screen, bidi
 
 
