@@ -156,13 +156,17 @@ def _peek_row(record: Any) -> list[Any]:
 
 
 def _cmd_topics_describe(args: argparse.Namespace) -> int:
-    from retrytopics.operator.ops import describe_pipeline
-    from retrytopics.operator.reports import table
+    from retrytopics.operator.ops import SHARE_STATE_UNAVAILABLE, describe_pipeline, describe_share_group
+    from retrytopics.operator.reports import safe_text, table
 
     kafka, pipeline = preflight.pipeline_of(getattr(args, "app", None), _settings(args))
     rows = describe_pipeline(kafka, pipeline, grace_ms=args.grace)
+    share = describe_share_group(kafka, pipeline)
     if args.json:
-        print(json.dumps([row.as_dict() for row in rows]))
+        out: Any = [row.as_dict() for row in rows]
+        if pipeline.consumer == "share":
+            out = {"partitions": out, "share_group": {"configs": share, "state": SHARE_STATE_UNAVAILABLE}}
+        print(json.dumps(out))
         return 0
     columns = ["topic", "kind", "partition", "end", "committed", "lag", "state", "replicas", "isr", "min_isr"]
     print(
@@ -186,6 +190,11 @@ def _cmd_topics_describe(args: argparse.Namespace) -> int:
             align="llrrrrlrrr",
         )
     )
+    if pipeline.consumer == "share":
+        print(f"\nshare group {safe_text(pipeline.group or '')}:")
+        for name, value in sorted(share.items()):
+            print(f"  {safe_text(name)} = {safe_text(value)}")
+        print(f"  {SHARE_STATE_UNAVAILABLE}")
     return 0
 
 

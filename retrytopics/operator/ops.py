@@ -22,6 +22,7 @@ from retrytopics.connectors.admin import (
     read_at,
     replication_config,
     set_share_group_config,
+    share_group_config,
     share_group_provisioning,
     topic_durability,
 )
@@ -242,8 +243,9 @@ def describe_pipeline(kafka: KafkaConfig, app: AppSettings, *, grace_ms: int = 3
     _warn_less_durable(kafka, app)
     now_ms = int(time.time() * 1000)
     rows: list[PartitionState] = []
+    # a share group commits no offsets: its source has no committed position or lag (`describe_share_group`)
     plan = [
-        (topics.source, "source", app.group),
+        (topics.source, "source", None if app.consumer == "share" else app.group),
         *[(t.topic, "tier", t.topic) for t in topics.tiers],
         (topics.dlq, "dlq", None),
     ]
@@ -260,7 +262,7 @@ def describe_pipeline(kafka: KafkaConfig, app: AppSettings, *, grace_ms: int = 3
         for p in range(partitions):
             start = committed.get(p)
             lag = None if group is None else ends[p] - (start or 0)
-            state = "-"
+            state = "share group" if kind == "source" and app.consumer == "share" else "-"
             if kind == "tier":
                 state = "idle" if not lag else _head_state(kafka, topic, p, start or 0, now_ms, grace_ms)
             replicas, in_sync, min_insync = replication.get((topic, p), (0, 0, None))
@@ -279,6 +281,22 @@ def describe_pipeline(kafka: KafkaConfig, app: AppSettings, *, grace_ms: int = 3
                 )
             )
     return rows
+
+
+#: what `describe_share_group` cannot say, and why (docs/share-groups.md)
+SHARE_STATE_UNAVAILABLE = (
+    "members, in-flight and acquired records: not available (confluent-kafka 2.16 cannot describe share groups; "
+    "docs/share-groups.md)"
+)
+
+
+def describe_share_group(kafka: KafkaConfig, app: AppSettings) -> dict[str, str]:
+    """A share-group pipeline's group settings as the broker applies them (delivery count limit, record lock,
+    offset reset, the broker's own DLQ), by Kafka's names; empty for a consumer-group pipeline. The group's
+    members and the records they hold cannot be read with this client (`SHARE_STATE_UNAVAILABLE`)."""
+    if app.consumer != "share":
+        return {}
+    return share_group_config(make_admin(kafka), pipeline_topics(app).group)
 
 
 def _replication(admin: object, names: list[str]) -> dict[tuple[str, int], tuple[int, int, int | None]]:

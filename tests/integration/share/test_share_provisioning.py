@@ -4,6 +4,7 @@ broker writing there once it is set (docs/operations.md, "The broker's DLQ of a 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -105,3 +106,32 @@ def test_a_provisioned_share_app_has_the_broker_dead_letter_what_its_members_rej
     other.handler(share.topic, policy=RetryPolicy(delays=("1s",)))(handle)
     assert not [t for t in other.provision(broker_dlq=False) if t.startswith("dlq.")]
     assert share_group_config(share.admin, other.group)["errors.deadletterqueue.topic.name"] == ""
+
+
+def test_topics_describe_of_a_share_pipeline_shows_the_groups_settings_and_no_source_lag(share: ShareKit) -> None:
+    """`topics describe` of a share-group pipeline: the source has no committed position or lag (a share group
+    commits none; its state reads `share group`), and the group's settings as the broker applies them follow the
+    table (delivery count limit, record lock, the broker DLQ `topics create` set), with the one line saying
+    what this client cannot describe (members, in-flight and acquired records). `--json` carries the same."""
+    ensure_topics(share.admin, [TopicSpec(name=share.topic, partitions=2)])
+    assert _topics_create(share).returncode == 0
+    env = {**os.environ, "RETRYTOPICS_APP_CONSUMER": "share"}
+    args = ["topics", "describe", "--bootstrap", share.kafka.bootstrap, "--topic", share.topic, "--group", share.group]
+    shown = subprocess.run(
+        [CLI, *args, "--delays", "1s"], capture_output=True, text=True, timeout=60, env=env, check=False
+    )
+    assert shown.returncode == 0, shown.stderr
+    source_rows = [line for line in shown.stdout.splitlines() if line.startswith(share.topic + " ")]
+    assert len(source_rows) == 2 and all("share group" in row for row in source_rows)
+    assert f"share group {share.group}:" in shown.stdout
+    assert f"  errors.deadletterqueue.topic.name = dlq.{share.group}" in shown.stdout.splitlines()
+    assert any(line.startswith("  share.delivery.count.limit = ") for line in shown.stdout.splitlines())
+    assert "cannot describe share groups" in shown.stdout
+    as_json = subprocess.run(
+        [CLI, *args, "--delays", "1s", "--json"], capture_output=True, text=True, timeout=60, env=env, check=False
+    )
+    assert as_json.returncode == 0, as_json.stderr
+    described = json.loads(as_json.stdout)
+    sources = [row for row in described["partitions"] if row["kind"] == "source"]
+    assert [row["lag"] for row in sources] == [None, None]
+    assert described["share_group"]["configs"]["errors.deadletterqueue.topic.name"] == f"dlq.{share.group}"
