@@ -265,6 +265,7 @@ class ShareConsumerLoop(LoopRun):
             if not batch:
                 return
             handoff.hold(batch)
+            owned = True  # no call has outlived the batch's locks
             for msg in handling_order(batch):
                 if stop.is_set():
                     break
@@ -277,9 +278,13 @@ class ShareConsumerLoop(LoopRun):
                     if count > 1:
                         handoff.commit_now()  # what is done must not come back with this record's crash
                     if not self._act_on(stage.read(msg)):
+                        owned = False
                         break
                 handoff.serve(within_batch=True)
-            self._act_on(stage.settle_deferred())
+            # The batch handlers are called only while the batch is still this member's: its locks expired
+            # together, so after an abandoned call what is deferred is dropped uncalled and released.
+            if owned:
+                self._act_on(stage.settle_deferred())
             for left in stage.abandon_deferred():
                 handoff.release(left.msg)
             handoff.end_batch()
