@@ -193,7 +193,6 @@ class ShareConsumerLoop(LoopRun):
         # made by `_start`
         self._consumer: ShareConsumerPort | None = None
         self._handoff: Acknowledging | None = None
-        self._guard: OwnershipGuard | None = None
 
     # -- state for the app -------------------------------------------------------------------------------
 
@@ -202,15 +201,9 @@ class ShareConsumerLoop(LoopRun):
         """False after a crash, while a publish is failing, and while a handler call runs past the lock."""
         if self.crash is not None:
             return False
-        if self.running and self._guard is not None and self._guard.overdue_s() > 0:
+        if self._overdue():
             return False
         return self._handoff is None or self._handoff.publisher.healthy
-
-    def watch(self) -> None:
-        """From the watchdog thread: count the record of a call past its lock as abandoned when it is found."""
-        guard = self._guard
-        if self.running and guard is not None and not guard.overdue_reported and guard.overdue_s() > 0:
-            guard.report_overdue(self._invoker.calling)
 
     paused_partitions = 0  # nothing to pause
 
