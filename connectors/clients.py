@@ -317,7 +317,7 @@ class KafkaProducer:
 def read_tails(kafka: KafkaConfig, topics: Sequence[str], *, last: int, timeout_s: float) -> list[Message]:
     """The last `last` records of every partition of `topics` (read_committed, assign()-only: no group, no
     commits), read for at most `timeout_s`; a topic that does not exist is skipped. The duplicate check of a
-    newly assigned partition is seeded from these (`retrytopics/runtime/seeding.py`)."""
+    newly assigned partition is seeded from these (`retrytopics/runtime/records/duplicates.py`)."""
     consumer = make_consumer(kafka, group_id=None, overrides={"enable.partition.eof": True})
     deadline = time.monotonic() + timeout_s
     try:

@@ -81,7 +81,6 @@ class ConsumerLoop(LoopRun):
         self._consumer: ConsumerPort | None = None
         self._pauses: PauseController | None = None
         self._handoff: HandOff | None = None
-        self._guard: OwnershipGuard | None = None
 
     # -- state for the app -------------------------------------------------------------------------------
 
@@ -92,16 +91,9 @@ class ConsumerLoop(LoopRun):
         a poll batch (a handler call, say) runs past `max.poll.interval.ms`."""
         if self.crash is not None or not self._join.in_time():
             return False
-        if self.running and self._guard is not None and self._guard.overdue_s() > 0:
+        if self._overdue():
             return False
         return self._handoff is None or self._handoff.publisher.healthy
-
-    def watch(self) -> None:
-        """Called by a watchdog thread (runtime/consumer/lifecycle.py): count the record of a handler call that has run
-        past `max.poll.interval.ms` as abandoned when it is found, not when (if ever) the call returns."""
-        guard = self._guard
-        if self.running and guard is not None and not guard.overdue_reported and guard.overdue_s() > 0:
-            guard.report_overdue(self._invoker.calling)
 
     @property
     def paused_partitions(self) -> int:

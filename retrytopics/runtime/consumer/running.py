@@ -1,6 +1,7 @@
 """What every consumer loop does around its iterations, whatever its consumer model: start the clients inside
 the crash handling, iterate until the stop event is set, stop the whole app on a crash, and always shut down
-(drain, commit or acknowledge, close). `ConsumerLoop` (partitions, runtime/consumer/loop.py) and
+(drain, commit or acknowledge, close); and the watchdog's question whether a handler call has run past its
+bound. `ConsumerLoop` (partitions, runtime/consumer/loop.py) and
 `ShareConsumerLoop` (a share group, runtime/consumer/share_loop.py) fill in the steps.
 """
 
@@ -14,6 +15,7 @@ from retrytopics.core.errors import KafkaClientError
 from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.consumer.settings import LoopSettings
 from retrytopics.runtime.records.calls import Invoker
+from retrytopics.runtime.records.ownership import OwnershipGuard
 
 __all__ = ["LoopRun"]
 
@@ -30,6 +32,20 @@ class LoopRun:
         self._invoker = Invoker(stop)  # calls the handlers (runtime/records/calls.py)
         self.crash: BaseException | None = None
         self.running = False
+        #: made by `_start`: judges the current batch's handler call against its bound
+        self._guard: OwnershipGuard | None = None
+
+    def _overdue(self) -> bool:
+        """Whether the current batch's handler call has run past its bound (`max.poll.interval.ms`, or a share
+        group's record lock)."""
+        return self.running and self._guard is not None and self._guard.overdue_s() > 0
+
+    def watch(self) -> None:
+        """Called by a watchdog thread (runtime/consumer/lifecycle.py): count the record of a handler call past
+        its bound as abandoned when it is found, not when (if ever) the call returns."""
+        guard = self._guard
+        if guard is not None and not guard.overdue_reported and self._overdue():
+            guard.report_overdue(self._invoker.calling)
 
     def _start(self) -> Callable[[], None]:
         """Create the clients and the parts that act through them; returns one iteration of the loop."""

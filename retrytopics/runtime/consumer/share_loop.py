@@ -193,7 +193,6 @@ class ShareConsumerLoop(LoopRun):
         # made by `_start`
         self._consumer: ShareConsumerPort | None = None
         self._handoff: Acknowledging | None = None
-        self._guard: OwnershipGuard | None = None
 
     # -- state for the app -------------------------------------------------------------------------------
 
@@ -202,15 +201,9 @@ class ShareConsumerLoop(LoopRun):
         """False after a crash, while a publish is failing, and while a handler call runs past the lock."""
         if self.crash is not None:
             return False
-        if self.running and self._guard is not None and self._guard.overdue_s() > 0:
+        if self._overdue():
             return False
         return self._handoff is None or self._handoff.publisher.healthy
-
-    def watch(self) -> None:
-        """From the watchdog thread: count the record of a call past its lock as abandoned when it is found."""
-        guard = self._guard
-        if self.running and guard is not None and not guard.overdue_reported and guard.overdue_s() > 0:
-            guard.report_overdue(self._invoker.calling)
 
     paused_partitions = 0  # nothing to pause
 
@@ -265,6 +258,7 @@ class ShareConsumerLoop(LoopRun):
             if not batch:
                 return
             handoff.hold(batch)
+            owned = True  # no call has outlived the batch's locks
             for msg in handling_order(batch):
                 if stop.is_set():
                     break
@@ -277,9 +271,13 @@ class ShareConsumerLoop(LoopRun):
                     if count > 1:
                         handoff.commit_now()  # what is done must not come back with this record's crash
                     if not self._act_on(stage.read(msg)):
+                        owned = False
                         break
                 handoff.serve(within_batch=True)
-            self._act_on(stage.settle_deferred())
+            # The batch handlers are called only while the batch is still this member's: its locks expired
+            # together, so after an abandoned call what is deferred is dropped uncalled and released.
+            if owned:
+                self._act_on(stage.settle_deferred())
             for left in stage.abandon_deferred():
                 handoff.release(left.msg)
             handoff.end_batch()

@@ -70,13 +70,7 @@ class Acknowledging(HandOffBase):
         super().__init__(settings, audit, emitter, on_dead_letter, clock=clock)
         self._consumer = consumer
         self._ack_wait_s = ack_wait_s
-        self.publisher: Publisher = Publisher(
-            producer_factory,
-            emitter,
-            make_alone_producer=alone_producer_factory,
-            clock=clock.monotonic,
-            consumer=settings.name,
-        )
+        self.publisher: Publisher = self._new_publisher(producer_factory, alone_producer_factory)
         self._held: dict[_Coordinates, Message] = {}  # this batch's records, until acknowledged
         self._acks: Counter[AckType] = Counter()  # this batch's acknowledgements
         self._delivery_counts: Counter[int] = Counter()  # this batch's records by delivery count
@@ -107,14 +101,7 @@ class Acknowledging(HandOffBase):
             msg.offset,
             msg.delivery_count,
         )
-        self._emit(
-            Event.DUPLICATE_SUPPRESSED,
-            topic=msg.topic,
-            partition=msg.partition,
-            offset=msg.offset,
-            origin_message_id=origin_message_id,
-            reconsume_times=0,
-        )
+        self._suppressed(msg, origin_message_id, 0)
 
     def release(self, msg: Message) -> None:
         """Give `msg` back to the group: it is delivered again at once (its delivery count + 1)."""

@@ -50,13 +50,7 @@ class AtLeastOnce(HandOffBase):
         super().__init__(settings, audit, emitter, on_dead_letter, clock=clock)
         self._consumer = consumer
         self._tracker = tracker
-        self.publisher: Publisher = Publisher(
-            producer_factory,
-            emitter,
-            make_alone_producer=alone_producer_factory,
-            clock=clock.monotonic,
-            consumer=settings.name,
-        )
+        self.publisher: Publisher = self._new_publisher(producer_factory, alone_producer_factory)
         self._finished_since_commit = 0
         self._acked_since_commit = False
         self._last_commit = clock.monotonic()

@@ -29,7 +29,9 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from retrytopics.core.dedupe import AuditKey, DuplicateAudit
+from retrytopics.core.headers import RetryHeaders
 from retrytopics.core.offsets import TopicPartition
+from retrytopics.core.ports import Message, ProducerPort
 from retrytopics.core.router import RouteKind
 from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.clock import Clock
@@ -172,15 +174,7 @@ class HandOffBase:
         if state is not None and state.due_at is not None:
             counted.lateness_ms.append(now - state.due_at)
         if self._each_handled:
-            timing = _NO_TIMING if state is None else {"due_at": state.due_at, "handled_at": now}
-            self._emit(
-                Event.RECORD_HANDLED,
-                topic=msg.topic,
-                partition=msg.partition,
-                offset=msg.offset,
-                attempt=record.attempt,
-                **timing,
-            )
+            self._handled_event(msg.topic, msg.partition, msg.offset, record.attempt, state, now)
 
     def _succeeded_run(self, outcome: SucceededRun) -> None:
         tp, msgs, records, keys = outcome
@@ -191,14 +185,7 @@ class HandOffBase:
         if records is None:
             if self._each_handled:
                 for m in msgs:
-                    self._emit(
-                        Event.RECORD_HANDLED,
-                        topic=m.topic,
-                        partition=m.partition,
-                        offset=m.offset,
-                        attempt=1,
-                        **_NO_TIMING,
-                    )
+                    self._handled_event(m.topic, m.partition, m.offset, 1, None, 0)
             return
         now = self._now_ms()
         counted.lateness_ms.extend(
@@ -206,15 +193,14 @@ class HandOffBase:
         )
         if self._each_handled:
             for r in records:
-                self._emit(
-                    Event.RECORD_HANDLED,
-                    topic=r.topic,
-                    partition=r.partition,
-                    offset=r.offset,
-                    attempt=r.attempt,
-                    due_at=r.retry.due_at if r.retry else None,
-                    handled_at=now if r.retry else None,
-                )
+                self._handled_event(r.topic, r.partition, r.offset, r.attempt, r.retry, now)
+
+    def _handled_event(
+        self, topic: str, partition: int, offset: int, attempt: int, state: RetryHeaders | None, now_ms: int
+    ) -> None:
+        """One `record.handled` (a hook asked for one per record); a retried record's has its timing."""
+        timing = _NO_TIMING if state is None else {"due_at": state.due_at, "handled_at": now_ms}
+        self._emit(Event.RECORD_HANDLED, topic=topic, partition=partition, offset=offset, attempt=attempt, **timing)
 
     def _failed(self, outcome: Failed) -> None:
         msg, key, record, _failure, route, ctx = outcome
@@ -266,12 +252,16 @@ class HandOffBase:
                 origin,
                 attempt,
             )
+        self._suppressed(msg, origin, attempt)
+
+    def _suppressed(self, msg: Message, origin_message_id: str, attempt: int) -> None:
+        """The `duplicate.suppressed` event of a record finished without a call."""
         self._emit(
             Event.DUPLICATE_SUPPRESSED,
             topic=msg.topic,
             partition=msg.partition,
             offset=msg.offset,
-            origin_message_id=origin,
+            origin_message_id=origin_message_id,
             reconsume_times=attempt,
         )
 
@@ -298,6 +288,20 @@ class HandOffBase:
             )
 
     # -- shared steps --------------------------------------------------------------------------------------
+
+    def _new_publisher(
+        self,
+        producer_factory: Callable[[], ProducerPort],
+        alone_producer_factory: Callable[[], ProducerPort] | None,
+    ) -> Publisher:
+        """The at-least-once publisher of this consumer's hand-offs (both strategies that are not transactional)."""
+        return Publisher(
+            producer_factory,
+            self._emitter,
+            make_alone_producer=alone_producer_factory,
+            clock=self._monotonic,
+            consumer=self._settings.name,
+        )
 
     def _serve_now(self, publisher: Publisher | TransactionalPublisher, within_batch: bool) -> bool:
         """Whether to poll the producer now: always between batches; within one, only while hand-offs are in

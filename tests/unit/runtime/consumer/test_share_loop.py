@@ -30,7 +30,9 @@ from retrytopics.connectors.serde import json_value
 from retrytopics.core.dedupe import DuplicateAudit
 from retrytopics.core.errors import ConfigError
 from retrytopics.core.headers import DlqReason
+from retrytopics.core.naming import topics_for
 from retrytopics.core.record import Record
+from retrytopics.core.router import RouteContext
 from retrytopics.memory import MemoryBroker, MemoryShareConsumer, ShareRecordState
 from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.consumer.settings import LoopSettings
@@ -318,3 +320,61 @@ def test_a_record_whose_accept_was_lost_after_its_hand_off_is_not_handled_again(
     [duplicate] = ledger.of(Event.DUPLICATE_SUPPRESSED)
     assert (duplicate["offset"], duplicate["origin_message_id"]) == (0, "orders-0-0")
     assert len(ledger.of(Event.ACKNOWLEDGEMENT_FAILED)) == 1
+
+
+def test_after_a_call_past_the_lock_no_batch_handler_is_called_on_the_batch() -> None:
+    """One poll holds `bulk` records (a batch handler: deferred to the batch's end) and then `id-0` (a
+    handler). The call on `id-0` outlives the lock, so every record of the poll may be another member's now: the
+    batch handler is not called on the `bulk` records in that batch; they are released and handled, once
+    each, when they come back (delivery 2)."""
+    broker = configured(lock_ms=1000)
+    bulk_ctx = RouteContext(policy=CTX.policy, topics=topics_for("bulk", GROUP, CTX.policy.tier_delays_ms), group=GROUP)
+    broker.create_topics(["bulk", bulk_ctx.topics.tiers[0].topic, bulk_ctx.topics.dlq], 1)
+    fill(broker, ["id-0"])
+    for record_id in ("b-0", "b-1"):
+        broker.append("bulk", record_id.encode(), key=b"k", partition=0)
+    ledger = Ledger(broker, failing=set())
+    ledger.on_call = lambda record_id: broker.clock.advance(2.0) if ledger.calls == {"id-0": 1} else None
+    bulk_calls: list[dict[str, int]] = []  # per call: each record's delivery count when it was called on
+
+    def handle_bulk(records: list[Record[bytes]]) -> None:
+        held = broker.share_state(GROUP, "bulk")
+        bulk_calls.append({r.value.decode(): held[(0, r.offset)][1] for r in records})
+
+    bindings = {
+        "orders": Binding(
+            topic="orders", handler=ledger.handle, policy=CTX.policy, ctx=CTX, value_deserializer=json_or_bytes
+        ),
+        "bulk": Binding(
+            topic="bulk",
+            handler=handle_bulk,
+            policy=CTX.policy,
+            ctx=bulk_ctx,
+            value_deserializer=json_or_bytes,
+            batch=True,
+        ),
+    }
+    member = broker.share_consumer(GROUP, supports_renew=False)
+
+    def settled() -> bool:
+        both = [*states(broker).values(), *broker.share_state(GROUP, "bulk").values()]
+        return len(both) == 3 and all(s is ACCEPTED for s, _ in both)
+
+    stop = StopWhen(settled)
+    loop = ShareConsumerLoop(
+        LoopSettings(name="orders", group_id=GROUP, topics=("bulk", "orders"), max_wait_ms=100),
+        bindings,
+        consumer_factory=lambda: member,
+        producer_factory=broker.producer,
+        group_config=lambda: broker.share_group_config(GROUP),
+        emitter=Emitter([ledger]),
+        stop=stop,
+        audit=DuplicateAudit(100),
+        clock=broker.clock,
+    )
+    run_until(loop, stop)
+
+    assert ledger.calls == {"id-0": 2}
+    assert bulk_calls == [{"b-0": 2, "b-1": 2}]  # never on the first delivery, whose locks had expired
+    assert {o: s for (_p, o), s in broker.share_state(GROUP, "bulk").items()} == {0: (ACCEPTED, 2), 1: (ACCEPTED, 2)}
+    assert states(broker) == {0: (ACCEPTED, 2)}

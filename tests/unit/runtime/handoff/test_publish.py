@@ -1,5 +1,5 @@
-"""Publishing a record too large for the producer: two steps down to the DLQ, never a retry loop (issue 16.2);
-a batch the broker refuses for one record dead-letters that record alone (issue 21.2)."""
+"""Publishing a record too large for the producer: two steps down to the DLQ, never a retry loop;
+a batch the broker refuses for one record dead-letters that record alone."""
 
 from __future__ import annotations
 
@@ -187,7 +187,7 @@ def test_a_batch_refused_for_one_record_dead_letters_that_record_alone() -> None
 
 class FencedAbortableProducer(SizeLimitedProducer):
     """A transactional producer fenced the way tansu reports it: PRODUCER_FENCED without the fatal flag, so
-    librdkafka treats it as abortable, and an abort then hangs until its timeout (issue 12.5)."""
+    librdkafka treats it as abortable, and an abort then hangs until its timeout."""
 
     def __init__(self, made: list[FencedAbortableProducer]) -> None:
         super().__init__(10**9)
