@@ -16,6 +16,7 @@ A watchdog thread asks each loop, twice a second, whether a handler call has out
 
 from __future__ import annotations
 
+import itertools
 import logging
 import signal
 import threading
@@ -121,19 +122,24 @@ def _stop_on_signals(stop: threading.Event, hurry: threading.Event) -> Iterator[
         yield
         return
 
+    received = itertools.count()
+
     def handle(signum: int, _frame: FrameType | None) -> None:
+        # Counted and acted on before anything else: Python may run this handler again, for a second signal,
+        # in the middle of the first call (while it logs), and that one must find the first counted.
+        first = next(received) == 0 and not stop.is_set()
         name = signal.Signals(signum).name
-        if stop.is_set():
-            log.warning("received %s again; exiting without waiting for the consumers to stop", name)
+        if not first:
             hurry.set()
+            log.warning("received %s again; exiting without waiting for the consumers to stop", name)
             return
+        stop.set()
         log.info(
             "received %s; stopping after the current record (at most %g s; a second %s exits at once)",
             name,
             STOP_TIMEOUT_S,
             name,
         )
-        stop.set()
 
     previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:

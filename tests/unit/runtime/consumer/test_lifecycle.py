@@ -1,7 +1,8 @@
 """A stop always ends in a bound (runtime/consumer/lifecycle.py), on the in-memory broker:
 `run_until_stopped` returns within its bound after SIGTERM, or at once on a second one, with a handler that
 never returns, and nothing of that record is committed. The same on Apache Kafka:
-tests/integration/runtime/test_signals.py.
+tests/integration/runtime/test_signals.py. A second signal is a second signal however soon it comes: even
+while the first one is still being handled (a double Ctrl-C, or a supervisor's quick repeat on a loaded machine).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 
 from retrytopics.memory import MemoryBroker
+from retrytopics.runtime.consumer import lifecycle
 
 from ..kit import stuck_app
 
@@ -63,3 +65,45 @@ def test_sigterm_with_a_handler_that_never_returns_stops_waiting_in_its_bound(
     finally:
         release.set()
         assert app.wait(10)
+
+
+# -- signals: the first asks the loops to stop, a second ends the wait for them, however soon it comes --
+
+
+def _wait(event: threading.Event, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not event.is_set() and time.monotonic() < deadline:
+        time.sleep(0.01)  # the main thread must run bytecode for Python to run the signal handlers
+    return event.is_set()
+
+
+def test_a_second_signal_during_the_handling_of_the_first_is_a_second_signal(monkeypatch: pytest.MonkeyPatch) -> None:
+    # setup: the second SIGTERM arrives while the first one's handler is writing its log line
+    stop, hurry = threading.Event(), threading.Event()
+    sent: list[int] = []
+    real_info = lifecycle.log.info
+
+    def info(*args: object, **kwargs: object) -> None:
+        if not sent:
+            sent.append(1)
+            os.kill(os.getpid(), signal.SIGTERM)
+        real_info(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(lifecycle.log, "info", info)
+
+    # when
+    with lifecycle._stop_on_signals(stop, hurry):
+        os.kill(os.getpid(), signal.SIGTERM)
+        hurried = _wait(hurry, 5)
+
+    # then: the loops were asked to stop, and the wait for them is over
+    assert stop.is_set() and hurried
+
+
+def test_one_signal_asks_the_loops_to_stop_and_waits_for_them() -> None:
+    stop, hurry = threading.Event(), threading.Event()
+    with lifecycle._stop_on_signals(stop, hurry):
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert _wait(stop, 5)
+        time.sleep(0.05)
+    assert not hurry.is_set()
