@@ -24,7 +24,7 @@ from retrytopics.connectors.admin import TopicSpec, ensure_topics, topic_durabil
 from retrytopics.connectors.cluster import KafkaCluster
 from retrytopics.connectors.kafka import make_admin, make_consumer
 from retrytopics.operator.config import AppSettings
-from retrytopics.operator.ops import describe_pipeline, durability_warnings, provision_pipeline
+from retrytopics.operator.ops import describe_pipeline, durability_warnings, pipeline_topics, provision_pipeline
 
 from ..runtime.conftest import wait_until
 
@@ -40,8 +40,9 @@ def test_the_cluster_elects_a_controller_and_survives_its_kill(
     controller = wait_until(cluster.active_controller, 30, "an active controller")
     topic = unique_name("survivor")
     ensure_topics(admin, [TopicSpec(name=topic, partitions=3)])
-    assert topic_durability(admin, [topic])[topic].replication_factor == 3
-    assert topic_durability(admin, [topic])[topic].min_insync_replicas == 2
+    # a new topic reaches every broker's metadata a moment after the controller created it
+    durability = wait_until(lambda: topic_durability(admin, [topic]).get(topic), 30, "the topic in the metadata")
+    assert (durability.replication_factor, durability.min_insync_replicas) == (3, 2)
 
     # when: the active controller is SIGKILLed
     cluster.kill(controller)
@@ -87,6 +88,9 @@ def test_provisioning_sets_replication_and_warns_of_a_less_durable_tier(
         topic=source, group=group, delays=("1s", "5s"), partitions=2, replication_factor=3, min_insync_replicas=3
     )
     provision_pipeline(kafka, pipeline, create_source=True)
+    every = [source, *pipeline_topics(pipeline).all_topics]
+    admin = make_admin(kafka)
+    wait_until(lambda: len(topic_durability(admin, every)) == len(every), 30, "every topic in the metadata")
     rows = describe_pipeline(kafka, pipeline)
     assert {(r.replicas, r.in_sync_replicas, r.min_insync_replicas) for r in rows} == {(3, 3, 3)}
     assert len(rows) == 4 * 2 and durability_warnings(kafka, pipeline) == []
