@@ -34,6 +34,7 @@ from retrytopics.client_factory import ClientFactory, KafkaClientFactory
 from retrytopics.connectors.admin import (
     ProvisionOutcome,
     TopicSpec,
+    key_state_spec,
     less_durable,
     replication_config,
     share_group_provisioning,
@@ -508,6 +509,8 @@ def _tier_specs(
             TopicSpec(name=name, partitions=count, replication_factor=replication_factor, config=config)
             for name in binding.ctx.topics.all_topics
         ]
+        if binding.ordering is not None:
+            specs.append(key_state_spec(binding.ctx.topics, count, replication_factor, config))
     return specs
 
 

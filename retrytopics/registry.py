@@ -70,6 +70,8 @@ class Registry:
             raise ConfigError("topic", topic, f"already handled by {self._bindings[topic].name}")
         topics = topics_for(topic, self._group, policy.tier_delays_ms, strategy=self._naming, dlq=wanted.dlq)
         self._check_collisions(topics)
+        if ordering is not None and topics.key_state_topic in {topics.source, *topics.all_topics}:
+            raise ConfigError("dlq", topics.dlq, f"{topics.key_state_topic!r} is the key-state topic of this handler")
         ctx = RouteContext(
             policy=policy,
             topics=topics,

@@ -7,6 +7,11 @@ from typing import Any
 import pytest
 
 from retrytopics import ConfigError, DeadHeadPolicy, KafkaConfig, KeyOrdering, Record, RetryApp, RetryPolicy
+from retrytopics.client_factory import MemoryClientFactory
+from retrytopics.connectors.admin import ProvisionOutcome
+from retrytopics.memory import MemoryBroker
+from retrytopics.operator.config import load_settings
+from retrytopics.operator.preflight import app_pipeline
 
 POLICY = RetryPolicy(delays=["5s", "30s"])
 
@@ -86,3 +91,43 @@ def test_start_refuses_an_ordered_handler_until_the_consumers_enforce_it() -> No
         app.start(main=False, tiers="all")
     assert info.value.field == "ordering"
     assert app.wait(timeout=0) and app.error is None
+
+
+def test_a_dlq_named_like_the_key_state_topic_is_refused_for_an_ordered_handler() -> None:
+    """The key-state topic and the DLQ are two topics: a DLQ given the key-state topic's name fails at
+    registration with the field named; the same name is fine for a handler without ordering."""
+    with pytest.raises(ConfigError) as info:
+        _app().handler("orders", policy=POLICY, dlq="orders.billing.keys", ordering=KeyOrdering())
+    assert info.value.field == "dlq"
+    app = _app()
+    app.handler("orders", policy=POLICY, dlq="orders.billing.keys")(lambda record: None)
+    assert app.topics("orders").dlq == "orders.billing.keys"
+
+
+def test_provision_creates_the_key_state_topic_of_an_ordered_handler_only() -> None:
+    """`provision()` makes `<topic>.<group>.keys` for a key-ordered handler, with the source's partition count
+    (the state of source partition p lives in partition p), and no such topic for a handler without ordering."""
+    broker = MemoryBroker()
+    broker.create_topics(["orders", "refunds"], partitions=3)
+    app = RetryApp(kafka=KafkaConfig(bootstrap="127.0.0.1:9"), group="billing", clients=MemoryClientFactory(broker))
+    app.handler("orders", policy=POLICY, ordering=KeyOrdering())(lambda record: None)
+    app.handler("refunds", policy=POLICY)(lambda record: None)
+
+    outcome = app.provision()
+
+    assert outcome["orders.billing.keys"] is ProvisionOutcome.CREATED
+    assert broker.partition_count("orders.billing.keys") == 3
+    assert not any(name.startswith("refunds") and name.endswith(".keys") for name in outcome)
+    assert app.provision()["orders.billing.keys"] is ProvisionOutcome.EXISTS
+
+
+def test_the_cli_pipeline_of_an_ordered_app_asks_for_its_key_state_topic() -> None:
+    """`topics create --app` provisions what the app's handler needs: `key_ordering` follows `ordering=`, and
+    `[app] key_ordering = true` sets it for a pipeline named in TOML."""
+    app = _app()
+    app.handler("orders", policy=POLICY, ordering=KeyOrdering())(lambda record: None)
+    app.handler("refunds", policy=POLICY)(lambda record: None)
+    assert app_pipeline(app, "orders").key_ordering
+    assert not app_pipeline(app, "refunds").key_ordering
+    assert load_settings(environ={"RETRYTOPICS_APP_KEY_ORDERING": "true"}).app.key_ordering
+    assert not load_settings(environ={}).app.key_ordering
