@@ -18,6 +18,7 @@ from retrytopics.connectors.config import check_replication
 from retrytopics.connectors.kafka import map_kafka_errors
 from retrytopics.core.broker_dlq import broker_dlq_topic
 from retrytopics.core.errors import ConfigError, KafkaClientError, TopicMismatchError
+from retrytopics.core.naming import TopicSet
 
 __all__ = [
     "SHARE_DLQ_TOPIC_CONFIG",
@@ -28,6 +29,7 @@ __all__ = [
     "committed_offsets",
     "end_offsets",
     "ensure_topics",
+    "key_state_spec",
     "less_durable",
     "partition_count",
     "read_at",
@@ -71,6 +73,18 @@ class TopicSpec:
 def replication_config(min_insync_replicas: int | None) -> dict[str, str]:
     """The topic config that carries `min.insync.replicas` (none: the broker's default applies)."""
     return {} if min_insync_replicas is None else {"min.insync.replicas": str(min_insync_replicas)}
+
+
+def key_state_spec(topics: TopicSet, partitions: int, replication_factor: int, config: Mapping[str, str]) -> TopicSpec:
+    """The key-state topic of a key-ordered handler (docs/key-ordering.md, section 5): compacted, so it holds
+    the live state only (one record per open chain and per remembered record); as many partitions as the
+    source, since the state of source partition p is written to partition p; the tiers' replication."""
+    return TopicSpec(
+        name=topics.key_state_topic,
+        partitions=partitions,
+        replication_factor=replication_factor,
+        config={**config, "cleanup.policy": "compact"},
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

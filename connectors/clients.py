@@ -48,6 +48,7 @@ __all__ = [
     "KafkaProducer",
     "message_from_client",
     "read_tails",
+    "read_to_end",
 ]
 
 log = logging.getLogger("retrytopics.kafka")
@@ -354,6 +355,59 @@ def read_tails(kafka: KafkaConfig, topics: Sequence[str], *, last: int, timeout_
                                 msg.partition(),
                                 error.str(),
                             )
+            return read
+    finally:
+        consumer.close()
+
+
+def read_to_end(kafka: KafkaConfig, topic: str, partitions: Sequence[int] | None, *, timeout_s: float) -> list[Message]:
+    """Every record of `topic`'s `partitions` (None: all of them) from the first to the end as it is now
+    (read_committed: the last stable offset), assign()-only, in log order per partition. Unlike `read_tails`
+    it must complete: a missing topic or partition, a partition that fails, or an end not reached within
+    `timeout_s` is a `KafkaClientError`, never a partial answer (a key-state read that stopped early would
+    start a partition without knowing its blocked keys)."""
+    consumer = make_consumer(kafka, group_id=None, overrides={"enable.partition.eof": True})
+    deadline = time.monotonic() + timeout_s
+    try:
+        with map_kafka_errors():
+            described = consumer.list_topics(topic, timeout=max(0.1, deadline - time.monotonic())).topics.get(topic)
+            if described is None or described.error is not None:
+                raise KafkaClientError(f"cannot read {topic}: it does not exist", code="UNKNOWN_TOPIC_OR_PART")
+            wanted = sorted(described.partitions) if partitions is None else sorted(set(partitions))
+            missing = [p for p in wanted if p not in described.partitions]
+            if missing:
+                raise KafkaClientError(f"{topic} has no partitions {missing}", code="UNKNOWN_TOPIC_OR_PART")
+            assignment: list[CKTopicPartition] = []
+            for partition in wanted:
+                left = max(0.1, deadline - time.monotonic())
+                low, high = consumer.get_watermark_offsets(
+                    CKTopicPartition(topic, partition), timeout=left, cached=False
+                )
+                if high > low:
+                    assignment.append(CKTopicPartition(topic, partition, low))
+            consumer.assign(assignment)
+            pending = {p.partition for p in assignment}
+            read: list[Message] = []
+            while pending:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise KafkaClientError(
+                        f"{topic} partitions {sorted(pending)} not read to their end within {timeout_s}s",
+                        code="TIMED_OUT",
+                        retriable=True,
+                    )
+                for msg in consumer.consume(500, timeout=min(0.1, left)):
+                    error = msg.error()
+                    if error is None:
+                        read.append(_message(msg))
+                    elif msg.topic() != topic or msg.partition() not in pending:
+                        log.debug("reading %s to its end: %s", topic, error.str())  # as in `read_tails`
+                    elif error.code() == KafkaError._PARTITION_EOF:
+                        pending.discard(msg.partition())
+                    else:
+                        raise KafkaClientError(
+                            f"reading {topic}[{msg.partition()}] failed: {error.str()}", code=error.name()
+                        )
             return read
     finally:
         consumer.close()

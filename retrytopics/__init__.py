@@ -31,6 +31,7 @@ from retrytopics.core.errors import (
     RetryTopicsError,
 )
 from retrytopics.core.headers import DlqReason, RetryHeaders
+from retrytopics.core.key_order import DeadHeadPolicy, KeyOrdering
 from retrytopics.core.naming import NamingStrategy
 from retrytopics.core.policy import ROCKETMQ_LEVELS, UNLIMITED, Exponential, InProcessRetry, RetryPolicy
 from retrytopics.core.record import Record
@@ -48,6 +49,9 @@ __all__ = [
     "InProcessRetry",
     "NamingStrategy",
     "RetryPolicy",
+    # Key ordering
+    "DeadHeadPolicy",
+    "KeyOrdering",
     # Control signals (raised by handlers)
     "BatchFailed",
     "NonRetryable",

@@ -34,6 +34,7 @@ from retrytopics.client_factory import ClientFactory, KafkaClientFactory
 from retrytopics.connectors.admin import (
     ProvisionOutcome,
     TopicSpec,
+    key_state_spec,
     less_durable,
     replication_config,
     share_group_provisioning,
@@ -44,6 +45,7 @@ from retrytopics.connectors.serde import Deserializer, bytes_value
 from retrytopics.core.dedupe import DEFAULT_CAPACITY, DuplicateAudit
 from retrytopics.core.durations import DurationLike, parse_duration
 from retrytopics.core.errors import ConfigError, KafkaClientError
+from retrytopics.core.key_order import KeyOrdering
 from retrytopics.core.naming import NamingStrategy, TopicSet, validate_topic_name
 from retrytopics.core.policy import RetryPolicy
 from retrytopics.core.redaction import Redactor
@@ -205,6 +207,7 @@ class RetryApp:
         value_deserializer: Deserializer = bytes_value,
         dlq: str | None = None,
         handler_budget: DurationLike = "1s",
+        ordering: KeyOrdering | None = None,
     ) -> Callable[[F], F]:
         """Register a handler for `topic`; returns the function unchanged (still a plain callable).
 
@@ -212,8 +215,12 @@ class RetryApp:
         `attempts x (wait + handler_budget)` must stay below the consumer's `max.poll.interval.ms`, or a
         record retried in-process would get this consumer evicted from its group: that is checked here, and
         a `ConfigError` naming `in_process` says by how much.
+
+        `ordering=KeyOrdering(...)` declares key-ordered retries (docs/key-ordering.md): it is checked here,
+        but the consumers do not enforce it yet, so `start`/`run` refuse such an app with a `ConfigError`
+        naming `ordering` rather than run it unordered.
         """
-        return self._register(topic, policy, value_deserializer, dlq, handler_budget, batch=False)
+        return self._register(topic, policy, value_deserializer, dlq, handler_budget, batch=False, ordering=ordering)
 
     def batch_handler(
         self,
@@ -222,6 +229,7 @@ class RetryApp:
         policy: RetryPolicy | None = None,
         value_deserializer: Deserializer = bytes_value,
         dlq: str | None = None,
+        ordering: KeyOrdering | None = None,
     ) -> Callable[[F], F]:
         """Register a batch handler for `topic`: it takes a list of Records, the records of one poll of one
         partition, in offset order (at most the consumer's batch size, 500 by default), on the source topic
@@ -231,8 +239,8 @@ class RetryApp:
         records whose outcome is settled (succeeded, or republished and acknowledged), never past one that
         is not. The whole call must end within `max.poll.interval.ms`. `policy.in_process` retries are per
         record and not offered here: a failed record goes to the tiers (docs/architecture.md, "Batch
-        handlers")."""
-        return self._register(topic, policy, value_deserializer, dlq, "1s", batch=True)
+        handlers"). Key `ordering` is not available for batch handlers yet: a `ConfigError` naming it."""
+        return self._register(topic, policy, value_deserializer, dlq, "1s", batch=True, ordering=ordering)
 
     def _register(
         self,
@@ -243,6 +251,7 @@ class RetryApp:
         handler_budget: DurationLike,
         *,
         batch: bool,
+        ordering: KeyOrdering | None,
     ) -> Callable[[F], F]:
         wanted = Registration(
             topic=topic,
@@ -251,6 +260,7 @@ class RetryApp:
             dlq=dlq,
             handler_budget=handler_budget,
             batch=batch,
+            ordering=ordering,
         )
         bind = self._registry.add(wanted, lambda: self.max_poll_interval_ms)
 
@@ -331,6 +341,7 @@ class RetryApp:
             raise ConfigError("handlers", [], "no handler registered; decorate one with @app.handler(topic)")
         if self._runner.stop_event.is_set():
             raise ConfigError("app", "stopped", "a stopped RetryApp cannot be restarted; build a new one")
+        _refuse_key_ordering(self._registry.bindings)
         settings: list[LoopSettings] = []
         if main:
             settings.append(
@@ -498,6 +509,8 @@ def _tier_specs(
             TopicSpec(name=name, partitions=count, replication_factor=replication_factor, config=config)
             for name in binding.ctx.topics.all_topics
         ]
+        if binding.ordering is not None:
+            specs.append(key_state_spec(binding.ctx.topics, count, replication_factor, config))
     return specs
 
 
@@ -546,3 +559,16 @@ def _loop_options(
         "wait_in_memory_records": wait_in_memory_records,
     }
     return every, tiers
+
+
+def _refuse_key_ordering(bindings: Mapping[str, Binding]) -> None:
+    # The consumers do not admit, hand off or release records by key yet (docs/key-ordering.md, section 12):
+    # running an ordered handler now would silently handle a key's records out of order.
+    ordered = sorted(topic for topic, binding in bindings.items() if binding.ordering is not None)
+    if ordered:
+        raise ConfigError(
+            "ordering",
+            ordered,
+            "key-ordered handling is not integrated into the consumers yet (docs/key-ordering.md, section 12); "
+            "register these handlers without ordering= to run them",
+        )

@@ -40,6 +40,7 @@ from retrytopics.connectors.clients import (
     KafkaConsumer,
     KafkaProducer,
     read_tails,
+    read_to_end,
 )
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.kafka import make_admin
@@ -94,6 +95,11 @@ class ClientFactory(Protocol):
         """The last `last` records of every partition of `topics`, read_committed and without a group, read
         within `timeout_s`; a topic that does not exist is skipped."""
 
+    def read_to_end(self, topic: str, partitions: Sequence[int] | None, timeout_s: float) -> list[Message]:
+        """Every record of `topic`'s `partitions` (None: all) up to their end now, read_committed and without a
+        group, in log order per partition; anything short of that (a missing topic or partition, a failed read,
+        `timeout_s` passed) is a `KafkaClientError`."""
+
     def partition_count(self, topic: str, timeout_s: float) -> int | None:
         """Partitions of `topic`, or None when it does not exist."""
 
@@ -137,6 +143,9 @@ class KafkaClientFactory:
 
     def read_tails(self, topics: Sequence[str], last: int, timeout_s: float) -> list[Message]:
         return read_tails(self.kafka, topics, last=last, timeout_s=timeout_s)
+
+    def read_to_end(self, topic: str, partitions: Sequence[int] | None, timeout_s: float) -> list[Message]:
+        return read_to_end(self.kafka, topic, partitions, timeout_s=timeout_s)
 
     def partition_count(self, topic: str, timeout_s: float) -> int | None:
         return partition_count(self._admin_client(), topic, timeout_s=timeout_s)
@@ -215,6 +224,16 @@ class MemoryClientFactory:
                     by_partition.setdefault(msg.partition, []).append(msg)
                 tails += [msg for records in by_partition.values() for msg in records[-last:]]
         return tails
+
+    def read_to_end(self, topic: str, partitions: Sequence[int] | None, timeout_s: float) -> list[Message]:
+        with self.lock:
+            count = self.broker.partition_count(topic)  # UNKNOWN_TOPIC_OR_PART when it does not exist
+            wanted = set(range(count)) if partitions is None else set(partitions)
+            if not wanted <= set(range(count)):
+                raise KafkaClientError(
+                    f"{topic} has no partitions {sorted(wanted - set(range(count)))}", code="UNKNOWN_TOPIC_OR_PART"
+                )
+            return [msg for msg in self.broker.records(topic) if msg.partition in wanted]
 
     def partition_count(self, topic: str, timeout_s: float) -> int | None:
         with self.lock:

@@ -15,6 +15,7 @@ from typing import Any
 from retrytopics.connectors.serde import Deserializer
 from retrytopics.core.durations import DurationLike, parse_duration
 from retrytopics.core.errors import ConfigError
+from retrytopics.core.key_order import KeyOrdering
 from retrytopics.core.naming import NamingStrategy, TopicSet, topics_for, validate_topic_name
 from retrytopics.core.policy import RetryPolicy
 from retrytopics.core.redaction import Redactor
@@ -35,6 +36,7 @@ class Registration:
     dlq: str | None
     handler_budget: DurationLike
     batch: bool
+    ordering: KeyOrdering | None = None
 
 
 class Registry:
@@ -63,10 +65,13 @@ class Registry:
         asked only when in-process retries must fit in it."""
         topic = validate_topic_name(wanted.topic, field="topic")
         policy = self._checked_policy(wanted, max_poll_interval_ms)
+        ordering = self._checked_ordering(wanted)
         if topic in self._bindings:
             raise ConfigError("topic", topic, f"already handled by {self._bindings[topic].name}")
         topics = topics_for(topic, self._group, policy.tier_delays_ms, strategy=self._naming, dlq=wanted.dlq)
         self._check_collisions(topics)
+        if ordering is not None and topics.key_state_topic in {topics.source, *topics.all_topics}:
+            raise ConfigError("dlq", topics.dlq, f"{topics.key_state_topic!r} is the key-state topic of this handler")
         ctx = RouteContext(
             policy=policy,
             topics=topics,
@@ -87,9 +92,23 @@ class Registry:
                 ctx=ctx,
                 value_deserializer=wanted.value_deserializer,
                 batch=wanted.batch,
+                ordering=ordering,
             )
 
         return bind
+
+    @staticmethod
+    def _checked_ordering(wanted: Registration) -> KeyOrdering | None:
+        if wanted.ordering is None:
+            return None
+        if not isinstance(wanted.ordering, KeyOrdering):
+            raise ConfigError("ordering", wanted.ordering, "expected a KeyOrdering, e.g. ordering=KeyOrdering()")
+        if wanted.batch:
+            # a batch call must never hold two records of one key (docs/key-ordering.md, section 8): not built yet
+            raise ConfigError(
+                "ordering", wanted.ordering, "key ordering is not available for batch handlers yet; use @app.handler"
+            )
+        return wanted.ordering
 
     @staticmethod
     def _checked_policy(wanted: Registration, max_poll_interval_ms: Callable[[], int]) -> RetryPolicy:

@@ -110,8 +110,16 @@ class TopicSet:
 
     @property
     def all_topics(self) -> tuple[str, ...]:
-        """Every topic to provision: the tiers in order, then the DLQ (not the source)."""
+        """Every topic to provision: the tiers in order, then the DLQ (not the source, nor `key_state_topic`)."""
         return (*(t.topic for t in self.tiers), self.dlq)
+
+    @property
+    def key_state_topic(self) -> str:
+        """The compacted key-state topic of a key-ordered handler (docs/key-ordering.md, section 5):
+        ``<topic>.<group>.keys``, or ``<group>.keys`` with `NamingStrategy.SHARED`. Provisioned only for a
+        handler declared with ``ordering=``."""
+        prefix = self.group if self.strategy is NamingStrategy.SHARED else f"{self.source}.{self.group}"
+        return validate_topic_name(f"{prefix}.keys", field="key_state_topic")
 
 
 def topics_for(

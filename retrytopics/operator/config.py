@@ -22,6 +22,7 @@ every user of the machine through /proc).
     group = "billing"
     delays = ["5s", "30s", "5m"]
     consumer = "share"          # run, topics create: a share-group main consumer (default: the app's choice)
+    key_ordering = true         # topics create: also the key-state topic of a key-ordered handler
     [metrics]
     port = 9102
     [logging]
@@ -84,6 +85,7 @@ _SCHEMA: dict[str, dict[str, type]] = {
         "header_key": str,
         "header_key_file": str,
         "consumer": str,
+        "key_ordering": bool,
     },
     "metrics": {"port": int},
     "logging": {"level": str, "json": bool},
@@ -111,6 +113,9 @@ class AppSettings:
     #: `run`, `topics create`: the main consumer's model, "group" or "share" (`RetryApp(consumer=...)`); None:
     #: the app's own
     consumer: str | None = None
+    #: `topics create`: the handler is key-ordered (`ordering=KeyOrdering(...)`), so its compacted key-state
+    #: topic is provisioned with the tiers (docs/key-ordering.md)
+    key_ordering: bool = False
 
     def __post_init__(self) -> None:
         if self.consumer not in (None, "group", "share"):

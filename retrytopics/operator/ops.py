@@ -17,6 +17,7 @@ from retrytopics.connectors.admin import (
     committed_offsets,
     end_offsets,
     ensure_topics,
+    key_state_spec,
     less_durable,
     partition_count,
     read_at,
@@ -60,7 +61,8 @@ def pipeline_topics(app: AppSettings) -> TopicSet:
 def provision_pipeline(
     kafka: KafkaConfig, app: AppSettings, *, create_source: bool = False, broker_dlq: bool = True
 ) -> dict[str, ProvisionOutcome]:
-    """Create the tier topics and the DLQ (idempotent), and the source topic too when `create_source`.
+    """Create the tier topics and the DLQ (idempotent), the key-state topic when `app.key_ordering`, and the
+    source topic too when `create_source`.
     Tiers get as many partitions as the source topic unless `app.partitions` says otherwise, so that keyless
     records keep their partition number; new topics get `app.replication_factor` and `app.min_insync_replicas`.
     For a share-group pipeline (`app.consumer == "share"`), also the share group's settings and, with
@@ -82,6 +84,8 @@ def provision_pipeline(
         TopicSpec(name=name, partitions=partitions, replication_factor=app.replication_factor, config=config)
         for name in topics.all_topics
     ]
+    if app.key_ordering:
+        specs.append(key_state_spec(topics, partitions, app.replication_factor, config))
     share = app.consumer == "share"
     share_specs, share_config = share_group_provisioning(
         topics.group, broker_dlq=share and broker_dlq, replication_factor=app.replication_factor, config=config

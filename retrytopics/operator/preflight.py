@@ -91,6 +91,7 @@ def app_pipeline(app: Any, topic: str | None) -> AppSettings:
         dlq=custom_dlq,
         header_keys=app.handlers[topic].ctx.header_keys,
         consumer=app.consumer,
+        key_ordering=app.handlers[topic].ordering is not None,
     )
 
 

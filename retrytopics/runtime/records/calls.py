@@ -17,6 +17,7 @@ from retrytopics.connectors.serde import Deserializer, bytes_value, deserialize
 from retrytopics.core.classify import Verdict, classify
 from retrytopics.core.errors import BatchFailed, PoisonRecordError
 from retrytopics.core.headers import RetryHeaders, user_headers
+from retrytopics.core.key_order import KeyOrdering
 from retrytopics.core.policy import RetryPolicy
 from retrytopics.core.ports import Message
 from retrytopics.core.record import Record
@@ -36,6 +37,8 @@ class Binding:
     value_deserializer: Deserializer
     #: the handler takes the records of one poll per partition, a list (`RetryApp.batch_handler`)
     batch: bool = False
+    #: records of one key and source partition are handled in source order (docs/key-ordering.md); None: not
+    ordering: KeyOrdering | None = None
     #: per tier topic, the longest one of its records waits (retrytopics/core/due.py), worked out once
     wait_bounds_ms: Mapping[str, int] = field(init=False, repr=False, compare=False)
 

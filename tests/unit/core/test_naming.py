@@ -31,6 +31,17 @@ def test_by_index_and_shared() -> None:
     assert shared.strategy is NamingStrategy.SHARED
 
 
+def test_the_key_state_topic_is_named_like_the_dlq_and_kept_out_of_all_topics() -> None:
+    """`<topic>.<group>.keys` (`<group>.keys` when shared), whatever the DLQ is called; never in `all_topics`
+    (provisioned only for a key-ordered handler)."""
+    by_delay = topics_for("orders", "billing", (5_000,), dlq="parking")
+    assert by_delay.key_state_topic == "orders.billing.keys"
+    assert by_delay.key_state_topic not in by_delay.all_topics
+    by_index = topics_for("orders", "billing", (5_000,), strategy=NamingStrategy.BY_INDEX)
+    assert by_index.key_state_topic == "orders.billing.keys"
+    assert topics_for("orders", "billing", (5_000,), strategy=NamingStrategy.SHARED).key_state_topic == "billing.keys"
+
+
 def test_dlq_override_and_lookups() -> None:
     ts = topics_for("orders", "billing", RetryPolicy().tier_delays_ms, dlq="parking")
     assert ts.dlq == "parking"

@@ -1,0 +1,62 @@
+"""The key state of a key-ordered handler as a consumer reads it when partitions are assigned
+(docs/key-ordering.md, section 5): the records of its key-state topic, decoded, in log order, ready for
+`SourceChains.rebuild` (a main consumer: its source partitions' partitions of the topic) or
+`TierPassages.rebuild` (a tier consumer: every partition).
+
+The read must complete. Unlike the seeding of hand-offs (runtime/records/duplicates.py), which may give up
+(a missed hand-off is a duplicate), a partition started without its key state could hand a blocked key's next
+record to the handler before the key's head: an order violation. So a failed or unfinished read is the
+reader's `KafkaClientError`, for the caller to keep the partition unstarted and try again.
+
+Every record is untrusted input: one that does not decode (`decode_record`), or that names a source partition
+other than the one it was read from (the writers always write a chain's records to its source partition), is
+skipped and counted, never trusted; one WARNING per read says how many and the first reason, never a value.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from retrytopics.core.errors import KeyStateDecodeError
+from retrytopics.core.key_order import KeyStateRecord, decode_record
+from retrytopics.core.ports import Message
+
+__all__ = ["KeyState", "KeyStateReader", "read_key_state"]
+
+log = logging.getLogger("retrytopics.runtime")
+
+#: `read(topic, partitions, timeout_s)`: every record of those partitions (None: all) up to their end, or a
+#: `KafkaClientError` (`ClientFactory.read_to_end`)
+KeyStateReader = Callable[[str, Sequence[int] | None, float], Iterable[Message]]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KeyState:
+    """What a read of a key-state topic found: its decoded records in log order, and how many were skipped."""
+
+    records: tuple[KeyStateRecord, ...]
+    malformed: int
+
+
+def read_key_state(read: KeyStateReader, topic: str, partitions: Sequence[int] | None, *, timeout_s: float) -> KeyState:
+    """Read `topic`'s `partitions` (None: all) to their end and decode them (see the module docstring)."""
+    records: list[KeyStateRecord] = []
+    malformed = 0
+    first_reason = ""
+    for msg in read(topic, partitions, timeout_s):
+        try:
+            record = decode_record(msg.key, msg.value)
+        except KeyStateDecodeError as exc:
+            reason = f"{exc.field}: {exc.reason}"
+        else:
+            if record.chain.source_partition == msg.partition:
+                records.append(record)
+                continue
+            reason = "chain: names another source partition than the one it was read from"
+        malformed += 1
+        first_reason = first_reason or reason
+    if malformed:
+        log.warning("%s: %d key-state records skipped as malformed (first: %s)", topic, malformed, first_reason)
+    return KeyState(records=tuple(records), malformed=malformed)

@@ -1,0 +1,101 @@
+"""Reading a key-state topic at assignment (runtime/records/key_state.py) on the in-memory broker.
+
+Guarantee: a new owner gets every well-formed key-state record of the partitions it asked for, in log order,
+decoded; malformed records and records written to another partition than their chain's are skipped and
+counted, never trusted, and the warning names no byte of them; the rebuilt state blocks exactly the keys the
+records show open; a topic or partition that is not there is an error, never an empty (unordered) start.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from retrytopics.client_factory import MemoryClientFactory
+from retrytopics.core.errors import KafkaClientError
+from retrytopics.core.key_order import (
+    Admit,
+    Chain,
+    ChainKey,
+    Closed,
+    Fate,
+    KeyOrdering,
+    KeyStateRecord,
+    Passage,
+    SourceChains,
+    TierPassages,
+    encode_record,
+    key_id,
+)
+from retrytopics.memory import MemoryBroker
+from retrytopics.runtime.records.key_state import read_key_state
+
+TOPIC = "orders.billing.keys"
+SECRET_KEY = b"acct-secret-7"  # a record key that must never reach a log line
+A, B, C = (ChainKey("orders", p, key_id(k)) for p, k in ((0, SECRET_KEY), (1, b"acct-2"), (1, b"acct-3")))
+CHAIN_A = Chain(chain=A, head=41, frontier=57, at_tier=0, followers=1, since_ms=1_000)
+SENT_A = Passage(tier=0, chain=A, seen=57, fate=Fate.SENT, to_tier=1, after=57)
+CHAIN_B = Chain(chain=B, head=3, frontier=3, at_tier=0, followers=0, since_ms=2_000)
+CHAIN_C = Chain(chain=C, head=5, frontier=5, at_tier=0, followers=0, since_ms=3_000)
+CLOSED_C = Closed(chain=C)
+
+
+def _write(broker: MemoryBroker, record: KeyStateRecord) -> None:
+    key, value, partition = encode_record(record)
+    broker.append(TOPIC, value, key=key, partition=partition)
+
+
+def _broker() -> MemoryBroker:
+    broker = MemoryBroker()
+    broker.create_topic(TOPIC, partitions=3)
+    for record in (CHAIN_A, CHAIN_B, CHAIN_C, SENT_A, CLOSED_C):
+        _write(broker, record)
+    broker.append(TOPIC, b"{not json", key=b"chain/orders/0/00" + SECRET_KEY.hex().encode(), partition=0)
+    misplaced_key, misplaced_value, _ = encode_record(CHAIN_B)
+    broker.append(TOPIC, misplaced_value, key=misplaced_key, partition=0)  # B's chain lives in partition 1
+    return broker
+
+
+def test_a_main_consumer_reads_its_partitions_and_rebuilds_the_keys_they_block(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clients = MemoryClientFactory(_broker())
+
+    with caplog.at_level(logging.WARNING, logger="retrytopics.runtime"):
+        state = read_key_state(clients.read_to_end, TOPIC, [0], timeout_s=1)
+
+    assert state.records == (CHAIN_A, SENT_A)
+    assert state.malformed == 2
+    [warning] = caplog.records
+    assert "2 key-state records skipped" in warning.getMessage()
+    assert SECRET_KEY.hex() not in warning.getMessage() and "acct" not in warning.getMessage()
+    chains, closed = SourceChains.rebuild(KeyOrdering(), state.records, source="orders", partition=0)
+    assert chains.blocked() == 1 and closed == []
+    follow = chains.admit(key_id(SECRET_KEY))
+    assert (follow.action, follow.tier, follow.after) == (Admit.FOLLOW, 1, 57), "behind 57, where tier 0 sent it"
+    assert chains.admit(key_id(b"acct-2")).action is Admit.HANDLE, "B is blocked in partition 1, not here"
+
+
+def test_a_closed_chain_blocks_nothing_and_a_tier_reads_every_partition() -> None:
+    clients = MemoryClientFactory(_broker())
+
+    mine = read_key_state(clients.read_to_end, TOPIC, [1], timeout_s=1)
+    everything = read_key_state(clients.read_to_end, TOPIC, None, timeout_s=1)
+
+    assert mine.records == (CHAIN_B, CHAIN_C, CLOSED_C) and mine.malformed == 0
+    chains, _ = SourceChains.rebuild(KeyOrdering(), mine.records, source="orders", partition=1)
+    assert chains.blocked() == 1
+    assert chains.admit(key_id(b"acct-3")).action is Admit.HANDLE, "C's chain was closed"
+    assert chains.admit(key_id(b"acct-2")).action is Admit.FOLLOW
+    assert everything.records == (CHAIN_A, SENT_A, CHAIN_B, CHAIN_C, CLOSED_C) and everything.malformed == 2
+    passages, _ = TierPassages.rebuild(KeyOrdering(), everything.records, tier=0)
+    assert passages.tracked() == 1
+
+
+def test_a_missing_topic_or_partition_is_an_error_not_an_empty_state() -> None:
+    clients = MemoryClientFactory(_broker())
+    with pytest.raises(KafkaClientError):
+        read_key_state(clients.read_to_end, "orders.other.keys", None, timeout_s=1)
+    with pytest.raises(KafkaClientError):
+        read_key_state(clients.read_to_end, TOPIC, [0, 3], timeout_s=1)

@@ -1,0 +1,133 @@
+"""Registering a key-ordered handler (docs/key-ordering.md): checked at registration, refused where not built."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from retrytopics import ConfigError, DeadHeadPolicy, KafkaConfig, KeyOrdering, Record, RetryApp, RetryPolicy
+from retrytopics.client_factory import MemoryClientFactory
+from retrytopics.connectors.admin import ProvisionOutcome
+from retrytopics.memory import MemoryBroker
+from retrytopics.operator.config import load_settings
+from retrytopics.operator.preflight import app_pipeline
+
+POLICY = RetryPolicy(delays=["5s", "30s"])
+
+
+def _app() -> RetryApp:
+    return RetryApp(kafka=KafkaConfig(bootstrap="127.0.0.1:9"), group="billing")
+
+
+def test_a_handler_declared_with_key_ordering_keeps_it_on_its_binding() -> None:
+    """The ordering given at registration is the one the binding carries; a handler without it has none."""
+    app = _app()
+    ordering = KeyOrdering(dead_head="dead_letter", max_blocked_keys=10)
+
+    @app.handler("orders", policy=POLICY, ordering=ordering)
+    def charge(record: Record[bytes]) -> None:
+        pass
+
+    app.handler("refunds", policy=POLICY)(lambda record: None)
+
+    assert app.handlers["orders"].ordering is ordering
+    assert app.handlers["orders"].ordering.dead_head is DeadHeadPolicy.DEAD_LETTER
+    assert app.handlers["refunds"].ordering is None
+
+
+@pytest.mark.parametrize("ordering", ["key", {"dead_head": "release"}, True])
+def test_an_ordering_that_is_not_a_key_ordering_is_refused_naming_the_field(ordering: object) -> None:
+    """A wrong type (the issue's `ordering="key"` included) fails at registration with the field named, and
+    binds nothing."""
+    app = _app()
+    with pytest.raises(ConfigError) as info:
+        app.handler("orders", policy=POLICY, ordering=ordering)  # type: ignore[arg-type]
+    assert info.value.field == "ordering"
+    assert "orders" not in app.handlers
+
+
+def test_a_bad_key_ordering_fails_where_it_is_built_naming_the_field() -> None:
+    """Each bound and the dead-head policy are checked when the KeyOrdering is made, before any handler."""
+    for kwargs, field in [
+        ({"dead_head": "drop"}, "dead_head"),
+        ({"max_blocked_keys": 0}, "max_blocked_keys"),
+        ({"max_blocked_keys": 10, "max_tracked_records": 5}, "max_tracked_records"),
+    ]:
+        with pytest.raises(ConfigError) as info:
+            KeyOrdering(**kwargs)  # type: ignore[arg-type]
+        assert info.value.field == field
+
+
+def test_a_batch_handler_refuses_key_ordering_naming_the_field() -> None:
+    """A batch handler cannot yet keep two records of one key out of one call: refused at registration, with
+    the field named and nothing bound; the same registration without ordering still works."""
+    app = _app()
+    with pytest.raises(ConfigError) as info:
+        app.batch_handler("orders", policy=POLICY, ordering=KeyOrdering())
+    assert info.value.field == "ordering"
+    assert "batch" in str(info.value)
+    assert "orders" not in app.handlers
+
+    @app.batch_handler("orders", policy=POLICY)
+    def charge(records: list[Record[Any]]) -> None:
+        pass
+
+    assert app.handlers["orders"].batch and app.handlers["orders"].ordering is None
+
+
+def test_start_refuses_an_ordered_handler_until_the_consumers_enforce_it() -> None:
+    """Running a key-ordered handler on consumers that do not order by key would hand a key's records out of
+    order in silence: start-up fails instead, naming the field and the ordered topics, and starts nothing."""
+    app = _app()
+    app.handler("orders", policy=POLICY, ordering=KeyOrdering())(lambda record: None)
+    app.handler("refunds", policy=POLICY)(lambda record: None)
+
+    with pytest.raises(ConfigError) as info:
+        app.start()
+    assert info.value.field == "ordering"
+    assert "orders" in str(info.value) and "refunds" not in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        app.start(main=False, tiers="all")
+    assert info.value.field == "ordering"
+    assert app.wait(timeout=0) and app.error is None
+
+
+def test_a_dlq_named_like_the_key_state_topic_is_refused_for_an_ordered_handler() -> None:
+    """The key-state topic and the DLQ are two topics: a DLQ given the key-state topic's name fails at
+    registration with the field named; the same name is fine for a handler without ordering."""
+    with pytest.raises(ConfigError) as info:
+        _app().handler("orders", policy=POLICY, dlq="orders.billing.keys", ordering=KeyOrdering())
+    assert info.value.field == "dlq"
+    app = _app()
+    app.handler("orders", policy=POLICY, dlq="orders.billing.keys")(lambda record: None)
+    assert app.topics("orders").dlq == "orders.billing.keys"
+
+
+def test_provision_creates_the_key_state_topic_of_an_ordered_handler_only() -> None:
+    """`provision()` makes `<topic>.<group>.keys` for a key-ordered handler, with the source's partition count
+    (the state of source partition p lives in partition p), and no such topic for a handler without ordering."""
+    broker = MemoryBroker()
+    broker.create_topics(["orders", "refunds"], partitions=3)
+    app = RetryApp(kafka=KafkaConfig(bootstrap="127.0.0.1:9"), group="billing", clients=MemoryClientFactory(broker))
+    app.handler("orders", policy=POLICY, ordering=KeyOrdering())(lambda record: None)
+    app.handler("refunds", policy=POLICY)(lambda record: None)
+
+    outcome = app.provision()
+
+    assert outcome["orders.billing.keys"] is ProvisionOutcome.CREATED
+    assert broker.partition_count("orders.billing.keys") == 3
+    assert not any(name.startswith("refunds") and name.endswith(".keys") for name in outcome)
+    assert app.provision()["orders.billing.keys"] is ProvisionOutcome.EXISTS
+
+
+def test_the_cli_pipeline_of_an_ordered_app_asks_for_its_key_state_topic() -> None:
+    """`topics create --app` provisions what the app's handler needs: `key_ordering` follows `ordering=`, and
+    `[app] key_ordering = true` sets it for a pipeline named in TOML."""
+    app = _app()
+    app.handler("orders", policy=POLICY, ordering=KeyOrdering())(lambda record: None)
+    app.handler("refunds", policy=POLICY)(lambda record: None)
+    assert app_pipeline(app, "orders").key_ordering
+    assert not app_pipeline(app, "refunds").key_ordering
+    assert load_settings(environ={"RETRYTOPICS_APP_KEY_ORDERING": "true"}).app.key_ordering
+    assert not load_settings(environ={}).app.key_ordering
