@@ -509,6 +509,30 @@ _schema_pair, _times_pair, _topic_pair, _partition_pair, _group_pair, _tier_pair
 _type_pair, _reason_pair = (_recurring(h) for h in (EXCEPTION_TYPE, DLQ_REASON))
 
 
+def _repeated(header: str) -> Callable[[object], Header]:
+    """The (header, encoded value) pair of one header, shared with the previous record's when its value is the
+    same: failure times, due times and timestamps repeat within a millisecond, and the records of one failure
+    site carry one cached message and trace. One pair is kept, so memory does not grow with the values; only
+    exact `int` and `str` values are compared (a subclass may print otherwise)."""
+    last: list[tuple[object, Header]] = [(None, (header, b""))]  # swapped whole: threads share it
+
+    def pair(value: object) -> Header:
+        seen, found = last[0]
+        if type(value) is type(seen) and type(value) in _REMEMBERED_TYPES and (value is seen or value == seen):
+            return found
+        found = (header, str(value).encode("utf-8"))
+        last[0] = (value, found)
+        return found
+
+    return pair
+
+
+_timestamp_pair, _due_pair, _first_pair, _last_pair, _message_pair, _trace_pair = (
+    _repeated(h)
+    for h in (ORIGINAL_TIMESTAMP, DUE_AT, FIRST_FAILED_AT, LAST_FAILED_AT, EXCEPTION_MESSAGE, EXCEPTION_TRACE)
+)
+
+
 def encode(h: RetryHeaders) -> list[Header]:
     """The ``retry.*`` headers of ``h``: UTF-8 text, decimal numbers, None fields left out."""
     (
@@ -537,19 +561,19 @@ def encode(h: RetryHeaders) -> list[Header]:
         _topic_pair(topic),
         _partition_pair(partition),
         (ORIGINAL_OFFSET, str(offset).encode("utf-8")),
-        (ORIGINAL_TIMESTAMP, str(timestamp).encode("utf-8")),
+        _timestamp_pair(timestamp),
         _group_pair(group),
     ]
     if tier is not None:
         out.append(_tier_pair(tier))
     if due_at is not None:
-        out.append((DUE_AT, str(due_at).encode("utf-8")))
+        out.append(_due_pair(due_at))
     out += (
-        (FIRST_FAILED_AT, str(first).encode("utf-8")),
-        (LAST_FAILED_AT, str(last).encode("utf-8")),
+        _first_pair(first),
+        _last_pair(last),
         _type_pair(kind),
-        (EXCEPTION_MESSAGE, str(message).encode("utf-8")),
-        (EXCEPTION_TRACE, str(trace).encode("utf-8")),
+        _message_pair(message),
+        _trace_pair(trace),
     )
     if reason is not None:
         out.append(_reason_pair(reason))

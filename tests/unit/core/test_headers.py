@@ -502,3 +502,20 @@ def test_collecting_retry_headers_is_the_checked_collection(headers: list[Any]) 
         assert (info.value.field, info.value.reason) == (exc.field, exc.reason)
     else:
         assert H._collect(headers) == expected
+
+
+def test_repeated_values_share_their_header_pair_and_never_another_values() -> None:
+    """Failure and due times, timestamps and the cached message and trace of consecutive records share one
+    (header, bytes) pair when equal (fewer objects kept per hand-off in flight), and every encoding is still
+    the field-by-field one, including an int subclass that prints otherwise between equal plain ints."""
+    states = [
+        sample(original_timestamp=ts, exception_message=msg, exception_trace=msg * 3)
+        for ts, msg in [(5, "a"), (5, "a"), (_Loud(5), "a"), (5, "b"), (6, "b"), (6, "a")]
+    ]
+    encoded = [encode(h) for h in states]
+    for h, pairs in zip(states, encoded, strict=True):
+        assert pairs == _encoded_field_by_field(h)
+    shared = {H.ORIGINAL_TIMESTAMP, H.EXCEPTION_MESSAGE, H.EXCEPTION_TRACE, H.DUE_AT, H.FIRST_FAILED_AT}
+    assert all(a is b for a, b in zip(encoded[0], encoded[1], strict=True) if a[0] in shared)
+    assert dict(encoded[2])[H.ORIGINAL_TIMESTAMP] == b"loud"
+    assert dict(encoded[3])[H.ORIGINAL_TIMESTAMP] == b"5"
