@@ -743,8 +743,12 @@ def decode_lineage(headers: Sequence[Header]) -> Lineage:
     header is looked at, once (the record's size bounds how many): a record with more than `MAX_HEADER_COUNT`
     is dead-lettered with its lineage (`too_many_headers`), and a replay writes it last."""
     items = headers if isinstance(headers, list | tuple) else ()
-    # most records carry no lineage header: nothing to read, and one shared (immutable) answer
-    if not any(isinstance(item, tuple) and len(item) == 2 and item[0] in _LINEAGE_HEADERS for item in items):
+    # most records carry no lineage header: nothing to read, and one shared (immutable) answer (a loop, not
+    # `any()` over a generator: this runs once per failed source record)
+    for item in items:
+        if isinstance(item, tuple) and len(item) == 2 and item[0] in _LINEAGE_HEADERS:
+            break
+    else:
         return _NO_LINEAGE
     seen: dict[str, list[object]] = {s.header: [] for s in _LINEAGE_SPECS}
     for item in items:
