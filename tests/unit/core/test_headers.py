@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import pickle
 from typing import Any
 
 import pytest
@@ -468,6 +469,7 @@ def test_a_state_built_by_attribute_stores_is_a_frozen_retry_headers() -> None:
         assert repr(built) == repr(h)
         with pytest.raises(dataclasses.FrozenInstanceError):
             built.tier = 3  # type: ignore[misc]
+        assert pickle.loads(pickle.dumps(built)) == built
     assert H._UnfrozenRetryHeaders.__slots__ == tuple(f.name for f in dataclasses.fields(RetryHeaders))
 
 
