@@ -35,7 +35,16 @@ from retrytopics.core.durations import MAX_DURATION_MS, parse_duration
 from retrytopics.core.errors import ConfigError, HeaderDecodeError, NonRetryable, PoisonRecordError, Retry
 from retrytopics.core.policy import RetryPolicy
 
-__all__ = ["MAX_CHAIN", "Classification", "Verdict", "classify", "exception_chain", "retry_after_ms"]
+__all__ = [
+    "MAX_CHAIN",
+    "Classification",
+    "Verdict",
+    "classify",
+    "exception_chain",
+    "lone_verdict",
+    "plain_classes",
+    "retry_after_ms",
+]
 
 #: Links of a ``__cause__``/``__context__`` chain that are examined; deeper links are ignored.
 MAX_CHAIN: Final = 32
@@ -146,11 +155,23 @@ def _schedule_for(policy: RetryPolicy, chain: list[BaseException]) -> tuple[int,
     """The per-exception schedule of the first link with a match, by its most specific (MRO-first) type."""
     if policy.per_exception_ms:
         for link in chain:
-            for cls in type(link).__mro__:
-                schedule = policy.per_exception_ms.get(cls)
-                if schedule is not None:
-                    return schedule
+            schedule = _own_schedule(policy, type(link))
+            if schedule is not None:
+                return schedule
     return policy.schedule_ms
+
+
+def _own_schedule(policy: RetryPolicy, cls: type[BaseException]) -> tuple[int, ...] | None:
+    for kind in cls.__mro__:
+        schedule = policy.per_exception_ms.get(kind)
+        if schedule is not None:
+            return schedule
+    return None
+
+
+def _schedule_of(policy: RetryPolicy, cls: type[BaseException]) -> tuple[int, ...]:
+    schedule = _own_schedule(policy, cls) if policy.per_exception_ms else None
+    return policy.schedule_ms if schedule is None else schedule
 
 
 def retry_after_ms(exc: BaseException, attribute: str = "retry_after") -> int | None:
@@ -181,3 +202,24 @@ def _seconds(value: float) -> int | None:
     if not math.isfinite(value) or value < 0:
         return None
     return min(MAX_DURATION_MS, math.ceil(value * 1000))  # ceil: a hint is never shortened
+
+
+def lone_verdict(policy: RetryPolicy, cls: type[BaseException]) -> tuple[Verdict, tuple[int, ...]]:
+    """What `classify` decides for a failure of class `cls` with no cause or context under a `policy` without
+    `retry_if`, when every class it names is a plain class (`plain_classes`): the verdict and schedule, which
+    then depend on the class alone (the deciding link is the failure itself, and the retry-after hint, which
+    is read from the instance, is `retry_after_ms(failure, policy.retry_after_attribute)` when retryable).
+    A caller can remember it per class."""
+    for kinds, verdict in _SIGNALS:
+        if issubclass(cls, kinds):
+            return verdict, ()
+    if issubclass(cls, Retry) or (not issubclass(cls, policy.non_retryable) and issubclass(cls, policy.retryable)):
+        return Verdict.RETRYABLE, _schedule_of(policy, cls)
+    return Verdict.NON_RETRYABLE, ()
+
+
+def plain_classes(policy: RetryPolicy) -> bool:
+    """True when `policy` has no `retry_if` and every class it matches failures against is a plain class (its
+    metaclass is `type`): `isinstance` on them then asks only the failure's class (`lone_verdict`)."""
+    named = (*policy.retryable, *policy.non_retryable, *policy.per_exception_ms)
+    return policy.retry_if is None and all(type(c) is type for c in named)

@@ -15,7 +15,7 @@ from typing import NamedTuple
 from retrytopics.core.classify import MAX_CHAIN
 from retrytopics.core.errors import NonRetryable, Retry
 from retrytopics.core.headers import MESSAGE_LIMIT_BYTES, TRACE_LIMIT_BYTES, TYPE_LIMIT_BYTES, truncate_utf8
-from retrytopics.core.traces import format_links, format_trace, keyed_chain
+from retrytopics.core.traces import format_links, format_trace, keyed_chain, lone_key
 
 __all__ = ["Described", "describe", "describe_now", "described_failure"]
 
@@ -51,6 +51,12 @@ def describe(failure: BaseException, redact: Callable[[str], str]) -> Described:
     per failure site and message (`traces.keyed_chain`): when many records fail alike, as in an outage,
     each is described in a dictionary lookup."""
     failure = described_failure(failure)
+    if failure.__cause__ is None and failure.__context__ is None:  # most failures: one exception, no chain
+        lone = lone_key(failure)
+        # a read needs no lock: a dict lookup is atomic, and entries are only ever replaced whole
+        described = None if lone is None else _described.get((lone, redact))
+        if described is not None:
+            return described
     keyed = keyed_chain(failure)
     if keyed is None:
         return describe_now(failure, redact)

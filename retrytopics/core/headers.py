@@ -20,7 +20,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Final, Literal, TypeAlias, TypeVar
+from typing import Any, Final, Literal, TypeAlias, TypeVar
 
 from retrytopics.core.errors import ConfigError, HeaderDecodeError
 from retrytopics.core.redaction import redact  # re-exported: the exception headers are redacted with it
@@ -62,6 +62,7 @@ __all__ = [
     "decode_lineage",
     "encode",
     "redact",
+    "retry_state",
     "to_record",
     "truncate_utf8",
     "user_headers",
@@ -260,13 +261,13 @@ def _validate(
 _RETRY_CHECKS: Final = tuple((spec, _fast_check(spec)) for spec in _RETRY_SPECS)
 
 
-def _plainly_valid(values: tuple[object, ...]) -> bool:
-    """True when every field of a retry state (`_retry_values`, in `_RETRY_SPECS` order) is valid in its
-    common form: exact ints in range, ASCII text within bounds (its length is its UTF-8 size), names matched
-    before. False says nothing: `_validate` then checks field by field and names the first bad one. A state is
-    validated each time one is built, once per failed record; this is one expression instead of 16 calls."""
+def _plainly_valid(values: Sequence[object]) -> bool:
+    """True when every field of a retry state (all of them, in `RetryHeaders`' declaration order) is valid in
+    its common form: exact ints in range, ASCII text within bounds (its length is its UTF-8 size), names matched
+    before, a `Lineage`. False says nothing: `_validate` then checks field by field and names the first bad one.
+    A state is validated each time one is built, once per failed record; this is one expression instead of 16
+    calls."""
     (
-        schema,
         times,
         origin,
         topic,
@@ -282,11 +283,11 @@ def _plainly_valid(values: tuple[object, ...]) -> bool:
         message,
         trace,
         reason,
+        lineage,
+        schema,
     ) = values
     return (
-        type(schema) is int
-        and schema == 1
-        and type(times) is int
+        type(times) is int
         and 1 <= times <= _INT32
         and type(origin) is str
         and origin.isascii()
@@ -317,6 +318,9 @@ def _plainly_valid(values: tuple[object, ...]) -> bool:
         and trace.isascii()
         and len(trace) <= TRACE_LIMIT_BYTES
         and (reason is None or type(reason) is DlqReason)
+        and type(lineage) is Lineage
+        and type(schema) is int
+        and schema == 1
     )
 
 
@@ -372,7 +376,7 @@ class RetryHeaders:
     schema_version: int = 1
 
     def __post_init__(self) -> None:
-        if not _plainly_valid(_retry_values(self)):
+        if not _plainly_valid(_all_retry_fields(self)):
             _validate(self, _RETRY_CHECKS, _retry_values)
         if not isinstance(self.lineage, Lineage):
             raise ConfigError("lineage", self.lineage, "expected a Lineage")
@@ -385,6 +389,13 @@ class RetryHeaders:
         unknown = changes.keys() - _RETRY_FIELDS
         if unknown:
             raise TypeError(f"RetryHeaders has no field {sorted(unknown)[0]!r}")
+        values = list(_all_retry_fields(self))
+        for name, value in changes.items():
+            values[_RETRY_FIELD_INDEX[name]] = value
+        if _plainly_valid(values):  # then every changed field passes its check below
+            copy = _filled(values)
+            copy._check_consistency()
+            return copy
         copy = object.__new__(RetryHeaders)
         for name, value in zip(_RETRY_FIELD_NAMES, _all_retry_fields(self), strict=False):
             _set(copy, name, value)
@@ -410,10 +421,60 @@ class RetryHeaders:
 
 _RETRY_FIELD_NAMES: Final = tuple(RetryHeaders.__dataclass_fields__)
 _RETRY_FIELDS: Final = frozenset(_RETRY_FIELD_NAMES)
+_RETRY_FIELD_INDEX: Final = {name: i for i, name in enumerate(_RETRY_FIELD_NAMES)}
+
+
+class _UnfrozenRetryHeaders:
+    """`RetryHeaders`' slots in a mutable class: filled by plain attribute stores, then made a `RetryHeaders`
+    (one layout, so CPython allows the class assignment). A frozen dataclass sets each of its 17 fields through
+    `object.__setattr__`, which made building a state cost more than validating it (once per failed record)."""
+
+    __slots__ = _RETRY_FIELD_NAMES
+
+
+def _filled(values: Sequence[object]) -> RetryHeaders:
+    """A `RetryHeaders` holding `values` (every field, in declaration order), not validated: the caller has."""
+    state: Any = _UnfrozenRetryHeaders()
+    (
+        state.reconsume_times,
+        state.origin_message_id,
+        state.original_topic,
+        state.original_partition,
+        state.original_offset,
+        state.original_timestamp,
+        state.consumer_group,
+        state.tier,
+        state.due_at,
+        state.first_failed_at,
+        state.last_failed_at,
+        state.exception_type,
+        state.exception_message,
+        state.exception_trace,
+        state.dlq_reason,
+        state.lineage,
+        state.schema_version,
+    ) = values
+    _set(state, "__class__", RetryHeaders)
+    built: RetryHeaders = state
+    return built
+
+
+def retry_state(values: Sequence[object]) -> RetryHeaders:
+    """`RetryHeaders(**dict(zip(field names, values)))` for `values` in declaration order (lineage and schema
+    version included): the same state, or the same `ConfigError`, at a fraction of the cost when the values are
+    valid in their common form. The router builds one per failed record."""
+    if _plainly_valid(values):
+        built = _filled(values)
+        built._check_consistency()
+        return built
+    return RetryHeaders(**dict(zip(_RETRY_FIELD_NAMES, values, strict=True)))  # type: ignore[arg-type]
+
+
 _RETRY_CHECK_OF: Final = {spec.attr: (spec, check) for spec, check in _RETRY_CHECKS}
 _all_retry_fields: Final = operator.attrgetter(*_RETRY_FIELD_NAMES)
 _set: Final = object.__setattr__  # RetryHeaders is frozen; evolve fills a fresh instance
 _NO_LINEAGE: Final = Lineage()
+_NO_LINEAGE_FIELDS: Final = {s.attr: getattr(_NO_LINEAGE, s.attr) for s in _LINEAGE_SPECS}
 #: (header, attribute) in encoding order, and every attribute at once: `encode` runs once per republish
 _LINEAGE_ENCODING: Final = tuple((s.header, s.attr) for s in _LINEAGE_SPECS)
 _LINEAGE_HEADERS: Final = frozenset(s.header for s in _LINEAGE_SPECS)
@@ -448,6 +509,30 @@ _schema_pair, _times_pair, _topic_pair, _partition_pair, _group_pair, _tier_pair
 _type_pair, _reason_pair = (_recurring(h) for h in (EXCEPTION_TYPE, DLQ_REASON))
 
 
+def _repeated(header: str) -> Callable[[object], Header]:
+    """The (header, encoded value) pair of one header, shared with the previous record's when its value is the
+    same: failure times, due times and timestamps repeat within a millisecond, and the records of one failure
+    site carry one cached message and trace. One pair is kept, so memory does not grow with the values; only
+    exact `int` and `str` values are compared (a subclass may print otherwise)."""
+    last: list[tuple[object, Header]] = [(None, (header, b""))]  # swapped whole: threads share it
+
+    def pair(value: object) -> Header:
+        seen, found = last[0]
+        if type(value) is type(seen) and type(value) in _REMEMBERED_TYPES and (value is seen or value == seen):
+            return found
+        found = (header, str(value).encode("utf-8"))
+        last[0] = (value, found)
+        return found
+
+    return pair
+
+
+_timestamp_pair, _due_pair, _first_pair, _last_pair, _message_pair, _trace_pair = (
+    _repeated(h)
+    for h in (ORIGINAL_TIMESTAMP, DUE_AT, FIRST_FAILED_AT, LAST_FAILED_AT, EXCEPTION_MESSAGE, EXCEPTION_TRACE)
+)
+
+
 def encode(h: RetryHeaders) -> list[Header]:
     """The ``retry.*`` headers of ``h``: UTF-8 text, decimal numbers, None fields left out."""
     (
@@ -476,19 +561,19 @@ def encode(h: RetryHeaders) -> list[Header]:
         _topic_pair(topic),
         _partition_pair(partition),
         (ORIGINAL_OFFSET, str(offset).encode("utf-8")),
-        (ORIGINAL_TIMESTAMP, str(timestamp).encode("utf-8")),
+        _timestamp_pair(timestamp),
         _group_pair(group),
     ]
     if tier is not None:
         out.append(_tier_pair(tier))
     if due_at is not None:
-        out.append((DUE_AT, str(due_at).encode("utf-8")))
+        out.append(_due_pair(due_at))
     out += (
-        (FIRST_FAILED_AT, str(first).encode("utf-8")),
-        (LAST_FAILED_AT, str(last).encode("utf-8")),
+        _first_pair(first),
+        _last_pair(last),
         _type_pair(kind),
-        (EXCEPTION_MESSAGE, str(message).encode("utf-8")),
-        (EXCEPTION_TRACE, str(trace).encode("utf-8")),
+        _message_pair(message),
+        _trace_pair(trace),
     )
     if reason is not None:
         out.append(_reason_pair(reason))
@@ -516,15 +601,18 @@ def decode(headers: Sequence[Header]) -> RetryHeaders:
     found = _collect(headers)
     # The version first, so that a record from a newer writer is reported as such, not as a missing field.
     # (each field's fast parser reads the same value, or raises the same error, as `_parse`)
-    _RETRY_PARSERS[0][2](found.get(SCHEMA_VERSION))
-    values = {attr: parse(found.get(header)) for header, attr, parse in _RETRY_PARSERS}
+    schema = _RETRY_PARSERS[0][2](found.get(SCHEMA_VERSION))
+    # the other fields in `_RETRY_SPECS` order, which is also their declaration order
+    values = [parse(found.get(header)) for header, _, parse in _RETRY_PARSERS[1:]]
     lineage = {attr: parse(found.get(header)) for header, attr, parse in _LINEAGE_PARSERS}
     if lineage["replay_count"] is None:
         lineage["replay_count"] = 0
     # Every field was validated by its parser above; build without validating it a second time (decode is
-    # on the tier consumers' hot path) and check only the rules between fields.
-    values["lineage"] = _prevalidated(Lineage, lineage)
-    decoded = _prevalidated(RetryHeaders, values)
+    # on the tier consumers' hot path) and check only the rules between fields. Most records carry no
+    # lineage: they share the one `Lineage()` (which `encode` has ready).
+    no_lineage = lineage == _NO_LINEAGE_FIELDS
+    values += (_NO_LINEAGE if no_lineage else _prevalidated(Lineage, lineage), schema)
+    decoded = _filled(values)
     try:
         decoded._check_consistency()
     except ConfigError as error:  # e.g. first_failed_at > last_failed_at
@@ -544,6 +632,26 @@ def _prevalidated(cls: type[_T], values: dict[str, object]) -> _T:
 
 
 def _collect(headers: Sequence[Header]) -> dict[str, bytes | None]:
+    """The ``retry.*`` headers of `headers` by name, each checked (`_collect_checked` names what is wrong)."""
+    if (type(headers) is tuple or type(headers) is list) and len(headers) <= MAX_HEADER_COUNT:
+        # the common shape in one pass: exact (str, bytes | None) pairs, no duplicated or oversized retry header
+        found: dict[str, bytes | None] = {}
+        for item in headers:
+            if type(item) is not tuple or len(item) != 2:
+                break
+            key, value = item
+            if type(key) is not str or (value is not None and type(value) is not bytes):
+                break
+            if key.startswith(RETRY_PREFIX):
+                if key in found or (value is not None and len(value) > MAX_VALUE_BYTES):
+                    break
+                found[key] = value
+        else:
+            return found
+    return _collect_checked(headers)
+
+
+def _collect_checked(headers: Sequence[Header]) -> dict[str, bytes | None]:
     if isinstance(headers, str | bytes) or not isinstance(headers, Sequence):
         raise HeaderDecodeError("headers", f"<{type(headers).__name__}>", "expected a list of (key, value) pairs")
     if len(headers) > MAX_HEADER_COUNT:
@@ -635,8 +743,12 @@ def decode_lineage(headers: Sequence[Header]) -> Lineage:
     header is looked at, once (the record's size bounds how many): a record with more than `MAX_HEADER_COUNT`
     is dead-lettered with its lineage (`too_many_headers`), and a replay writes it last."""
     items = headers if isinstance(headers, list | tuple) else ()
-    # most records carry no lineage header: nothing to read, and one shared (immutable) answer
-    if not any(isinstance(item, tuple) and len(item) == 2 and item[0] in _LINEAGE_HEADERS for item in items):
+    # most records carry no lineage header: nothing to read, and one shared (immutable) answer (a loop, not
+    # `any()` over a generator: this runs once per failed source record)
+    for item in items:
+        if isinstance(item, tuple) and len(item) == 2 and item[0] in _LINEAGE_HEADERS:
+            break
+    else:
         return _NO_LINEAGE
     seen: dict[str, list[object]] = {s.header: [] for s in _LINEAGE_SPECS}
     for item in items:

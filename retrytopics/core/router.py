@@ -18,12 +18,12 @@ import dataclasses
 import json
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum, StrEnum
-from typing import Final, Literal, NamedTuple, Protocol
+from typing import Any, Final, Literal, NamedTuple, Protocol
 
 from retrytopics.core.backoff import schedule_delay_ms, tier_for_hint
-from retrytopics.core.classify import Classification, Verdict, classify
+from retrytopics.core.classify import Verdict, classify, lone_verdict, plain_classes, retry_after_ms
 from retrytopics.core.diagnostics import describe
 from retrytopics.core.due import due_problem, longest_wait_ms, next_due_ms
 from retrytopics.core.errors import ConfigError, DeliveryLimitReached, HeaderDecodeError
@@ -36,6 +36,7 @@ from retrytopics.core.headers import (
     decode_lineage,
     encode,
     redact,
+    retry_state,
     user_headers,
 )
 from retrytopics.core.naming import NamingStrategy, TierTopic, TopicSet
@@ -146,6 +147,14 @@ class RouteContext:
     clock_skew_ms: int = 60_000
     redact: Callable[[str], str] = redact
     header_keys: HeaderKeys | None = None
+    #: the verdict on a lone failure, per exception class (`classify.lone_verdict`); bounded by
+    #: `_VERDICTS_KEPT`, since failure classes are the handler's to choose. Empty and unused when the policy
+    #: has a `retry_if` or an unusual class (`classify.plain_classes`).
+    _verdicts: dict[type[BaseException], tuple[Verdict, tuple[int, ...]]] | None = field(
+        init=False, repr=False, compare=False, default=None
+    )
+    #: the most failures a tier record may carry (`_check_bounds`, for every tier record read)
+    _reconsume_bound: int = field(init=False, repr=False, compare=False, default=0)
 
     def __post_init__(self) -> None:
         if self.header_keys is not None and not isinstance(self.header_keys, HeaderKeys):
@@ -162,6 +171,10 @@ class RouteContext:
             raise ConfigError("group", self.group, f"the TopicSet was built for group {self.topics.group!r}")
         if isinstance(self.clock_skew_ms, bool) or not isinstance(self.clock_skew_ms, int) or self.clock_skew_ms < 0:
             raise ConfigError("clock_skew_ms", self.clock_skew_ms, "expected an int >= 0")
+        object.__setattr__(self, "_verdicts", {} if plain_classes(self.policy) else None)
+        # Unlimited retries still stop one short of the header's int32 range, so that "+1" always encodes.
+        bound = self.policy.max_reconsume_times
+        object.__setattr__(self, "_reconsume_bound", _MAX_RECONSUME_TIMES if bound is None else bound)
 
 
 def read_retry_state(ctx: RouteContext, record: Consumed, *, now_ms: int) -> RetryHeaders | None:
@@ -194,9 +207,7 @@ def tier_wait_bounds_ms(ctx: RouteContext) -> dict[str, int]:
 
 
 def _check_bounds(ctx: RouteContext, tier: TierTopic, h: RetryHeaders, now_ms: int) -> None:
-    policy, skew = ctx.policy, ctx.clock_skew_ms
-    # Unlimited retries still stop one short of the header's int32 range, so that "+1" always encodes.
-    bound = _MAX_RECONSUME_TIMES if policy.max_reconsume_times is None else policy.max_reconsume_times
+    policy, skew, bound = ctx.policy, ctx.clock_skew_ms, ctx._reconsume_bound
     # each reason is written only when its check fails: every tier record is checked (a tier consumer's hot path)
     if h.tier != tier.index:
         raise HeaderDecodeError("retry.tier", h.tier, f"this record is on tier {tier.index} ({tier.topic})")
@@ -250,21 +261,50 @@ def route(
             previous = read_retry_state(ctx, record, now_ms=now_ms)
         except HeaderDecodeError as bad:
             return _invalid(ctx, record, now_ms, bad)
-    verdict = classify(ctx.policy, failure)
-    if isinstance(verdict.deciding, HeaderDecodeError):
-        return _invalid(ctx, record, now_ms, verdict.deciding)
+    verdict, schedule_ms, hint, deciding = _classified(ctx, failure)
+    if isinstance(deciding, HeaderDecodeError):
+        return _invalid(ctx, record, now_ms, deciding)
     hop = _hop(previous, now_ms)
-    if verdict.verdict is not Verdict.RETRYABLE:
-        return _dead_letter(ctx, record, previous, hop, failure, _VERDICT_REASON[verdict.verdict])
-    allowed = ctx.policy.max_retries_for(verdict.schedule_ms)
+    if verdict is not Verdict.RETRYABLE:
+        return _dead_letter(ctx, record, previous, hop, failure, _VERDICT_REASON[verdict])
+    allowed = ctx.policy.max_retries_for(schedule_ms)
     if allowed is not None and hop.reconsume_times > allowed:
         return _dead_letter(ctx, record, previous, hop, failure, DlqReason.EXHAUSTED)
-    tier, due_at = _next_due(ctx, verdict, hop, rng)
+    tier, due_at = _next_due(ctx, schedule_ms, hint, hop, rng)
     timeout = ctx.policy.timeout_ms
     if timeout is not None and due_at > hop.first_failed_at + timeout:
         return _dead_letter(ctx, record, previous, hop, failure, DlqReason.TIMEOUT)
     retry = _state(ctx, record, previous, hop, failure, tier=tier.index, due_at=due_at, dlq_reason=None)
     return _make_route(ctx, RouteKind.TIER, tier.topic, retry, record)
+
+
+_VERDICTS_KEPT: Final = 256
+
+
+def _classified(
+    ctx: RouteContext, failure: BaseException
+) -> tuple[Verdict, tuple[int, ...], int | None, BaseException]:
+    """`classify` as (verdict, schedule, retry-after hint, deciding link). A lone failure (no cause, no
+    context: most of them) is decided by its class, remembered per context; its hint is read each time."""
+    verdicts, cls = ctx._verdicts, type(failure)
+    if (
+        verdicts is None
+        or failure.__cause__ is not None
+        or failure.__context__ is not None
+        or failure.__class__ is not cls
+    ):
+        c = classify(ctx.policy, failure)
+        return c.verdict, c.schedule_ms, c.retry_after_ms, c.deciding
+    known = verdicts.get(cls)
+    if known is None:
+        known = lone_verdict(ctx.policy, cls)
+        if len(verdicts) >= _VERDICTS_KEPT:
+            verdicts.clear()  # a bound, not an LRU: the classes that recur are back after a few failures
+        verdicts[cls] = known
+    verdict, schedule_ms = known
+    if verdict is not Verdict.RETRYABLE:
+        return verdict, schedule_ms, None, failure
+    return verdict, schedule_ms, retry_after_ms(failure, ctx.policy.retry_after_attribute), failure
 
 
 def delivery_limit_route(ctx: RouteContext, record: Consumed, failure: DeliveryLimitReached, *, now_ms: int) -> Route:
@@ -301,11 +341,13 @@ def _hop(previous: RetryHeaders | None, now_ms: int) -> _Hop:
 _new_hop = tuple.__new__
 
 
-def _next_due(ctx: RouteContext, verdict: Classification, hop: _Hop, rng: random.Random) -> tuple[TierTopic, int]:
+def _next_due(
+    ctx: RouteContext, schedule_ms: tuple[int, ...], hint: int | None, hop: _Hop, rng: random.Random
+) -> tuple[TierTopic, int]:
     """The tier and due time of the next retry; a retry-after hint picks the tier (due.py floors the wait)."""
-    policy, hint = ctx.policy, verdict.retry_after_ms
+    policy = ctx.policy
     if hint is None:
-        delay = schedule_delay_ms(verdict.schedule_ms, hop.reconsume_times)
+        delay = schedule_delay_ms(schedule_ms, hop.reconsume_times)
     else:
         delay = policy.tier_delays_ms[tier_for_hint(policy.tier_delays_ms, hint)]
     due_at = next_due_ms(
@@ -340,23 +382,26 @@ def _state(
             exception_message=described.exception_message,
             exception_trace=described.exception_trace,
         )
-    return RetryHeaders(
-        reconsume_times=hop.reconsume_times,
-        origin_message_id=origin_message_id(ctx, record),
-        original_topic=record.topic,
-        original_partition=record.partition,
-        original_offset=record.offset,
-        original_timestamp=max(-1, record.timestamp_ms),
-        consumer_group=ctx.group,
-        tier=tier,
-        due_at=due_at,
-        dlq_reason=dlq_reason,
-        first_failed_at=hop.first_failed_at,
-        last_failed_at=hop.last_failed_at,
-        lineage=decode_lineage(record.headers),
-        exception_type=described.exception_type,
-        exception_message=described.exception_message,
-        exception_trace=described.exception_trace,
+    return retry_state(
+        (
+            hop.reconsume_times,
+            origin_message_id(ctx, record),
+            record.topic,
+            record.partition,
+            record.offset,
+            max(-1, record.timestamp_ms),
+            ctx.group,
+            tier,
+            due_at,
+            hop.first_failed_at,
+            hop.last_failed_at,
+            described.exception_type,
+            described.exception_message,
+            described.exception_trace,
+            dlq_reason,
+            decode_lineage(record.headers),
+            1,  # schema_version
+        )
     )
 
 
@@ -447,14 +492,25 @@ def _make_route(ctx: RouteContext, kind: RouteKind, topic: str, retry: RetryHead
         # replay called it foreign): to the DLQ now, with this record's own state and no user headers.
         kind, topic, users = RouteKind.DLQ, ctx.topics.dlq, []
         retry = retry.evolve(tier=None, due_at=None, dlq_reason=DlqReason.TOO_MANY_HEADERS)
-    headers = _signed(ctx, topic, record.key, record.value, (*users, *encode(retry)))
-    dlq = kind is RouteKind.DLQ
-    return Route(
-        kind=kind,
-        topic=topic,
-        due_at_ms=None if dlq else retry.due_at,
-        reason=retry.dlq_reason,
-        retry=retry,
-        headers=headers,
-        partition_hint=None if record.key is not None else retry.original_partition,
-    )
+    headers = (*users, *encode(retry))
+    if ctx.header_keys is not None:
+        headers = sign(ctx.header_keys, topic, record.key, record.value, headers)
+    decided: Any = _UnfrozenRoute()
+    decided.kind = kind
+    decided.topic = topic
+    decided.due_at_ms = None if kind is RouteKind.DLQ else retry.due_at
+    decided.reason = retry.dlq_reason
+    decided.retry = retry
+    decided.headers = headers
+    decided.partition_hint = None if record.key is not None else retry.original_partition
+    object.__setattr__(decided, "__class__", Route)
+    made: Route = decided
+    return made
+
+
+class _UnfrozenRoute:
+    """`Route`'s slots in a mutable class: filled by plain attribute stores, then made a `Route` (one layout,
+    so CPython allows the class assignment); the frozen dataclass's `__init__` sets each field through
+    `object.__setattr__`, at several times the cost (a route is made per failed record)."""
+
+    __slots__ = tuple(Route.__dataclass_fields__)

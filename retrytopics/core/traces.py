@@ -17,7 +17,7 @@ from collections.abc import Callable
 from types import CodeType, FrameType
 from typing import NamedTuple
 
-__all__ = ["Link", "format_links", "format_trace", "keyed_chain"]
+__all__ = ["Link", "format_links", "format_trace", "keyed_chain", "lone_key"]
 
 _CHAIN_LIMIT = 32
 _SITE_CACHE_SIZE = 512
@@ -129,6 +129,23 @@ def keyed_chain(failure: BaseException) -> tuple[tuple[object, ...], list[Link]]
         key += (type(exc), link.text, link.where, separator)
         links.append(link)
     return tuple(key), links
+
+
+def lone_key(failure: BaseException) -> tuple[object, ...] | None:
+    """`keyed_chain(failure)`'s key for a failure with no cause or context (the caller checks), read without
+    the frames a description is formatted from: all a failure described before needs."""
+    if isinstance(failure, SyntaxError) or getattr(failure, "__notes__", None) is not None:
+        return None
+    try:
+        text = str(failure)
+    except Exception:  # noqa: BLE001 - described the slow way, which prints a placeholder
+        return None
+    where: list[tuple[CodeType, int]] = []
+    tb = failure.__traceback__
+    while tb is not None:
+        where.append((tb.tb_frame.f_code, tb.tb_lineno))
+        tb = tb.tb_next
+    return (type(failure), text, tuple(where), "")
 
 
 def _link(exc: BaseException, separator: str) -> Link | None:

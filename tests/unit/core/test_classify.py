@@ -8,7 +8,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from retrytopics.core.classify import MAX_CHAIN, Verdict, classify, exception_chain, retry_after_ms
+from retrytopics.core.classify import (
+    MAX_CHAIN,
+    Verdict,
+    classify,
+    exception_chain,
+    lone_verdict,
+    plain_classes,
+    retry_after_ms,
+)
 from retrytopics.core.errors import HeaderDecodeError, NonRetryable, PoisonRecordError, Retry
 from retrytopics.core.policy import Exponential, RetryPolicy
 
@@ -176,3 +184,66 @@ def test_non_retryable_anywhere_in_a_chain_wins(types: list[type[Exception]]) ->
         assert verdict is Verdict.RETRYABLE
     else:
         assert verdict is Verdict.NON_RETRYABLE
+
+
+class _Tagged(Exception, metaclass=type("_Meta", (type,), {})):
+    pass
+
+
+_LONE_CLASSES = [
+    RuntimeError,
+    ValueError,
+    OSError,
+    TimeoutError,
+    KeyError,
+    RateLimited,
+    SlowDown,
+    Retry,
+    NonRetryable,
+    PoisonRecordError,
+    HeaderDecodeError,
+    KeyboardInterrupt,
+    _Tagged,
+]
+_LONE_POLICIES = [
+    RetryPolicy(),
+    POLICY,
+    RetryPolicy(retryable=(OSError,), non_retryable=(TimeoutError,)),
+    RetryPolicy(
+        delays=["5s", "1m"],
+        per_exception={RateLimited: ["30s"], OSError: Exponential(initial="1s", max_delay="8s", tiers=4)},
+    ),
+    RetryPolicy(retryable=(BaseException,), non_retryable=(_Tagged,)),
+]
+
+
+@given(
+    cls=st.sampled_from(_LONE_CLASSES), policy=st.sampled_from(_LONE_POLICIES), hint=st.sampled_from([None, 2, "5s"])
+)
+def test_a_lone_failure_is_decided_by_its_class_as_classify_decides_it(
+    cls: type[BaseException], policy: RetryPolicy, hint: object
+) -> None:
+    """For a failure with no cause or context under a policy of plain classes without `retry_if`, the verdict
+    the router remembers per class (`lone_verdict`, plus the hint read from the instance) is `classify`'s."""
+    failure = cls.__new__(cls)
+    if isinstance(failure, Retry):
+        failure.after = hint  # type: ignore[assignment]
+    else:
+        failure.retry_after = hint  # type: ignore[attr-defined]
+    expected = classify(policy, failure)
+    if not plain_classes(policy):
+        return
+    verdict, schedule = lone_verdict(policy, cls)
+    assert (verdict, schedule, expected.deciding) == (expected.verdict, expected.schedule_ms, failure)
+    if verdict is Verdict.RETRYABLE:
+        assert retry_after_ms(failure, policy.retry_after_attribute) == expected.retry_after_ms
+    else:
+        assert expected.retry_after_ms is None
+
+
+def test_a_policy_with_a_predicate_or_an_unusual_class_is_not_decided_by_class() -> None:
+    """`retry_if` reads the instance, and a class with its own metaclass may answer `isinstance` from it: such
+    policies are classified each time."""
+    assert plain_classes(POLICY)
+    assert not plain_classes(RetryPolicy(retry_if=lambda exc: True))
+    assert not plain_classes(RetryPolicy(non_retryable=(_Tagged,)))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import pickle
 from typing import Any
 
 import pytest
@@ -407,10 +408,13 @@ def _edges(spec: Any) -> list[object]:
 
 
 def _accepts_only_valid(spec: Any, value: object) -> None:
-    values = list(H._retry_values(sample()))
-    values[H._RETRY_SPECS.index(spec)] = value
+    values = list(H._all_retry_fields(sample()))
+    values[H._RETRY_FIELD_INDEX[spec.attr]] = value
     if H._plainly_valid(tuple(values)):
-        assert all(H._problem(s, v) is None for s, v in zip(H._RETRY_SPECS, values, strict=True)), (spec.attr, value)
+        assert all(H._problem(s, values[H._RETRY_FIELD_INDEX[s.attr]]) is None for s in H._RETRY_SPECS), (
+            spec.attr,
+            value,
+        )
 
 
 @pytest.mark.parametrize("spec", H._RETRY_SPECS, ids=lambda s: s.attr)
@@ -428,5 +432,92 @@ def test_the_one_expression_check_accepts_nothing_a_field_check_refuses(spec: An
 
 def test_the_one_expression_check_accepts_the_states_the_router_builds() -> None:
     # the point of it: a state of plain values takes one expression, not sixteen calls
-    assert H._plainly_valid(H._retry_values(sample()))
-    assert H._plainly_valid(H._retry_values(sample(tier=None, due_at=None, dlq_reason=DlqReason.TIMEOUT)))
+    assert H._plainly_valid(H._all_retry_fields(sample()))
+    assert H._plainly_valid(H._all_retry_fields(sample(tier=None, due_at=None, dlq_reason=DlqReason.TIMEOUT)))
+
+
+@given(h=retry_headers(), field=st.sampled_from(H._RETRY_FIELD_NAMES), value=_FIELD_VALUES)
+def test_retry_state_is_the_constructor_for_any_values(h: RetryHeaders, field: str, value: object) -> None:
+    """`retry_state` (the router's builder) gives the state the constructor gives, or fails on the field the
+    constructor names: a valid state with one field replaced by anything."""
+    values = list(H._all_retry_fields(h))
+    values[H._RETRY_FIELD_INDEX[field]] = value
+    try:
+        expected = RetryHeaders(**dict(zip(H._RETRY_FIELD_NAMES, values, strict=True)))
+    except ConfigError as exc:
+        with pytest.raises(ConfigError) as info:
+            H.retry_state(values)
+        assert info.value.field == exc.field
+    else:
+        built = H.retry_state(values)
+        assert type(built) is RetryHeaders
+        assert built == expected
+        assert hash(built) == hash(expected)
+        assert encode(built) == _encoded_field_by_field(expected)
+
+
+def test_a_state_built_by_attribute_stores_is_a_frozen_retry_headers() -> None:
+    """The fast builders (`retry_state`, `evolve`) hand out real, frozen `RetryHeaders`, equal to the
+    constructor's."""
+    h = sample()
+    for built in (
+        H.retry_state(H._all_retry_fields(h)),
+        h.evolve(reconsume_times=9).evolve(reconsume_times=h.reconsume_times),
+    ):
+        assert type(built) is RetryHeaders
+        assert built == h
+        assert repr(built) == repr(h)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            built.tier = 3  # type: ignore[misc]
+        assert pickle.loads(pickle.dumps(built)) == built
+    assert H._UnfrozenRetryHeaders.__slots__ == tuple(f.name for f in dataclasses.fields(RetryHeaders))
+
+
+def test_decode_shares_the_empty_lineage_and_encodes_the_same_bytes() -> None:
+    """A tier record without lineage headers decodes to the shared `Lineage()` (which `encode` has ready); one
+    with lineage keeps it; both re-encode to the bytes they were decoded from."""
+    plain = sample()
+    traced = sample(lineage=Lineage(replay_id="r-1", replayed_at=5, replay_count=2, replay_origin_id="o-1"))
+    assert decode(encode(plain)).lineage is H._NO_LINEAGE
+    assert decode(encode(traced)).lineage == traced.lineage
+    for h in (plain, traced):
+        assert encode(decode(encode(h))) == encode(h) == _encoded_field_by_field(h)
+
+
+@given(
+    headers=st.lists(
+        st.one_of(
+            st.tuples(st.sampled_from([H.TIER, H.DUE_AT, "x-user", H.REPLAY_ID]), st.none() | st.binary(max_size=4)),
+            st.tuples(st.sampled_from([H.TIER, "x-user"]), st.text(max_size=2)),
+            st.sampled_from([("a",), ("a", b"1", b"2"), [H.TIER, b"1"], (b"retry.tier", b"1"), (None, b"1")]),
+        ),
+        max_size=6,
+    )
+)
+def test_collecting_retry_headers_is_the_checked_collection(headers: list[Any]) -> None:
+    """The one-pass collection of retry headers gives what the field-by-field one gives, or its error."""
+    try:
+        expected = H._collect_checked(headers)
+    except HeaderDecodeError as exc:
+        with pytest.raises(HeaderDecodeError) as info:
+            H._collect(headers)
+        assert (info.value.field, info.value.reason) == (exc.field, exc.reason)
+    else:
+        assert H._collect(headers) == expected
+
+
+def test_repeated_values_share_their_header_pair_and_never_another_values() -> None:
+    """Failure and due times, timestamps and the cached message and trace of consecutive records share one
+    (header, bytes) pair when equal (fewer objects kept per hand-off in flight), and every encoding is still
+    the field-by-field one, including an int subclass that prints otherwise between equal plain ints."""
+    states = [
+        sample(original_timestamp=ts, exception_message=msg, exception_trace=msg * 3)
+        for ts, msg in [(5, "a"), (5, "a"), (_Loud(5), "a"), (5, "b"), (6, "b"), (6, "a")]
+    ]
+    encoded = [encode(h) for h in states]
+    for h, pairs in zip(states, encoded, strict=True):
+        assert pairs == _encoded_field_by_field(h)
+    shared = {H.ORIGINAL_TIMESTAMP, H.EXCEPTION_MESSAGE, H.EXCEPTION_TRACE, H.DUE_AT, H.FIRST_FAILED_AT}
+    assert all(a is b for a, b in zip(encoded[0], encoded[1], strict=True) if a[0] in shared)
+    assert dict(encoded[2])[H.ORIGINAL_TIMESTAMP] == b"loud"
+    assert dict(encoded[3])[H.ORIGINAL_TIMESTAMP] == b"5"

@@ -484,3 +484,25 @@ def test_wrapped_signals_unwrap_to_the_innermost_failure() -> None:
     nested = NonRetryable(_retry_from(inner))
     r = route(context(), source(), nested, now_ms=T0, rng=random.Random(0))
     assert (r.kind, r.retry.exception_type) == (RouteKind.DLQ, "builtins.KeyError")
+
+
+def test_verdicts_remembered_per_class_route_as_classifying_each_failure_and_stay_bounded() -> None:
+    """The router remembers a lone failure's verdict per exception class: every route equals the route of a
+    context that classifies each failure afresh, and the memory never holds more than its bound, however
+    many classes a handler raises. Routes are real, frozen `Route`s."""
+    policy = RetryPolicy(non_retryable=(ValueError,), max_retries=2, per_exception={TimeoutError: ["1m"]})
+    remembering, fresh = context(policy), context(policy)
+    object.__setattr__(fresh, "_verdicts", None)  # classify every failure
+    classes = [type(f"Failure{i}", (RuntimeError if i % 3 else ValueError,), {}) for i in range(300)]
+    failures = [*(cls("x") for cls in classes), TimeoutError("t"), Retry(after="30s"), NonRetryable("n"), OSError()]
+    for attempt, failure in enumerate(failures * 2):
+        record = source(offset=attempt)
+        got = route(remembering, record, failure, now_ms=T0, rng=random.Random(attempt))
+        want = route(fresh, record, failure, now_ms=T0, rng=random.Random(attempt))
+        assert type(got) is Route
+        assert got == want
+        assert got.retry == want.retry
+        assert remembering._verdicts is not None
+        assert len(remembering._verdicts) <= 256
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        got.topic = "elsewhere"  # type: ignore[misc]

@@ -181,3 +181,24 @@ def test_the_cache_keeps_each_records_message_and_each_apps_redaction() -> None:
     cards = Redactor.with_patterns([r"order \d"])
     assert "order 1" not in describe(_fail("order 1 timed out"), cards).exception_trace
     assert "order 1" in describe(_fail("order 1 timed out"), redact).exception_trace
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: _raised(ValueError("v")),
+        lambda: _raised(TimeoutError("order 7 timed out")),
+        lambda: ValueError("never raised"),
+        lambda: _raised(_with_note()),
+        lambda: _raised(SyntaxError("bad syntax", ("f.py", 1, 2, "x y"))),
+        lambda: _raised(_Unprintable()),
+    ],
+)
+def test_a_lone_failure_is_looked_up_by_the_key_its_chain_has(make: Callable[[], BaseException]) -> None:
+    """A failure with no cause or context is looked up in the description cache by `lone_key`, which must be
+    the key `keyed_chain` files it under (or None where that is None)."""
+    from retrytopics.core.traces import lone_key
+
+    failure = make()
+    assert failure.__cause__ is None and failure.__context__ is None
+    assert lone_key(failure) == _key(failure)

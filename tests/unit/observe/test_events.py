@@ -3,8 +3,10 @@ and the loop's per-batch sums (`records.handled`) count every successful call ex
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 
+from retrytopics.core.headers import DlqReason
 from retrytopics.observe.events import PER_BATCH, Emitter, Event, LoggingHook, NullHook, StatsCollector
 
 
@@ -49,3 +51,32 @@ def test_a_hook_whose_own_attribute_shares_the_name_still_receives_everything() 
     emitter.emit(Event.RECORD_HANDLED, topic="t")
     assert keeper.wanted_events == [Event.TRANSACTION_ABORTED, Event.RECORD_HANDLED]
     assert emitter.wants(Event.RECORD_HANDLED)
+
+
+def test_stats_count_every_event_from_every_thread() -> None:
+    """`StatsCollector` counts what the hooks are told, exactly, with four consumer threads emitting at once:
+    handled records by their `count` (a non-int count as one), failures, retries, DLQ records by reason, share
+    acknowledgements by kind; events it does not count change nothing."""
+    stats = StatsCollector()
+    emitter = Emitter([stats])
+
+    def consumer() -> None:
+        for i in range(2_000):
+            emitter.emit(Event.RECORDS_HANDLED, count=3)
+            emitter.emit(Event.RECORDS_HANDLED, count="many")
+            emitter.emit(Event.RECORD_FAILED, topic="t", error="E")
+            emitter.emit(Event.RETRY_SCHEDULED, topic="t", due_at=i)
+            emitter.emit(Event.DLQ_DISPATCHED, reason="poison" if i % 2 else DlqReason.EXHAUSTED)
+            emitter.emit(Event.RECORDS_ACKNOWLEDGED, accepted=2, released=1, rejected="x")
+            emitter.emit(Event.PARTITION_PAUSED, topic="t", partition=0)
+
+    threads = [threading.Thread(target=consumer) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    snap = stats.snapshot(paused_partitions=2)
+    assert (snap.handled, snap.failed, snap.retried) == (8_000 * 4, 8_000, 8_000)
+    assert dict(snap.dead_lettered) == {"poison": 4_000, "exhausted": 4_000}
+    assert dict(snap.acknowledged) == {"accepted": 16_000, "released": 8_000}
+    assert (snap.duplicates_suppressed, snap.publish_failures, snap.abandoned, snap.paused_partitions) == (0, 0, 0, 2)
