@@ -292,12 +292,27 @@ def committed_offsets(
     from retrytopics.connectors.kafka import make_consumer
 
     consumer = make_consumer(kafka, group_id=group)  # type: ignore[arg-type]
+    deadline = time.monotonic() + timeout_s
     try:
-        with map_kafka_errors():
-            answer = consumer.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=timeout_s)
-        return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in answer}
+        while True:
+            try:
+                with map_kafka_errors():
+                    answer = consumer.committed(
+                        [TopicPartition(topic, p) for p in range(partitions)],
+                        timeout=max(0.1, deadline - time.monotonic()),
+                    )
+                return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in answer}
+            except KafkaClientError as exc:
+                # the group's coordinator is moving or loading (a group new to the broker, a restart):
+                # librdkafka fails the fetch rather than finding the coordinator again, so ask again
+                if exc.code not in _COORDINATOR_MOVING or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.1)
     finally:
         consumer.close()
+
+
+_COORDINATOR_MOVING = frozenset({"NOT_COORDINATOR", "COORDINATOR_LOAD_IN_PROGRESS", "COORDINATOR_NOT_AVAILABLE"})
 
 
 def read_at(kafka: object, topic: str, partition: int, offset: int, *, timeout_s: float = 5.0) -> object | None:

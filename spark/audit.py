@@ -18,6 +18,8 @@ What Kafka tells, and so what the numbers mean (docs/spark.md, "Audit definition
   tight when tier consumers keep up.
 - A DLQ record is *replayed* when a record on the source or a tier carries `retry.replay_origin_id` equal
   to its origin id (the replay job writes it).
+- A key-ordered pipeline (its key-state topic exists) gets a `key_order` section: blocked keys, followers
+  and the longest wait behind a head (`retrytopics.spark.key_order`); followers' hops are no episode.
 - With `broker_dlq` (a share group's broker-written DLQ, KIP-1191), its records are dead letters too, of
   kind `broker_dlq`, decoded and counted once as `retrytopics.spark.broker_dlq` says (ours wins over the
   broker's copy of one source record); `dlq.broker` gives its own numbers.
@@ -299,8 +301,9 @@ def audit(
     broker-written DLQ (`dlq.<group>`), read beside ours (`retrytopics.spark.broker_dlq`).
 
     Three Spark jobs make the summary: the per-record pass (which also reads Kafka once, into the cache),
-    the episode pass and the replayed count (and one for `dlq.broker`); the chart needs none, the Parquet
-    output one per dataset. Every number counts a broker dead letter once; `records/` keeps every row, with
+    the episode pass and the replayed count (and one for `dlq.broker`, and a few small ones for the
+    `key_order` section of a pipeline with a key-state topic: `retrytopics.spark.key_order`); the chart
+    needs none, the Parquet output one per dataset. Every number counts a broker dead letter once; `records/` keeps every row, with
     `duplicate_of` telling the rows not counted."""
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     if out and not overwrite:
