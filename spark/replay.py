@@ -559,7 +559,8 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
         dest="destination",
         choices=DESTINATIONS,
         default="original",
-        help="original topic (default) or the first retry tier",
+        help="original topic (default) or the first retry tier (refused for a key-ordered handler's "
+        "blocked_by_key records and the records they waited behind)",
     )
     parser.add_argument(
         "--keep-reconsume-times",
