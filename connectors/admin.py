@@ -29,6 +29,7 @@ __all__ = [
     "committed_offsets",
     "end_offsets",
     "ensure_topics",
+    "key_state_problem",
     "key_state_spec",
     "less_durable",
     "partition_count",
@@ -91,10 +92,37 @@ def key_state_spec(topics: TopicSet, partitions: int, replication_factor: int, c
 class TopicDurability:
     """How durable a topic's writes are: replicas per partition (the fewest of any partition) and the
     `min.insync.replicas` an acks=all write needs (the topic's, else the broker's default; None when the
-    broker does not say, as tansu does not)."""
+    broker does not say, as tansu does not); and what it keeps, its `cleanup.policy` (None: not said)."""
 
     replication_factor: int
     min_insync_replicas: int | None
+    cleanup_policy: str | None = None
+
+
+def key_state_problem(
+    topics: TopicSet, source_partitions: int, found: TopicDurability | None, partitions: int | None
+) -> str | None:
+    """Why a key-ordered handler cannot start on the key-state topic of `topics` as found (`found` and its
+    `partitions`, None when it does not exist), or None. It must exist, keep records by key only
+    (`cleanup.policy=compact`: with `delete` the chain record of a key blocked longer than `retention.ms`
+    would vanish and its followers run out of order), and have a partition for every source partition (the
+    state of source partition p is written to partition p). A policy the broker does not say is not refused."""
+    name = topics.key_state_topic
+    fix = "create it with `retrytopics topics create` or `app.provision()`"
+    if found is None or partitions is None:
+        return f"the key-state topic {name!r} of the key-ordered handler of {topics.source!r} does not exist: {fix}"
+    if found.cleanup_policy is not None and found.cleanup_policy.replace(" ", "") != "compact":
+        return (
+            f"the key-state topic {name!r} has cleanup.policy={found.cleanup_policy}, not compact: records of keys "
+            f"blocked longer than its retention would be deleted; set cleanup.policy=compact on it "
+            f"(kafka-configs --alter), or delete it and {fix}"
+        )
+    if partitions < source_partitions:
+        return (
+            f"the key-state topic {name!r} has {partitions} partitions, the source {topics.source!r} "
+            f"{source_partitions}: add partitions to it (the state of source partition p lives in partition p)"
+        )
+    return None
 
 
 def less_durable(source: str, durability: Mapping[str, TopicDurability]) -> list[str]:
@@ -140,10 +168,7 @@ def topic_durability(
                 [ConfigResource(ResourceType.TOPIC, n) for n in found], request_timeout=timeout_s
             )
             return {
-                resource.name: TopicDurability(
-                    replication_factor=replicas[resource.name],
-                    min_insync_replicas=_min_insync(future.result(timeout_s)),
-                )
+                resource.name: _durability(replicas[resource.name], future.result(timeout_s))
                 for resource, future in answers.items()
             }
         except KafkaException as exc:
@@ -152,6 +177,15 @@ def topic_durability(
                 with map_kafka_errors():
                     raise
             time.sleep(0.1)
+
+
+def _durability(replication_factor: int, entries: Mapping[str, object]) -> TopicDurability:
+    policy = getattr(entries.get("cleanup.policy"), "value", None)
+    return TopicDurability(
+        replication_factor=replication_factor,
+        min_insync_replicas=_min_insync(entries),
+        cleanup_policy=policy if isinstance(policy, str) else None,
+    )
 
 
 def _min_insync(entries: Mapping[str, object]) -> int | None:
@@ -258,12 +292,27 @@ def committed_offsets(
     from retrytopics.connectors.kafka import make_consumer
 
     consumer = make_consumer(kafka, group_id=group)  # type: ignore[arg-type]
+    deadline = time.monotonic() + timeout_s
     try:
-        with map_kafka_errors():
-            answer = consumer.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=timeout_s)
-        return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in answer}
+        while True:
+            try:
+                with map_kafka_errors():
+                    answer = consumer.committed(
+                        [TopicPartition(topic, p) for p in range(partitions)],
+                        timeout=max(0.1, deadline - time.monotonic()),
+                    )
+                return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in answer}
+            except KafkaClientError as exc:
+                # the group's coordinator is moving or loading (a group new to the broker, a restart):
+                # librdkafka fails the fetch rather than finding the coordinator again, so ask again
+                if exc.code not in _COORDINATOR_MOVING or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.1)
     finally:
         consumer.close()
+
+
+_COORDINATOR_MOVING = frozenset({"NOT_COORDINATOR", "COORDINATOR_LOAD_IN_PROGRESS", "COORDINATOR_NOT_AVAILABLE"})
 
 
 def read_at(kafka: object, topic: str, partition: int, offset: int, *, timeout_s: float = 5.0) -> object | None:

@@ -34,6 +34,7 @@ from retrytopics.client_factory import ClientFactory, KafkaClientFactory
 from retrytopics.connectors.admin import (
     ProvisionOutcome,
     TopicSpec,
+    key_state_problem,
     key_state_spec,
     less_durable,
     replication_config,
@@ -333,6 +334,29 @@ class RetryApp:
             clients.set_share_group_config(self.group, share_config, timeout_s)
         return outcome
 
+    def preflight(self, *, timeout: DurationLike = "30s") -> None:
+        """Fail now, naming the topic and the fix, if a key-ordered handler's key-state topic is missing, not
+        compacted or has fewer partitions than its source (`connectors.admin.key_state_problem`): run
+        without it, a new owner of a partition could not know which keys are blocked. `start` calls it; an
+        app without ordered handlers asks the broker nothing."""
+        ordered = {topic: b for topic, b in self._registry.bindings.items() if b.ordering is not None}
+        if not ordered:
+            return
+        clients = self._client_factory()
+        timeout_s = parse_duration(timeout, field="timeout") / 1000
+        names = [b.ctx.topics.key_state_topic for b in ordered.values()]
+        durability = clients.topic_durability(names, timeout_s)
+        for topic, binding in ordered.items():
+            name = binding.ctx.topics.key_state_topic
+            problem = key_state_problem(
+                binding.ctx.topics,
+                clients.partition_count(topic, timeout_s) or 0,
+                durability.get(name),
+                clients.partition_count(name, timeout_s),
+            )
+            if problem is not None:
+                raise ConfigError("key_state_topic", name, problem)
+
     # -- running ---------------------------------------------------------------------------------------------
 
     def start(self, *, main: bool = True, tiers: TierSelection | None = None) -> None:
@@ -342,6 +366,7 @@ class RetryApp:
         if self._runner.stop_event.is_set():
             raise ConfigError("app", "stopped", "a stopped RetryApp cannot be restarted; build a new one")
         _refuse_key_ordering(self._registry.bindings)
+        self.preflight()
         settings: list[LoopSettings] = []
         if main:
             settings.append(

@@ -179,6 +179,9 @@ class MemoryClientFactory:
         self.clock = clock
         self.lock = threading.RLock()
         self._written = threading.Condition(self.lock)
+        # the memory broker keeps no topic configs: those given when `ensure_topics` created a topic are kept
+        # here, for `topic_durability` (a topic made otherwise has none said)
+        self._cleanup_policy: dict[str, str] = {}
 
     def consumer(self, group_id: str, overrides: Mapping[str, Any]) -> ConsumerPort:
         with self.lock:
@@ -255,13 +258,17 @@ class MemoryClientFactory:
                     raise TopicMismatchError(spec.name, spec.partitions, existing[spec.name])
             for spec in specs:
                 self.broker.create_topic(spec.name, spec.partitions)
+                if spec.name not in existing and "cleanup.policy" in spec.config:
+                    self._cleanup_policy[spec.name] = spec.config["cleanup.policy"]
         return {n: ProvisionOutcome.EXISTS if n in existing else ProvisionOutcome.CREATED for n in names}
 
     def topic_durability(self, topics: Sequence[str], timeout_s: float) -> dict[str, TopicDurability]:
         # one copy of everything, in this process's memory
         with self.lock:
             return {
-                t: TopicDurability(replication_factor=1, min_insync_replicas=1)
+                t: TopicDurability(
+                    replication_factor=1, min_insync_replicas=1, cleanup_policy=self._cleanup_policy.get(t)
+                )
                 for t in topics
                 if self.partition_count(t, timeout_s) is not None
             }

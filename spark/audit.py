@@ -18,6 +18,8 @@ What Kafka tells, and so what the numbers mean (docs/spark.md, "Audit definition
   tight when tier consumers keep up.
 - A DLQ record is *replayed* when a record on the source or a tier carries `retry.replay_origin_id` equal
   to its origin id (the replay job writes it).
+- A key-ordered pipeline (its key-state topic exists) gets a `key_order` section: blocked keys, followers
+  and the longest wait behind a head (`retrytopics.spark.key_order`); followers' hops are no episode.
 - With `broker_dlq` (a share group's broker-written DLQ, KIP-1191), its records are dead letters too, of
   kind `broker_dlq`, decoded and counted once as `retrytopics.spark.broker_dlq` says (ours wins over the
   broker's copy of one source record); `dlq.broker` gives its own numbers.
@@ -45,6 +47,7 @@ from retrytopics.core.naming import TopicSet
 from retrytopics.operator.progress import finish, note, rate
 from retrytopics.spark.broker_dlq import BROKER_KIND, broker_summary, mark_duplicates, with_broker_columns
 from retrytopics.spark.columns import with_retry_columns
+from retrytopics.spark.key_order import FOLLOWER_COLUMNS, key_order_lines, key_order_summary, with_follower_columns
 from retrytopics.spark.session import job_step
 
 __all__ = [
@@ -205,6 +208,8 @@ def episodes(records: DataFrame) -> DataFrame:
     # a broker dead letter without readable coordinates has no id to follow: counted in `dlq.broker` only
     traceable = (F.col("kind") != BROKER_KIND) | F.col("origin_message_id").isNotNull()
     hops = records.where((F.col("kind") != "source") & traceable)
+    if "key_order_after" in records.columns:  # a follower has not failed: its hops are no failure episode
+        hops = hops.where(F.col("key_order_after").isNull())
     hops = hops.withColumn("replays", F.coalesce("replay_count", F.lit(0)))
     tier = F.col("kind") == "tier"
     last = F.struct("handled", "tier_index", "due_at", "topic")
@@ -296,8 +301,9 @@ def audit(
     broker-written DLQ (`dlq.<group>`), read beside ours (`retrytopics.spark.broker_dlq`).
 
     Three Spark jobs make the summary: the per-record pass (which also reads Kafka once, into the cache),
-    the episode pass and the replayed count (and one for `dlq.broker`); the chart needs none, the Parquet
-    output one per dataset. Every number counts a broker dead letter once; `records/` keeps every row, with
+    the episode pass and the replayed count (and one for `dlq.broker`, and a few small ones for the
+    `key_order` section of a pipeline with a key-state topic: `retrytopics.spark.key_order`); the chart
+    needs none, the Parquet output one per dataset. Every number counts a broker dead letter once; `records/` keeps every row, with
     `duplicate_of` telling the rows not counted."""
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     if out and not overwrite:
@@ -306,7 +312,7 @@ def audit(
     read = pipeline_records(
         spark, kafka, topics, now_ms=now_ms, grace_ms=grace_ms, kafka_format=kafka_format, broker_dlq=broker_dlq
     )
-    read = read.drop("key", "value", "headers").cache()
+    read = with_follower_columns(read).drop("key", "value", "headers").cache()
     every = mark_duplicates(read).cache() if broker_dlq else read.withColumn("duplicate_of", F.lit(None).cast("string"))
     records = every.where(F.col("duplicate_of").isNull())
     eps = episodes(records)
@@ -332,6 +338,10 @@ def audit(
         if broker_dlq:
             job_step(spark, f"audit: counting the broker's dead letters in {broker_dlq}")
             summary["dlq"]["broker"] = broker_summary(every, broker_dlq)
+        job_step(spark, f"audit: reading {topics.key_state_topic} and the followers of key-ordered handlers")
+        key_order = key_order_summary(spark, kafka, topics, records, now_ms=now_ms, kafka_format=kafka_format)
+        if key_order is not None:  # only a key-ordered pipeline has the section
+            summary["key_order"] = key_order
         note(f"{summary['lineage']['episodes']:,} failure episodes, {summary['dlq']['records']:,} DLQ records")
         if out:
             job_step(spark, f"audit: writing Parquet to {out}")
@@ -377,6 +387,7 @@ def _refuse_a_used_folder(spark: SparkSession, out: str) -> None:
 
 
 def _write_parquet(records: DataFrame, eps: DataFrame, summary: Mapping[str, Any], out: str) -> None:
+    records = records.drop(*FOLLOWER_COLUMNS) if "key_order" not in summary else records.drop("key_digest")
     records.write.mode("overwrite").partitionBy("kind").parquet(f"{out}/records")
     eps.write.mode("overwrite").parquet(f"{out}/episodes")
     spark = records.sparkSession
@@ -471,6 +482,7 @@ def format_table(summary: Mapping[str, Any]) -> str:
             f"  recovery (p50 / p99): {recovery}",
             "",
             table(["tier", "handled", "recovered", "success rate"], rates, align="lrrr"),
+            *key_order_lines(summary.get("key_order")),
         ]
     )
 

@@ -8,7 +8,9 @@ whole job halfway. Each record gets the first problem found, or NULL::
     dlq.withColumn("problem", problem(source_partitions=6))
 
 The bounds are those of `retrytopics.core.headers` (what `headers.decode` accepts on a tier), plus: a count that
-one more replay would overflow, and a partition that the source topic does not have.
+one more replay would overflow, and a partition that the source topic does not have. A `blocked_by_key` record
+(a key-ordered handler's follower dead-lettered behind its key's dead-lettered record) never ran: its
+`reconsume_times` may be 0, no other's.
 """
 
 from __future__ import annotations
@@ -46,7 +48,9 @@ def _checks(source_partitions: int) -> dict[str, str]:
         "original_offset": "original_offset IS NULL OR original_offset < 0",
         "original_timestamp": "original_timestamp IS NULL OR unix_millis(original_timestamp) < -1",  # -1: none
         "consumer_group": f"consumer_group IS NULL OR NOT consumer_group RLIKE '{_TOPIC}'",
-        "reconsume_times": "reconsume_times IS NULL OR reconsume_times < 1",
+        # 0 only for a record that never ran: one dead-lettered behind its key's dead-lettered record
+        "reconsume_times": "reconsume_times IS NULL OR reconsume_times < "
+        f"CASE WHEN dlq_reason = '{H.DlqReason.BLOCKED_BY_KEY.value}' THEN 0 ELSE 1 END",
         "failed_at": "first_failed_at IS NULL OR last_failed_at IS NULL OR unix_millis(first_failed_at) < 0 "
         "OR first_failed_at > last_failed_at",
         "tier": f"{_present(H.TIER)} OR {_present(H.DUE_AT)}",  # a DLQ record has neither

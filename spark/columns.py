@@ -49,6 +49,7 @@ __all__ = [
     "header_text",
     "load_schema",
     "retry_columns",
+    "typed_header",
     "with_avro_value",
     "with_retry_columns",
 ]
@@ -125,6 +126,12 @@ def header_bytes(key: str, headers: str = "headers") -> Column:
 def header_text(key: str, headers: str = "headers") -> Column:
     """`header_bytes` decoded as UTF-8."""
     return F.expr(f"CAST({_header_bytes_sql(key, headers)} AS STRING)")
+
+
+def typed_header(key: str, kind: str, headers: str = "headers") -> Column:
+    """Header `key` as `kind` (text, int, long, time), by the rules of `RETRY_COLUMNS`: NULL when absent,
+    repeated or not canonical."""
+    return F.expr(_typed_sql(f"CAST({_header_bytes_sql(key, headers)} AS STRING)", kind))
 
 
 def retry_columns(headers: str = "headers", *, exclude_trace: bool = True) -> list[Column]:

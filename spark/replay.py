@@ -19,6 +19,11 @@
   broker copies no headers, so each of its records lost its user headers, the case `skipped_headers_dropped`
   refuses for ours. Its dead letters not in our DLQ are `skipped_broker_dlq`, by reason in `broker_dlq`
   (counted once, as the audit counts them); ours of the same source record replays as usual.
+- Order: the records written to one destination partition go in source order (original topic, partition,
+  offset), not DLQ order: a key-ordered handler's dead-lettered record and the `blocked_by_key` records
+  behind it go back as they first came. `--to first_tier` refuses a selection holding such a sequence
+  (`blocked_by_key` records and the records they name as waited behind), writing nothing: a tier would
+  handle them as independent retries (docs/key-ordering.md, section 6).
 - Output headers: the user headers byte for byte, then `retry.replay_id`, `retry.replayed_at`,
   `retry.replay_count` (+1), `retry.replay_origin_id` (the DLQ record's origin id) and `retry.replay_original`
   (its original coordinates, what a rerun matches on). To a tier, also the retry state, with reconsume_times
@@ -52,10 +57,15 @@ from retrytopics.spark import where as where_filter
 from retrytopics.spark.broker_dlq import BROKER_KIND, broker_summary, mark_duplicates, with_broker_columns
 from retrytopics.spark.columns import with_retry_columns
 
-__all__ = ["DESTINATIONS", "add_replay_arguments", "replay", "run_replay_cli", "select_records"]
+__all__ = ["DESTINATIONS", "SOURCE_ORDER", "add_replay_arguments", "replay", "run_replay_cli", "select_records"]
 
 #: Where a replay may write: the record's own original topic, or the pipeline's first retry tier.
 DESTINATIONS = ("original", "first_tier")
+#: The order of the records a replay writes to one destination partition: where they first came from.
+SOURCE_ORDER = ("original_topic", "original_partition", "original_offset")
+#: What a `blocked_by_key` DLQ record's `retry.exception_message` says it waited behind (a source record
+#: `<topic>-<partition>-<offset>`, as `_source_record` writes it).
+_BEHIND = r"^behind ([a-zA-Z0-9._-]{1,249}-[0-9]{1,10}-[0-9]{1,19}) "
 
 
 def select_records(
@@ -312,6 +322,8 @@ def replay(
         result["broker_dlq"] = _broker_dead_letters(spark, kafka, dlq, broker_dlq, kafka_format)
         result["skipped_broker_dlq"] = result["broker_dlq"]["counted"]
     try:
+        if destination == "first_tier":
+            _refuse_key_ordered_sequences(dlq, planned, topics)
         if dry_run:
             sample = (
                 planned.select(
@@ -346,6 +358,37 @@ def replay(
         )
     finally:
         planned.unpersist()
+
+
+def _refuse_key_ordered_sequences(dlq: DataFrame, planned: DataFrame, topics: TopicSet) -> None:
+    """Fail, before anything is written, when a replay to the first tier would include a `blocked_by_key`
+    record or a record one of them names as what it waited behind (`retry.exception_message`, `behind
+    <topic>-<partition>-<offset> ...`; read from the whole DLQ, selected or not): in a tier they would be
+    independent retried records with no chain around them, handled in any order. To the source topic they
+    are new records of their key, ordered again by the main consumer. One small Spark job."""
+    blocked = F.col("dlq_reason") == H.DlqReason.BLOCKED_BY_KEY.value
+    named = (
+        dlq.where(blocked & (F.col("original_topic") == topics.source))
+        .select(F.regexp_extract("exception_message", _BEHIND, 1).alias("source_record"))
+        .where(F.col("source_record") != "")
+    )
+    to_tier = planned.where(F.col("destination") == topics.tiers[0].topic)
+    refused = (
+        to_tier.where(blocked)
+        .select("source_record")
+        .unionByName(to_tier.join(named.distinct(), "source_record", "left_semi").select("source_record"))
+    )
+    sample = [r.source_record for r in refused.distinct().orderBy("source_record").limit(6).collect()]
+    if sample:
+        shown = ", ".join(sample[:5]) + (", ..." if len(sample) > 5 else "")
+        raise ConfigError(
+            "destination",
+            "first_tier",
+            f"the selection holds records of a key-ordered handler's dead-lettered sequence ({shown}: "
+            f"{H.DlqReason.BLOCKED_BY_KEY.value} records or the records they waited behind), which a tier "
+            "would handle as independent retries, in any order; replay them to their source topic "
+            "(--to original), where the main consumer orders them again, or leave them out of the selection",
+        )
 
 
 def _broker_dead_letters(
@@ -406,10 +449,12 @@ def _write(
         pending, tasks = int(stats[0]), int(stats[1])
     headers = _output_headers(destination, replay_id=replay_id, now_ms=now_ms, reset=reset)
     parked_headers = _output_headers("original", replay_id=replay_id, now_ms=now_ms, reset=reset)
-    # One task per destination partition, in DLQ order: records of one key keep their relative order.
+    # One task per destination partition, in source order (not DLQ order): a key-ordered handler's
+    # dead-lettered record and the `blocked_by_key` records behind it go back as they first came, however
+    # their DLQ records are interleaved; the DLQ position only breaks ties.
     tasks = max(1, tasks)
     ordered = todo.repartition(tasks, "destination", "original_partition").sortWithinPartitions(
-        "timestamp", "partition", "offset"
+        *SOURCE_ORDER, "timestamp", "partition", "offset"
     )
     chosen_headers = F.when(F.col("destination") == f"{topics.dlq}.parked", parked_headers).otherwise(headers)
     if mark_key is not None:  # what a rerun trusts: see retrytopics.spark.ledger
@@ -514,7 +559,8 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
         dest="destination",
         choices=DESTINATIONS,
         default="original",
-        help="original topic (default) or the first retry tier",
+        help="original topic (default) or the first retry tier (refused for a key-ordered handler's "
+        "blocked_by_key records and the records they waited behind)",
     )
     parser.add_argument(
         "--keep-reconsume-times",

@@ -130,6 +130,10 @@ class DlqReason(StrEnum):
     """A share group delivered it as often as its ``share.delivery.count.limit`` allows and no hand-off of it was
     ever recorded: the process stopped on it each time (a crash loop). Its handler is not called again; the
     exception message gives the delivery count and the limit."""
+    BLOCKED_BY_KEY = "blocked_by_key"
+    """A key-ordered handler's record that waited behind a dead-lettered record of its key (``KeyOrdering(
+    dead_head="dead_letter")``), or whose predecessor's fate could not be proven; never handled. Its
+    ``reconsume_times`` is 0 (it never ran), the only reason that allows 0."""
 
 
 _REASONS: Final = frozenset(r.value for r in DlqReason)

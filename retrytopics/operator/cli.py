@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from retrytopics.core.errors import ConfigError, RetryTopicsError
@@ -156,16 +157,30 @@ def _peek_row(record: Any) -> list[Any]:
 
 
 def _cmd_topics_describe(args: argparse.Namespace) -> int:
-    from retrytopics.operator.ops import SHARE_STATE_UNAVAILABLE, describe_pipeline, describe_share_group
+    from retrytopics.operator.ops import (
+        SHARE_STATE_UNAVAILABLE,
+        describe_key_state,
+        describe_pipeline,
+        describe_share_group,
+    )
     from retrytopics.operator.reports import safe_text, table
 
     kafka, pipeline = preflight.pipeline_of(getattr(args, "app", None), _settings(args))
     rows = describe_pipeline(kafka, pipeline, grace_ms=args.grace)
     share = describe_share_group(kafka, pipeline)
+    key_state = describe_key_state(kafka, pipeline)
+    blocked: dict[int, int] = {}
+    if key_state is not None:  # a source partition's state: its blocked keys
+        blocked = key_state.blocked_keys(sum(1 for r in rows if r.kind == "source"))
+        rows = [replace(r, state=_blocked(blocked.get(r.partition, 0))) if r.kind == "source" else r for r in rows]
     if args.json:
         out: Any = [row.as_dict() for row in rows]
+        if pipeline.consumer == "share" or key_state is not None:
+            out = {"partitions": out}
         if pipeline.consumer == "share":
-            out = {"partitions": out, "share_group": {"configs": share, "state": SHARE_STATE_UNAVAILABLE}}
+            out["share_group"] = {"configs": share, "state": SHARE_STATE_UNAVAILABLE}
+        if key_state is not None:
+            out["key_state"] = {**key_state.as_dict(), "blocked_keys": blocked}
         print(json.dumps(out))
         return 0
     columns = ["topic", "kind", "partition", "end", "committed", "lag", "state", "replicas", "isr", "min_isr"]
@@ -195,7 +210,15 @@ def _cmd_topics_describe(args: argparse.Namespace) -> int:
         for name, value in sorted(share.items()):
             print(f"  {safe_text(name)} = {safe_text(value)}")
         print(f"  {SHARE_STATE_UNAVAILABLE}")
+    if key_state is not None:
+        from retrytopics.operator.reports import key_state_text
+
+        print(f"\n{key_state_text(key_state.as_dict())}")
     return 0
+
+
+def _blocked(keys: int) -> str:
+    return f"{keys} blocked key{'' if keys == 1 else 's'}"
 
 
 def _serve_metrics(app: Any, port: int | None) -> None:

@@ -22,7 +22,7 @@ every user of the machine through /proc).
     group = "billing"
     delays = ["5s", "30s", "5m"]
     consumer = "share"          # run, topics create: a share-group main consumer (default: the app's choice)
-    key_ordering = true         # topics create: also the key-state topic of a key-ordered handler
+    key_ordering = true         # topics create, describe: also the key-state topic of a key-ordered handler
     [metrics]
     port = 9102
     [logging]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import base64
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from retrytopics.connectors.admin import (
@@ -27,20 +27,27 @@ from retrytopics.connectors.admin import (
     share_group_provisioning,
     topic_durability,
 )
+from retrytopics.connectors.clients import read_to_end
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.kafka import make_admin, make_consumer, map_kafka_errors, open_tail
 from retrytopics.connectors.record_headers import read_headers
-from retrytopics.core.errors import ConfigError, HeaderDecodeError, KafkaClientError
+from retrytopics.core.errors import ConfigError, HeaderDecodeError, KafkaClientError, KeyStateDecodeError
 from retrytopics.core.headers import decode, user_headers
+from retrytopics.core.key_order import Chain, decode_record
 from retrytopics.core.naming import TopicSet, topics_for
 from retrytopics.core.policy import RetryPolicy
+from retrytopics.core.ports import Message
 from retrytopics.operator.config import AppSettings
 
 __all__ = [
+    "KeyStateView",
+    "OpenChain",
     "PartitionState",
     "PeekedRecord",
+    "describe_key_state",
     "describe_pipeline",
     "durability_warnings",
+    "open_chains",
     "peek_dlq",
     "pipeline_topics",
     "printable",
@@ -285,6 +292,104 @@ def describe_pipeline(kafka: KafkaConfig, app: AppSettings, *, grace_ms: int = 3
                 )
             )
     return rows
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OpenChain:
+    """A blocked key of a key-ordered handler, from its live chain record (docs/key-ordering.md, section 5):
+    its source partition, its key id in hex (`key_id`: a short key tagged ``00``, a longer one's digest
+    tagged ``01``, so a long key's bytes are never shown), the chain's head and frontier (source offsets),
+    the tier its followers go to, how many followed, and when it opened (epoch ms, -1 unknown)."""
+
+    partition: int
+    key_id: str
+    head: int
+    frontier: int
+    at_tier: int
+    followers: int
+    since_ms: int
+
+    def as_dict(self) -> dict[str, object]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KeyStateView:
+    """What a key-state topic says now: its open chains (oldest first) and how many of its live records
+    were skipped as malformed (never trusted)."""
+
+    topic: str
+    chains: tuple[OpenChain, ...]
+    malformed: int
+
+    def blocked_keys(self, partitions: int) -> dict[int, int]:
+        """Open chains per source partition, every partition of `partitions` listed."""
+        counts = dict.fromkeys(range(partitions), 0)
+        for chain in self.chains:
+            counts[chain.partition] = counts.get(chain.partition, 0) + 1
+        return counts
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "topic": self.topic,
+            "malformed": self.malformed,
+            "chains": [c.as_dict() for c in self.chains],
+        }
+
+
+def open_chains(messages: Iterable[Message], source: str) -> tuple[list[OpenChain], int]:
+    """The open chains of `source` in key-state records read in log order, by compaction's rule (the latest
+    record of a key wins, a tombstone deletes it, so the answer is the same before and after the broker
+    compacts), and how many live records are malformed: one `decode_record` refuses, a chain record of
+    another source, or one read from a partition other than its chain's source partition (the writers
+    never put it there). Passages (`tier<i>/...`) are the tiers' and are not shown."""
+    live: dict[tuple[int, bytes | None], Message] = {}
+    for message in messages:
+        where = (message.partition, message.key)  # compaction keeps the latest per key in each partition
+        live.pop(where, None)
+        if message.value is not None:
+            live[where] = message
+    chains: list[OpenChain] = []
+    malformed = 0
+    for message in live.values():
+        try:
+            record = decode_record(message.key, message.value)
+        except KeyStateDecodeError:
+            malformed += 1
+            continue
+        if not isinstance(record, Chain):
+            continue
+        if record.chain.source_topic != source or record.chain.source_partition != message.partition:
+            malformed += 1
+            continue
+        chains.append(
+            OpenChain(
+                partition=record.chain.source_partition,
+                key_id=record.chain.key.hex(),
+                head=record.head,
+                frontier=record.frontier,
+                at_tier=record.at_tier,
+                followers=record.followers,
+                since_ms=record.since_ms,
+            )
+        )
+    chains.sort(key=lambda c: (c.partition, c.since_ms, c.key_id))
+    return chains, malformed
+
+
+def describe_key_state(kafka: KafkaConfig, app: AppSettings, *, timeout_s: float = 30.0) -> KeyStateView | None:
+    """The open chains of a key-ordered pipeline's key-state topic (None for a pipeline without key
+    ordering), read to its end now; a missing topic is a `ConfigError` naming the fix."""
+    if not app.key_ordering:
+        return None
+    topics = pipeline_topics(app)
+    name = topics.key_state_topic
+    if partition_count(make_admin(kafka), name) is None:
+        raise ConfigError(
+            "app.key_ordering", name, "the key-state topic does not exist; run `retrytopics topics create`"
+        )
+    chains, malformed = open_chains(read_to_end(kafka, name, None, timeout_s=timeout_s), topics.source)
+    return KeyStateView(topic=name, chains=tuple(chains), malformed=malformed)
 
 
 #: what `describe_share_group` cannot say, and why (docs/share-groups.md)

@@ -14,10 +14,11 @@ no control character (ESC, BEL, a newline, a bidi override) reaches the terminal
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["cell", "counts", "duration", "key_values", "replay_text", "safe_text", "table"]
+__all__ = ["cell", "counts", "duration", "key_state_text", "key_values", "replay_text", "safe_text", "table"]
 
 Cell = str | int | float | bool | None
 
@@ -176,6 +177,41 @@ def replay_text(result: Mapping[str, Any]) -> str:
             table(headers, [[_short(row.get(h)) for h in headers] for row in sample], indent="  "),
         ]
     return "\n".join(lines)
+
+
+#: The open chains `topics describe` lists (oldest first per partition); `--json` gives them all.
+CHAINS_SHOWN = 20
+
+
+def key_state_text(view: Mapping[str, Any]) -> str:
+    """`topics describe`'s view of a key-state topic (`ops.KeyStateView.as_dict()`): how many keys are
+    blocked, how many records were skipped as malformed, and the first `CHAINS_SHOWN` open chains, each
+    by its key id in hex (never the key's bytes)."""
+    chains = view["chains"]
+    malformed = f", {view['malformed']} malformed records skipped" if view["malformed"] else ""
+    lines = [f"key-state topic {safe_text(view['topic'])}: {len(chains)} blocked keys{malformed}"]
+    if chains:
+        columns = ["partition", "key id", "head", "frontier", "tier", "followers", "since"]
+        rows = [
+            [
+                c["partition"],
+                c["key_id"],
+                c["head"],
+                c["frontier"],
+                c["at_tier"],
+                c["followers"],
+                _instant(c["since_ms"]),
+            ]
+            for c in chains[:CHAINS_SHOWN]
+        ]
+        lines.append(table(columns, rows, align="rlrrrrl"))
+    if len(chains) > CHAINS_SHOWN:
+        lines.append(f"... and {len(chains) - CHAINS_SHOWN} more (--json lists them all)")
+    return "\n".join(lines)
+
+
+def _instant(ms: int) -> str:
+    return "unknown" if ms < 0 else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ms / 1000))
 
 
 def _short(value: Cell) -> Cell:

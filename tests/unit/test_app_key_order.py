@@ -8,7 +8,7 @@ import pytest
 
 from retrytopics import ConfigError, DeadHeadPolicy, KafkaConfig, KeyOrdering, Record, RetryApp, RetryPolicy
 from retrytopics.client_factory import MemoryClientFactory
-from retrytopics.connectors.admin import ProvisionOutcome
+from retrytopics.connectors.admin import ProvisionOutcome, TopicSpec
 from retrytopics.memory import MemoryBroker
 from retrytopics.operator.config import load_settings
 from retrytopics.operator.preflight import app_pipeline
@@ -131,3 +131,57 @@ def test_the_cli_pipeline_of_an_ordered_app_asks_for_its_key_state_topic() -> No
     assert not app_pipeline(app, "refunds").key_ordering
     assert load_settings(environ={"RETRYTOPICS_APP_KEY_ORDERING": "true"}).app.key_ordering
     assert not load_settings(environ={}).app.key_ordering
+
+
+def _memory_app(broker: MemoryBroker) -> tuple[RetryApp, MemoryClientFactory]:
+    clients = MemoryClientFactory(broker)
+    app = RetryApp(kafka=KafkaConfig(bootstrap="127.0.0.1:9"), group="billing", clients=clients)
+    app.handler("orders", policy=POLICY, ordering=KeyOrdering())(lambda record: None)
+    return app, clients
+
+
+def test_preflight_fails_naming_a_missing_key_state_topic_and_the_fix_until_it_is_provisioned() -> None:
+    """An ordered app whose key-state topic does not exist fails the preflight with the field, the topic and
+    both fixes named; once `provision()` made it (compacted, the source's partitions) the preflight passes."""
+    broker = MemoryBroker()
+    broker.create_topic("orders", partitions=3)
+    app, _ = _memory_app(broker)
+
+    with pytest.raises(ConfigError) as info:
+        app.preflight()
+    assert (info.value.field, info.value.value) == ("key_state_topic", "orders.billing.keys")
+    assert "does not exist" in str(info.value)
+    assert "retrytopics topics create" in str(info.value) and "app.provision()" in str(info.value)
+    app.provision()
+    app.preflight()
+
+
+@pytest.mark.parametrize(
+    ("config", "partitions", "words"),
+    [
+        ({"cleanup.policy": "delete"}, 3, "cleanup.policy=delete, not compact"),
+        ({"cleanup.policy": "compact,delete"}, 3, "cleanup.policy=compact,delete, not compact"),
+        ({"cleanup.policy": "compact"}, 2, "has 2 partitions, the source 'orders' 3"),
+    ],
+)
+def test_preflight_fails_for_a_key_state_topic_not_compacted_or_short_of_partitions(
+    config: dict[str, str], partitions: int, words: str
+) -> None:
+    """A key-state topic that deletes by time (its live state could vanish) or lacks a source partition's
+    partition fails the preflight naming the topic and what to change."""
+    broker = MemoryBroker()
+    broker.create_topic("orders", partitions=3)
+    app, clients = _memory_app(broker)
+    clients.ensure_topics([TopicSpec(name="orders.billing.keys", partitions=partitions, config=config)], 1.0)
+
+    with pytest.raises(ConfigError) as info:
+        app.preflight()
+    assert (info.value.field, info.value.value) == ("key_state_topic", "orders.billing.keys")
+    assert words in str(info.value)
+
+
+def test_preflight_of_an_app_without_ordered_handlers_asks_no_broker() -> None:
+    """Only key-ordered handlers need a key-state topic: an app without one passes with no broker at all."""
+    app = _app()
+    app.handler("orders", policy=POLICY)(lambda record: None)
+    app.preflight(timeout="1ms")

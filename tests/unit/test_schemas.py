@@ -93,3 +93,31 @@ def test_an_invalid_record_does_not_validate() -> None:
 def test_int_ranges_of_the_code_fit_the_avro_types(reconsume: int, offset: int) -> None:
     h = dataclasses.replace(routed(OSError(), replayed=False), reconsume_times=reconsume, original_offset=offset)
     assert validate(to_record(h), PARSED_RETRY, raise_errors=True)
+
+
+FOLLOWER = load("follower_headers.avsc")
+
+
+def test_the_follower_schema_is_exactly_the_headers_the_core_writes_and_a_follower_validates() -> None:
+    """schemas/follower_headers.avsc has one field per header `encode_follower` writes (its `header` names
+    them), named like the `Follower` fields, each documented; a real follower's headers, decoded, validate."""
+    from retrytopics.core.key_order import Follower, encode_follower
+
+    follower = Follower(
+        original_topic="orders",
+        original_partition=3,
+        original_offset=2**63 - 1,
+        original_timestamp=-1,
+        consumer_group="billing",
+        origin_message_id="orders-3-9",
+        after=41,
+        held_at=1_700_000_000_000,
+    )
+    headers = encode_follower(follower)
+    assert [f["header"] for f in FOLLOWER["fields"]] == [name for name, _ in headers]
+    assert {f["name"] for f in FOLLOWER["fields"]} == {f.name for f in dataclasses.fields(Follower)} | {
+        "schema_version"
+    }
+    assert all(f.get("doc") for f in FOLLOWER["fields"])
+    record = {**dataclasses.asdict(follower), "schema_version": 1}
+    assert validate(record, fastavro.parse_schema(FOLLOWER), raise_errors=True)
