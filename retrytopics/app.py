@@ -385,6 +385,8 @@ class RetryApp:
             on_dead_letter=self.on_dead_letter,
             tail_reader=verified_tails(clients.read_tails, self._header_keys),
             clock=clients.clock,
+            key_state_reader=clients.read_to_end,
+            key_state_feed=clients.key_state_feed,
         )
 
     def _share_loop(self, settings: LoopSettings, bindings: Mapping[str, Binding], clients: ClientFactory) -> Loop:

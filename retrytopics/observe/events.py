@@ -82,6 +82,17 @@ class Event(StrEnum):
     ACKNOWLEDGEMENT_FAILED = "acknowledgement.failed"
     """The broker refused a share consumer's acknowledgements (a lock had expired): those records come back
     [consumer, partitions, error]."""
+    KEY_ORDER_BLOCKED = "key_order.blocked"
+    """A key-ordered handler's record went to a tier, so its key is blocked: a chain opened (docs/key-ordering.md)
+    [consumer, topic, partition, blocked_keys (open chains of that partition now)]."""
+    KEY_ORDER_RELEASED = "key_order.released"
+    """A chain closed: its key's next record is handled at once [consumer, topic, partition, blocked_keys]."""
+    KEY_ORDER_FOLLOWED = "key_order.followed"
+    """A record of a blocked key was handed off unhandled behind its predecessor [consumer, topic, partition,
+    offset, destination]."""
+    KEY_ORDER_BOUND_REACHED = "key_order.bound_reached"
+    """A source partition paused at `max_blocked_keys` open chains (once per episode) [consumer, topic,
+    partition]."""
 
 
 @runtime_checkable

@@ -35,9 +35,10 @@ from retrytopics.core.ports import Message, ProducerPort
 from retrytopics.core.router import RouteKind
 from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.clock import Clock
+from retrytopics.runtime.handoff.ordered import OrderedHandOffs
 from retrytopics.runtime.handoff.publish import Publisher, PublishJob, too_large_fallback
 from retrytopics.runtime.handoff.transactional import TransactionalPublisher
-from retrytopics.runtime.records.outcome import Duplicate, Failed, Outcome, Succeeded, SucceededRun
+from retrytopics.runtime.records.outcome import Duplicate, Failed, Follow, Outcome, Succeeded, SucceededRun
 
 __all__ = ["CommitSettings", "DeadLetterCallback", "HandOff", "HandOffBase"]
 
@@ -79,7 +80,7 @@ class HandOff(Protocol):
         """Offsets finished in an open transaction must not be committed outside it (ownership.py)."""
 
     def apply(self, outcome: Outcome) -> None:
-        """Act on a `Succeeded`, `SucceededRun`, `Failed` or `Duplicate` outcome."""
+        """Act on a `Succeeded`, `SucceededRun`, `Failed`, `Duplicate` or `Follow` outcome."""
 
     def report_handled(self) -> None: ...
     def serve(self, *, within_batch: bool = False) -> None: ...
@@ -127,6 +128,8 @@ class HandOffBase:
         self._handled: dict[TopicPartition, _Counted] = {}  # this batch's successes, per partition
         #: per routing context (a handler's, alive as long as the app), its too-large fallback, made once
         self._shrinks: dict[int, Callable[[PublishJob], bool]] = {}
+        #: follower hops and key-state writes of key-ordered handlers (at-least-once only); None: no such handler
+        self._ordered: OrderedHandOffs | None = None
 
     # -- the strategy's part -------------------------------------------------------------------------------
 
@@ -146,6 +149,10 @@ class HandOffBase:
     def _send(self, job: PublishJob) -> None:
         raise NotImplementedError
 
+    def _finish_acked(self, tp: TopicPartition, offset: int, epoch: int) -> None:
+        """Finish a hand-off whose acknowledgement (and key-state write) arrived."""
+        self._finish(tp, offset, epoch)
+
     def _remember(self, key: AuditKey) -> None:
         self._audit.remember(key)
 
@@ -160,6 +167,10 @@ class HandOffBase:
             self._failed(outcome)
         elif type(outcome) is Duplicate:
             self._duplicate(outcome)
+        elif type(outcome) is Follow and self._ordered is not None:
+            msg = outcome.msg
+            epoch = self._track(msg.tp, msg.offset)
+            self._ordered.follow(outcome, lambda: self._finish_acked(msg.tp, msg.offset, epoch))
         else:
             raise TypeError(f"the hand-off does not act on {type(outcome).__name__}")
 
@@ -207,6 +218,8 @@ class HandOffBase:
         epoch = self._track(msg.tp, msg.offset)
         if key is not None:
             self._remember(key)
+        if self._ordered is not None and self._ordered.chains.ordered(msg.topic):
+            self._ordered.chains.handed_off(msg)  # its key waits until this hop is acknowledged
         state = record.retry
         timing = _NO_TIMING if state is None else {"due_at": state.due_at, "handled_at": self._now_ms()}
         self._emit(

@@ -30,6 +30,7 @@ from typing import Any
 from retrytopics.core.dedupe import AuditKey, DuplicateAudit, audit_key
 from retrytopics.core.errors import HeaderDecodeError
 from retrytopics.core.headers import RetryHeaders
+from retrytopics.core.key_order import Admit
 from retrytopics.core.offsets import TopicPartition
 from retrytopics.core.ports import Message
 from retrytopics.core.record import Record
@@ -39,9 +40,12 @@ from retrytopics.runtime.clock import Clock
 from retrytopics.runtime.records.batches import BatchCalls, Deferred
 from retrytopics.runtime.records.calls import Binding, Invoker, build_record
 from retrytopics.runtime.records.duplicates import DuplicateCheck
+from retrytopics.runtime.records.ordering import KeyOrder
 from retrytopics.runtime.records.outcome import (
     Abandoned,
     Failed,
+    Follow,
+    Held,
     Outcome,
     Queued,
     Succeeded,
@@ -69,8 +73,10 @@ class RecordStage:
         clock: Clock,
         rng: random.Random,
         stop: threading.Event,
+        key_order: KeyOrder | None = None,
     ) -> None:
         self._bindings = bindings
+        self._key_order = key_order
         self._waiting = waiting
         self._audit = audit
         self._invoker = invoker
@@ -119,6 +125,9 @@ class RecordStage:
         if binding.batch:
             yield from self.batches.call_run(binding, msgs)
             return
+        if binding.ordering is not None:
+            yield from self._ordered_run(binding, msgs)
+            return
         ownership, stopped = self._ownership, self._stop.is_set
         call, clock, sure_until = self._invoker.caller(binding), ownership.monotonic, ownership.sure_until
         tp, done, i = msgs[0].tp, 0, 0  # msgs[done:i]: calls that returned, not yielded yet
@@ -159,6 +168,17 @@ class RecordStage:
             raise
         if done < i:
             yield _run(tp, msgs, done, i)
+
+    def _ordered_run(self, binding: Binding, msgs: list[Message]) -> Iterator[Outcome]:
+        """A plain run of a key-ordered handler: record by record, each admitted by key order first
+        (`_handle`); the run ends at a record key order stops (`Held`) or that this consumer must leave."""
+        for msg in msgs:
+            if self._stop.is_set():
+                return
+            for outcome in self._handle(binding, msg, None, None, None):
+                yield outcome
+                if type(outcome) is Held or type(outcome) is Abandoned:
+                    return
 
     # -- one record at a time ------------------------------------------------------------------------------
 
@@ -249,7 +269,18 @@ class RecordStage:
         state: RetryHeaders | None,
         bad: BaseException | None,
     ) -> Iterator[Outcome]:
-        """Call the handler (or defer the record to its batch handler's call): its outcome."""
+        """Call the handler (or defer the record to its batch handler's call): its outcome. A source record of
+        a key-ordered handler is admitted by key order first: it may follow its key's predecessor into a tier
+        unhandled (`Follow`), or stop its partition (`Held`)."""
+        if binding.ordering is not None and msg.topic == binding.topic and self._key_order is not None:
+            admission = self._key_order.admit(msg)
+            if admission.action is Admit.FOLLOW:
+                assert admission.tier is not None and admission.after is not None
+                yield Follow(msg, admission.tier, admission.after, binding.ctx)
+                return
+            if admission.action is not Admit.HANDLE:
+                yield Held(msg)
+                return
         record, poison = build_record(binding, msg, state)
         failure: BaseException | None = bad or poison
         if binding.batch:
