@@ -90,6 +90,10 @@ class Event(StrEnum):
     KEY_ORDER_FOLLOWED = "key_order.followed"
     """A record of a blocked key was handed off unhandled behind its predecessor [consumer, topic, partition,
     offset, destination]."""
+    KEY_ORDER_UNPROVEN = "key_order.unproven"
+    """A tier read a follower whose predecessor's fate nothing here proves (a forged record, a lost key-state
+    topic, a chain forgotten past `max_tracked_records`): dead-lettered as ``blocked_by_key``, never handled out
+    of order [consumer, topic, partition, offset]."""
     KEY_ORDER_BOUND_REACHED = "key_order.bound_reached"
     """A source partition paused at `max_blocked_keys` open chains (once per episode) [consumer, topic,
     partition]."""

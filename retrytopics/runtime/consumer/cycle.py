@@ -22,7 +22,7 @@ from retrytopics.core.ports import ConsumerPort, Message
 from retrytopics.runtime.clock import Clock
 from retrytopics.runtime.handoff.base import HandOff
 from retrytopics.runtime.handoff.ordered import OrderedHandOffs
-from retrytopics.runtime.records.ordering import KeyOrder
+from retrytopics.runtime.records.ordering import KeyOrder, TierOrder
 from retrytopics.runtime.records.outcome import Abandoned, Held, Outcome, Waiting
 from retrytopics.runtime.records.ownership import OwnershipGuard
 from retrytopics.runtime.records.stage import RecordStage
@@ -50,7 +50,7 @@ class PollCycle:
         assigned: set[TopicPartition],
         stop: threading.Event,
         clock: Clock,
-        key_order: tuple[KeyOrder, OrderedHandOffs] | None = None,
+        key_order: tuple[KeyOrder | TierOrder, OrderedHandOffs] | None = None,
     ) -> None:
         self._consumer = consumer
         self._key_order = key_order
@@ -101,7 +101,9 @@ class PollCycle:
                 else:
                     waiting.enqueue(msg, due_ms, queued, self._now_ms())
             elif type(outcome) is Held:
-                waiting.hold(outcome.msg.tp, outcome.msg.offset)  # released by `_update_holds`
+                # read again from it (records queued in memory behind it too), once `_update_holds` releases it
+                waiting.restart_at(outcome.msg.tp, outcome.msg.offset)
+                waiting.hold(outcome.msg.tp, None)
             elif type(outcome) is Abandoned:
                 abandoned = True
                 waiting.restart_at(outcome.msg.tp, outcome.msg.offset)
@@ -179,7 +181,7 @@ class PollCycle:
         return True
 
     @staticmethod
-    def _learn_key_state(key_order: KeyOrder, writes: OrderedHandOffs) -> None:
+    def _learn_key_state(key_order: KeyOrder | TierOrder, writes: OrderedHandOffs) -> None:
         """Key order: read the key state of partitions not started yet, and the tiers' passages; write the
         tombstones of the chains they close."""
         writes.write(key_order.read_pending())

@@ -38,7 +38,7 @@ from retrytopics.runtime.handoff.ordered import OrderedHandOffs
 from retrytopics.runtime.records.calls import Binding
 from retrytopics.runtime.records.duplicates import DuplicateCheck, TailReader
 from retrytopics.runtime.records.key_state import KeyStateReader
-from retrytopics.runtime.records.ordering import KeyOrder, KeyStateFeed
+from retrytopics.runtime.records.ordering import KeyOrder, KeyStateFeed, TierOrder
 from retrytopics.runtime.records.ownership import OwnershipCheck, OwnershipGuard
 from retrytopics.runtime.records.stage import RecordStage
 from retrytopics.runtime.waiting import PauseController
@@ -79,7 +79,7 @@ class ConsumerLoop(LoopRun):
         self._on_dead_letter = on_dead_letter
         self._tail_reader = tail_reader if not settings.exactly_once else None  # runtime/records/duplicates.py
         self._key_state = (key_state_reader, key_state_feed)  # a main consumer of key-ordered handlers
-        self._key_order: tuple[KeyOrder, OrderedHandOffs] | None = None
+        self._key_order: tuple[KeyOrder | TierOrder, OrderedHandOffs] | None = None
         self._tracker = OffsetTracker()
         self._assigned: set[TopicPartition] = set()
         self._join = GroupJoin(
@@ -187,27 +187,38 @@ class ConsumerLoop(LoopRun):
             key_order=key_order,
         )
 
-    def _make_key_order(self) -> tuple[KeyOrder, OrderedHandOffs] | None:
-        """A main consumer's key order, when some handler it consumes is key-ordered (docs/key-ordering.md)."""
-        if not any(b.ordering is not None and t == b.topic for t, b in self._bindings.items()):
+    def _make_key_order(self) -> tuple[KeyOrder | TierOrder, OrderedHandOffs] | None:
+        """The loop's key order, when some handler it consumes is key-ordered (docs/key-ordering.md): a main
+        consumer's (`KeyOrder`) or a tier consumer's (`TierOrder`)."""
+        ordered = sorted(t for t, b in self._bindings.items() if b.ordering is not None)
+        if not ordered:
             return None
         read, feed = self._key_state
-        if self.settings.exactly_once or read is None or feed is None:
-            raise ConfigError(
-                "ordering",
-                sorted(t for t, b in self._bindings.items() if b.ordering is not None),
-                "key ordering runs at-least-once, with a key-state reader and feed",
+        main = any(self._bindings[t].topic == t for t in ordered)
+        if self.settings.exactly_once or read is None or (main and feed is None):
+            raise ConfigError("ordering", ordered, "key ordering runs at-least-once, with a key-state reader and feed")
+        clock, name = self._clock, self.settings.name
+        key_order: KeyOrder | TierOrder
+        if main:
+            assert feed is not None
+            key_order = KeyOrder(
+                self._bindings,
+                read=read,
+                feed=feed(),
+                emitter=self._emitter,
+                name=name,
+                now_ms=clock.now_ms,
+                monotonic=clock.monotonic,
             )
-        clock = self._clock
-        key_order = KeyOrder(
-            self._bindings,
-            read=read,
-            feed=feed(),
-            emitter=self._emitter,
-            name=self.settings.name,
-            now_ms=clock.now_ms,
-            monotonic=clock.monotonic,
-        )
+        else:
+            key_order = TierOrder(
+                self._bindings,
+                read=read,
+                emitter=self._emitter,
+                name=name,
+                now_ms=clock.now_ms,
+                monotonic=clock.monotonic,
+            )
         return key_order, OrderedHandOffs(
             key_order, self._producer_factory, self._emitter, clock=clock, name=self.settings.name
         )

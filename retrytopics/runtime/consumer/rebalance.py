@@ -17,7 +17,7 @@ from retrytopics.observe.events import Event
 from retrytopics.runtime.handoff.base import HandOff
 from retrytopics.runtime.handoff.ordered import OrderedHandOffs
 from retrytopics.runtime.records.duplicates import DuplicateCheck
-from retrytopics.runtime.records.ordering import KeyOrder
+from retrytopics.runtime.records.ordering import KeyOrder, TierOrder
 from retrytopics.runtime.waiting import PauseController
 
 __all__ = ["GroupJoin", "RebalanceListener"]
@@ -84,7 +84,7 @@ class RebalanceListener:
         *,
         assigned: set[TopicPartition],
         join: GroupJoin,
-        key_order: tuple[KeyOrder, OrderedHandOffs] | None = None,
+        key_order: tuple[KeyOrder | TierOrder, OrderedHandOffs] | None = None,
     ) -> None:
         self._key_order = key_order
         self._tracker = tracker

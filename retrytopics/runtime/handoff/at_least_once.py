@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 
 from retrytopics.core.dedupe import DuplicateAudit
 from retrytopics.core.errors import KafkaClientError
+from retrytopics.core.key_hops import origin_of
 from retrytopics.core.offsets import OffsetTracker, TopicPartition
 from retrytopics.core.ports import ConsumerPort, ProducerPort
 from retrytopics.core.router import RouteKind
@@ -84,7 +85,11 @@ class AtLeastOnce(HandOffBase):
                 # a key-ordered record: finished once its key-state record is durable too (write before commit)
                 landed = job.route.retry.tier if job.route.kind is RouteKind.TIER else None
                 finish = functools.partial(self._finish_acked, job.source, job.offset, job.epoch)
-                ordered.acked(job.source, job.offset, job.context.key, landed, finish)
+                at = origin_of(job.context)
+                if at is None:
+                    finish()
+                else:
+                    ordered.acked(at, landed, finish)
             else:
                 self._finish_acked(job.source, job.offset, job.epoch)
             self._announce(job)

@@ -29,7 +29,8 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from retrytopics.core.dedupe import AuditKey, DuplicateAudit
-from retrytopics.core.headers import RetryHeaders
+from retrytopics.core.headers import DlqReason, RetryHeaders
+from retrytopics.core.key_hops import origin_of
 from retrytopics.core.offsets import TopicPartition
 from retrytopics.core.ports import Message, ProducerPort
 from retrytopics.core.router import RouteKind
@@ -167,7 +168,7 @@ class HandOffBase:
             self._failed(outcome)
         elif type(outcome) is Duplicate:
             self._duplicate(outcome)
-        elif type(outcome) is Follow and self._ordered is not None:
+        elif type(outcome) is Follow and self._ordered is not None:  # a record of a blocked key, unhandled
             msg = outcome.msg
             epoch = self._track(msg.tp, msg.offset)
             self._ordered.follow(outcome, lambda: self._finish_acked(msg.tp, msg.offset, epoch))
@@ -176,7 +177,18 @@ class HandOffBase:
 
     def _succeeded(self, outcome: Succeeded) -> None:
         msg, key, record = outcome
-        self._finish_success(msg.tp, msg.offset)
+        ordered = self._ordered
+        if (
+            ordered is not None
+            and ordered.chains.ordered(msg.topic)
+            and (at := origin_of(record)) is not None
+            and (passages := ordered.chains.succeeded(at))
+        ):
+            # a tier's passage is written before the offset is finished (write before commit)
+            epoch = self._track(msg.tp, msg.offset)
+            ordered.write(passages, lambda: self._finish_acked(msg.tp, msg.offset, epoch))
+        else:
+            self._finish_success(msg.tp, msg.offset)
         if key is not None:
             self._remember(key)
         state = record.retry
@@ -218,8 +230,12 @@ class HandOffBase:
         epoch = self._track(msg.tp, msg.offset)
         if key is not None:
             self._remember(key)
-        if self._ordered is not None and self._ordered.chains.ordered(msg.topic):
-            self._ordered.chains.handed_off(msg)  # its key waits until this hop is acknowledged
+        ordered = self._ordered
+        if ordered is not None and ordered.chains.ordered(msg.topic) and (at := origin_of(record)) is not None:
+            # its key waits until this hop is acknowledged; a follower dead-lettered behind its key never ran
+            handled = route.reason is not DlqReason.BLOCKED_BY_KEY
+            to_tier = route.retry.tier if route.kind is RouteKind.TIER else None
+            ordered.write(ordered.chains.sent(at, to_tier=to_tier, handled=handled))
         state = record.retry
         timing = _NO_TIMING if state is None else {"due_at": state.due_at, "handled_at": self._now_ms()}
         self._emit(

@@ -20,10 +20,9 @@ from typing import Protocol
 
 from retrytopics.core.errors import KafkaClientError, PublishError
 from retrytopics.core.headers import Header
-from retrytopics.core.key_hops import follower_headers
-from retrytopics.core.key_order import KeyStateRecord, encode_record
-from retrytopics.core.offsets import TopicPartition
-from retrytopics.core.ports import Message, ProducerPort
+from retrytopics.core.key_hops import Origin, follower_headers
+from retrytopics.core.key_order import ChainKey, KeyStateRecord, encode_record, key_id
+from retrytopics.core.ports import ProducerPort
 from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.clock import Clock
 from retrytopics.runtime.records.outcome import Follow
@@ -37,16 +36,20 @@ _RETRY_AFTER_S = 0.5
 
 
 class KeyChains(Protocol):
-    """What the hand-off asks of a main consumer's key order (`runtime.records.ordering.KeyOrder`)."""
+    """What the hand-off asks of a loop's key order (`runtime.records.ordering`: `KeyOrder` on a main consumer,
+    `TierOrder` on a tier consumer). Each answer is the key-state records to write."""
 
     def ordered(self, topic: str) -> bool: ...
 
     def state_topic(self, source: str) -> str: ...
 
-    def handed_off(self, msg: Message) -> None: ...
+    def sent(
+        self, at: Origin, *, to_tier: int | None, handled: bool, behind: int | None = None
+    ) -> list[KeyStateRecord]: ...
 
-    def acked(self, tp: TopicPartition, offset: int, key: bytes | None, landed: int | None) -> KeyStateRecord | None:
-        """The key-state record to write before the offset is finished, if any."""
+    def acked(self, at: Origin, landed: int | None) -> list[KeyStateRecord]: ...
+
+    def succeeded(self, at: Origin) -> list[KeyStateRecord]: ...
 
 
 @dataclass(slots=True)
@@ -100,15 +103,18 @@ class OrderedHandOffs:
     def follow(self, outcome: Follow, finish: Callable[[], None]) -> None:
         """Hand `outcome.msg` off unhandled behind its key's predecessor; `finish` once the hop and its chain
         record are acknowledged."""
-        msg, tier, after, ctx = outcome
+        msg, tier, follower, ctx, behind = outcome
         topic = ctx.topics.tiers[tier].topic
-        headers = follower_headers(ctx, msg, topic, after=after, held_at=max(0, self._now_ms()))
-        self.chains.handed_off(msg)
+        assert msg.key is not None  # a record without a key never follows
+        at = Origin(
+            ChainKey(follower.original_topic, follower.original_partition, key_id(msg.key)), follower.original_offset
+        )
+        self.write(self.chains.sent(at, to_tier=tier, handled=False, behind=behind))
 
         def landed() -> None:
-            self.acked(msg.tp, msg.offset, msg.key, tier, finish)
+            self.acked(at, tier, finish)
 
-        self._produce(_Write(topic, msg.key, msg.value, None, headers, landed))
+        self._produce(_Write(topic, msg.key, msg.value, None, follower_headers(ctx, follower, msg, topic), landed))
         self._emitter.emit(
             Event.KEY_ORDER_FOLLOWED,
             consumer=self._name,
@@ -118,16 +124,10 @@ class OrderedHandOffs:
             destination=topic,
         )
 
-    def acked(
-        self, tp: TopicPartition, offset: int, key: bytes | None, landed: int | None, finish: Callable[[], None]
-    ) -> None:
+    def acked(self, at: Origin, landed: int | None, finish: Callable[[], None]) -> None:
         """The hop of an ordered record is acknowledged in tier `landed` (None: the DLQ): `finish` its offset
-        once the key-state record this changes is durable too."""
-        record = self.chains.acked(tp, offset, key, landed)
-        if record is None:
-            finish()
-        else:
-            self.write([record], finish)
+        once the key-state records this changes are durable too."""
+        self.write(self.chains.acked(at, landed), finish)
 
     def write(self, records: Iterable[KeyStateRecord], then: Callable[[], None] | None = None) -> None:
         """Produce key-state records to their partitions (the source partition of their chain); `then` once

@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 
 from retrytopics.core.dedupe import AuditKey
 from retrytopics.core.headers import RetryHeaders
+from retrytopics.core.key_order import Follower
 from retrytopics.core.offsets import TopicPartition
 from retrytopics.core.ports import Message
 from retrytopics.core.record import Record
@@ -114,14 +115,17 @@ class Abandoned(NamedTuple):
 
 
 class Follow(NamedTuple):
-    """`msg`'s key is blocked (docs/key-ordering.md): it is handed off unhandled to tier `tier`, behind the
-    record of its key at source offset `after`, and finished once that hop and its chain record are durable."""
+    """`msg`'s key is blocked (docs/key-ordering.md): it is handed off unhandled to tier `tier` as `follower`
+    (behind the record of its key at source offset `follower.after`), and finished once that hop and its
+    key-state record are durable. `msg` is a source record, or a follower read in a tier and forwarded: it
+    waited there behind `behind`."""
 
     msg: Message
     tier: int
-    after: int
+    follower: Follower
     #: the handler's routing context (its tiers, group, id header and header keys)
     ctx: RouteContext
+    behind: int
 
 
 class Held(NamedTuple):
