@@ -135,6 +135,9 @@ _QUIET = frozenset(
         Event.RECORDS_ACKNOWLEDGED,
         Event.RETRY_SCHEDULED,
         Event.RECORD_FAILED,
+        Event.KEY_ORDER_BLOCKED,
+        Event.KEY_ORDER_RELEASED,
+        Event.KEY_ORDER_FOLLOWED,
     }
 )
 _LOUD = frozenset({Event.PUBLISH_FAILED, Event.PRODUCER_RECREATED, Event.TRANSACTION_ABORTED})

@@ -12,6 +12,7 @@ Under both `dead_head` policies, and across a restart of the whole app while key
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from retrytopics import KafkaConfig, KeyOrdering, Record, RetryApp, RetryPolicy
 from retrytopics.client_factory import MemoryClientFactory
 from retrytopics.core.headers import decode
 from retrytopics.memory import MemoryBroker
+from retrytopics.observe.metrics import PrometheusHook
 
 from ..kit import eventually
 
@@ -65,12 +67,13 @@ class Ledger:
             self.events.append(("dlq", key, seq, False))
 
 
-def build(broker: MemoryBroker, ledger: Ledger, dead_head: str) -> RetryApp:
+def build(broker: MemoryBroker, ledger: Ledger, dead_head: str, hooks: Sequence[Any] = ()) -> RetryApp:
     app = RetryApp(
         kafka=KafkaConfig(bootstrap="127.0.0.1:9"),
         group="billing",
         clients=MemoryClientFactory(broker),
         on_dead_letter=ledger.dead_lettered,
+        hooks=list(hooks),
     )
     app.handler("orders", policy=POLICY, ordering=KeyOrdering(dead_head=dead_head))(ledger.handle)
     app.provision(partitions=PARTITIONS)
@@ -128,15 +131,26 @@ def check(ledger: Ledger, dlq: dict[tuple[int, int], str], dead_head: str) -> No
 @pytest.mark.parametrize("dead_head", ["release", "dead_letter"])
 def test_every_key_is_handled_in_order_and_every_record_is_accounted_for(dead_head: str) -> None:
     """Many keys over three partitions, failing once, several times, or to the DLQ: the ledger holds the
-    guarantee, and both the main consumer and the tier consumers took part (followers were handled in tiers)."""
+    guarantee, and both the main consumer and the tier consumers took part (followers were handled in tiers).
+    The metrics count the followers, and every partition's blocked keys go back to 0 once all is terminal."""
     broker = MemoryBroker()
     broker.create_topics(["orders"], PARTITIONS)
     ledger = Ledger()
-    app = build(broker, ledger, dead_head)
+    metrics = PrometheusHook()
+    app = build(broker, ledger, dead_head, hooks=[metrics])
     produce(broker, range(PER_KEY))
     app.start(main=True, tiers="all")
+
+    def blocked(partition: int) -> float | None:
+        return metrics.registry.get_sample_value(
+            "retrytopics_key_order_blocked_keys", {"topic": "orders", "partition": str(partition)}
+        )
+
     try:
         eventually(lambda: terminal(ledger, dead_letters(broker, app)), timeout_s=60)
+        eventually(lambda: all(blocked(p) == 0 for p in range(PARTITIONS)), timeout_s=30)
+        followers = metrics.registry.get_sample_value("retrytopics_key_order_followers_total", {"topic": "orders"})
+        assert followers is not None and followers > 0
     finally:
         assert app.stop(30)
     assert app.error is None
