@@ -36,7 +36,7 @@ from retrytopics.core.key_order import Admit, BlockedByKey, Follower, Step
 from retrytopics.core.offsets import TopicPartition
 from retrytopics.core.ports import Message
 from retrytopics.core.record import Record
-from retrytopics.core.router import read_retry_state, route
+from retrytopics.core.router import origin_message_id, read_retry_state, route
 from retrytopics.core.step import Action, decide
 from retrytopics.runtime.clock import Clock
 from retrytopics.runtime.records.batches import BatchCalls, Deferred
@@ -345,6 +345,11 @@ class RecordStage:
                 if admission.action is Admit.FOLLOW:
                     assert admission.tier is not None and admission.after is not None
                     ctx, after = binding.ctx, admission.after
+                    if after >= msg.offset:
+                        # read again after a restart or rebalance: every record of its key up to the frontier
+                        # is terminal or handed off already, durably (the chain record says so)
+                        yield Duplicate(msg, origin_message_id(ctx, msg), 1, downstream=True)
+                        return
                     follower = source_follower(ctx, msg, after=after, held_at=max(0, self._now_ms()))
                     yield Follow(msg, admission.tier, follower, ctx, after)
                     return
