@@ -16,9 +16,16 @@ memory broker would give and including an empty partition; a topic that does not
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka.admin import ConfigResource, ResourceType
@@ -209,3 +216,83 @@ def test_every_key_is_handled_in_source_order_on_apache_kafka(
     clean = [(what, k, s, in_tier) for what, k, s, in_tier in ledger.events if k % 4 == 0]
     assert len(clean) == _PER_KEY * len(range(0, _KEYS, 4)) and not any(in_tier for *_, in_tier in clean)
     assert any(in_tier and what == "ok" and ledger.calls[(k, s)] == 1 for what, k, s, in_tier in ledger.events)
+
+
+_WORKER = Path(__file__).with_name("key_order_worker.py")
+
+
+def test_a_sigkill_of_the_main_consumer_while_keys_are_blocked_keeps_the_order(
+    kafka: KafkaConfig,
+    kit: Kit,
+    apps: list[RetryApp],
+    unique_name: Callable[[str], str],
+    consumer_overrides: dict[str, Any],
+    tmp_path: Path,
+) -> None:
+    """Guarantee: the main consumer, in a process of its own, is SIGKILLed right after handing off a follower
+    (its chain record unwritten, its offset uncommitted) while keys are blocked; a new main consumer rebuilds the
+    blocked keys from the key-state topic. A ledger shared by both processes and the tier consumers shows no
+    record handled before every earlier record of its key was terminal, and every record handled or in the
+    DLQ (calls may repeat: at-least-once)."""
+    sys.path.insert(0, str(_WORKER.parent))
+    from key_order_worker import build_app, failures  # type: ignore[import-not-found]
+
+    keys, per_key = 12, 6
+    source = kit.create(unique_name("orders"), 2)
+    ledger = tmp_path / "ledger.jsonl"
+    settings = {
+        "bootstrap": kafka.bootstrap,
+        "group": unique_name("billing"),
+        "source": source,
+        "consumer": consumer_overrides,
+        "ledger": str(ledger),
+        "kill_after": 4,
+    }
+    tiers = build_app(settings)
+    apps.append(tiers)
+    tiers.provision()
+    for seq in range(per_key):
+        for p in (0, 1):
+            kit.produce(
+                source,
+                [(f"acct-{k}".encode(), f"{k}:{seq}".encode(), []) for k in range(keys) if k % 2 == p],
+                partition=p,
+            )
+    tiers.start(main=False, tiers="all")
+    worker = subprocess.Popen(
+        [sys.executable, str(_WORKER), json.dumps(settings)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        assert worker.wait(60) == -signal.SIGKILL, "the worker killed itself after handing off followers"
+    finally:
+        worker.kill()
+        worker.wait(10)
+
+    def events() -> list[dict[str, Any]]:
+        return [json.loads(line) for line in ledger.read_text().splitlines() if line.strip()]
+
+    main = build_app(settings)
+    apps.append(main)
+    main.start(main=True)
+    every = {(k, s) for k in range(keys) for s in range(per_key)}
+    wait_until(
+        lambda: {(e["key"], e["seq"]) for e in events() if e["what"] in ("ok", "dlq")} >= every, 120, "every record"
+    )
+    assert main.stop(30) and tiers.stop(30) and main.error is None and tiers.error is None
+
+    done: set[tuple[int, int]] = set()
+    for e in events():
+        key, seq = e["key"], e["seq"]
+        if e["what"] != "dlq":
+            missing = [(key, s) for s in range(seq) if (key, s) not in done]
+            assert not missing, f"key {key} record {seq} handled before {missing} were terminal"
+        if e["what"] != "fail":
+            done.add((key, seq))
+    dlq = {(e["key"], e["seq"]): e["reason"] for e in events() if e["what"] == "dlq"}
+    assert set(dlq.items()) == {((k, s), "exhausted") for k, s in every if failures(k, s) == 99}
+    assert {(e["key"], e["seq"]) for e in events() if e["what"] == "ok"} == every - set(dlq)
+    assert {e["pid"] for e in events() if "pid" in e} - {os.getpid()}, "the killed worker handled records"
