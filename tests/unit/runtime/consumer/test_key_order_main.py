@@ -22,6 +22,7 @@ from typing import Any
 from retrytopics.client_factory import MemoryClientFactory
 from retrytopics.connectors.serde import bytes_value
 from retrytopics.core.dedupe import DuplicateAudit
+from retrytopics.core.errors import KafkaClientError
 from retrytopics.core.key_order import (
     Chain,
     ChainKey,
@@ -39,6 +40,7 @@ from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.consumer.loop import ConsumerLoop
 from retrytopics.runtime.consumer.settings import LoopSettings
 from retrytopics.runtime.records.calls import Binding
+from retrytopics.runtime.records.key_state import KeyStateReader
 
 from ..kit import CTX, DLQ, GROUP, TIER, StopWhen, run
 
@@ -68,7 +70,13 @@ def ordered_broker() -> MemoryBroker:
     return broker
 
 
-def ordered_loop(broker: MemoryBroker, ledger: KeyLedger, stop: threading.Event, **ordering: Any) -> ConsumerLoop:
+def ordered_loop(
+    broker: MemoryBroker,
+    ledger: KeyLedger,
+    stop: threading.Event,
+    read: KeyStateReader | None = None,
+    **ordering: Any,
+) -> ConsumerLoop:
     clients = MemoryClientFactory(broker, clock=broker.clock)
     binding = Binding(
         topic="orders",
@@ -87,7 +95,7 @@ def ordered_loop(broker: MemoryBroker, ledger: KeyLedger, stop: threading.Event,
         stop=stop,
         audit=DuplicateAudit(100),
         clock=broker.clock,
-        key_state_reader=clients.read_to_end,
+        key_state_reader=read or clients.read_to_end,
         key_state_feed=clients.key_state_feed,
     )
 
@@ -194,5 +202,38 @@ def test_a_new_owner_knows_the_blocked_keys_before_it_handles_anything() -> None
     run(ordered_loop(broker, second, stop), stop)
 
     assert second.calls == [(b"b", b1)]
+    follower = decode_follower(list(broker.records(TIER)[-1].headers))
+    assert follower is not None and (follower.original_offset, follower.after) == (a2, a1)
+
+
+def test_a_partition_whose_key_state_cannot_be_read_is_not_started_until_it_is(caplog: Any) -> None:
+    """The read at assignment fails twice: the partition is held (nothing handled, the loop unhealthy, one ERROR
+    line), read again, and once read the blocked key's record follows its head instead of being handled."""
+    broker = ordered_broker()
+    a1 = append(broker, b"a", b"a1")
+    first = KeyLedger(failing={a1})
+    stop = StopWhen(committed(broker, a1 + 1))
+    run(ordered_loop(broker, first, stop), stop)
+
+    a2 = append(broker, b"a", b"a2")
+    clients = MemoryClientFactory(broker, clock=broker.clock)
+    refusals = [KafkaClientError("key-state read timed out", code="TIMED_OUT")] * 2
+    health: list[bool] = []
+
+    def flaky(topic: str, partitions: Any, timeout_s: float) -> list[Any]:
+        if refusals:
+            raise refusals.pop()
+        return clients.read_to_end(topic, partitions, timeout_s)
+
+    second = KeyLedger(failing=set())
+    stop = StopWhen(
+        lambda: health.append(loop.healthy) is None and broker.committed(GROUP).get(("orders", 0)) == a2 + 1
+    )
+    loop = ordered_loop(broker, second, stop, read=flaky)
+    run(loop, stop)
+
+    assert not refusals and second.calls == []
+    assert False in health, "unhealthy while the partition was not started"
+    assert [r.levelname for r in caplog.records if "not started" in r.getMessage()] == ["ERROR"]
     follower = decode_follower(list(broker.records(TIER)[-1].headers))
     assert follower is not None and (follower.original_offset, follower.after) == (a2, a1)
