@@ -411,3 +411,42 @@ def read_to_end(kafka: KafkaConfig, topic: str, partitions: Sequence[int] | None
             return read
     finally:
         consumer.close()
+
+
+class KeyStateFeed:
+    """An assign()-only, read_committed reader of key-state partitions as they grow (no group, no commits): a
+    main consumer of key-ordered handlers reads the tiers' passages of its partitions with it, every poll
+    (retrytopics/runtime/records/ordering.py). Made on its first assignment."""
+
+    def __init__(self, kafka: KafkaConfig) -> None:
+        self._kafka = kafka
+        self._consumer: Consumer | None = None
+
+    def add(self, topic: str, starts: Mapping[int, int]) -> None:
+        if self._consumer is None:
+            self._consumer = make_consumer(self._kafka, group_id=None)
+        with map_kafka_errors():
+            self._consumer.incremental_assign([CKTopicPartition(topic, p, offset) for p, offset in starts.items()])
+
+    def remove(self, topic: str, partitions: Sequence[int]) -> None:
+        if self._consumer is not None:
+            with map_kafka_errors():
+                self._consumer.incremental_unassign([CKTopicPartition(topic, p) for p in partitions])
+
+    def poll(self) -> list[Message]:
+        if self._consumer is None:
+            return []
+        read: list[Message] = []
+        with map_kafka_errors():
+            for msg in self._consumer.consume(500, timeout=0):
+                error = msg.error()
+                if error is None:
+                    read.append(_message(msg))
+                else:  # as in `read_tails`: the throwaway group's errors, or a partition's; read on
+                    log.debug("reading key state: %s", error.str())
+        return read
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None

@@ -365,7 +365,7 @@ class RetryApp:
             raise ConfigError("handlers", [], "no handler registered; decorate one with @app.handler(topic)")
         if self._runner.stop_event.is_set():
             raise ConfigError("app", "stopped", "a stopped RetryApp cannot be restarted; build a new one")
-        _refuse_key_ordering(self._registry.bindings)
+        _refuse_key_ordering(self)
         self.preflight()
         settings: list[LoopSettings] = []
         if main:
@@ -410,6 +410,8 @@ class RetryApp:
             on_dead_letter=self.on_dead_letter,
             tail_reader=verified_tails(clients.read_tails, self._header_keys),
             clock=clients.clock,
+            key_state_reader=clients.read_to_end,
+            key_state_feed=clients.key_state_feed,
         )
 
     def _share_loop(self, settings: LoopSettings, bindings: Mapping[str, Binding], clients: ClientFactory) -> Loop:
@@ -586,14 +588,15 @@ def _loop_options(
     return every, tiers
 
 
-def _refuse_key_ordering(bindings: Mapping[str, Binding]) -> None:
-    # The consumers do not admit, hand off or release records by key yet (docs/key-ordering.md, section 12):
-    # running an ordered handler now would silently handle a key's records out of order.
-    ordered = sorted(topic for topic, binding in bindings.items() if binding.ordering is not None)
-    if ordered:
+def _refuse_key_ordering(app: RetryApp) -> None:
+    # Enforced at-least-once with partition-based consumers and single-record handlers (docs/key-ordering.md,
+    # section 12); exactly-once (section 8) and share groups (no partition order to keep) are not built.
+    ordered = sorted(topic for topic, binding in app.handlers.items() if binding.ordering is not None)
+    if not ordered:
+        return
+    if app.exactly_once:
         raise ConfigError(
-            "ordering",
-            ordered,
-            "key-ordered handling is not integrated into the consumers yet (docs/key-ordering.md, section 12); "
-            "register these handlers without ordering= to run them",
+            "ordering", ordered, "key ordering is not available with exactly_once=True yet; run it at-least-once"
         )
+    if app.consumer == "share":
+        raise ConfigError("ordering", ordered, "key ordering needs partition order: not with consumer='share'")

@@ -39,6 +39,7 @@ from retrytopics.connectors.clients import (
     DEFAULT_SESSION_TIMEOUT_MS,
     KafkaConsumer,
     KafkaProducer,
+    KeyStateFeed,
     read_tails,
     read_to_end,
 )
@@ -61,6 +62,7 @@ from retrytopics.core.ports import (
 from retrytopics.core.transactions import CALL_TIMEOUT_MS
 from retrytopics.memory import MemoryBroker, MemoryConsumer, MemoryProducer, MemoryShareConsumer
 from retrytopics.runtime.clock import SYSTEM_CLOCK, Clock
+from retrytopics.runtime.records.ordering import KeyStateFeed as KeyStateFeedPort
 
 __all__ = ["ClientFactory", "KafkaClientFactory", "MemoryClientFactory"]
 
@@ -99,6 +101,10 @@ class ClientFactory(Protocol):
         """Every record of `topic`'s `partitions` (None: all) up to their end now, read_committed and without a
         group, in log order per partition; anything short of that (a missing topic or partition, a failed read,
         `timeout_s` passed) is a `KafkaClientError`."""
+
+    def key_state_feed(self) -> KeyStateFeedPort:
+        """An assign()-only, read_committed reader of key-state partitions as they grow (key order's passages,
+        read every poll by a main consumer of key-ordered handlers)."""
 
     def partition_count(self, topic: str, timeout_s: float) -> int | None:
         """Partitions of `topic`, or None when it does not exist."""
@@ -146,6 +152,9 @@ class KafkaClientFactory:
 
     def read_to_end(self, topic: str, partitions: Sequence[int] | None, timeout_s: float) -> list[Message]:
         return read_to_end(self.kafka, topic, partitions, timeout_s=timeout_s)
+
+    def key_state_feed(self) -> KeyStateFeedPort:
+        return KeyStateFeed(self.kafka)
 
     def partition_count(self, topic: str, timeout_s: float) -> int | None:
         return partition_count(self._admin_client(), topic, timeout_s=timeout_s)
@@ -238,6 +247,9 @@ class MemoryClientFactory:
                 )
             return [msg for msg in self.broker.records(topic) if msg.partition in wanted]
 
+    def key_state_feed(self) -> KeyStateFeedPort:
+        return _MemoryFeed(self)
+
     def partition_count(self, topic: str, timeout_s: float) -> int | None:
         with self.lock:
             try:
@@ -272,6 +284,37 @@ class MemoryClientFactory:
                 for t in topics
                 if self.partition_count(t, timeout_s) is not None
             }
+
+
+class _MemoryFeed:
+    """`ClientFactory.key_state_feed` on the memory broker: each poll returns the committed records written to
+    its partitions since the last one."""
+
+    def __init__(self, factory: MemoryClientFactory) -> None:
+        self._factory = factory
+        self._positions: dict[TopicPartition, int] = {}
+
+    def add(self, topic: str, starts: Mapping[int, int]) -> None:
+        for partition, offset in starts.items():
+            self._positions[(topic, partition)] = max(0, offset)
+
+    def remove(self, topic: str, partitions: Sequence[int]) -> None:
+        for partition in partitions:
+            self._positions.pop((topic, partition), None)
+
+    def poll(self) -> list[Message]:
+        read: list[Message] = []
+        with self._factory.lock:
+            for topic in {tp[0] for tp in self._positions}:
+                for msg in self._factory.broker.records(topic):
+                    position = self._positions.get(msg.tp)
+                    if position is not None and msg.offset >= position:
+                        read.append(msg)
+                        self._positions[msg.tp] = msg.offset + 1
+        return read
+
+    def close(self) -> None:
+        self._positions.clear()
 
 
 class _LockedConsumer:

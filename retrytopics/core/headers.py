@@ -131,9 +131,9 @@ class DlqReason(StrEnum):
     ever recorded: the process stopped on it each time (a crash loop). Its handler is not called again; the
     exception message gives the delivery count and the limit."""
     BLOCKED_BY_KEY = "blocked_by_key"
-    """A key-ordered handler's record that waited behind a dead-lettered record of its key (``KeyOrdering(
-    dead_head="dead_letter")``), or whose predecessor's fate could not be proven; never handled. Its
-    ``reconsume_times`` is 0 (it never ran), the only reason that allows 0."""
+    """A key-ordered handler's record dead-lettered unhandled behind a dead-lettered record of its key (policy
+    ``dead_letter``), or one whose predecessor's fate nothing proves (docs/key-ordering.md, section 6); its
+    ``retry.reconsume_times`` is 0: it never ran, and no other reason allows 0."""
 
 
 _REASONS: Final = frozenset(r.value for r in DlqReason)
@@ -151,7 +151,7 @@ class _Spec:
 
 _RETRY_SPECS: Final = (
     _Spec(SCHEMA_VERSION, "schema_version", "int", 1, 1),
-    _Spec(RECONSUME_TIMES, "reconsume_times", "int", 1, _INT32),
+    _Spec(RECONSUME_TIMES, "reconsume_times", "int", 0, _INT32),  # 0: blocked_by_key only (`_check_consistency`)
     _Spec(ORIGIN_MESSAGE_ID, "origin_message_id", "text", 1, _ID_LIMIT_BYTES),
     _Spec(ORIGINAL_TOPIC, "original_topic", "topic"),
     _Spec(ORIGINAL_PARTITION, "original_partition", "int", 0, _INT32),
@@ -421,6 +421,8 @@ class RetryHeaders:
             raise ConfigError("due_at", self.due_at, "tier and due_at are set together (tier records) or not at all")
         if self.tier is not None and self.dlq_reason is not None:
             raise ConfigError("dlq_reason", self.dlq_reason, "a DLQ record has no tier; a tier record no DLQ reason")
+        if self.reconsume_times == 0 and self.dlq_reason != DlqReason.BLOCKED_BY_KEY:
+            raise ConfigError("reconsume_times", 0, "expected >= 1 (0 only for a blocked_by_key record, never run)")
 
 
 _RETRY_FIELD_NAMES: Final = tuple(RetryHeaders.__dataclass_fields__)

@@ -49,6 +49,7 @@ from retrytopics.core.headers import (
 
 __all__ = [
     "BLOCKED_BY_KEY",
+    "BlockedByKey",
     "HELD_AT",
     "KEY_ORDER_AFTER",
     "Admission",
@@ -82,6 +83,12 @@ HELD_AT: Final = "retry.key_order.held_at"
 #: `retry.dlq_reason` of a follower dead-lettered behind a dead-lettered head (policy `dead_letter`), or one
 #: whose predecessor's fate cannot be proven (see `Step.UNPROVEN`).
 BLOCKED_BY_KEY: Final = "blocked_by_key"
+
+
+class BlockedByKey(Exception):
+    """Why a follower is in the DLQ unhandled (`retry.exception_type` of a ``blocked_by_key`` record): it waited
+    behind a record of its key that was dead-lettered (policy ``dead_letter``), or whose fate nothing proves."""
+
 
 _INT32: Final = 2**31 - 1
 _INT64: Final = 2**63 - 1

@@ -82,6 +82,21 @@ class Event(StrEnum):
     ACKNOWLEDGEMENT_FAILED = "acknowledgement.failed"
     """The broker refused a share consumer's acknowledgements (a lock had expired): those records come back
     [consumer, partitions, error]."""
+    KEY_ORDER_BLOCKED = "key_order.blocked"
+    """A key-ordered handler's record went to a tier, so its key is blocked: a chain opened (docs/key-ordering.md)
+    [consumer, topic, partition, blocked_keys (open chains of that partition now)]."""
+    KEY_ORDER_RELEASED = "key_order.released"
+    """A chain closed: its key's next record is handled at once [consumer, topic, partition, blocked_keys]."""
+    KEY_ORDER_FOLLOWED = "key_order.followed"
+    """A record of a blocked key was handed off unhandled behind its predecessor [consumer, topic, partition,
+    offset, destination]."""
+    KEY_ORDER_UNPROVEN = "key_order.unproven"
+    """A tier read a follower whose predecessor's fate nothing here proves (a forged record, a lost key-state
+    topic, a chain forgotten past `max_tracked_records`): dead-lettered as ``blocked_by_key``, never handled out
+    of order [consumer, topic, partition, offset]."""
+    KEY_ORDER_BOUND_REACHED = "key_order.bound_reached"
+    """A source partition paused at `max_blocked_keys` open chains (once per episode) [consumer, topic,
+    partition]."""
 
 
 @runtime_checkable
@@ -120,6 +135,9 @@ _QUIET = frozenset(
         Event.RECORDS_ACKNOWLEDGED,
         Event.RETRY_SCHEDULED,
         Event.RECORD_FAILED,
+        Event.KEY_ORDER_BLOCKED,
+        Event.KEY_ORDER_RELEASED,
+        Event.KEY_ORDER_FOLLOWED,
     }
 )
 _LOUD = frozenset({Event.PUBLISH_FAILED, Event.PRODUCER_RECREATED, Event.TRANSACTION_ABORTED})

@@ -108,6 +108,30 @@ class PrometheusHook:
             ["topic"],
             registry=r,
         )
+        self.blocked_keys = Gauge(
+            "retrytopics_key_order_blocked_keys",
+            "Keys blocked (open chains) per source partition of a key-ordered handler, on its main consumer",
+            ["topic", "partition"],
+            registry=r,
+        )
+        self.followers = Counter(
+            "retrytopics_key_order_followers",
+            "Records of blocked keys handed off unhandled behind their predecessor",
+            ["topic"],
+            registry=r,
+        )
+        self.bound_reached = Counter(
+            "retrytopics_key_order_bound_reached",
+            "Source partitions paused at max_blocked_keys (once per episode)",
+            ["topic"],
+            registry=r,
+        )
+        self.unproven = Counter(
+            "retrytopics_key_order_unproven",
+            "Followers dead-lettered as blocked_by_key because nothing proved their predecessor's fate",
+            ["topic"],
+            registry=r,
+        )
         self._paused: set[tuple[str, int]] = set()
         self._lock = threading.Lock()
 
@@ -158,6 +182,14 @@ class PrometheusHook:
             self.acknowledgement_failures.labels(str(data.get("consumer", ""))).inc()
         elif event is Event.OFFSETS_COMMITTED:
             self.commits.labels(str(data.get("consumer", ""))).inc()
+        elif event in (Event.KEY_ORDER_BLOCKED, Event.KEY_ORDER_RELEASED):
+            self.blocked_keys.labels(topic, str(data.get("partition", ""))).set(_int(data.get("blocked_keys")))
+        elif event is Event.KEY_ORDER_FOLLOWED:
+            self.followers.labels(topic).inc()
+        elif event is Event.KEY_ORDER_BOUND_REACHED:
+            self.bound_reached.labels(topic).inc()
+        elif event is Event.KEY_ORDER_UNPROVEN:
+            self.unproven.labels(topic).inc()
         elif event in (Event.PARTITION_PAUSED, Event.PARTITION_RESUMED):
             self._track_pause(event, topic, data.get("partition"))
         elif event in (Event.PARTITIONS_REVOKED, Event.PARTITIONS_LOST):
@@ -200,6 +232,11 @@ class PrometheusHook:
                 if isinstance(item, tuple) and len(item) == 2:
                     coordinates = item
                 self._paused.discard(coordinates)
+                if (
+                    coordinates[0] is not None
+                    and (str(coordinates[0]), str(coordinates[1])) in self.blocked_keys._metrics
+                ):
+                    self.blocked_keys.remove(str(coordinates[0]), str(coordinates[1]))  # its new owner reports it
             self._publish_paused()
 
     def _publish_paused(self) -> None:
@@ -211,6 +248,10 @@ class PrometheusHook:
                 self.paused.labels(*labels).set(0)
         for topic, count in per_topic.items():
             self.paused.labels(topic).set(count)
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _probe(probe: Callable[[], bool]) -> float:

@@ -76,10 +76,12 @@ def test_a_batch_handler_refuses_key_ordering_naming_the_field() -> None:
     assert app.handlers["orders"].batch and app.handlers["orders"].ordering is None
 
 
-def test_start_refuses_an_ordered_handler_until_the_consumers_enforce_it() -> None:
-    """Running a key-ordered handler on consumers that do not order by key would hand a key's records out of
-    order in silence: start-up fails instead, naming the field and the ordered topics, and starts nothing."""
-    app = _app()
+@pytest.mark.parametrize("options", [{"exactly_once": True}, {"consumer": "share"}])
+def test_start_refuses_key_ordering_where_it_is_not_enforced(options: dict[str, Any]) -> None:
+    """Key order is enforced at-least-once on partition-based consumers (docs/key-ordering.md, section 12); an
+    exactly-once app or a share group would hand a key's records out of order in silence: start-up fails
+    instead, naming the field and the ordered topics, and starts nothing."""
+    app = RetryApp(kafka=KafkaConfig(bootstrap="127.0.0.1:9"), group="billing", **options)
     app.handler("orders", policy=POLICY, ordering=KeyOrdering())(lambda record: None)
     app.handler("refunds", policy=POLICY)(lambda record: None)
 

@@ -21,7 +21,9 @@ from retrytopics.core.offsets import TopicPartition
 from retrytopics.core.ports import ConsumerPort, Message
 from retrytopics.runtime.clock import Clock
 from retrytopics.runtime.handoff.base import HandOff
-from retrytopics.runtime.records.outcome import Abandoned, Outcome, Waiting
+from retrytopics.runtime.handoff.ordered import OrderedHandOffs
+from retrytopics.runtime.records.ordering import KeyOrder, TierOrder
+from retrytopics.runtime.records.outcome import Abandoned, Held, Outcome, Waiting
 from retrytopics.runtime.records.ownership import OwnershipGuard
 from retrytopics.runtime.records.stage import RecordStage
 from retrytopics.runtime.waiting import PauseController
@@ -48,8 +50,10 @@ class PollCycle:
         assigned: set[TopicPartition],
         stop: threading.Event,
         clock: Clock,
+        key_order: tuple[KeyOrder | TierOrder, OrderedHandOffs] | None = None,
     ) -> None:
         self._consumer = consumer
+        self._key_order = key_order
         self._stage = stage
         self._waiting = waiting
         self._handoff = handoff
@@ -65,6 +69,8 @@ class PollCycle:
         """Serve acknowledgements, consume one batch, act on it, end it (report and commit)."""
         handoff, waiting, ownership = self._handoff, self._waiting, self._ownership
         handoff.serve()
+        if self._key_order is not None:
+            self._learn_key_state(*self._key_order)
         self._update_holds()
         now = self._now_ms()
         waiting.resume_due(now)
@@ -94,6 +100,10 @@ class PollCycle:
                     waiting.pause_until(msg.tp, msg.offset, due_ms)
                 else:
                     waiting.enqueue(msg, due_ms, queued, self._now_ms())
+            elif type(outcome) is Held:
+                # read again from it (records queued in memory behind it too), once `_update_holds` releases it
+                waiting.restart_at(outcome.msg.tp, outcome.msg.offset)
+                waiting.hold(outcome.msg.tp, None)
             elif type(outcome) is Abandoned:
                 abandoned = True
                 waiting.restart_at(outcome.msg.tp, outcome.msg.offset)
@@ -170,11 +180,20 @@ class PollCycle:
             waiting.restart_at(tp, offset)
         return True
 
+    @staticmethod
+    def _learn_key_state(key_order: KeyOrder | TierOrder, writes: OrderedHandOffs) -> None:
+        """Key order: read the key state of partitions not started yet, and the tiers' passages; write the
+        tombstones of the chains they close."""
+        writes.write(key_order.read_pending())
+        writes.write(key_order.learn())
+
     def _update_holds(self) -> None:
-        """Hold the partitions whose publish is failing (no records pile up in memory), release the others."""
+        """Hold the partitions whose publish is failing (no records pile up in memory) or that key order stops,
+        release the others."""
         publisher, waiting = self._handoff.publisher, self._waiting
+        holds = None if self._key_order is None else self._key_order[0].holds
         for tp in list(self._assigned):
-            failing, held = publisher.is_failing(tp), waiting.schedule.is_held(tp)
+            failing, held = publisher.is_failing(tp) or (holds is not None and holds(tp)), waiting.schedule.is_held(tp)
             if failing and not held:
                 waiting.hold(tp, None)
             elif held and not failing:

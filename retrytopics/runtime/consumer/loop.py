@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable, Mapping
 
 from retrytopics.core.dedupe import DuplicateAudit
+from retrytopics.core.errors import ConfigError
 from retrytopics.core.offsets import OffsetTracker, TopicPartition
 from retrytopics.core.ports import ConsumerPort, ProducerPort
 from retrytopics.core.transactions import CALL_TIMEOUT_MS
@@ -33,8 +34,11 @@ from retrytopics.runtime.consumer.settings import LoopSettings
 from retrytopics.runtime.handoff.at_least_once import AtLeastOnce
 from retrytopics.runtime.handoff.base import DeadLetterCallback, HandOff
 from retrytopics.runtime.handoff.exactly_once import ExactlyOnce
+from retrytopics.runtime.handoff.ordered import OrderedHandOffs
 from retrytopics.runtime.records.calls import Binding
 from retrytopics.runtime.records.duplicates import DuplicateCheck, TailReader
+from retrytopics.runtime.records.key_state import KeyStateReader
+from retrytopics.runtime.records.ordering import KeyOrder, KeyStateFeed, TierOrder
 from retrytopics.runtime.records.ownership import OwnershipCheck, OwnershipGuard
 from retrytopics.runtime.records.stage import RecordStage
 from retrytopics.runtime.waiting import PauseController
@@ -62,6 +66,8 @@ class ConsumerLoop(LoopRun):
         tail_reader: TailReader | None = None,
         alone_producer_factory: Callable[[], ProducerPort] | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        key_state_reader: KeyStateReader | None = None,
+        key_state_feed: Callable[[], KeyStateFeed] | None = None,
     ) -> None:
         super().__init__(settings, emitter, stop)
         self._clock = clock
@@ -72,6 +78,8 @@ class ConsumerLoop(LoopRun):
         self._audit = audit
         self._on_dead_letter = on_dead_letter
         self._tail_reader = tail_reader if not settings.exactly_once else None  # runtime/records/duplicates.py
+        self._key_state = (key_state_reader, key_state_feed)  # a main consumer of key-ordered handlers
+        self._key_order: tuple[KeyOrder | TierOrder, OrderedHandOffs] | None = None
         self._tracker = OffsetTracker()
         self._assigned: set[TopicPartition] = set()
         self._join = GroupJoin(
@@ -90,6 +98,8 @@ class ConsumerLoop(LoopRun):
         `join_timeout_s` after starting, or its assignment lost: the coordinator stopped answering), and while
         a poll batch (a handler call, say) runs past `max.poll.interval.ms`."""
         if self.crash is not None or not self._join.in_time():
+            return False
+        if self._key_order is not None and (self._key_order[0].not_started or not self._key_order[1].healthy):
             return False
         if self._overdue():
             return False
@@ -122,10 +132,16 @@ class ConsumerLoop(LoopRun):
             max_records=s.wait_in_memory_records,
         )
         shared = (s, consumer, self._tracker, self._audit, self._emitter, self._on_dead_letter, self._producer_factory)
+        key_order = self._key_order = self._make_key_order()
         handoff = self._handoff = (
             ExactlyOnce(*shared, clock=clock, forget_waiting=waiting.drop, assigned=self._assigned)
             if s.exactly_once
-            else AtLeastOnce(*shared, clock=clock, alone_producer_factory=self._alone_producer_factory)
+            else AtLeastOnce(
+                *shared,
+                clock=clock,
+                alone_producer_factory=self._alone_producer_factory,
+                ordered=None if key_order is None else key_order[1],
+            )
         )
         check = OwnershipCheck(consumer, self._tracker, committed_only=handoff.commits_in_transactions)
         ownership = self._guard = OwnershipGuard(check, emit, name=s.name, stop=stop, monotonic=clock.monotonic)
@@ -142,9 +158,17 @@ class ConsumerLoop(LoopRun):
             clock=clock,
             rng=random.Random(),
             stop=stop,
+            key_order=None if key_order is None else key_order[0],
         )
         rebalance = RebalanceListener(
-            self._tracker, waiting, handoff, duplicates, emit, assigned=self._assigned, join=self._join
+            self._tracker,
+            waiting,
+            handoff,
+            duplicates,
+            emit,
+            assigned=self._assigned,
+            join=self._join,
+            key_order=key_order,
         )
         consumer.subscribe(
             s.topics, on_assign=rebalance.on_assign, on_revoke=rebalance.on_revoke, on_lost=rebalance.on_lost
@@ -160,6 +184,43 @@ class ConsumerLoop(LoopRun):
             assigned=self._assigned,
             stop=stop,
             clock=clock,
+            key_order=key_order,
+        )
+
+    def _make_key_order(self) -> tuple[KeyOrder | TierOrder, OrderedHandOffs] | None:
+        """The loop's key order, when some handler it consumes is key-ordered (docs/key-ordering.md): a main
+        consumer's (`KeyOrder`) or a tier consumer's (`TierOrder`)."""
+        ordered = sorted(t for t, b in self._bindings.items() if b.ordering is not None)
+        if not ordered:
+            return None
+        read, feed = self._key_state
+        main = any(self._bindings[t].topic == t for t in ordered)
+        if self.settings.exactly_once or read is None or (main and feed is None):
+            raise ConfigError("ordering", ordered, "key ordering runs at-least-once, with a key-state reader and feed")
+        clock, name = self._clock, self.settings.name
+        key_order: KeyOrder | TierOrder
+        if main:
+            assert feed is not None
+            key_order = KeyOrder(
+                self._bindings,
+                read=read,
+                feed=feed(),
+                emitter=self._emitter,
+                name=name,
+                now_ms=clock.now_ms,
+                monotonic=clock.monotonic,
+            )
+        else:
+            key_order = TierOrder(
+                self._bindings,
+                read=read,
+                emitter=self._emitter,
+                name=name,
+                now_ms=clock.now_ms,
+                monotonic=clock.monotonic,
+            )
+        return key_order, OrderedHandOffs(
+            key_order, self._producer_factory, self._emitter, clock=clock, name=self.settings.name
         )
 
     # -- shutdown ------------------------------------------------------------------------------------------
@@ -172,3 +233,5 @@ class ConsumerLoop(LoopRun):
     def _close(self) -> None:
         if self._consumer is not None:  # None: its creation failed
             self._consumer.close()
+        if self._key_order is not None:
+            self._key_order[0].close()

@@ -15,7 +15,9 @@ from collections.abc import Callable
 from retrytopics.core.offsets import OffsetTracker, TopicPartition
 from retrytopics.observe.events import Event
 from retrytopics.runtime.handoff.base import HandOff
+from retrytopics.runtime.handoff.ordered import OrderedHandOffs
 from retrytopics.runtime.records.duplicates import DuplicateCheck
+from retrytopics.runtime.records.ordering import KeyOrder, TierOrder
 from retrytopics.runtime.waiting import PauseController
 
 __all__ = ["GroupJoin", "RebalanceListener"]
@@ -82,7 +84,9 @@ class RebalanceListener:
         *,
         assigned: set[TopicPartition],
         join: GroupJoin,
+        key_order: tuple[KeyOrder | TierOrder, OrderedHandOffs] | None = None,
     ) -> None:
+        self._key_order = key_order
         self._tracker = tracker
         self._pauses = pauses
         self._handoff = handoff
@@ -98,6 +102,13 @@ class RebalanceListener:
         self._pauses.drop(tps)
         self._assigned.update(tps)
         self._duplicates.seed(tps)
+        if self._key_order is not None:
+            # before any record of them: a partition whose key state is not read stays unstarted
+            key_order, writes = self._key_order
+            writes.write(key_order.assigned(tps))
+            for tp in tps:
+                if key_order.holds(tp):
+                    self._pauses.hold(tp, None)
         self._emit(Event.PARTITIONS_ASSIGNED, partitions=tps)
 
     def on_revoke(self, tps: list[TopicPartition]) -> None:
@@ -117,3 +128,5 @@ class RebalanceListener:
         self._pauses.drop(tps)
         self._handoff.publisher.forget(tps)
         self._assigned.difference_update(tps)
+        if self._key_order is not None:
+            self._key_order[0].revoked(tps)

@@ -6,16 +6,20 @@ synchronously; shutdown drains the producer and commits. The interface is runtim
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Mapping
 
 from retrytopics.core.dedupe import DuplicateAudit
 from retrytopics.core.errors import KafkaClientError
+from retrytopics.core.key_hops import origin_of
 from retrytopics.core.offsets import OffsetTracker, TopicPartition
 from retrytopics.core.ports import ConsumerPort, ProducerPort
+from retrytopics.core.router import RouteKind
 from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.clock import Clock
 from retrytopics.runtime.handoff.base import CommitSettings, DeadLetterCallback, HandOffBase
+from retrytopics.runtime.handoff.ordered import OrderedHandOffs
 from retrytopics.runtime.handoff.publish import Publisher, PublishJob
 
 __all__ = ["AtLeastOnce"]
@@ -46,8 +50,10 @@ class AtLeastOnce(HandOffBase):
         *,
         clock: Clock,
         alone_producer_factory: Callable[[], ProducerPort] | None = None,
+        ordered: OrderedHandOffs | None = None,
     ) -> None:
         super().__init__(settings, audit, emitter, on_dead_letter, clock=clock)
+        self._ordered = ordered
         self._consumer = consumer
         self._tracker = tracker
         self.publisher: Publisher = self._new_publisher(producer_factory, alone_producer_factory)
@@ -73,22 +79,41 @@ class AtLeastOnce(HandOffBase):
         self.publisher.send(job)
 
     def _acknowledged(self, jobs: list[PublishJob]) -> None:
+        ordered = self._ordered
         for job in jobs:
-            if self._tracker.finish(job.source, job.offset, job.epoch):
-                self._finished_since_commit += 1
-                self._acked_since_commit = True
+            if ordered is not None and ordered.chains.ordered(job.source[0]):
+                # a key-ordered record: finished once its key-state record is durable too (write before commit)
+                landed = job.route.retry.tier if job.route.kind is RouteKind.TIER else None
+                finish = functools.partial(self._finish_acked, job.source, job.offset, job.epoch)
+                at = origin_of(job.context)
+                if at is None:
+                    finish()
+                else:
+                    ordered.acked(at, landed, finish)
+            else:
+                self._finish_acked(job.source, job.offset, job.epoch)
             self._announce(job)
+
+    def _finish_acked(self, tp: TopicPartition, offset: int, epoch: int) -> None:
+        if self._tracker.finish(tp, offset, epoch):
+            self._finished_since_commit += 1
+            self._acked_since_commit = True
 
     def serve(self, *, within_batch: bool = False) -> None:
         """Serve delivery reports, and commit what acknowledgements finished (within a batch: spaced)."""
-        if not self._serve_now(self.publisher, within_batch):
+        keyed = self._ordered is not None and self._ordered.in_flight > 0
+        if self._ordered is not None and keyed:
+            self._ordered.serve()
+        if self._serve_now(self.publisher, within_batch):
+            self._acknowledged(self.publisher.poll(0))
+        elif not keyed:
             return  # delivery reports free offsets; nothing to serve when none are pending
-        self._acknowledged(self.publisher.poll(0))
         if not within_batch or self._monotonic() - self._last_commit >= _ACK_COMMIT_SPACING_S:
             self._commit_acked()
 
     def wait_ms(self, wait_ms: int) -> int:
-        if self.publisher.in_flight and self._settings.commit_on_ack:
+        in_flight = self.publisher.in_flight or (self._ordered is not None and self._ordered.in_flight)
+        if in_flight and self._settings.commit_on_ack:
             return min(wait_ms, _ACK_WAIT_MS)  # serve the acks soon: their commit follows at once
         return wait_ms
 
@@ -126,6 +151,8 @@ class AtLeastOnce(HandOffBase):
     def revoked(self, tps: list[TopicPartition]) -> None:
         self.publisher.flush(self._settings.revoke_drain_timeout_s)
         self._acknowledged(self.publisher.take_acked())
+        if self._ordered is not None:  # the key-state writes those acknowledgements wait for
+            self._ordered.flush(self._settings.revoke_drain_timeout_s)
         positions = self._tracker.commit_positions(tps)
         if positions:
             self._commit(positions, asynchronous=False)
@@ -139,6 +166,10 @@ class AtLeastOnce(HandOffBase):
     def shutdown(self) -> None:
         drained = self.publisher.flush(self._settings.drain_timeout_s)
         self._acknowledged(self.publisher.take_acked())
+        if self._ordered is not None and not self._ordered.flush(self._settings.drain_timeout_s):
+            log.warning(
+                "%s: key-order writes unacknowledged at shutdown; their offsets stay uncommitted", self._settings.name
+            )
         if not drained:
             log.warning(
                 "%s: %d publishes unacknowledged at shutdown; their offsets stay uncommitted",

@@ -29,15 +29,17 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from retrytopics.core.dedupe import AuditKey, DuplicateAudit
-from retrytopics.core.headers import RetryHeaders
+from retrytopics.core.headers import DlqReason, RetryHeaders
+from retrytopics.core.key_hops import origin_of
 from retrytopics.core.offsets import TopicPartition
 from retrytopics.core.ports import Message, ProducerPort
 from retrytopics.core.router import RouteKind
 from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.clock import Clock
+from retrytopics.runtime.handoff.ordered import OrderedHandOffs
 from retrytopics.runtime.handoff.publish import Publisher, PublishJob, too_large_fallback
 from retrytopics.runtime.handoff.transactional import TransactionalPublisher
-from retrytopics.runtime.records.outcome import Duplicate, Failed, Outcome, Succeeded, SucceededRun
+from retrytopics.runtime.records.outcome import Duplicate, Failed, Follow, Outcome, Succeeded, SucceededRun
 
 __all__ = ["CommitSettings", "DeadLetterCallback", "HandOff", "HandOffBase"]
 
@@ -79,7 +81,7 @@ class HandOff(Protocol):
         """Offsets finished in an open transaction must not be committed outside it (ownership.py)."""
 
     def apply(self, outcome: Outcome) -> None:
-        """Act on a `Succeeded`, `SucceededRun`, `Failed` or `Duplicate` outcome."""
+        """Act on a `Succeeded`, `SucceededRun`, `Failed`, `Duplicate` or `Follow` outcome."""
 
     def report_handled(self) -> None: ...
     def serve(self, *, within_batch: bool = False) -> None: ...
@@ -127,6 +129,8 @@ class HandOffBase:
         self._handled: dict[TopicPartition, _Counted] = {}  # this batch's successes, per partition
         #: per routing context (a handler's, alive as long as the app), its too-large fallback, made once
         self._shrinks: dict[int, Callable[[PublishJob], bool]] = {}
+        #: follower hops and key-state writes of key-ordered handlers (at-least-once only); None: no such handler
+        self._ordered: OrderedHandOffs | None = None
 
     # -- the strategy's part -------------------------------------------------------------------------------
 
@@ -146,6 +150,10 @@ class HandOffBase:
     def _send(self, job: PublishJob) -> None:
         raise NotImplementedError
 
+    def _finish_acked(self, tp: TopicPartition, offset: int, epoch: int) -> None:
+        """Finish a hand-off whose acknowledgement (and key-state write) arrived."""
+        self._finish(tp, offset, epoch)
+
     def _remember(self, key: AuditKey) -> None:
         self._audit.remember(key)
 
@@ -160,12 +168,27 @@ class HandOffBase:
             self._failed(outcome)
         elif type(outcome) is Duplicate:
             self._duplicate(outcome)
+        elif type(outcome) is Follow and self._ordered is not None:  # a record of a blocked key, unhandled
+            msg = outcome.msg
+            epoch = self._track(msg.tp, msg.offset)
+            self._ordered.follow(outcome, lambda: self._finish_acked(msg.tp, msg.offset, epoch))
         else:
             raise TypeError(f"the hand-off does not act on {type(outcome).__name__}")
 
     def _succeeded(self, outcome: Succeeded) -> None:
         msg, key, record = outcome
-        self._finish_success(msg.tp, msg.offset)
+        ordered = self._ordered
+        if (
+            ordered is not None
+            and ordered.chains.ordered(msg.topic)
+            and (at := origin_of(record)) is not None
+            and (passages := ordered.chains.succeeded(at))
+        ):
+            # a tier's passage is written before the offset is finished (write before commit)
+            epoch = self._track(msg.tp, msg.offset)
+            ordered.write(passages, lambda: self._finish_acked(msg.tp, msg.offset, epoch))
+        else:
+            self._finish_success(msg.tp, msg.offset)
         if key is not None:
             self._remember(key)
         state = record.retry
@@ -207,6 +230,12 @@ class HandOffBase:
         epoch = self._track(msg.tp, msg.offset)
         if key is not None:
             self._remember(key)
+        ordered = self._ordered
+        if ordered is not None and ordered.chains.ordered(msg.topic) and (at := origin_of(record)) is not None:
+            # its key waits until this hop is acknowledged; a follower dead-lettered behind its key never ran
+            handled = route.reason is not DlqReason.BLOCKED_BY_KEY
+            to_tier = route.retry.tier if route.kind is RouteKind.TIER else None
+            ordered.write(ordered.chains.sent(at, to_tier=to_tier, handled=handled))
         state = record.retry
         timing = _NO_TIMING if state is None else {"due_at": state.due_at, "handled_at": self._now_ms()}
         self._emit(

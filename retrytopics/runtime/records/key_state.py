@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from retrytopics.core.errors import KeyStateDecodeError
 from retrytopics.core.key_order import KeyStateRecord, decode_record
 from retrytopics.core.ports import Message
 
-__all__ = ["KeyState", "KeyStateReader", "read_key_state"]
+__all__ = ["KeyState", "KeyStateReader", "decode_message", "read_key_state"]
 
 log = logging.getLogger("retrytopics.runtime")
 
@@ -34,10 +34,13 @@ KeyStateReader = Callable[[str, Sequence[int] | None, float], Iterable[Message]]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class KeyState:
-    """What a read of a key-state topic found: its decoded records in log order, and how many were skipped."""
+    """What a read of a key-state topic found: its decoded records in log order, how many were skipped, and per
+    partition the offset after the last record read (where a live reader goes on from; a partition with
+    nothing read is not in it)."""
 
     records: tuple[KeyStateRecord, ...]
     malformed: int
+    next_offsets: dict[int, int] = field(default_factory=dict)
 
 
 def read_key_state(read: KeyStateReader, topic: str, partitions: Sequence[int] | None, *, timeout_s: float) -> KeyState:
@@ -45,18 +48,26 @@ def read_key_state(read: KeyStateReader, topic: str, partitions: Sequence[int] |
     records: list[KeyStateRecord] = []
     malformed = 0
     first_reason = ""
+    next_offsets: dict[int, int] = {}
     for msg in read(topic, partitions, timeout_s):
-        try:
-            record = decode_record(msg.key, msg.value)
-        except KeyStateDecodeError as exc:
-            reason = f"{exc.field}: {exc.reason}"
-        else:
-            if record.chain.source_partition == msg.partition:
-                records.append(record)
-                continue
-            reason = "chain: names another source partition than the one it was read from"
+        next_offsets[msg.partition] = max(next_offsets.get(msg.partition, 0), msg.offset + 1)
+        record = decode_message(msg)
+        if not isinstance(record, str):
+            records.append(record)
+            continue
         malformed += 1
-        first_reason = first_reason or reason
+        first_reason = first_reason or record
     if malformed:
         log.warning("%s: %d key-state records skipped as malformed (first: %s)", topic, malformed, first_reason)
-    return KeyState(records=tuple(records), malformed=malformed)
+    return KeyState(records=tuple(records), malformed=malformed, next_offsets=next_offsets)
+
+
+def decode_message(msg: Message) -> KeyStateRecord | str:
+    """The key-state record `msg` holds, or why it is skipped (see the module docstring)."""
+    try:
+        record = decode_record(msg.key, msg.value)
+    except KeyStateDecodeError as exc:
+        return f"{exc.field}: {exc.reason}"
+    if record.chain.source_partition != msg.partition:
+        return "chain: names another source partition than the one it was read from"
+    return record

@@ -9,6 +9,10 @@ cycle (runtime/consumer/cycle.py) hands each to the one part that acts on it:
 - `Waiting` -> waiting (runtime/waiting.py): pause the partition in Kafka, or queue the record in memory;
 - `Abandoned` -> the cycle: the record and the rest of the poll's records of every partition not yet acted
   on are read again (here, or by whoever owns the partition now).
+- `Follow` (a key-ordered handler's record of a blocked key) -> the hand-off, which publishes it unhandled
+  behind its key's predecessor; `Held` (its key's last hop is not acknowledged, or the partition is at its
+  bound of blocked keys) -> waiting: the partition stops at that record until key order lets it through
+  (runtime/records/ordering.py).
 
 A consumer model without partitions (a share group: per-record acknowledgement, nothing to pause or commit)
 consumes the same values with its own hand-off: `Succeeded` is an ACCEPT, `Failed` an ACCEPT once its route
@@ -21,12 +25,24 @@ from typing import Any, NamedTuple
 
 from retrytopics.core.dedupe import AuditKey
 from retrytopics.core.headers import RetryHeaders
+from retrytopics.core.key_order import Follower
 from retrytopics.core.offsets import TopicPartition
 from retrytopics.core.ports import Message
 from retrytopics.core.record import Record
 from retrytopics.core.router import Route, RouteContext
 
-__all__ = ["Abandoned", "Duplicate", "Failed", "Outcome", "Queued", "Succeeded", "SucceededRun", "Waiting"]
+__all__ = [
+    "Abandoned",
+    "Duplicate",
+    "Failed",
+    "Follow",
+    "Held",
+    "Outcome",
+    "Queued",
+    "Succeeded",
+    "SucceededRun",
+    "Waiting",
+]
 
 
 class Succeeded(NamedTuple):
@@ -98,4 +114,25 @@ class Abandoned(NamedTuple):
     msg: Message
 
 
-Outcome = Succeeded | SucceededRun | Failed | Duplicate | Waiting | Abandoned
+class Follow(NamedTuple):
+    """`msg`'s key is blocked (docs/key-ordering.md): it is handed off unhandled to tier `tier` as `follower`
+    (behind the record of its key at source offset `follower.after`), and finished once that hop and its
+    key-state record are durable. `msg` is a source record, or a follower read in a tier and forwarded: it
+    waited there behind `behind`."""
+
+    msg: Message
+    tier: int
+    follower: Follower
+    #: the handler's routing context (its tiers, group, id header and header keys)
+    ctx: RouteContext
+    behind: int
+
+
+class Held(NamedTuple):
+    """Key order stops `msg`'s partition at `msg` (its key's last hop is not acknowledged yet, the partition is
+    at its bound of blocked keys, or its key state is not read yet): read again from `msg` once released."""
+
+    msg: Message
+
+
+Outcome = Succeeded | SucceededRun | Failed | Duplicate | Waiting | Abandoned | Follow | Held

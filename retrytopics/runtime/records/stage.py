@@ -22,6 +22,7 @@ A failure's route is decided here, once (`router.route`, with the state read at 
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
 from collections.abc import Generator, Iterator, Mapping
@@ -30,18 +31,24 @@ from typing import Any
 from retrytopics.core.dedupe import AuditKey, DuplicateAudit, audit_key
 from retrytopics.core.errors import HeaderDecodeError
 from retrytopics.core.headers import RetryHeaders
+from retrytopics.core.key_hops import blocked_by_key_route, read_follower, source_follower
+from retrytopics.core.key_order import Admit, BlockedByKey, Follower, Step
 from retrytopics.core.offsets import TopicPartition
 from retrytopics.core.ports import Message
 from retrytopics.core.record import Record
-from retrytopics.core.router import read_retry_state, route
+from retrytopics.core.router import origin_message_id, read_retry_state, route
 from retrytopics.core.step import Action, decide
 from retrytopics.runtime.clock import Clock
 from retrytopics.runtime.records.batches import BatchCalls, Deferred
 from retrytopics.runtime.records.calls import Binding, Invoker, build_record
 from retrytopics.runtime.records.duplicates import DuplicateCheck
+from retrytopics.runtime.records.ordering import KeyOrder, TierOrder
 from retrytopics.runtime.records.outcome import (
     Abandoned,
+    Duplicate,
     Failed,
+    Follow,
+    Held,
     Outcome,
     Queued,
     Succeeded,
@@ -69,8 +76,11 @@ class RecordStage:
         clock: Clock,
         rng: random.Random,
         stop: threading.Event,
+        key_order: KeyOrder | TierOrder | None = None,
     ) -> None:
         self._bindings = bindings
+        self._key_order = key_order if isinstance(key_order, KeyOrder) else None
+        self._tier_order = key_order if isinstance(key_order, TierOrder) else None
         self._waiting = waiting
         self._audit = audit
         self._invoker = invoker
@@ -119,6 +129,9 @@ class RecordStage:
         if binding.batch:
             yield from self.batches.call_run(binding, msgs)
             return
+        if binding.ordering is not None:
+            yield from self._ordered_run(binding, msgs)
+            return
         ownership, stopped = self._ownership, self._stop.is_set
         call, clock, sure_until = self._invoker.caller(binding), ownership.monotonic, ownership.sure_until
         tp, done, i = msgs[0].tp, 0, 0  # msgs[done:i]: calls that returned, not yielded yet
@@ -160,6 +173,17 @@ class RecordStage:
         if done < i:
             yield _run(tp, msgs, done, i)
 
+    def _ordered_run(self, binding: Binding, msgs: list[Message]) -> Iterator[Outcome]:
+        """A plain run of a key-ordered handler: record by record, each admitted by key order first
+        (`_handle`); the run ends at a record key order stops (`Held`) or that this consumer must leave."""
+        for msg in msgs:
+            if self._stop.is_set():
+                return
+            for outcome in self._handle(binding, msg, None, None, None):
+                yield outcome
+                if type(outcome) is Held or type(outcome) is Abandoned:
+                    return
+
     # -- one record at a time ------------------------------------------------------------------------------
 
     def read(self, msg: Message) -> Iterator[Outcome]:
@@ -172,10 +196,20 @@ class RecordStage:
                 yield from self._handle(binding, msg, None, None, None)
                 return
         else:
+            follower = None
             try:
-                state = read_retry_state(binding.ctx, msg, now_ms=self._now_ms())
+                if binding.ordering is not None and msg.key is not None and self._tier_order is not None:
+                    follower = read_follower(binding.ctx, msg)  # a follower carries no retry state
+                if follower is None:
+                    state = read_retry_state(binding.ctx, msg, now_ms=self._now_ms())
             except HeaderDecodeError as exc:
                 bad = exc
+            if follower is not None:
+                if self._waiting.queued(msg.tp):  # behind records waiting in memory: decided in its turn
+                    yield Waiting(msg, None, _FOLLOWER)
+                    return
+                yield from self._follower(binding, msg, follower)
+                return
         now = self._now_ms()
         key = None if state is None else audit_key(state)
         due = self._due_at(binding, msg, state, now)
@@ -211,12 +245,65 @@ class RecordStage:
 
     def take_queued(self, msg: Message, queued: Queued) -> Iterator[Outcome]:
         """A record that waited in memory came to its turn: carry out what was decided when it was read."""
+        binding = self._bindings[msg.topic]
+        if queued == _FOLLOWER and self._tier_order is not None:  # read and checked when it was queued
+            follower = read_follower(binding.ctx, msg)
+            assert follower is not None
+            yield from self._follower(binding, msg, follower)
+            return
         if queued.duplicate is not None:
             if self.batches.holds(msg.tp) and not (yield from self.batches.settle(msg.tp)):
                 return
             yield queued.duplicate
             return
         yield from self._handle(self._bindings[msg.topic], msg, queued.key, queued.state, queued.bad)
+
+    def _follower(self, binding: Binding, msg: Message, follower: Follower) -> Iterator[Outcome]:
+        """A follower read in a tier (docs/key-ordering.md, section 4), decided by what this tier did with the
+        record it waits behind: handled now (as its source record's first attempt), forwarded behind it,
+        dead-lettered unhandled as ``blocked_by_key``, finished as a copy, or held until a hop is acknowledged."""
+        assert self._tier_order is not None
+        decision = self._tier_order.on_follower(msg, follower)
+        step = decision.step
+        if step is Step.WAIT:
+            yield Held(msg)
+            return
+        if step is Step.DUPLICATE:
+            yield Duplicate(msg, follower.origin_message_id, 0, downstream=False)
+            return
+        ctx = binding.ctx
+        if step is Step.FORWARD:
+            assert decision.tier is not None and decision.after is not None
+            yield Follow(msg, decision.tier, dataclasses.replace(follower, after=decision.after), ctx, follower.after)
+            return
+        # the handler sees, and a failure routes from, the source record the follower is
+        source = msg._replace(
+            topic=follower.original_topic,
+            partition=follower.original_partition,
+            offset=follower.original_offset,
+            timestamp_ms=follower.original_timestamp,
+        )
+        record, poison = build_record(binding, source, None)
+        failure: BaseException | None = poison
+        if step is not Step.HANDLE:  # DEAD_LETTER, UNPROVEN: never handled out of order
+            why = "dead-lettered" if step is Step.DEAD_LETTER else "unproven: nothing in this tier accounts for it"
+            dead = blocked_by_key_route(ctx, follower, msg, why=why, now_ms=self._now_ms())
+            yield Failed(msg, None, record, BlockedByKey(dead.retry.exception_message), dead, ctx)
+            return
+        if failure is None:
+            try:
+                self._invoker.call(binding, record)
+            except Exception as exc:  # noqa: BLE001 - every handler failure is routed; BaseException stops the app
+                failure = exc
+            if self._ownership.lost_ownership(msg) or (failure is not None and self._ownership.stopping(msg, failure)):
+                yield Abandoned(msg)
+                return
+        if failure is None:
+            yield Succeeded(msg, None, record)
+            return
+        # a released follower that fails starts its own schedule: a first failure, from its own coordinates
+        first = route(ctx, source, failure, now_ms=self._now_ms(), rng=self._rng, previous=None)
+        yield Failed(msg, None, record, failure, first, ctx)
 
     def abandon_deferred(self) -> list[Abandoned]:
         """After an abandoned record: nothing deferred for a batch handler may be called in this poll either;
@@ -249,7 +336,30 @@ class RecordStage:
         state: RetryHeaders | None,
         bad: BaseException | None,
     ) -> Iterator[Outcome]:
-        """Call the handler (or defer the record to its batch handler's call): its outcome."""
+        """Call the handler (or defer the record to its batch handler's call): its outcome. A source record of
+        a key-ordered handler is admitted by key order first: it may follow its key's predecessor into a tier
+        unhandled (`Follow`), or stop its partition (`Held`)."""
+        if binding.ordering is not None and msg.key is not None:
+            if self._key_order is not None and msg.topic == binding.topic:
+                admission = self._key_order.admit(msg)
+                if admission.action is Admit.FOLLOW:
+                    assert admission.tier is not None and admission.after is not None
+                    ctx, after = binding.ctx, admission.after
+                    if after >= msg.offset:
+                        # read again after a restart or rebalance: every record of its key up to the frontier
+                        # is terminal or handed off already, durably (the chain record says so)
+                        yield Duplicate(msg, origin_message_id(ctx, msg), 1, downstream=True)
+                        return
+                    follower = source_follower(ctx, msg, after=after, held_at=max(0, self._now_ms()))
+                    yield Follow(msg, admission.tier, follower, ctx, after)
+                    return
+                if admission.action is not Admit.HANDLE:
+                    yield Held(msg)
+                    return
+            elif self._tier_order is not None and state is not None:
+                if self._tier_order.on_retry(msg, state).step is Step.WAIT:
+                    yield Held(msg)
+                    return
         record, poison = build_record(binding, msg, state)
         failure: BaseException | None = bad or poison
         if binding.batch:
@@ -276,6 +386,10 @@ class RecordStage:
         if state is None or state.due_at is None or state.due_at <= now:
             return None if state is None else state.due_at
         return self._waiting.bounded_due(msg, state.due_at, binding.wait_bounds_ms.get(msg.topic, 0), now)
+
+
+#: what a follower waiting in memory behind its partition's queue is kept with: it is decided in its turn
+_FOLLOWER = Queued(None, None, None, None)
 
 
 def _run(tp: TopicPartition, msgs: list[Message], start: int, end: int) -> SucceededRun:

@@ -5,6 +5,9 @@ Guarantee (provisioning): a key-ordered handler's key-state topic is created by 
 one record per key), with the source's partition count (the state of source partition p is in partition p),
 idempotently; a handler without ordering gets none.
 
+Guarantee (the runtime): a key-ordered app on Apache Kafka handles every key in source order, whatever its
+records' failures, under both `dead_head` policies (a per-key ledger; see the test).
+
 Guarantee (reading at assignment): `read_to_end` on Apache Kafka gives every key-state record of the partitions
 asked for, in log order (what `SourceChains.rebuild` needs: a later record of a key wins), skipping nothing the
 memory broker would give and including an empty partition; a topic that does not exist is a
@@ -13,12 +16,21 @@ memory broker would give and including an empty partition; a topic that does not
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka.admin import ConfigResource, ResourceType
 
-from retrytopics import KeyOrdering, RetryApp, RetryPolicy
+from retrytopics import KeyOrdering, Record, RetryApp, RetryPolicy
 from retrytopics.client_factory import KafkaClientFactory
 from retrytopics.connectors.admin import ProvisionOutcome
 from retrytopics.connectors.config import KafkaConfig
@@ -28,7 +40,7 @@ from retrytopics.operator.config import AppSettings
 from retrytopics.operator.ops import provision_pipeline
 from retrytopics.runtime.records.key_state import read_key_state
 
-from .conftest import Kit
+from .conftest import Kit, wait_until
 
 pytestmark = pytest.mark.broker
 
@@ -111,3 +123,176 @@ def test_the_key_state_is_read_to_its_end_in_log_order(
     assert (admission.tier, admission.after) == (1, 9)
     with pytest.raises(KafkaClientError):
         clients.read_to_end(unique_name("absent"), None, 5)
+
+
+# -- the guarantee on the broker --------------------------------------------------------------------------------
+
+#: keys over 3 partitions, records per key; key % 4 says how its records fail (`_failures`)
+_KEYS, _PER_KEY = 12, 5
+
+
+def _failures(key: int, seq: int) -> int:
+    """Handler failures of record `seq` of key `key` before it succeeds (99: dead-lettered, exhausted)."""
+    return [0, 1 if seq % 2 == 0 else 0, 3 if seq == 1 else 0, 99 if seq == 2 else 0][key % 4]
+
+
+class _KeyLedger:
+    """Every handler call and DLQ write of the app's threads, in order: (what, key, seq, in a tier)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.events: list[tuple[str, int, int, bool]] = []
+        self.calls: Counter[tuple[int, int]] = Counter()
+
+    def handle(self, record: Record[bytes]) -> None:
+        key, seq = (int(part) for part in record.value.decode().split(":"))
+        in_tier = ".retry." in threading.current_thread().name
+        with self.lock:
+            self.calls[(key, seq)] += 1
+            failed = self.calls[(key, seq)] <= _failures(key, seq)
+            self.events.append(("fail" if failed else "ok", key, seq, in_tier))
+        if failed:
+            raise RuntimeError(f"key {key} record {seq} fails")
+
+    def dead_lettered(self, record: Record[bytes], route: object) -> None:
+        key, seq = (int(part) for part in record.value.decode().split(":"))
+        with self.lock:
+            self.events.append(("dlq", key, seq, False))
+
+    def terminal(self) -> set[tuple[int, int]]:
+        with self.lock:
+            return {(k, s) for what, k, s, _ in self.events if what in ("ok", "dlq")}
+
+
+@pytest.mark.parametrize("dead_head", ["release", "dead_letter"])
+def test_every_key_is_handled_in_source_order_on_apache_kafka(
+    kafka: KafkaConfig, kit: Kit, apps: list[RetryApp], unique_name: Callable[[str], str], dead_head: str
+) -> None:
+    """Guarantee: on Apache Kafka, with tiers of a few hundred ms, no record is handled before every earlier
+    record of its key is terminal; every record is handled successfully or in the DLQ with its reason
+    (`blocked_by_key` only under `dead_letter`, behind an exhausted record); keys that never fail are handled
+    once each on the main consumer; followers were handled in the tiers (the live key-state feed released
+    them)."""
+    source = kit.create(unique_name("orders"), 3)
+    ledger = _KeyLedger()
+    app = RetryApp(kafka=kafka, group=unique_name("billing"), on_dead_letter=ledger.dead_lettered)
+    policy = RetryPolicy(delays=["200ms", "400ms"], max_retries=3)
+    app.handler(source, policy=policy, ordering=KeyOrdering(dead_head=dead_head))(ledger.handle)
+    app.provision()
+    for seq in range(_PER_KEY):
+        kit.produce(
+            source, [(f"acct-{k}".encode(), f"{k}:{seq}".encode(), []) for k in range(_KEYS) if k % 3 == 0], partition=0
+        )
+        for p in (1, 2):
+            kit.produce(
+                source,
+                [(f"acct-{k}".encode(), f"{k}:{seq}".encode(), []) for k in range(_KEYS) if k % 3 == p],
+                partition=p,
+            )
+    apps.append(app)
+    app.start(main=True, tiers="all")
+    every = {(k, s) for k in range(_KEYS) for s in range(_PER_KEY)}
+    wait_until(lambda: ledger.terminal() >= every, 120, "every record handled or dead-lettered")
+    assert app.stop(30) and app.error is None
+
+    done: set[tuple[int, int]] = set()
+    for what, key, seq, _ in ledger.events:
+        if what != "dlq":
+            missing = [(key, s) for s in range(seq) if (key, s) not in done]
+            assert not missing, f"key {key} record {seq} handled before {missing} were terminal"
+        if what != "fail":
+            done.add((key, seq))
+    dlq: dict[tuple[int, int], str] = {}
+    for read in kit.read_all(app.topics(source).dlq):
+        assert read.value is not None and read.header("retry.dlq_reason") is not None
+        key, seq = (int(part) for part in read.value.decode().split(":"))
+        assert (key, seq) not in dlq, "each record is dead-lettered once"
+        dlq[(key, seq)] = (read.header("retry.dlq_reason") or b"").decode()
+    ok = {(k, s) for what, k, s, _ in ledger.events if what == "ok"}
+    assert ok | set(dlq) == every and not ok & set(dlq)
+    assert {r for r, why in dlq.items() if why == "exhausted"} == {(k, 2) for k in range(_KEYS) if k % 4 == 3}
+    blocked = {r for r, why in dlq.items() if why == "blocked_by_key"}
+    assert all(k % 4 == 3 and s > 2 for k, s in blocked) and bool(blocked) == (dead_head == "dead_letter")
+    clean = [(what, k, s, in_tier) for what, k, s, in_tier in ledger.events if k % 4 == 0]
+    assert len(clean) == _PER_KEY * len(range(0, _KEYS, 4)) and not any(in_tier for *_, in_tier in clean)
+    assert any(in_tier and what == "ok" and ledger.calls[(k, s)] == 1 for what, k, s, in_tier in ledger.events)
+
+
+_WORKER = Path(__file__).with_name("key_order_worker.py")
+
+
+def test_a_sigkill_of_the_main_consumer_while_keys_are_blocked_keeps_the_order(
+    kafka: KafkaConfig,
+    kit: Kit,
+    apps: list[RetryApp],
+    unique_name: Callable[[str], str],
+    consumer_overrides: dict[str, Any],
+    tmp_path: Path,
+) -> None:
+    """Guarantee: the main consumer, in a process of its own, is SIGKILLed right after handing off a follower
+    (its chain record unwritten, its offset uncommitted) while keys are blocked; a new main consumer rebuilds the
+    blocked keys from the key-state topic. A ledger shared by both processes and the tier consumers shows no
+    record handled before every earlier record of its key was terminal, and every record handled or in the
+    DLQ (calls may repeat: at-least-once)."""
+    sys.path.insert(0, str(_WORKER.parent))
+    from key_order_worker import build_app, failures  # type: ignore[import-not-found]
+
+    keys, per_key = 12, 6
+    source = kit.create(unique_name("orders"), 2)
+    ledger = tmp_path / "ledger.jsonl"
+    settings = {
+        "bootstrap": kafka.bootstrap,
+        "group": unique_name("billing"),
+        "source": source,
+        "consumer": consumer_overrides,
+        "ledger": str(ledger),
+        "kill_after": 4,
+    }
+    tiers = build_app(settings)
+    apps.append(tiers)
+    tiers.provision()
+    for seq in range(per_key):
+        for p in (0, 1):
+            kit.produce(
+                source,
+                [(f"acct-{k}".encode(), f"{k}:{seq}".encode(), []) for k in range(keys) if k % 2 == p],
+                partition=p,
+            )
+    tiers.start(main=False, tiers="all")
+    worker = subprocess.Popen(
+        [sys.executable, str(_WORKER), json.dumps(settings)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        assert worker.wait(60) == -signal.SIGKILL, "the worker killed itself after handing off followers"
+    finally:
+        worker.kill()
+        worker.wait(10)
+
+    def events() -> list[dict[str, Any]]:
+        return [json.loads(line) for line in ledger.read_text().splitlines() if line.strip()]
+
+    main = build_app(settings)
+    apps.append(main)
+    main.start(main=True)
+    every = {(k, s) for k in range(keys) for s in range(per_key)}
+    wait_until(
+        lambda: {(e["key"], e["seq"]) for e in events() if e["what"] in ("ok", "dlq")} >= every, 120, "every record"
+    )
+    assert main.stop(30) and tiers.stop(30) and main.error is None and tiers.error is None
+
+    done: set[tuple[int, int]] = set()
+    for e in events():
+        key, seq = e["key"], e["seq"]
+        if e["what"] != "dlq":
+            missing = [(key, s) for s in range(seq) if (key, s) not in done]
+            assert not missing, f"key {key} record {seq} handled before {missing} were terminal"
+        if e["what"] != "fail":
+            done.add((key, seq))
+    dlq = {(e["key"], e["seq"]): e["reason"] for e in events() if e["what"] == "dlq"}
+    assert set(dlq.items()) == {((k, s), "exhausted") for k, s in every if failures(k, s) == 99}
+    assert {(e["key"], e["seq"]) for e in events() if e["what"] == "ok"} == every - set(dlq)
+    assert {e["pid"] for e in events() if "pid" in e} - {os.getpid()}, "the killed worker handled records"

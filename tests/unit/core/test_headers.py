@@ -101,8 +101,7 @@ def replace_header(headers: list[H.Header], key: str, value: bytes | None) -> li
     ("key", "value", "reason"),
     [
         (H.RECONSUME_TIMES, b"abc", "decimal integer"),
-        (H.RECONSUME_TIMES, b"-1", "1.."),
-        (H.RECONSUME_TIMES, b"0", "1.."),
+        (H.RECONSUME_TIMES, b"-1", "0.."),
         (H.RECONSUME_TIMES, b"+3", "decimal integer"),
         (H.RECONSUME_TIMES, b"\xd9\xa3", "decimal integer"),  # an Arabic-Indic digit, which int() would accept
         (H.RECONSUME_TIMES, b"007", "decimal integer"),
@@ -123,6 +122,16 @@ def test_bad_values_name_the_header_and_value(key: str, value: bytes | None, rea
     assert info.value.field == key
     assert info.value.value == value
     assert reason in info.value.reason
+
+
+def test_a_retry_count_of_0_is_read_only_on_a_blocked_by_key_record() -> None:
+    """A record that never ran (dead-lettered unhandled behind its key's dead-lettered predecessor) carries
+    `retry.reconsume_times` 0; on any other record 0 is refused, naming the header."""
+    with pytest.raises(HeaderDecodeError) as info:
+        decode(replace_header(encode(sample()), H.RECONSUME_TIMES, b"0"))
+    assert info.value.field == H.RECONSUME_TIMES and ">= 1" in info.value.reason
+    blocked = sample(reconsume_times=0, tier=None, due_at=None, dlq_reason=DlqReason.BLOCKED_BY_KEY)
+    assert decode(encode(blocked)) == blocked
 
 
 def test_missing_duplicated_oversized_and_too_many() -> None:

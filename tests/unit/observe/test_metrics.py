@@ -45,6 +45,25 @@ def test_events_become_metrics() -> None:
     assert _value(hook, "retrytopics_paused_partitions", topic="orders.b.retry.1s") == 1
 
 
+def test_key_order_events_become_metrics() -> None:
+    """Blocked keys per source partition (a gauge, forgotten when the partition is revoked), followers, pauses
+    at the bound and unproven followers (counters)."""
+    hook = PrometheusHook()
+    emit = Emitter([hook]).emit
+    emit(Event.KEY_ORDER_BLOCKED, topic="orders", partition=1, blocked_keys=2)
+    emit(Event.KEY_ORDER_FOLLOWED, topic="orders", partition=1, offset=7, destination="orders.b.retry.1s")
+    emit(Event.KEY_ORDER_BOUND_REACHED, topic="orders", partition=1)
+    emit(Event.KEY_ORDER_UNPROVEN, topic="orders.b.retry.1s", partition=0, offset=3)
+    assert _value(hook, "retrytopics_key_order_blocked_keys", topic="orders", partition="1") == 2
+    assert _value(hook, "retrytopics_key_order_followers_total", topic="orders") == 1
+    assert _value(hook, "retrytopics_key_order_bound_reached_total", topic="orders") == 1
+    assert _value(hook, "retrytopics_key_order_unproven_total", topic="orders.b.retry.1s") == 1
+    emit(Event.KEY_ORDER_RELEASED, topic="orders", partition=1, blocked_keys=1)
+    assert _value(hook, "retrytopics_key_order_blocked_keys", topic="orders", partition="1") == 1
+    emit(Event.PARTITIONS_REVOKED, partitions=[("orders", 1)])
+    assert _value(hook, "retrytopics_key_order_blocked_keys", topic="orders", partition="1") is None
+
+
 def test_metrics_endpoint_serves_the_counters() -> None:
     hook = PrometheusHook()
     port = free_port()

@@ -1,0 +1,256 @@
+"""The hand-offs key order adds to an at-least-once hand-off (docs/key-ordering.md, sections 4 and 5): follower
+hops, and the key-state records that must be durable before a source offset is finished (write before commit).
+
+Both go out on a producer of their own, so that a follower hop is never batched with, refused with or
+retried behind the failure path's republishes; each write is produced again after a short back-off until it
+is acknowledged (acks=all, idempotent producer). A key-state record is tiny and its topic is the app's own, so
+a refusal of one is an outage, not a property of the record: it is retried, and the offsets that wait for it
+stay uncommitted meanwhile. The decisions are the records stage's key order (runtime/records/ordering.py),
+seen here through `KeyChains`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from retrytopics.core.errors import KafkaClientError, PublishError
+from retrytopics.core.headers import Header
+from retrytopics.core.key_hops import Origin, follower_headers
+from retrytopics.core.key_order import ChainKey, KeyStateRecord, encode_record, key_id
+from retrytopics.core.ports import ProducerPort
+from retrytopics.observe.events import Emitter, Event
+from retrytopics.runtime.clock import Clock
+from retrytopics.runtime.records.outcome import Follow
+
+__all__ = ["KeyChains", "OrderedHandOffs"]
+
+log = logging.getLogger("retrytopics.runtime")
+
+#: back-off before a write whose delivery failed is produced again (seconds, loop clock)
+_RETRY_AFTER_S = 0.5
+
+
+class KeyChains(Protocol):
+    """What the hand-off asks of a loop's key order (`runtime.records.ordering`: `KeyOrder` on a main consumer,
+    `TierOrder` on a tier consumer). Each answer is the key-state records to write."""
+
+    def ordered(self, topic: str) -> bool: ...
+
+    def state_topic(self, source: str) -> str: ...
+
+    def sent(
+        self, at: Origin, *, to_tier: int | None, handled: bool, behind: int | None = None
+    ) -> list[KeyStateRecord]: ...
+
+    def acked(self, at: Origin, landed: int | None) -> list[KeyStateRecord]: ...
+
+    def succeeded(self, at: Origin) -> list[KeyStateRecord]: ...
+
+
+@dataclass(slots=True)
+class _Write:
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    partition: int | None
+    headers: tuple[Header, ...]
+    on_ack: Callable[[], None] | None
+    attempt: int = 0
+
+
+class OrderedHandOffs:
+    """Follower hops and key-state writes of one consumer loop (see the module docstring)."""
+
+    def __init__(
+        self,
+        chains: KeyChains,
+        make_producer: Callable[[], ProducerPort],
+        emitter: Emitter,
+        *,
+        clock: Clock,
+        name: str,
+    ) -> None:
+        self.chains = chains
+        self._make_producer = make_producer
+        self._producer: ProducerPort | None = None  # made at the first write: most loops never write one
+        self._emitter = emitter
+        self._monotonic = clock.monotonic
+        self._now_ms = clock.now_ms
+        self._name = name
+        self._ids = itertools.count()
+        self._writes: dict[int, _Write] = {}  # every unacknowledged write
+        self._retries: list[tuple[float, int]] = []  # (when, write id), a heap
+        self._done: list[int] = []  # acknowledged since the last serve
+        #: key-state writes: (topic, record key) -> the id of its latest write not yet acknowledged
+        self._latest: dict[tuple[str, bytes | None], int] = {}
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._writes)
+
+    @property
+    def healthy(self) -> bool:
+        """False while some write has failed and waits to be produced again."""
+        return not any(w.attempt for w in self._writes.values())
+
+    # -- what the hand-off calls ------------------------------------------------------------------------------
+
+    def follow(self, outcome: Follow, finish: Callable[[], None]) -> None:
+        """Hand `outcome.msg` off unhandled behind its key's predecessor; `finish` once the hop and its chain
+        record are acknowledged."""
+        msg, tier, follower, ctx, behind = outcome
+        topic = ctx.topics.tiers[tier].topic
+        assert msg.key is not None  # a record without a key never follows
+        at = Origin(
+            ChainKey(follower.original_topic, follower.original_partition, key_id(msg.key)), follower.original_offset
+        )
+        self.write(self.chains.sent(at, to_tier=tier, handled=False, behind=behind))
+
+        def landed() -> None:
+            self.acked(at, tier, finish)
+
+        self._produce(_Write(topic, msg.key, msg.value, None, follower_headers(ctx, follower, msg, topic), landed))
+        self._emitter.emit(
+            Event.KEY_ORDER_FOLLOWED,
+            consumer=self._name,
+            topic=msg.topic,
+            partition=msg.partition,
+            offset=msg.offset,
+            destination=topic,
+        )
+
+    def acked(self, at: Origin, landed: int | None, finish: Callable[[], None]) -> None:
+        """The hop of an ordered record is acknowledged in tier `landed` (None: the DLQ): `finish` its offset
+        once the key-state records this changes are durable too."""
+        self.write(self.chains.acked(at, landed), finish)
+
+    def write(self, records: Iterable[KeyStateRecord], then: Callable[[], None] | None = None) -> None:
+        """Produce key-state records to their partitions (the source partition of their chain); `then` once
+        every one of them is acknowledged."""
+        batch = list(records)
+        if not batch:
+            if then is not None:
+                then()
+            return
+        left = [len(batch)]
+
+        def one_acked() -> None:
+            left[0] -= 1
+            if left[0] == 0 and then is not None:
+                then()
+
+        for record in batch:
+            key, value, partition = encode_record(record)
+            topic = self.chains.state_topic(record.chain.source_topic)
+            self._produce(_Write(topic, key, value, partition, (), one_acked))
+
+    # -- serving ----------------------------------------------------------------------------------------------
+
+    def serve(self) -> None:
+        """Serve delivery reports (running what waited for them) and produce again what is due for a retry."""
+        if self._producer is None or not self._writes:
+            return
+        self._producer.poll(0)
+        self._run_done()
+        self._retry_due()
+
+    def flush(self, timeout_s: float) -> bool:
+        """Serve until every write is acknowledged (those the acknowledgements lead to included) or `timeout_s`
+        passed; True when none is left."""
+        deadline = self._monotonic() + timeout_s
+        while self._writes and self._monotonic() < deadline:
+            assert self._producer is not None
+            self._producer.poll(min(0.05, max(0.0, deadline - self._monotonic())))
+            self._run_done()
+            self._retry_due()
+        return not self._writes
+
+    def _retry_due(self) -> None:
+        """Produce again the failed writes whose back-off passed. A key-state write that a later write of the
+        same record key superseded is not: produced now, it would land behind the newer one, and compaction
+        keeps the last; what waited for it waits for the newer one instead."""
+        now = self._monotonic()
+        while self._retries and self._retries[0][0] <= now:
+            _, write_id = heapq.heappop(self._retries)
+            write = self._writes.get(write_id)
+            if write is None:
+                continue
+            newer_id = self._latest.get((write.topic, write.key), write_id) if write.partition is not None else write_id
+            newer = self._writes.get(newer_id)
+            if newer_id == write_id or newer is None:
+                self._send(write_id, write)
+                continue
+            del self._writes[write_id]
+            newer.on_ack = _both(write.on_ack, newer.on_ack)
+
+    def _produce(self, write: _Write) -> None:
+        if self._producer is None:
+            self._producer = self._make_producer()
+        write_id = next(self._ids)
+        if write.partition is not None:  # a key-state record: the latest write of its record key
+            self._latest[(write.topic, write.key)] = write_id
+        self._send(write_id, write)
+
+    def _send(self, write_id: int, write: _Write) -> None:
+        self._writes[write_id] = write
+        assert self._producer is not None
+
+        def delivered(error: PublishError | None) -> None:
+            self._delivered(write_id, error)
+
+        try:
+            self._producer.produce(
+                write.topic,
+                key=write.key,
+                value=write.value,
+                headers=write.headers,
+                partition=write.partition,
+                on_delivery=delivered,
+            )
+        except KafkaClientError as exc:
+            self._delivered(write_id, PublishError(write.topic, str(exc), code=exc.code, fatal=exc.fatal))
+
+    def _delivered(self, write_id: int, error: PublishError | None) -> None:
+        write = self._writes.get(write_id)
+        if write is None:
+            return
+        if error is None:
+            self._done.append(write_id)
+            return
+        write.attempt += 1
+        if write.attempt == 1:
+            log.warning("%s: a key-order write to %s failed (%s); producing it again", self._name, write.topic, error)
+        self._emitter.emit(
+            Event.PUBLISH_FAILED, consumer=self._name, destination=write.topic, error=str(error), attempt=write.attempt
+        )
+        heapq.heappush(self._retries, (self._monotonic() + _RETRY_AFTER_S, write_id))
+
+    def _run_done(self) -> None:
+        """Run what waited for the writes acknowledged since the last call (outside the delivery callbacks:
+        what they run may produce again)."""
+        while self._done:
+            done, self._done = self._done, []
+            for write_id in done:
+                write = self._writes.pop(write_id, None)
+                if write is None:
+                    continue
+                if self._latest.get((write.topic, write.key)) == write_id:
+                    del self._latest[(write.topic, write.key)]
+                if write.on_ack is not None:
+                    write.on_ack()
+
+
+def _both(first: Callable[[], None] | None, then: Callable[[], None] | None) -> Callable[[], None] | None:
+    if first is None or then is None:
+        return first or then
+
+    def both() -> None:
+        first()
+        then()
+
+    return both

@@ -1,0 +1,426 @@
+"""Key order in a consumer loop (docs/key-ordering.md, section 4): which records of a key-ordered handler may be
+handled now, which follow their key's predecessor into a tier, and which stop their partition.
+
+A main consumer (`KeyOrder`) holds one `SourceChains` (retrytopics/core/key_order.py, pure) per assigned source
+partition of an ordered handler:
+
+- at assignment (`assigned`, inside the rebalance callback) it is rebuilt from the partition's key-state
+  records, read to their end; a partition whose read failed is not started (held, read again each poll,
+  unhealthy, one ERROR line) until the read succeeds: starting without it could run a blocked key's record
+  before its head;
+- before each handler call (`admit`, asked by the records stage for a record of an ordered handler only);
+- around every hand-off of such a record (`handed_off`, `acked`: the hand-off, runtime/handoff/ordered.py);
+- every poll (`learn`): the tiers' passages of its partitions, read by an assign()-only reader (`KeyStateFeed`).
+
+A tier consumer (`TierOrder`) holds one `TierPassages` per ordered tier topic, rebuilt at assignment from every
+partition of the key-state topic (read the same way, a failed read holds its partitions). It is asked about
+each retried record before its handler (`on_retry`) and about each follower when it is read (`on_follower`).
+
+Both are told of every hand-off and success of an ordered record (`sent`, `acked`, `succeeded`: the hand-off,
+runtime/handoff/ordered.py). What they return are key-state records for the hand-off to write: a record's
+offset is finished only once its key-state records are acknowledged too (write before commit). Nothing here
+publishes or commits.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Protocol
+
+from retrytopics.core.errors import KafkaClientError
+from retrytopics.core.headers import RetryHeaders
+from retrytopics.core.key_hops import Origin
+from retrytopics.core.key_order import (
+    Admission,
+    Admit,
+    Chain,
+    ChainKey,
+    Closed,
+    Follower,
+    KeyStateRecord,
+    SourceChains,
+    Step,
+    TierDecision,
+    TierPassages,
+    key_id,
+)
+from retrytopics.core.offsets import TopicPartition
+from retrytopics.core.ports import Message
+from retrytopics.observe.events import Emitter, Event
+from retrytopics.runtime.records.calls import Binding
+from retrytopics.runtime.records.key_state import KeyState, KeyStateReader, decode_message, read_key_state
+
+__all__ = ["KeyOrder", "KeyStateFeed", "TierOrder"]
+
+log = logging.getLogger("retrytopics.runtime")
+
+#: how long a read of a key-state topic at assignment may take before the partition stays unstarted
+_READ_TIMEOUT_S = 30.0
+#: how often a failed read at assignment is tried again (loop clock, seconds)
+_REREAD_EVERY_S = 1.0
+
+_NOT_STARTED = Admission(Admit.WAIT)
+
+
+class KeyStateFeed(Protocol):
+    """An assign()-only, read_committed reader of key-state partitions, read as they grow (no group, no
+    commits): `ClientFactory.key_state_feed`."""
+
+    def add(self, topic: str, starts: Mapping[int, int]) -> None:
+        """Read these partitions of `topic` from these offsets on (-2: from the first record kept)."""
+
+    def remove(self, topic: str, partitions: Sequence[int]) -> None: ...
+
+    def poll(self) -> list[Message]:
+        """The records read since the last call, without waiting."""
+
+    def close(self) -> None: ...
+
+
+class _Ordering:
+    """What both kinds share: the ordered handlers of the loop, the reads at assignment (a partition whose key
+    state is not read stays held), and the partitions stopped at a record."""
+
+    def __init__(
+        self,
+        ordered: Mapping[str, Binding],
+        *,
+        read: KeyStateReader,
+        emitter: Emitter,
+        name: str,
+        now_ms: Callable[[], int],
+        monotonic: Callable[[], float],
+    ) -> None:
+        self._ordered = dict(ordered)  # this loop's topic (a source, or a tier) -> its ordered binding
+        self._read = read
+        self._emitter = emitter
+        self._name = name
+        self._now_ms = now_ms
+        self._monotonic = monotonic
+        self._unread: dict[TopicPartition, float] = {}  # assigned, key state not read yet -> when to try again
+        self._failed_reads: set[TopicPartition] = set()  # one ERROR line per partition and episode
+
+    def ordered(self, topic: str) -> bool:
+        return topic in self._ordered
+
+    def state_topic(self, source: str) -> str:
+        """The key-state topic of ordered source topic `source`."""
+        return next(b for b in self._ordered.values() if b.topic == source).ctx.topics.key_state_topic
+
+    @property
+    def not_started(self) -> int:
+        """Ordered partitions whose key state is not read yet (the loop is unhealthy meanwhile)."""
+        return len(self._unread)
+
+    def assigned(self, tps: Iterable[TopicPartition]) -> list[KeyStateRecord]:
+        """Rebuild the key state of the ordered partitions among `tps`; returns the tombstones to write."""
+        for tp in tps:
+            if tp[0] in self._ordered:
+                self._unread[tp] = self._monotonic()
+        return self.read_pending()
+
+    def read_pending(self) -> list[KeyStateRecord]:
+        """Read the key state of the partitions not started yet whose next attempt is due."""
+        now = self._monotonic()
+        due: dict[str, list[int]] = {}
+        for tp, at in self._unread.items():
+            if at <= now:
+                due.setdefault(tp[0], []).append(tp[1])
+        out: list[KeyStateRecord] = []
+        for topic, partitions in due.items():
+            binding = self._ordered[topic]
+            state_topic = binding.ctx.topics.key_state_topic
+            try:
+                state = read_key_state(
+                    self._read, state_topic, self._state_partitions(partitions), timeout_s=_READ_TIMEOUT_S
+                )
+            except KafkaClientError as exc:
+                self._read_failed(topic, partitions, state_topic, exc)
+                continue
+            for p in partitions:
+                del self._unread[(topic, p)]
+                self._failed_reads.discard((topic, p))
+            out += self._rebuilt(topic, sorted(partitions), state)
+        return out
+
+    def _state_partitions(self, partitions: list[int]) -> list[int] | None:
+        raise NotImplementedError
+
+    def _rebuilt(self, topic: str, partitions: list[int], state: KeyState) -> list[KeyStateRecord]:
+        raise NotImplementedError
+
+    def _read_failed(self, topic: str, partitions: list[int], state_topic: str, exc: KafkaClientError) -> None:
+        retry_at = self._monotonic() + _REREAD_EVERY_S
+        for p in partitions:
+            self._unread[(topic, p)] = retry_at
+            if (topic, p) not in self._failed_reads:
+                self._failed_reads.add((topic, p))
+                log.error(
+                    "%s: %s[%d] not started: its key state (%s) could not be read (%s); trying again",
+                    self._name,
+                    topic,
+                    p,
+                    state_topic,
+                    exc,
+                )
+
+    def learn(self) -> list[KeyStateRecord]:
+        return []
+
+    def close(self) -> None:
+        return None
+
+    def _emit(self, event: Event, **data: object) -> None:
+        self._emitter.emit(event, consumer=self._name, **data)
+
+
+class KeyOrder(_Ordering):
+    """The key order of one main consumer's ordered handlers (see the module docstring)."""
+
+    def __init__(
+        self,
+        bindings: Mapping[str, Binding],
+        *,
+        read: KeyStateReader,
+        feed: KeyStateFeed,
+        emitter: Emitter,
+        name: str,
+        now_ms: Callable[[], int],
+        monotonic: Callable[[], float],
+    ) -> None:
+        ordered = {t: b for t, b in bindings.items() if b.ordering is not None and t == b.topic}
+        super().__init__(ordered, read=read, emitter=emitter, name=name, now_ms=now_ms, monotonic=monotonic)
+        self._source_of = {b.ctx.topics.key_state_topic: t for t, b in ordered.items()}
+        self._feed = feed
+        self._chains: dict[TopicPartition, SourceChains] = {}
+        self._held: dict[TopicPartition, bytes] = {}  # partition stopped at a record of this key (a key id)
+        self._at_bound: set[TopicPartition] = set()  # partitions paused at max_blocked_keys (one WARNING each)
+
+    def admit(self, msg: Message) -> Admission:
+        """What to do with source record `msg` of an ordered handler before its handler runs."""
+        chains = self._chains.get(msg.tp)
+        if chains is None:
+            return _NOT_STARTED
+        key = None if msg.key is None else key_id(msg.key)
+        admission = chains.admit(key)
+        if key is not None and (admission.action is Admit.WAIT or admission.action is Admit.PAUSE):
+            self._held[msg.tp] = key
+            if admission.action is Admit.PAUSE and msg.tp not in self._at_bound:
+                self._at_bound.add(msg.tp)
+                log.warning(
+                    "%s: %s[%d] paused: %d keys blocked, its max_blocked_keys; it resumes when a chain closes",
+                    self._name,
+                    msg.topic,
+                    msg.partition,
+                    chains.blocked(),
+                )
+                self._emit(Event.KEY_ORDER_BOUND_REACHED, topic=msg.topic, partition=msg.partition)
+        return admission
+
+    def holds(self, tp: TopicPartition) -> bool:
+        """Whether `tp` stays stopped: its key state is not read yet, or the record it stopped at may still not
+        proceed."""
+        if tp in self._unread:
+            return True
+        key = self._held.get(tp)
+        if key is None:
+            return False
+        chains = self._chains.get(tp)
+        action = None if chains is None else chains.admit(key).action
+        if action is Admit.WAIT or action is Admit.PAUSE:
+            return True
+        del self._held[tp]
+        self._at_bound.discard(tp)
+        return False
+
+    def sent(
+        self, at: Origin, *, to_tier: int | None, handled: bool, behind: int | None = None
+    ) -> list[KeyStateRecord]:
+        """A hop of the record `at` is being produced (a failure's, or a follower's): its key waits for it."""
+        chains = self._chains.get((at.chain.source_topic, at.chain.source_partition))
+        if chains is not None:
+            chains.handed_off(at.chain.key, at.offset, now_ms=self._now_ms())
+        return []
+
+    def acked(self, at: Origin, landed: int | None) -> list[KeyStateRecord]:
+        """The hop of `at` is acknowledged in tier `landed` (None: the DLQ): the key-state record to write before
+        its offset is finished, if any."""
+        tp = (at.chain.source_topic, at.chain.source_partition)
+        chains = self._chains.get(tp)
+        if chains is None:
+            return []
+        record = chains.acked(at.chain.key, at.offset, landed=landed)
+        if isinstance(record, Closed):
+            self._closed(tp)
+        elif isinstance(record, Chain) and record.head == at.offset:  # a chain opened: its key is blocked
+            self._emit(Event.KEY_ORDER_BLOCKED, topic=tp[0], partition=tp[1], blocked_keys=chains.blocked())
+        return [] if record is None else [record]
+
+    def succeeded(self, at: Origin) -> list[KeyStateRecord]:
+        return []  # a source record handled here opens nothing
+
+    def _state_partitions(self, partitions: list[int]) -> list[int] | None:
+        return partitions  # everything about a source partition's chains is in its partition of the topic
+
+    def _rebuilt(self, topic: str, partitions: list[int], state: KeyState) -> list[KeyStateRecord]:
+        binding = self._ordered[topic]
+        assert binding.ordering is not None
+        out: list[KeyStateRecord] = []
+        for p in partitions:
+            chains, closed = SourceChains.rebuild(binding.ordering, state.records, source=topic, partition=p)
+            self._chains[(topic, p)] = chains
+            out += closed
+        self._feed.add(binding.ctx.topics.key_state_topic, {p: state.next_offsets.get(p, -2) for p in partitions})
+        return out
+
+    def revoked(self, tps: Iterable[TopicPartition]) -> None:
+        """Forget the state of `tps` (revoked or lost: their next owner rebuilds it)."""
+        dropped: dict[str, list[int]] = {}
+        for tp in tps:
+            if tp[0] not in self._ordered:
+                continue
+            self._unread.pop(tp, None)
+            self._held.pop(tp, None)
+            self._at_bound.discard(tp)
+            if self._chains.pop(tp, None) is not None:
+                dropped.setdefault(self._ordered[tp[0]].ctx.topics.key_state_topic, []).append(tp[1])
+        for state_topic, partitions in dropped.items():
+            self._feed.remove(state_topic, partitions)
+
+    def learn(self) -> list[KeyStateRecord]:
+        """Apply the passages the feed read since the last poll; returns the tombstones of closed chains."""
+        out: list[KeyStateRecord] = []
+        for msg in self._feed.poll():
+            source = self._source_of.get(msg.topic)
+            if source is None or (chains := self._chains.get((source, msg.partition))) is None:
+                continue
+            record = decode_message(msg)
+            if isinstance(record, str):
+                log.warning("%s: a key-state record of %s skipped as malformed (%s)", self._name, msg.topic, record)
+                continue
+            closed = chains.learn(record)
+            if closed is not None:
+                out.append(closed)
+                self._closed((source, msg.partition))
+        return out
+
+    def blocked_keys(self) -> dict[TopicPartition, int]:
+        """Open chains per assigned ordered partition (the `key_order.blocked_keys` gauge)."""
+        return {tp: chains.blocked() for tp, chains in self._chains.items()}
+
+    def close(self) -> None:
+        self._feed.close()
+
+    def _closed(self, tp: TopicPartition) -> None:
+        chains = self._chains[tp]
+        self._emit(Event.KEY_ORDER_RELEASED, topic=tp[0], partition=tp[1], blocked_keys=chains.blocked())
+
+
+class TierOrder(_Ordering):
+    """The key order of one tier consumer's ordered handlers (see the module docstring)."""
+
+    def __init__(
+        self,
+        bindings: Mapping[str, Binding],
+        *,
+        read: KeyStateReader,
+        emitter: Emitter,
+        name: str,
+        now_ms: Callable[[], int],
+        monotonic: Callable[[], float],
+    ) -> None:
+        ordered = {t: b for t, b in bindings.items() if b.ordering is not None and t != b.topic}
+        super().__init__(ordered, read=read, emitter=emitter, name=name, now_ms=now_ms, monotonic=monotonic)
+        self._passages: dict[str, TierPassages] = {}  # tier topic -> what its consumer knows
+        self._held: dict[TopicPartition, ChainKey] = {}  # partition stopped at a record of this chain
+
+    def on_retry(self, msg: Message, state: RetryHeaders) -> TierDecision:
+        """Whether retried record `msg` (a key, retry state `state`) may be handled now."""
+        passages = self._passages.get(msg.topic)
+        if passages is None or msg.key is None:
+            return _T_NOT_STARTED if passages is None else _T_HANDLE
+        chain = ChainKey(state.original_topic, state.original_partition, key_id(msg.key))
+        return self._held_if_waiting(msg.tp, chain, passages.on_retry(chain))
+
+    def on_follower(self, msg: Message, follower: Follower) -> TierDecision:
+        """What to do with follower `msg`."""
+        passages = self._passages.get(msg.topic)
+        if passages is None or msg.key is None:
+            return _T_NOT_STARTED
+        chain = ChainKey(follower.original_topic, follower.original_partition, key_id(msg.key))
+        decision = passages.on_follower(chain, follower.original_offset, follower.after)
+        if decision.step is Step.UNPROVEN:
+            self._emit(Event.KEY_ORDER_UNPROVEN, topic=msg.topic, partition=msg.partition, offset=msg.offset)
+        return self._held_if_waiting(msg.tp, chain, decision)
+
+    def _held_if_waiting(self, tp: TopicPartition, chain: ChainKey, decision: TierDecision) -> TierDecision:
+        if decision.step is Step.WAIT:
+            self._held[tp] = chain
+        return decision
+
+    def holds(self, tp: TopicPartition) -> bool:
+        if tp in self._unread:
+            return True
+        chain = self._held.get(tp)
+        if chain is None:
+            return False
+        passages = self._passages.get(tp[0])
+        if passages is not None and passages.on_retry(chain).step is Step.WAIT:
+            return True
+        del self._held[tp]
+        return False
+
+    def sent(
+        self, at: Origin, *, to_tier: int | None, handled: bool, behind: int | None = None
+    ) -> list[KeyStateRecord]:
+        """A hop of the record `at` read in this tier is being produced: after its handler ran (`handled`), as a
+        follower forwarded behind `behind` (`to_tier`), or dead-lettered unhandled."""
+        passages = self._tier_of(at)
+        if passages is None:
+            return []
+        if handled:
+            return passages.handled(at.chain, at.offset, to_tier=to_tier, dead_lettered=to_tier is None)
+        if to_tier is None:
+            return passages.dead_lettered(at.chain, at.offset)
+        assert behind is not None
+        return passages.forwarded(at.chain, at.offset, after=behind, to_tier=to_tier)
+
+    def acked(self, at: Origin, landed: int | None) -> list[KeyStateRecord]:
+        passages = self._tier_of(at)
+        return [] if passages is None else passages.acked(at.chain, at.offset, landed=landed)
+
+    def succeeded(self, at: Origin) -> list[KeyStateRecord]:
+        passages = self._tier_of(at)
+        return [] if passages is None else passages.handled(at.chain, at.offset, to_tier=None)
+
+    def _tier_of(self, at: Origin) -> TierPassages | None:
+        # a tier consumer consumes one tier topic: the passages of the one ordered tier of that chain's source
+        for topic, binding in self._ordered.items():
+            if binding.topic == at.chain.source_topic:
+                return self._passages.get(topic)
+        return None
+
+    def _state_partitions(self, partitions: list[int]) -> list[int] | None:
+        return None  # a tier partition holds records of every source partition: its passages are anywhere
+
+    def _rebuilt(self, topic: str, partitions: list[int], state: KeyState) -> list[KeyStateRecord]:
+        # Rebuilt whole at each assignment: another member may have written passages of this tier meanwhile (an
+        # eager rebalance revokes everything first, and a revoke acknowledges what is in flight)
+        binding = self._ordered[topic]
+        assert binding.ordering is not None
+        tier = binding.ctx.topics.tier_by_topic(topic)
+        assert tier is not None
+        passages, stale = TierPassages.rebuild(binding.ordering, state.records, tier=tier.index)
+        self._passages[topic] = passages
+        return list(stale)
+
+    def revoked(self, tps: Iterable[TopicPartition]) -> None:
+        """Forget what was held for `tps`; what the tier knows stays until none of its partitions is assigned."""
+        for tp in tps:
+            self._unread.pop(tp, None)
+            self._held.pop(tp, None)
+
+
+_T_NOT_STARTED = TierDecision(Step.WAIT)
+_T_HANDLE = TierDecision(Step.HANDLE)

@@ -1,0 +1,79 @@
+"""A key-ordered app's main consumer in a process of its own, for the SIGKILL test of key order:
+`python key_order_worker.py '<json settings>'`.
+
+Values are `"<key>:<seq>"`; the handler fails on attempts up to `failures(key, seq)` (by the record's attempt, so a
+repeated call after a crash fails or succeeds as the first did). Every call and DLQ write is appended to a
+JSON-lines ledger shared with the test process (line-buffered appends: the file's order is the order of the
+calls across both processes). `kill_after` followers handed off, the process SIGKILLs itself: a follower hop is
+then in flight, its chain record not written, its source offset not committed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from retrytopics import Event, KafkaConfig, KeyOrdering, Record, RetryApp, RetryPolicy
+
+
+def failures(key: int, seq: int) -> int:
+    """Handler failures of record `seq` of key `key` before it succeeds (99: exhausted, dead-lettered)."""
+    return [0, 1 if seq % 2 == 0 else 0, 2 if seq == 1 else 0, 99 if seq == 2 else 0][key % 4]
+
+
+class KillAfter:
+    """SIGKILLs this process once `count` followers were handed off (or, should none be, three times as many
+    failures were: a run without key order is killed too, and its ledger shows the order lost)."""
+
+    def __init__(self, count: int) -> None:
+        self.left = {Event.KEY_ORDER_FOLLOWED: count, Event.RETRY_SCHEDULED: 3 * count}
+
+    def on_event(self, event: Event, data: Mapping[str, object]) -> None:
+        if event in self.left:
+            self.left[event] -= 1
+            if self.left[event] <= 0:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+
+def build_app(settings: dict[str, Any], *, hooks: tuple[Any, ...] = ()) -> RetryApp:
+    """The scenario's app, writing to the shared ledger (the test builds the same one in its process)."""
+    ledger = open(settings["ledger"], "a", buffering=1)
+    lock = threading.Lock()
+
+    def write(entry: dict[str, Any]) -> None:
+        with lock:
+            ledger.write(json.dumps(entry) + "\n")
+
+    def dead_lettered(record: Record[bytes], route: Any) -> None:
+        key, seq = (int(part) for part in record.value.decode().split(":"))
+        write({"what": "dlq", "key": key, "seq": seq, "reason": str(route.reason)})
+
+    app = RetryApp(
+        kafka=KafkaConfig(bootstrap=settings["bootstrap"]),
+        group=settings["group"],
+        consumer_overrides=settings["consumer"],
+        hooks=hooks,
+        on_dead_letter=dead_lettered,
+    )
+
+    @app.handler(
+        settings["source"], policy=RetryPolicy(delays=["300ms", "600ms"], max_retries=3), ordering=KeyOrdering()
+    )
+    def handle(record: Record[bytes]) -> None:
+        key, seq = (int(part) for part in record.value.decode().split(":"))
+        failed = record.attempt <= failures(key, seq)
+        write({"what": "fail" if failed else "ok", "key": key, "seq": seq, "pid": os.getpid()})
+        if failed:
+            raise RuntimeError(f"key {key} record {seq} fails on attempt {record.attempt}")
+
+    return app
+
+
+if __name__ == "__main__":
+    options = json.loads(sys.argv[1])
+    build_app(options, hooks=(KillAfter(options["kill_after"]),)).run()

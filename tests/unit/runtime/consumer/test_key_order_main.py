@@ -1,0 +1,239 @@
+"""Key order on the main consumer (runtime/records/ordering.py, runtime/handoff/ordered.py), on the in-memory
+broker, with the tier's side written by hand (its passages in the key-state topic), so that what the main
+consumer does is seen alone.
+
+Guarantees, asserted on topic contents, decoded follower headers, key-state records and committed offsets:
+
+- a record whose key has an earlier record in a tier is never handled by the main consumer: it follows that
+  record into the tier, unhandled, its key, value and user headers byte for byte; other keys and null keys are
+  handled at once;
+- a source offset is committed only once its hop and its chain record are acknowledged (write before commit);
+- a passage that settles the chain's frontier closes the chain (a tombstone), and the key's next record is
+  handled on the main consumer;
+- a new owner rebuilds the blocked keys from the key-state topic before it handles anything.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from retrytopics.client_factory import MemoryClientFactory
+from retrytopics.connectors.serde import bytes_value
+from retrytopics.core.dedupe import DuplicateAudit
+from retrytopics.core.errors import KafkaClientError
+from retrytopics.core.key_order import (
+    Chain,
+    ChainKey,
+    Fate,
+    KeyOrdering,
+    Passage,
+    decode_follower,
+    decode_record,
+    encode_record,
+    key_id,
+)
+from retrytopics.core.record import Record
+from retrytopics.memory import MemoryBroker
+from retrytopics.observe.events import Emitter, Event
+from retrytopics.runtime.consumer.loop import ConsumerLoop
+from retrytopics.runtime.consumer.settings import LoopSettings
+from retrytopics.runtime.records.calls import Binding
+from retrytopics.runtime.records.key_state import KeyStateReader
+
+from ..kit import CTX, DLQ, GROUP, TIER, StopWhen, run
+
+STATE = CTX.topics.key_state_topic
+
+
+class KeyLedger:
+    """Every handler call, as (key, source offset), and the loop's events."""
+
+    def __init__(self, failing: set[int]) -> None:
+        self.failing = failing
+        self.calls: list[tuple[bytes | None, int]] = []
+        self.seen: list[tuple[Event, dict[str, Any]]] = []
+
+    def handle(self, record: Record[bytes]) -> None:
+        self.calls.append((record.key, record.offset))
+        if record.offset in self.failing:
+            raise RuntimeError(f"{record.offset} fails")
+
+    def on_event(self, event: Event, data: dict[str, Any]) -> None:
+        self.seen.append((event, dict(data)))
+
+
+def ordered_broker() -> MemoryBroker:
+    broker = MemoryBroker()
+    broker.create_topics(["orders", TIER, DLQ, STATE], 1)
+    return broker
+
+
+def ordered_loop(
+    broker: MemoryBroker,
+    ledger: KeyLedger,
+    stop: threading.Event,
+    read: KeyStateReader | None = None,
+    **ordering: Any,
+) -> ConsumerLoop:
+    clients = MemoryClientFactory(broker, clock=broker.clock)
+    binding = Binding(
+        topic="orders",
+        handler=ledger.handle,
+        policy=CTX.policy,
+        ctx=CTX,
+        value_deserializer=bytes_value,
+        ordering=KeyOrdering(**ordering),
+    )
+    return ConsumerLoop(
+        LoopSettings(name="orders", group_id=GROUP, topics=("orders",), max_wait_ms=100, commit_every=1, batch_size=10),
+        {"orders": binding},
+        consumer_factory=lambda: broker.consumer(GROUP),
+        producer_factory=lambda: broker.producer(),
+        emitter=Emitter([ledger]),
+        stop=stop,
+        audit=DuplicateAudit(100),
+        clock=broker.clock,
+        key_state_reader=read or clients.read_to_end,
+        key_state_feed=clients.key_state_feed,
+    )
+
+
+def append(broker: MemoryBroker, key: bytes | None, value: bytes, headers: tuple[tuple[str, bytes], ...] = ()) -> int:
+    return broker.append("orders", value, key=key, partition=0, headers=headers).offset
+
+
+def settled_in_tier(broker: MemoryBroker, key: bytes, offset: int) -> None:
+    """What tier 0's consumer writes once the record at source `offset` of `key` succeeded there."""
+    passage = Passage(tier=0, chain=ChainKey("orders", 0, key_id(key)), seen=offset, fate=Fate.SUCCEEDED)
+    record_key, value, partition = encode_record(passage)
+    broker.append(STATE, value, key=record_key, partition=partition)
+
+
+def state(broker: MemoryBroker) -> dict[bytes, Any]:
+    """The key-state topic as compaction would keep it: record key -> its latest record (None: a tombstone)."""
+    latest: dict[bytes, Any] = {}
+    for msg in broker.records(STATE):
+        assert msg.key is not None
+        latest[msg.key] = None if msg.value is None else decode_record(msg.key, msg.value)
+    return latest
+
+
+def committed(broker: MemoryBroker, end: int) -> Callable[[], bool]:
+    return lambda: broker.committed(GROUP).get(("orders", 0)) == end
+
+
+def test_a_blocked_keys_records_follow_its_head_into_the_tier_unhandled_and_other_keys_run() -> None:
+    """Key a's first record fails: a's later records are handed off behind it, never handled here, with the
+    follower headers naming what they wait behind; b and null keys are handled; every offset is committed, each
+    after its chain record is durable."""
+    broker = ordered_broker()
+    a1 = append(broker, b"a", b"a1")
+    a2 = append(broker, b"a", b"a2", headers=(("trace", b"\x00\xff"),))
+    b1 = append(broker, b"b", b"b1")
+    n1 = append(broker, None, b"n1")
+    a3 = append(broker, b"a", b"a3")
+    ledger = KeyLedger(failing={a1})
+    stop = StopWhen(committed(broker, a3 + 1))
+    run(ordered_loop(broker, ledger, stop), stop)
+
+    assert ledger.calls == [(b"a", a1), (b"b", b1), (None, n1)]
+    in_tier = broker.records(TIER)
+    assert [m.value for m in in_tier] == [b"a1", b"a2", b"a3"]
+    followers = [decode_follower(list(m.headers)) for m in in_tier]
+    assert followers[0] is None  # the head is a retried record
+    assert [(f.original_offset, f.after) for f in followers[1:] if f is not None] == [(a2, a1), (a3, a2)]
+    assert in_tier[1].key == b"a" and ("trace", b"\x00\xff") in in_tier[1].headers
+    chain = state(broker)[
+        encode_record(
+            Chain(chain=ChainKey("orders", 0, key_id(b"a")), head=0, frontier=0, at_tier=0, followers=0, since_ms=0)
+        )[0]
+    ]
+    assert isinstance(chain, Chain) and (chain.head, chain.frontier, chain.at_tier, chain.followers) == (a1, a3, 0, 2)
+    # write before commit: no commit covers a follower before its chain record was written
+    journal = broker.journal
+    written = [i for i, e in enumerate(journal) if e[0] == "delivered" and e[1] == STATE]
+    covering = next(i for i, e in enumerate(journal) if e[0] == "committed" and e[2:4] == ("orders", 0) and e[4] > a3)
+    assert len(written) == 3 and written[-1] < covering
+
+
+def test_a_settled_frontier_closes_the_chain_and_the_keys_next_record_is_handled_here() -> None:
+    """Once the tier settles the chain's last record, the main consumer writes the chain's tombstone and
+    handles the key's next record itself."""
+    broker = ordered_broker()
+    a1 = append(broker, b"a", b"a1")
+    a2 = append(broker, b"a", b"a2")
+    ledger = KeyLedger(failing={a1})
+    phase = {"settled": False}
+
+    def done() -> bool:
+        if not phase["settled"] and broker.committed(GROUP).get(("orders", 0)) == a2 + 1:
+            phase["settled"] = True
+            settled_in_tier(broker, b"a", a2)
+            phase["a3"] = append(broker, b"a", b"a3")
+        return "a3" in phase and broker.committed(GROUP).get(("orders", 0)) == phase["a3"] + 1
+
+    stop = StopWhen(done)
+    run(ordered_loop(broker, ledger, stop), stop)
+
+    assert ledger.calls == [(b"a", a1), (b"a", phase["a3"])]
+    assert [m.value for m in broker.records(TIER)] == [b"a1", b"a2"]
+    chain_key = encode_record(
+        Chain(chain=ChainKey("orders", 0, key_id(b"a")), head=0, frontier=0, at_tier=0, followers=0, since_ms=0)
+    )[0]
+    assert state(broker)[chain_key] is None  # closed: a tombstone
+    assert [d["blocked_keys"] for e, d in ledger.seen if e is Event.KEY_ORDER_RELEASED] == [0]
+
+
+def test_a_new_owner_knows_the_blocked_keys_before_it_handles_anything() -> None:
+    """A consumer that stops with key a blocked, and a new one started after it: the new one hands a's next
+    record off behind the same head, and handles other keys."""
+    broker = ordered_broker()
+    a1 = append(broker, b"a", b"a1")
+    first = KeyLedger(failing={a1})
+    stop = StopWhen(committed(broker, a1 + 1))
+    run(ordered_loop(broker, first, stop), stop)
+
+    a2 = append(broker, b"a", b"a2")
+    b1 = append(broker, b"b", b"b1")
+    second = KeyLedger(failing=set())
+    stop = StopWhen(committed(broker, b1 + 1))
+    run(ordered_loop(broker, second, stop), stop)
+
+    assert second.calls == [(b"b", b1)]
+    follower = decode_follower(list(broker.records(TIER)[-1].headers))
+    assert follower is not None and (follower.original_offset, follower.after) == (a2, a1)
+
+
+def test_a_partition_whose_key_state_cannot_be_read_is_not_started_until_it_is(caplog: Any) -> None:
+    """The read at assignment fails twice: the partition is held (nothing handled, the loop unhealthy, one ERROR
+    line), read again, and once read the blocked key's record follows its head instead of being handled."""
+    broker = ordered_broker()
+    a1 = append(broker, b"a", b"a1")
+    first = KeyLedger(failing={a1})
+    stop = StopWhen(committed(broker, a1 + 1))
+    run(ordered_loop(broker, first, stop), stop)
+
+    a2 = append(broker, b"a", b"a2")
+    clients = MemoryClientFactory(broker, clock=broker.clock)
+    refusals = [KafkaClientError("key-state read timed out", code="TIMED_OUT")] * 2
+    health: list[bool] = []
+
+    def flaky(topic: str, partitions: Any, timeout_s: float) -> list[Any]:
+        if refusals:
+            raise refusals.pop()
+        return clients.read_to_end(topic, partitions, timeout_s)
+
+    second = KeyLedger(failing=set())
+    stop = StopWhen(
+        lambda: health.append(loop.healthy) is None and broker.committed(GROUP).get(("orders", 0)) == a2 + 1
+    )
+    loop = ordered_loop(broker, second, stop, read=flaky)
+    run(loop, stop)
+
+    assert not refusals and second.calls == []
+    assert False in health, "unhealthy while the partition was not started"
+    assert [r.levelname for r in caplog.records if "not started" in r.getMessage()] == ["ERROR"]
+    follower = decode_follower(list(broker.records(TIER)[-1].headers))
+    assert follower is not None and (follower.original_offset, follower.after) == (a2, a1)
