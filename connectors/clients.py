@@ -226,6 +226,19 @@ class KafkaConsumer:
             self._consumer.close()
 
 
+class _DeliveryReport:
+    """confluent-kafka's delivery callback for one produce: the port's callback, with the error translated. One
+    small object (not a closure and its cells) stays alive per record in flight."""
+
+    __slots__ = ("on_delivery", "topic")
+
+    def __init__(self, on_delivery: DeliveryCallback, topic: str) -> None:
+        self.on_delivery, self.topic = on_delivery, topic
+
+    def __call__(self, err: KafkaError | None, _msg: CKMessage) -> None:
+        self.on_delivery(None if err is None else delivery_error(err, self.topic))
+
+
 class KafkaProducer:
     """`ProducerPort` over a confluent-kafka `Producer` (idempotent, acks=all; transactional on request)."""
 
@@ -251,9 +264,7 @@ class KafkaProducer:
         partition: int | None,
         on_delivery: DeliveryCallback,
     ) -> None:
-        def report(err: KafkaError | None, _msg: CKMessage) -> None:
-            on_delivery(None if err is None else delivery_error(err, topic))
-
+        report = _DeliveryReport(on_delivery, topic)
         listed: list[Any] = list(headers)  # confluent-kafka's stubs want str | bytes | None values
         while True:
             try:  # (once per hand-off: a plain try, not map_kafka_errors' context manager)
