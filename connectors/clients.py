@@ -38,8 +38,9 @@ from retrytopics.connectors.record_headers import (
     listed_headers,
 )
 from retrytopics.core.errors import KafkaClientError
-from retrytopics.core.headers import Header
-from retrytopics.core.ports import DeliveryCallback, Message, PartitionsCallback, TopicPartition
+from retrytopics.core.headers import RETRY_PREFIX, Header
+from retrytopics.core.ports import DeliveryCallback, Message, PartitionsCallback, Polled, TopicPartition
+from retrytopics.core.record import Record
 
 __all__ = [
     "DEFAULT_MAX_POLL_INTERVAL_MS",
@@ -106,6 +107,32 @@ def _message(msg: CKMessage) -> Message:
 message_from_client = _message
 
 
+def _client_error(err: KafkaError) -> None:
+    """A consumed error: fatal ones raise; the end of a partition is no news; the rest are logged."""
+    if err.fatal():
+        raise KafkaClientError(f"{err.name()}: {err.str()}", code=err.name(), fatal=True)
+    if err.code() != KafkaError._PARTITION_EOF:
+        log.warning("consumer error: %s", err)
+
+
+def _as_messages(batch: list[CKMessage], at: CKMessage) -> Polled:
+    """`batch` as Messages only (`Polled` says when), its errors from `at` on not reported yet."""
+    i = next(i for i, msg in enumerate(batch) if msg is at)
+    return Polled(_messages(batch[:i], report=False) + _messages(batch[i:]), [])
+
+
+def _messages(batch: list[CKMessage], *, report: bool = True) -> list[Message]:
+    """The records of `batch` as Messages; its errors to `_client_error` (with `report`: not reported yet)."""
+    out: list[Message] = []
+    for msg in batch:
+        err = msg.error()
+        if err is None:
+            out.append(_message(msg))
+        elif report:
+            _client_error(err)
+    return out
+
+
 def _log_failed_commit(err: KafkaError | None, partitions: list[CKTopicPartition]) -> None:
     if err is None or err.code() == KafkaError._NO_OFFSET:
         return
@@ -168,21 +195,68 @@ class KafkaConsumer:
         (confluent-kafka's `consume(n, timeout)` waits for all n messages or the whole timeout, which would
         make every due record up to `timeout_s` late; so wait for the first, then take what is queued.)
         """
+        return _messages(self._poll(max_records, timeout_s))
+
+    def consume_runs(self, max_records: int, timeout_s: float, topics: frozenset[str]) -> Polled:
+        """As `consume`; the records of `topics` built straight from the client's as the Records `Polled`
+        describes (what `split_runs` makes of `consume`, without a `Message` per record first)."""
+        batch = self._poll(max_records, timeout_s)
+        messages: list[Message] = []
+        runs: dict[TopicPartition, list[Record[Any]]] = {}
+        run: list[Record[Any]] = []
+        new, add, at = _new_message, run.append, ("", -1)
+        for msg in batch:
+            err = msg.error()
+            if err is not None:
+                _client_error(err)
+                continue
+            topic = msg.topic()
+            if topic not in topics:
+                messages.append(_message(msg))
+                continue
+            try:
+                found = msg.headers()
+            except (SystemError, UnicodeDecodeError):  # a header key is not UTF-8: `_message` reads it again
+                return _as_messages(batch, msg)
+            headers: tuple[Header, ...] = ()
+            if found is not None:
+                listed, error = listed_headers(msg, found)
+                if error is not None or any(k.startswith(RETRY_PREFIX) for k, _ in listed):
+                    return _as_messages(batch, msg)
+                headers = tuple(listed)
+            partition, offset = msg.partition(), msg.offset()
+            kind, timestamp = msg.timestamp()
+            value = msg.value()
+            if partition != at[1] or topic != at[0]:  # a poll comes in runs per partition
+                at = (topic, partition)  # type: ignore[assignment]
+                run = runs.setdefault(at, [])
+                add = run.append
+            # as `split_runs` builds it, positionally: once per consumed record
+            add(
+                new(
+                    Record,
+                    (
+                        topic,
+                        partition,
+                        offset,
+                        -1 if kind == TIMESTAMP_NOT_AVAILABLE else timestamp,
+                        msg.key(),
+                        value,
+                        value,
+                        headers,
+                        None,
+                        f"{topic}-{partition}-{offset}",
+                    ),
+                )
+            )
+        return Polled(messages, list(runs.values()))
+
+    def _poll(self, max_records: int, timeout_s: float) -> list[CKMessage]:
         with map_kafka_errors():
             first = self._consumer.poll(timeout_s)
             if first is None:
                 return []
-            batch = [first, *self._consumer.consume(max_records - 1, 0)] if max_records > 1 else [first]
-        out: list[Message] = []
-        for msg in batch:
-            err = msg.error()
-            if err is None:
-                out.append(_message(msg))
-            elif err.fatal():
-                raise KafkaClientError(f"{err.name()}: {err.str()}", code=err.name(), fatal=True)
-            elif err.code() != KafkaError._PARTITION_EOF:
-                log.warning("consumer error: %s", err)
-        return out
+            return [first, *self._consumer.consume(max_records - 1, 0)] if max_records > 1 else [first]
 
     def pause(self, tps: Sequence[TopicPartition]) -> None:
         with map_kafka_errors():
