@@ -204,7 +204,7 @@ class KafkaConsumer:
         messages: list[Message] = []
         runs: dict[TopicPartition, list[Record[Any]]] = {}
         run: list[Record[Any]] = []
-        new, add, at = _new_message, run.append, ("", -1)
+        new, add, at, prefix = _new_message, run.append, ("", -1), ""
         for msg in batch:
             err = msg.error()
             if err is not None:
@@ -229,8 +229,8 @@ class KafkaConsumer:
             value = msg.value()
             if partition != at[1] or topic != at[0]:  # a poll comes in runs per partition
                 at = (topic, partition)  # type: ignore[assignment]
-                run = runs.setdefault(at, [])
-                add = run.append
+                add = runs.setdefault(at, []).append
+                prefix = f"{topic}-{partition}-"
             # as `split_runs` builds it, positionally: once per consumed record
             add(
                 new(
@@ -245,7 +245,7 @@ class KafkaConsumer:
                         value,
                         headers,
                         None,
-                        f"{topic}-{partition}-{offset}",
+                        prefix + str(offset),
                     ),
                 )
             )

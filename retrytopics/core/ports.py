@@ -141,36 +141,38 @@ def split_runs(batch: list[Message], topics: frozenset[str]) -> Polled:
     messages: list[Message] = []
     runs: dict[TopicPartition, list[Record[Any]]] = {}
     run: list[Record[Any]] = []
-    add, topic, partition = run.append, "", -1
+    add, topic, partition, wanted, prefix = run.append, "", -1, False, ""
     for m in batch:
-        if m.topic not in topics:
-            messages.append(m)
-            continue
-        if m.header_error is not None or (m.headers and any(k.startswith(RETRY_PREFIX) for k, _ in m.headers)):
-            return Polled(batch, [])
         if m.partition != partition or m.topic != topic:  # a poll comes in runs per partition
             topic, partition = m.topic, m.partition
-            run = runs.setdefault((topic, partition), [])
-            add = run.append
-        offset = m.offset
-        # positional, through tuple.__new__: once per record (the NamedTuple's own __new__ is a Python call)
-        add(
-            _new(
-                Record,
-                (
-                    topic,
-                    partition,
-                    offset,
-                    m.timestamp_ms,
-                    m.key,
-                    m.value,
-                    m.value,
-                    m.headers,
-                    None,
-                    f"{topic}-{partition}-{offset}",
-                ),
+            wanted = topic in topics
+            if wanted:
+                add = runs.setdefault((topic, partition), []).append
+                prefix = f"{topic}-{partition}-"
+        if not wanted:
+            messages.append(m)
+        elif m.header_error is not None or (m.headers and any(k.startswith(RETRY_PREFIX) for k, _ in m.headers)):
+            return Polled(batch, [])
+        else:
+            offset, value = m.offset, m.value
+            # positional, through tuple.__new__: once per record (the NamedTuple's own __new__ is a Python call)
+            add(
+                _new(
+                    Record,
+                    (
+                        topic,
+                        partition,
+                        offset,
+                        m.timestamp_ms,
+                        m.key,
+                        value,
+                        value,
+                        m.headers,
+                        None,
+                        prefix + str(offset),
+                    ),
+                )
             )
-        )
     return Polled(messages, list(runs.values()))
 
 
