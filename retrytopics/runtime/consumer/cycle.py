@@ -77,8 +77,10 @@ class PollCycle:
         polled = consume_runs(self._consumer, self._batch_size, wait_ms / 1000, self._stage.run_topics)
         # Judged from before the wake: a consume() that overran its timeout by more than half the session
         # was frozen in it (SIGSTOP, a VM pause), and its return says nothing about membership yet.
+        batch, built = polled
         if not self._woke_expelled(
-            ownership.polled() - asked - wait_ms / 1000, polled.messages + [message_of(run[0]) for run in polled.runs]
+            ownership.polled() - asked - wait_ms / 1000,
+            batch + [message_of(run[0]) for run in built] if built else batch,
         ):
             self._act_on_batch(polled)
             self._act_on(self._stage.settle_deferred())
