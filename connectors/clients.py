@@ -70,11 +70,15 @@ def _ck(offsets: Mapping[TopicPartition, int]) -> list[CKTopicPartition]:
 _new_message = tuple.__new__
 
 
-def _message(msg: CKMessage) -> Message:
+def _message(msg: CKMessage, raised: SystemError | UnicodeDecodeError | None = None) -> Message:
+    """`msg` as a Message; `raised`: what reading its headers raised already (confluent-kafka's second read
+    returns a cached list without the bad key's bytes, record_headers.py)."""
     # positional and without conversions: this runs once per consumed record
     kind, timestamp = msg.timestamp()
     error: UndecodableHeaderError | None
     try:
+        if raised is not None:
+            raise raised
         found = msg.headers()
     except (SystemError, UnicodeDecodeError) as exc:  # a header key is not UTF-8 (record_headers.py)
         listed, error = headers_after_error(msg, exc)
@@ -115,10 +119,13 @@ def _client_error(err: KafkaError) -> None:
         log.warning("consumer error: %s", err)
 
 
-def _as_messages(batch: list[CKMessage], at: CKMessage) -> Polled:
-    """`batch` as Messages only (`Polled` says when), its errors from `at` on not reported yet."""
+def _as_messages(
+    batch: list[CKMessage], at: CKMessage, raised: SystemError | UnicodeDecodeError | None = None
+) -> Polled:
+    """`batch` as Messages only (`Polled` says when): `at` is the record that says so (`raised`: what reading
+    its headers raised), the errors after it are not reported yet."""
     i = next(i for i, msg in enumerate(batch) if msg is at)
-    return Polled(_messages(batch[:i], report=False) + _messages(batch[i:]), [])
+    return Polled([*_messages(batch[:i], report=False), _message(at, raised), *_messages(batch[i + 1 :])], [])
 
 
 def _messages(batch: list[CKMessage], *, report: bool = True) -> list[Message]:
@@ -216,8 +223,8 @@ class KafkaConsumer:
                 continue
             try:
                 found = msg.headers()
-            except (SystemError, UnicodeDecodeError):  # a header key is not UTF-8: `_message` reads it again
-                return _as_messages(batch, msg)
+            except (SystemError, UnicodeDecodeError) as exc:  # a header key is not UTF-8
+                return _as_messages(batch, msg, exc)
             headers: tuple[Header, ...] = ()
             if found is not None:
                 listed, error = listed_headers(msg, found)
