@@ -38,8 +38,9 @@ from retrytopics.connectors.record_headers import (
     listed_headers,
 )
 from retrytopics.core.errors import KafkaClientError
-from retrytopics.core.headers import Header
-from retrytopics.core.ports import DeliveryCallback, Message, PartitionsCallback, TopicPartition
+from retrytopics.core.headers import RETRY_PREFIX, Header
+from retrytopics.core.ports import DeliveryCallback, Message, PartitionsCallback, Polled, TopicPartition
+from retrytopics.core.record import Record
 
 __all__ = [
     "DEFAULT_MAX_POLL_INTERVAL_MS",
@@ -69,11 +70,15 @@ def _ck(offsets: Mapping[TopicPartition, int]) -> list[CKTopicPartition]:
 _new_message = tuple.__new__
 
 
-def _message(msg: CKMessage) -> Message:
+def _message(msg: CKMessage, raised: SystemError | UnicodeDecodeError | None = None) -> Message:
+    """`msg` as a Message; `raised`: what reading its headers raised already (confluent-kafka's second read
+    returns a cached list without the bad key's bytes, record_headers.py)."""
     # positional and without conversions: this runs once per consumed record
     kind, timestamp = msg.timestamp()
     error: UndecodableHeaderError | None
     try:
+        if raised is not None:
+            raise raised
         found = msg.headers()
     except (SystemError, UnicodeDecodeError) as exc:  # a header key is not UTF-8 (record_headers.py)
         listed, error = headers_after_error(msg, exc)
@@ -104,6 +109,35 @@ def _message(msg: CKMessage) -> Message:
 
 #: `_message` for the other consumers of this package (the share consumer adds the delivery count).
 message_from_client = _message
+
+
+def _client_error(err: KafkaError) -> None:
+    """A consumed error: fatal ones raise; the end of a partition is no news; the rest are logged."""
+    if err.fatal():
+        raise KafkaClientError(f"{err.name()}: {err.str()}", code=err.name(), fatal=True)
+    if err.code() != KafkaError._PARTITION_EOF:
+        log.warning("consumer error: %s", err)
+
+
+def _as_messages(
+    batch: list[CKMessage], at: CKMessage, raised: SystemError | UnicodeDecodeError | None = None
+) -> Polled:
+    """`batch` as Messages only (`Polled` says when): `at` is the record that says so (`raised`: what reading
+    its headers raised), the errors after it are not reported yet."""
+    i = next(i for i, msg in enumerate(batch) if msg is at)
+    return Polled([*_messages(batch[:i], report=False), _message(at, raised), *_messages(batch[i + 1 :])], [])
+
+
+def _messages(batch: list[CKMessage], *, report: bool = True) -> list[Message]:
+    """The records of `batch` as Messages; its errors to `_client_error` (with `report`: not reported yet)."""
+    out: list[Message] = []
+    for msg in batch:
+        err = msg.error()
+        if err is None:
+            out.append(_message(msg))
+        elif report:
+            _client_error(err)
+    return out
 
 
 def _log_failed_commit(err: KafkaError | None, partitions: list[CKTopicPartition]) -> None:
@@ -168,21 +202,68 @@ class KafkaConsumer:
         (confluent-kafka's `consume(n, timeout)` waits for all n messages or the whole timeout, which would
         make every due record up to `timeout_s` late; so wait for the first, then take what is queued.)
         """
+        return _messages(self._poll(max_records, timeout_s))
+
+    def consume_runs(self, max_records: int, timeout_s: float, topics: frozenset[str]) -> Polled:
+        """As `consume`; the records of `topics` built straight from the client's as the Records `Polled`
+        describes (what `split_runs` makes of `consume`, without a `Message` per record first)."""
+        batch = self._poll(max_records, timeout_s)
+        messages: list[Message] = []
+        runs: dict[TopicPartition, list[Record[Any]]] = {}
+        run: list[Record[Any]] = []
+        new, add, at, prefix = _new_message, run.append, ("", -1), ""
+        for msg in batch:
+            err = msg.error()
+            if err is not None:
+                _client_error(err)
+                continue
+            topic = msg.topic()
+            if topic not in topics:
+                messages.append(_message(msg))
+                continue
+            try:
+                found = msg.headers()
+            except (SystemError, UnicodeDecodeError) as exc:  # a header key is not UTF-8
+                return _as_messages(batch, msg, exc)
+            headers: tuple[Header, ...] = ()
+            if found is not None:
+                listed, error = listed_headers(msg, found)
+                if error is not None or any(k.startswith(RETRY_PREFIX) for k, _ in listed):
+                    return _as_messages(batch, msg)
+                headers = tuple(listed)
+            partition, offset = msg.partition(), msg.offset()
+            kind, timestamp = msg.timestamp()
+            value = msg.value()
+            if partition != at[1] or topic != at[0]:  # a poll comes in runs per partition
+                at = (topic, partition)  # type: ignore[assignment]
+                add = runs.setdefault(at, []).append
+                prefix = f"{topic}-{partition}-"
+            # as `split_runs` builds it, positionally: once per consumed record
+            add(
+                new(
+                    Record,
+                    (
+                        topic,
+                        partition,
+                        offset,
+                        -1 if kind == TIMESTAMP_NOT_AVAILABLE else timestamp,
+                        msg.key(),
+                        value,
+                        value,
+                        headers,
+                        None,
+                        prefix + str(offset),
+                    ),
+                )
+            )
+        return Polled(messages, list(runs.values()))
+
+    def _poll(self, max_records: int, timeout_s: float) -> list[CKMessage]:
         with map_kafka_errors():
             first = self._consumer.poll(timeout_s)
             if first is None:
                 return []
-            batch = [first, *self._consumer.consume(max_records - 1, 0)] if max_records > 1 else [first]
-        out: list[Message] = []
-        for msg in batch:
-            err = msg.error()
-            if err is None:
-                out.append(_message(msg))
-            elif err.fatal():
-                raise KafkaClientError(f"{err.name()}: {err.str()}", code=err.name(), fatal=True)
-            elif err.code() != KafkaError._PARTITION_EOF:
-                log.warning("consumer error: %s", err)
-        return out
+            return [first, *self._consumer.consume(max_records - 1, 0)] if max_records > 1 else [first]
 
     def pause(self, tps: Sequence[TopicPartition]) -> None:
         with map_kafka_errors():
@@ -226,6 +307,19 @@ class KafkaConsumer:
             self._consumer.close()
 
 
+class _DeliveryReport:
+    """confluent-kafka's delivery callback for one produce: the port's callback, with the error translated. One
+    small object (not a closure and its cells) stays alive per record in flight."""
+
+    __slots__ = ("on_delivery", "topic")
+
+    def __init__(self, on_delivery: DeliveryCallback, topic: str) -> None:
+        self.on_delivery, self.topic = on_delivery, topic
+
+    def __call__(self, err: KafkaError | None, _msg: CKMessage) -> None:
+        self.on_delivery(None if err is None else delivery_error(err, self.topic))
+
+
 class KafkaProducer:
     """`ProducerPort` over a confluent-kafka `Producer` (idempotent, acks=all; transactional on request)."""
 
@@ -251,9 +345,7 @@ class KafkaProducer:
         partition: int | None,
         on_delivery: DeliveryCallback,
     ) -> None:
-        def report(err: KafkaError | None, _msg: CKMessage) -> None:
-            on_delivery(None if err is None else delivery_error(err, topic))
-
+        report = _DeliveryReport(on_delivery, topic)
         listed: list[Any] = list(headers)  # confluent-kafka's stubs want str | bytes | None values
         while True:
             try:  # (once per hand-off: a plain try, not map_kafka_errors' context manager)

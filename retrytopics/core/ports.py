@@ -4,6 +4,10 @@ Pure: standard library only. `retrytopics.connectors.clients` implements them ov
 never sees a confluent-kafka type, so no client exception or object leaks into `retrytopics/`. Partitions are
 `(topic, partition)` tuples and offsets plain ints (Kafka's *next offset to read* when committing).
 
+A batch handler's records can come from the consumer already built as the handler's `Record`s
+(`consume_runs`): on a plain source run that is one object per consumed record, not a `Message` and then a
+`Record` made from it.
+
 Two consumer models: `ConsumerPort` is a consumer-group member (partitions assigned to it, offsets committed);
 `ShareConsumerPort` is a share-group member (KIP-932: any number of members read one partition, each record is
 acquired under a time lock and acknowledged one by one; `retrytopics.connectors.share` implements it).
@@ -13,11 +17,12 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Mapping, Sequence
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from retrytopics.core.errors import KafkaClientError, PublishError
-from retrytopics.core.headers import Header
+from retrytopics.core.headers import RETRY_PREFIX, Header
 from retrytopics.core.offsets import TopicPartition
+from retrytopics.core.record import Record
 
 __all__ = [
     "AckType",
@@ -26,9 +31,14 @@ __all__ = [
     "DeliveryCallback",
     "Message",
     "PartitionsCallback",
+    "Polled",
     "ProducerPort",
+    "RunsConsumerPort",
     "ShareConsumerPort",
     "TopicPartition",
+    "consume_runs",
+    "message_of",
+    "split_runs",
 ]
 
 #: Called with the partitions of a rebalance event, inside `ConsumerPort.consume`.
@@ -91,6 +101,87 @@ class ConsumerPort(Protocol):
     def group_metadata(self) -> object: ...
 
     def close(self) -> None: ...
+
+
+class Polled(NamedTuple):
+    """One poll, as `consume_runs` hands it over. `runs`: the records of the topics asked for, already the
+    handler's `Record`s of a plain source run (raw bytes as the value, no retry state, the coordinates as the
+    origin id, user headers), one list per partition in offset order; `messages`: every other record. When a
+    record of those topics cannot be such a Record (a header key that is not UTF-8, a `retry.*` header), the
+    whole poll is `messages`."""
+
+    messages: list[Message]
+    runs: list[list[Record[Any]]]
+
+
+class RunsConsumerPort(ConsumerPort, Protocol):
+    """A `ConsumerPort` that builds the Records of `consume_runs` straight from its client's records."""
+
+    def consume_runs(self, max_records: int, timeout_s: float, topics: frozenset[str]) -> Polled:
+        """As `consume`, the records of `topics` built as `Polled.runs` says."""
+        ...
+
+
+def consume_runs(consumer: ConsumerPort, max_records: int, timeout_s: float, topics: frozenset[str]) -> Polled:
+    """`consumer.consume_runs` where the consumer has it; else its `consume`, split by `split_runs`."""
+    if not topics:
+        return Polled(consumer.consume(max_records, timeout_s), [])
+    built: Callable[[int, float, frozenset[str]], Polled] | None = getattr(consumer, "consume_runs", None)
+    if built is not None:
+        return built(max_records, timeout_s, topics)
+    return split_runs(consumer.consume(max_records, timeout_s), topics)
+
+
+_new = tuple.__new__
+
+
+def split_runs(batch: list[Message], topics: frozenset[str]) -> Polled:
+    """`batch` as `Polled`: the records of `topics` as Records, one run per partition (`Polled` says when
+    none are). Every `RunsConsumerPort` returns what this makes of its `consume`."""
+    messages: list[Message] = []
+    runs: dict[TopicPartition, list[Record[Any]]] = {}
+    run: list[Record[Any]] = []
+    add, topic, partition, wanted, prefix = run.append, "", -1, False, ""
+    for m in batch:
+        if m.partition != partition or m.topic != topic:  # a poll comes in runs per partition
+            topic, partition = m.topic, m.partition
+            wanted = topic in topics
+            if wanted:
+                add = runs.setdefault((topic, partition), []).append
+                prefix = f"{topic}-{partition}-"
+        if not wanted:
+            messages.append(m)
+        elif m.header_error is not None or (m.headers and any(k.startswith(RETRY_PREFIX) for k, _ in m.headers)):
+            return Polled(batch, [])
+        else:
+            offset, value = m.offset, m.value
+            # positional, through tuple.__new__: once per record (the NamedTuple's own __new__ is a Python call)
+            add(
+                _new(
+                    Record,
+                    (
+                        topic,
+                        partition,
+                        offset,
+                        m.timestamp_ms,
+                        m.key,
+                        value,
+                        value,
+                        m.headers,
+                        None,
+                        prefix + str(offset),
+                    ),
+                )
+            )
+    return Polled(messages, list(runs.values()))
+
+
+def message_of(record: Record[Any]) -> Message:
+    """The `Message` a record of `Polled.runs` was consumed as (nothing is lost: such a record has no retry
+    headers and no header error)."""
+    return Message(
+        record.topic, record.partition, record.offset, record.timestamp_ms, record.key, record.raw_value, record.headers
+    )
 
 
 class ProducerPort(Protocol):

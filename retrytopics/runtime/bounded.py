@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from retrytopics.core.errors import KafkaClientError
-from retrytopics.core.ports import ConsumerPort, Message, PartitionsCallback, TopicPartition
+from retrytopics.core.ports import ConsumerPort, Message, PartitionsCallback, Polled, TopicPartition, consume_runs
 from retrytopics.runtime.clock import SYSTEM_CLOCK
 
 log = logging.getLogger("retrytopics.runtime")
@@ -134,6 +134,9 @@ class BoundedCommits:
 
     def consume(self, max_records: int, timeout_s: float) -> list[Message]:
         return self._consumer.consume(max_records, timeout_s)
+
+    def consume_runs(self, max_records: int, timeout_s: float, topics: frozenset[str]) -> Polled:
+        return consume_runs(self._consumer, max_records, timeout_s, topics)
 
     def pause(self, tps: Sequence[TopicPartition]) -> None:
         self._consumer.pause(tps)

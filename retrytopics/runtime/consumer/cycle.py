@@ -18,10 +18,11 @@ import threading
 from collections.abc import Iterator
 
 from retrytopics.core.offsets import TopicPartition
-from retrytopics.core.ports import ConsumerPort, Message
+from retrytopics.core.ports import ConsumerPort, Message, Polled, consume_runs, message_of
 from retrytopics.runtime.clock import Clock
 from retrytopics.runtime.handoff.base import HandOff
 from retrytopics.runtime.handoff.ordered import OrderedHandOffs
+from retrytopics.runtime.records.calls import Run
 from retrytopics.runtime.records.ordering import KeyOrder, TierOrder
 from retrytopics.runtime.records.outcome import Abandoned, Held, Outcome, Waiting
 from retrytopics.runtime.records.ownership import OwnershipGuard
@@ -79,11 +80,15 @@ class PollCycle:
         wait_ms = handoff.wait_ms(waiting.wait_ms(self._now_ms(), self._max_wait_ms))
         asked = self._monotonic()
         ownership.in_poll = True
-        batch = self._consumer.consume(self._batch_size, wait_ms / 1000)
+        polled = consume_runs(self._consumer, self._batch_size, wait_ms / 1000, self._stage.run_topics)
         # Judged from before the wake: a consume() that overran its timeout by more than half the session
         # was frozen in it (SIGSTOP, a VM pause), and its return says nothing about membership yet.
-        if not self._woke_expelled(ownership.polled() - asked - wait_ms / 1000, batch):
-            self._act_on_batch(batch)
+        batch, built = polled
+        if not self._woke_expelled(
+            ownership.polled() - asked - wait_ms / 1000,
+            batch + [message_of(run[0]) for run in built] if built else batch,
+        ):
+            self._act_on_batch(polled)
             self._act_on(self._stage.settle_deferred())
         handoff.end_batch()
 
@@ -114,13 +119,14 @@ class PollCycle:
                 waiting.restart_at(left.msg.tp, left.msg.offset)
         return not abandoned
 
-    def _act_on_batch(self, batch: list[Message]) -> None:
+    def _act_on_batch(self, polled: Polled) -> None:
         stage, handoff = self._stage, self._handoff
-        runs = stage.plain_runs(batch)
+        batch, runs = stage.runs_of(polled)
         if runs is not None:  # a main consumer: each partition's run in one step, no decision per record
-            for i, (binding, msgs) in enumerate(runs):
-                if not self._act_on(stage.call_run(binding, msgs)):
-                    self._restart_at([m for _, later in runs[i + 1 :] for m in later])
+            for i, (binding, run) in enumerate(runs):
+                if not self._act_on(stage.call_run(binding, run)):
+                    # each later run is one partition's, from its first record on
+                    self._restart_at([_head(later) for _, later in runs[i + 1 :]])
                     return
                 handoff.serve(within_batch=True)
             return
@@ -198,3 +204,8 @@ class PollCycle:
                 waiting.hold(tp, None)
             elif held and not failing:
                 waiting.release(tp)
+
+
+def _head(run: Run) -> Message:
+    first = run[0]
+    return first if isinstance(first, Message) else message_of(first)

@@ -255,7 +255,7 @@ class HandOffBase:
             source=msg.tp,
             offset=msg.offset,
             epoch=epoch,
-            context=record,
+            context=record if self._on_dead_letter is not None else None,  # kept in flight only for it
             shrink=self._shrinks.get(id(ctx)) or self._shrinks.setdefault(id(ctx), too_large_fallback(ctx)),
         )
         self._send(job)

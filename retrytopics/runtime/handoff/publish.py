@@ -18,7 +18,7 @@ import itertools
 import logging
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import tenacity
@@ -77,13 +77,29 @@ class PublishJob:
     #: assignment finishes nothing
     epoch: int = 0
     attempt: int = 0
-    context: Any = None  # the handler's Record, for callbacks
+    context: Any = None  # the handler's Record, for `on_dead_letter` (None without one: not kept in flight)
     #: sent on the one-record-per-batch producer: a too-large refusal is then this record's own
     alone: bool = False
     #: makes the job smaller after a too-large refusal (see `too_large_fallback`); False when it cannot
     shrink: Callable[[PublishJob], bool] | None = None
     shrunk: int = 0  # steps `shrink` took
     partition: int | None = field(default=None, init=False)
+    #: the `Publisher` this job is in flight with (set by `Publisher.send`): the job is its own delivery
+    #: callback, so a hand-off in flight is this one object, not a closure per hop
+    publisher: Publisher | None = field(default=None, init=False, repr=False, compare=False)
+    job_id: int = field(default=-1, init=False, repr=False, compare=False)
+
+    def __call__(self, error: PublishError | None) -> None:
+        """The delivery report of this job's latest produce, handed to its publisher."""
+        if self.publisher is not None:
+            self.publisher.delivered(self, error)
+
+    def copy(self) -> PublishJob:
+        """The same job as a new object, in flight with the same publisher under the same id: a producer that
+        is replaced may still report on the old object, which is no longer in flight (`Publisher.delivered`)."""
+        again = replace(self)
+        again.partition, again.publisher, again.job_id = self.partition, self.publisher, self.job_id
+        return again
 
 
 def too_large_fallback(ctx: RouteContext) -> Callable[[PublishJob], bool]:
@@ -175,7 +191,6 @@ class Publisher:
         self._consumer = consumer  # names the consumer loop in events, as for every other event
         self._wait = wait
         self._clock = clock
-        self._generation = 0
         self._ids = itertools.count()
         self._jobs: dict[int, PublishJob] = {}  # every unacknowledged job
         self._retries: list[tuple[float, int]] = []  # (when, job id), a heap
@@ -212,21 +227,16 @@ class Publisher:
 
     def send(self, job: PublishJob) -> None:
         """Produce `job`; a later `poll()` returns it once the broker acknowledged it."""
-        job_id = next(self._ids)
-        self._jobs[job_id] = job
-        self._produce(job_id, job)
+        job.publisher, job.job_id = self, next(self._ids)
+        self._jobs[job.job_id] = job
+        self._produce(job)
 
-    def _produce(self, job_id: int, job: PublishJob) -> None:
-        generation = self._generation
-
-        def delivered(error: PublishError | None) -> None:
-            self._delivered(job_id, generation, error)
-
+    def _produce(self, job: PublishJob) -> None:
         try:
-            produce_job(self._alone_producer() if job.alone else self._producer, job, delivered)
+            produce_job(self._alone_producer() if job.alone else self._producer, job, job)
         except KafkaClientError as exc:
             job.alone = job.alone or exc.code in TOO_LARGE_CODES  # the producer judged this record by itself
-            self._delivered(job_id, generation, PublishError(job.route.topic, str(exc), code=exc.code, fatal=exc.fatal))
+            self.delivered(job, PublishError(job.route.topic, str(exc), code=exc.code, fatal=exc.fatal))
 
     def _alone_producer(self) -> ProducerPort:
         if self._make_alone_producer is None:
@@ -235,10 +245,13 @@ class Publisher:
             self._alone = self._make_alone_producer()
         return self._alone
 
-    def _delivered(self, job_id: int, generation: int, error: PublishError | None) -> None:
-        job = self._jobs.get(job_id)
-        if job is None or generation != self._generation:
-            return  # a report from a replaced producer; the job was produced again
+    def delivered(self, job: PublishJob, error: PublishError | None) -> None:
+        """The delivery report of `job` (None: acknowledged): acknowledged jobs wait for `take_acked`, failed
+        ones for their retry."""
+        job_id = job.job_id
+        if self._jobs.get(job_id) is not job:
+            # a report from a replaced producer (the job went out again as a copy), or of a dropped job
+            return
         if error is not None and error.code in TOO_LARGE_CODES and _sent_again(job):
             # at once (a record alone or smaller is a new record, not a retry), but from `poll`, never from
             # inside this delivery report: a client call made there (the metadata lookup of a keyless record's
@@ -296,7 +309,7 @@ class Publisher:
             _, job_id = heapq.heappop(self._retries)
             job = self._jobs.get(job_id)
             if job is not None:
-                self._produce(job_id, job)
+                self._produce(job)
 
     def _recreate(self) -> None:
         error, self._fatal = self._fatal, None
@@ -308,7 +321,8 @@ class Publisher:
             except KafkaClientError:
                 pass  # a dead producer may refuse even this; it is dropped either way
         self._producer, self._alone = self._make_producer(), None
-        self._generation += 1
+        # each job goes out again as a new object: a late report of the old producer finds its job gone
+        self._jobs = {job_id: job.copy() for job_id, job in self._jobs.items()}
         self._emitter.emit(Event.PRODUCER_RECREATED, consumer=self._consumer, error=str(error))
         # Everything unacknowledged goes out again on the new producer: at once if it had not failed yet,
         # after its back-off otherwise (an outage must not turn into a tight produce loop).

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Generator, Iterator
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from retrytopics.core.dedupe import AuditKey
 from retrytopics.core.headers import RetryHeaders
 from retrytopics.core.offsets import TopicPartition
-from retrytopics.core.ports import Message
+from retrytopics.core.ports import Message, message_of
 from retrytopics.core.record import Record
-from retrytopics.runtime.records.calls import Binding, Invoker, build_record, build_run
+from retrytopics.runtime.records.calls import Binding, Invoker, Run, build_record, build_run
 from retrytopics.runtime.records.outcome import Abandoned, Failed, Outcome, Succeeded, SucceededRun
 from retrytopics.runtime.records.ownership import OwnershipGuard
 
@@ -93,10 +93,15 @@ class BatchCalls:
                 return False
         return True
 
-    def call_run(self, binding: Binding, msgs: list[Message]) -> Iterator[Outcome]:
+    def call_run(self, binding: Binding, run: Run) -> Iterator[Outcome]:
         """One call on a plain run of source records of one partition (runtime/records/stage.py says when a
         run is plain): nothing to decide per record, so no `Deferred` each. A record that fails before the call
-        (poison) makes it an ordinary group, settled in offset order."""
+        (poison) makes it an ordinary group, settled in offset order. A run the consumer built as Records
+        already (`ports.consume_runs`) is passed as it is: one object per record."""
+        if type(run[0]) is Record:
+            yield from self._call_built(binding, run)
+            return
+        msgs = cast(list[Message], run)
         records = build_run(binding, msgs)
         if records is None:
             built = [build_record(binding, m, None) for m in msgs]
@@ -116,6 +121,20 @@ class BatchCalls:
         yield from self._each(
             [Deferred(binding, m, None, r, None, None) for m, r in zip(msgs, records, strict=True)], iter(outcomes)
         )
+
+    def _call_built(self, binding: Binding, run: list[Record[Any]]) -> Iterator[Outcome]:
+        """`call_run` on Records the consumer built: the handler gets its own list of them (what it does to
+        that list changes nothing here); the Messages of a run are made only for its failures."""
+        head = message_of(run[0])
+        settled, outcomes = self._called(binding, head, list(run))
+        if not settled:
+            if not self._stop.is_set():
+                yield Abandoned(head)
+            return
+        if outcomes is None:
+            yield SucceededRun(head.tp, run, None, [])
+            return
+        yield from self._each([Deferred(binding, message_of(r), None, r, None, None) for r in run], iter(outcomes))
 
     def _call(self, group: list[Deferred]) -> Generator[Outcome, None, bool]:
         first = group[0]

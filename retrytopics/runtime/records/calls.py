@@ -23,7 +23,11 @@ from retrytopics.core.ports import Message
 from retrytopics.core.record import Record
 from retrytopics.core.router import RouteContext, origin_message_id, tier_wait_bounds_ms
 
-__all__ = ["Binding", "Invoker", "build_record", "build_run"]
+__all__ = ["Binding", "Invoker", "Run", "build_record", "build_run"]
+
+#: consecutive records of one partition to pass to their handler: as consumed, or already built as the
+#: handler's Records by the consumer (`ports.consume_runs`)
+Run = list[Message] | list[Record[Any]]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -56,10 +56,11 @@ class Succeeded(NamedTuple):
 class SucceededRun(NamedTuple):
     """The handler calls on consecutive records of one partition all returned (a batch handler's call, or a
     plain run of source records): finished in one step. `records` is None for source records (attempt 1, no
-    due time, no audit key)."""
+    due time, no audit key); `msgs` are then the Records themselves where the consumer built them
+    (`ports.consume_runs`): only their coordinates are read."""
 
     tp: TopicPartition
-    msgs: list[Message]
+    msgs: list[Message] | list[Record[Any]]
     records: list[Record[Any]] | None
     keys: list[AuditKey]
 

@@ -14,7 +14,9 @@ what the outcomes before it finished.
   in memory waits behind them with its decision, so offset order is kept.
 - `take_queued(msg, queued)`: a record that waited in memory fell due: what was decided is carried out.
 - `plain_runs(batch)` / `call_run(...)`: a main consumer's poll, partition by partition, with nothing to
-  decide per record (a source record carries no retry state: never a duplicate hop, never waiting).
+  decide per record (a source record carries no retry state: never a duplicate hop, never waiting);
+  `runs_of(polled)` adds the runs a batch handler's consumer built as Records already (`run_topics`,
+  `ports.consume_runs`).
 - `settle_deferred()`: the batch handlers' calls (runtime/records/batches.py).
 
 A failure's route is decided here, once (`router.route`, with the state read at `read`).
@@ -26,21 +28,22 @@ import dataclasses
 import random
 import threading
 from collections.abc import Generator, Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
+from retrytopics.connectors.serde import bytes_value
 from retrytopics.core.dedupe import AuditKey, DuplicateAudit, audit_key
 from retrytopics.core.errors import HeaderDecodeError
 from retrytopics.core.headers import RetryHeaders
 from retrytopics.core.key_hops import blocked_by_key_route, read_follower, source_follower
 from retrytopics.core.key_order import Admit, BlockedByKey, Follower, Step
 from retrytopics.core.offsets import TopicPartition
-from retrytopics.core.ports import Message
+from retrytopics.core.ports import Message, Polled, message_of
 from retrytopics.core.record import Record
 from retrytopics.core.router import origin_message_id, read_retry_state, route
 from retrytopics.core.step import Action, decide
 from retrytopics.runtime.clock import Clock
 from retrytopics.runtime.records.batches import BatchCalls, Deferred
-from retrytopics.runtime.records.calls import Binding, Invoker, build_record
+from retrytopics.runtime.records.calls import Binding, Invoker, Run, build_record
 from retrytopics.runtime.records.duplicates import DuplicateCheck
 from retrytopics.runtime.records.ordering import KeyOrder, TierOrder
 from retrytopics.runtime.records.outcome import (
@@ -92,10 +95,21 @@ class RecordStage:
         self.batches = BatchCalls(invoker, ownership, self.failed, stop=stop)
         # a main consumer (source topics only): its polls can go to the handlers partition by partition
         self._sources_only = all(topic == b.topic for topic, b in bindings.items())
+        #: the topics whose records the consumer hands over as their batch handler's Records already
+        #: (`ports.consume_runs`): what `build_run` would make of them needs nothing of the binding
+        self.run_topics: frozenset[str] = frozenset(
+            topic
+            for topic, b in bindings.items()
+            if self._sources_only
+            and b.batch
+            and b.ordering is None
+            and b.value_deserializer is bytes_value
+            and b.ctx.id_header is None
+        )
 
     # -- a main consumer's poll, run by run ------------------------------------------------------------------
 
-    def plain_runs(self, batch: list[Message]) -> list[tuple[Binding, list[Message]]] | None:
+    def plain_runs(self, batch: list[Message]) -> list[tuple[Binding, Run]] | None:
         """`batch` as runs per partition, when each record would be handed to its handler as it is: on a
         source topic nothing is decided per record (no retry state, so no due time and no audit key; never
         queued in memory), so `step.decide` would say HANDLE for every record that is accepted and was not
@@ -121,14 +135,33 @@ class RecordStage:
                 run.append(msg)
         return [(self._bindings[tp[0]], run) for tp, run in runs.items() if run]
 
-    def call_run(self, binding: Binding, msgs: list[Message]) -> Iterator[Outcome]:
+    def runs_of(self, polled: Polled) -> tuple[list[Message], list[tuple[Binding, Run]] | None]:
+        """`polled` as `plain_runs` makes it, its runs of Records built by the consumer included, each as
+        it is; when those runs cannot be taken as they are (a partition sought back, records handed off
+        downstream already), every record as a Message again. With None: read `batch` record by record."""
+        batch, built = polled
+        if built:
+            duplicates, waiting = self._duplicates, self._waiting
+            if not (
+                duplicates.seeded
+                and any(duplicates.was_handed_off(message_of(r), None, None) for run in built for r in run)
+            ) and all(waiting.accepts_all((run[0].topic, run[0].partition)) for run in built):
+                runs = self.plain_runs(batch)
+                if runs is not None:
+                    taken: list[tuple[Binding, Run]] = [(self._bindings[run[0].topic], run) for run in built]
+                    return batch, taken + runs
+            batch = batch + [message_of(r) for run in built for r in run]
+        return batch, self.plain_runs(batch)
+
+    def call_run(self, binding: Binding, run: Run) -> Iterator[Outcome]:
         """A plain run of one partition: one call per record in offset order (a batch handler: one call,
         runtime/records/batches.py). The calls that returned between two failures are one `SucceededRun`. A
         record this consumer may no longer act on ends the run with `Abandoned`. However the run ends
         (stopping, a BaseException from a handler), the calls that returned are yielded first."""
         if binding.batch:
-            yield from self.batches.call_run(binding, msgs)
+            yield from self.batches.call_run(binding, run)
             return
+        msgs = cast(list[Message], run)  # Records come built only for a batch handler (`run_topics`)
         if binding.ordering is not None:
             yield from self._ordered_run(binding, msgs)
             return

@@ -135,3 +135,39 @@ def test_a_bad_header_key_on_a_tier_is_dead_lettered_not_a_crash(env: Env) -> No
     assert state.dlq_reason is DlqReason.POISON and "not UTF-8" in state.exception_message
     assert "bad-key-on-tier" not in env.handled()
     assert env.app.healthy
+
+
+def test_a_bad_header_key_before_a_bytes_batch_handler_is_poison_and_its_neighbours_flow(kafka: KafkaConfig) -> None:
+    """A main consumer whose batch handler takes raw bytes gets its records built by the consumer port
+    (`ports.consume_runs`); a record with a header key that is not UTF-8 in the same fetch makes that poll
+    come as Messages, so the bad record is poison in the DLQ and never passed to the handler, both
+    neighbours are handled once, and the consumer commits past all three."""
+    env = Env(kafka)
+    calls: list[list[bytes | None]] = []
+
+    @env.app.batch_handler(env.source, policy=POLICY)
+    def handle(records: list[Record[bytes]]) -> None:
+        with env.lock:
+            calls.append([r.value for r in records])
+
+    env.app.provision()
+    env.kit.produce(env.source, [(b"a", b"before", [])], partition=0)
+    produce_raw_record(kafka, env.source, 0, key=b"k", value=b"bad-key", headers=[(BAD_KEY, b"v"), (b"user", b"kept")])
+    env.kit.produce(env.source, [(b"c", b"after", [])], partition=0)
+    env.app.start(main=True, tiers=None)
+    try:
+        wait_until(lambda: env.dead(b"bad-key"), 60, "the bad record in the DLQ")
+        wait_until(lambda: env.kit.committed(env.group, env.source, 1) == {0: 3}, 30, "the commit past the records")
+        with env.lock:
+            handled = [v for call in calls for v in call]
+        assert handled == [b"before", b"after"]
+        (dead,) = env.dead(b"bad-key")
+        state = decode(list(dead.headers))
+        assert state.dlq_reason is DlqReason.POISON and state.original_offset == 1
+        assert [(k, v) for k, v in dead.headers if not k.startswith("retry.")] == [
+            ("\ufffd\ufffd", b"v"),
+            ("user", b"kept"),
+        ]
+        assert env.app.healthy
+    finally:
+        env.app.stop()

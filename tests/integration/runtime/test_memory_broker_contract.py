@@ -11,7 +11,10 @@ One set of scenarios, run on both through the ports (`MemoryConsumer`/`MemoryPro
 - a transaction's records and offsets become visible together on commit; an abort leaves nothing visible to
   read_committed readers and the offsets unchanged, and its marker takes an offset as a commit's does;
 - an abort purges the records still queued in the client: each one's report says `_PURGE_QUEUE`, by a poll
-  after the abort returned, and the next transaction commits.
+  after the abort returned, and the next transaction commits;
+- `consume_runs` (`ports.consume_runs`) gives a batch handler's records as the Records the runtime would
+  build from `consume`'s Messages, and a poll with a record of those topics that carries a retry header as
+  Messages only.
 
 The fake is for the runtime's own logic; whatever Kafka does beyond this is tested on Kafka.
 """
@@ -25,8 +28,14 @@ from typing import Any
 import pytest
 
 from retrytopics.connectors.clients import KafkaConsumer, KafkaProducer
-from retrytopics.core.ports import ConsumerPort, Message, ProducerPort, TopicPartition
+from retrytopics.connectors.serde import bytes_value
+from retrytopics.core.naming import topics_for
+from retrytopics.core.policy import RetryPolicy
+from retrytopics.core.ports import ConsumerPort, Message, ProducerPort, TopicPartition, consume_runs, message_of
+from retrytopics.core.record import Record
+from retrytopics.core.router import RouteContext
 from retrytopics.memory import MemoryBroker
+from retrytopics.runtime.records.calls import Binding, build_record
 
 from .conftest import Kit
 
@@ -417,3 +426,49 @@ def test_an_abort_purges_the_queued_records_and_reports_them_at_a_later_poll(sid
 
     assert reports == ["_PURGE_QUEUE", "_PURGE_QUEUE"]
     _eventually(side, lambda: [value for _, _, _, value, _ in side.visible(out)], [b"next"])
+
+
+def test_consume_runs_gives_the_records_a_batch_handler_would_get_from_consume(side: Side) -> None:
+    """The Records `consume_runs` builds for a batch handler's topic are, field by field, the ones the
+    runtime builds from `consume`'s Messages (`build_record`): key, value, user headers, timestamp, origin
+    id, null key and value included; each is one partition's run in offset order, and `message_of` gives the
+    Message back. A poll holding a record of that topic with a retry header comes as Messages only."""
+    topic = side.topic("orders", partitions=2)
+    _produce(side, topic, 3, partition=0)
+    _produce(side, topic, 2, partition=1, start=3)
+    producer = side.producer()
+    producer.produce(topic, key=None, value=None, headers=(), partition=1, on_delivery=lambda error: None)
+    assert producer.flush(30) == 0
+    policy = RetryPolicy(delays=["5s"])
+    ctx = RouteContext(policy=policy, topics=topics_for(topic, "g", policy.tier_delays_ms), group="g")
+    binding = Binding(topic=topic, handler=lambda records: None, policy=policy, ctx=ctx, value_deserializer=bytes_value)
+
+    plain = side.consumer(side.unique_name("plain"))
+    _subscribe(plain, topic)
+    messages = _consume_until(side, plain, lambda got: len(got) >= 6, "6 records")
+    built = side.consumer(side.unique_name("built"))
+    _subscribe(built, topic)
+    runs: list[list[Record[Any]]] = []
+    for _ in side.polls():
+        polled = consume_runs(built, 100, 0.2, frozenset({topic}))
+        assert polled.messages == []
+        runs += polled.runs
+        if sum(map(len, runs)) >= 6:
+            break
+
+    expected = {m.offset + 10 * m.partition: build_record(binding, m, None)[0] for m in messages}
+    got = {r.offset + 10 * r.partition: r for run in runs for r in run}
+    assert got == expected and sum(map(len, runs)) == 6
+    for run in runs:
+        assert len({r.partition for r in run}) == 1 and [r.offset for r in run] == sorted(r.offset for r in run)
+    assert {message_of(r) for run in runs for r in run} == set(messages)
+
+    # a record with a retry header on that topic: the poll holding it is Messages only
+    retried = (("retry.tier", b"0"), ("id", b"9"))
+    producer.produce(topic, key=b"k9", value=b"v9", headers=retried, partition=0, on_delivery=lambda error: None)
+    assert producer.flush(30) == 0
+    for _ in side.polls():
+        polled = consume_runs(built, 100, 0.2, frozenset({topic}))
+        if polled.messages or polled.runs:
+            break
+    assert polled.runs == [] and [_seen(m) for m in polled.messages] == [(0, 3, b"k9", b"v9", retried)]

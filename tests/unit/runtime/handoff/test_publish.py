@@ -274,3 +274,73 @@ def test_a_refused_record_fails_its_own_transaction_before_its_commit_is_asked()
     with pytest.raises(PublishError, match="NOT_ENOUGH_REPLICAS"):
         publisher.commit({("orders", 0): 8}, object())  # not a group's metadata: never sent
     assert publisher.healthy and broker.records(tier) == [] and broker.committed("billing") == {}
+
+
+class HoldingProducer:
+    """Keeps every produce's delivery callback, unanswered, until the test answers it."""
+
+    def __init__(self, made: list[HoldingProducer]) -> None:
+        self.callbacks: list[Callable[[PublishError | None], None]] = []
+        self.purged = False
+        made.append(self)
+
+    def produce(
+        self,
+        topic: str,
+        *,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Sequence[Header],
+        partition: int | None,
+        on_delivery: Callable[[PublishError | None], None],
+    ) -> None:
+        self.callbacks.append(on_delivery)
+
+    def poll(self, timeout_s: float) -> None:
+        pass
+
+    def purge(self) -> None:
+        self.purged = True
+
+    def partition_count(self, topic: str) -> int:
+        return 1
+
+
+def test_a_republish_in_flight_is_one_object_that_is_its_own_delivery_callback() -> None:
+    """While a republish waits for its acknowledgement, the producer holds the job itself as its delivery
+    callback (no closure and cells per hop stay alive per record in flight), and the acknowledgement gives
+    back that same job."""
+    made: list[HoldingProducer] = []
+    publisher = Publisher(lambda: HoldingProducer(made), Emitter())  # type: ignore[arg-type,return-value]
+    jobs = [_job(b"a", ()), _job(b"b", ())]
+    for job in jobs:
+        publisher.send(job)
+
+    assert made[0].callbacks == jobs and all(c is j for c, j in zip(made[0].callbacks, jobs, strict=True))
+    assert publisher.in_flight == 2
+    made[0].callbacks[1](None)
+    assert publisher.poll(0) == [jobs[1]] and publisher.in_flight == 1
+
+
+def test_a_late_report_of_a_replaced_producer_neither_acknowledges_nor_fails_a_job() -> None:
+    """After a fatal error replaces the producer, every unacknowledged job goes out again on the new one; a
+    report the old producer still gives afterwards (success or failure) changes nothing: only the new
+    producer's acknowledgement finishes the job, once."""
+    made: list[HoldingProducer] = []
+    publisher = Publisher(lambda: HoldingProducer(made), Emitter(), wait=lambda _: 0.0)  # type: ignore[arg-type,return-value]
+    fatal, waiting = _job(b"fatal", ()), _job(b"waiting", ())
+    publisher.send(fatal)
+    publisher.send(waiting)
+    made[0].callbacks[0](PublishError("t", "fenced", code="PRODUCER_FENCED", fatal=True))
+    assert publisher.poll(0) == []  # replaced: both jobs produced again on the new producer
+    assert made[0].purged and len(made) == 2 and len(made[1].callbacks) == 2
+
+    made[0].callbacks[1](None)  # the old producer acknowledges late
+    made[0].callbacks[0](PublishError("t", "purged", code="_PURGE_QUEUE"))
+    assert publisher.poll(0) == [] and publisher.in_flight == 2 and publisher.healthy is False
+
+    made[1].callbacks[0](None)
+    made[1].callbacks[1](None)
+    acked = publisher.poll(0)
+    assert sorted(j.value or b"" for j in acked) == [b"fatal", b"waiting"]
+    assert publisher.in_flight == 0 and publisher.healthy

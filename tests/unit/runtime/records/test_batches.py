@@ -20,7 +20,7 @@ from retrytopics.core.errors import ConfigError
 from retrytopics.core.headers import DlqReason, decode
 from retrytopics.core.naming import topics_for
 from retrytopics.core.policy import InProcessRetry, RetryPolicy
-from retrytopics.core.ports import Message
+from retrytopics.core.ports import Message, Polled, split_runs
 from retrytopics.core.record import Record
 from retrytopics.core.router import RouteContext, route
 from retrytopics.memory import DEFAULT_MAX_POLL_INTERVAL_MS, MemoryBroker, MemoryConsumer
@@ -321,3 +321,67 @@ def test_registration_refuses_in_process_retries_and_names_the_field() -> None:
         pass
 
     assert app.handlers["orders"].batch and app.handlers["orders"].handler is handle
+
+
+class BuildingConsumer(MemoryConsumer):
+    """A consumer port that builds a batch handler's Records itself (`ports.consume_runs`), as the Kafka
+    adapter does, and keeps every Record it built."""
+
+    built: list[Record[Any]]
+
+    def consume_runs(self, max_records: int, timeout_s: float, topics: frozenset[str]) -> Polled:
+        polled = split_runs(self.consume(max_records, timeout_s), topics)
+        self.built += [r for run in polled.runs for r in run]
+        return polled
+
+
+def test_a_plain_run_hands_the_handler_the_records_its_consumer_built_one_object_each() -> None:
+    """On a main consumer with a bytes batch handler, a poll's records reach the handler as the very Records
+    the consumer built (one object per consumed record, no Message first), in one call per partition and
+    poll; a run that fails goes to the tier record by record, and every offset is committed."""
+    broker = new_broker()
+    consumer = BuildingConsumer(
+        broker,
+        broker._group("billing"),
+        read_committed=True,
+        auto_offset_reset="earliest",
+        max_poll_interval_ms=DEFAULT_MAX_POLL_INTERVAL_MS,
+        session_timeout_ms=45_000,
+    )
+    consumer.built = []
+    calls: list[list[Record[Any]]] = []
+
+    def handle(records: list[Record[Any]]) -> None:
+        calls.append(list(records))
+        if records[0].value == b"fails":
+            raise RuntimeError("the whole call fails")
+
+    run(
+        [[source(0, 0, b"a"), source(1, 0, b"b"), source(0, 1, b"c")], [source(1, 1, b"fails"), source(1, 2, b"d")]],
+        handle,
+        broker=broker,
+        consumer=consumer,
+        value_deserializer=bytes_value,
+    )
+
+    handed = [r for call in calls for r in call]
+    assert [(r.partition, r.offset, r.value) for r in handed] == [
+        (0, 0, b"a"),
+        (0, 1, b"c"),
+        (1, 0, b"b"),
+        (1, 1, b"fails"),
+        (1, 2, b"d"),
+    ]
+    assert len(handed) == len(consumer.built) and all(h is b for h, b in zip(handed, consumer.built, strict=True))
+    assert [r.origin_message_id for r in handed] == [
+        "orders-0-0",
+        "orders-0-1",
+        "orders-1-0",
+        "orders-1-1",
+        "orders-1-2",
+    ]
+    assert routed(broker) == {
+        b"fails": (TIER, None, "builtins.RuntimeError"),
+        b"d": (TIER, None, "builtins.RuntimeError"),
+    }
+    assert broker.committed("billing") == {("orders", 0): 2, ("orders", 1): 3}
