@@ -85,7 +85,7 @@ class AtLeastOnce(HandOffBase):
                 # a key-ordered record: finished once its key-state record is durable too (write before commit)
                 landed = job.route.retry.tier if job.route.kind is RouteKind.TIER else None
                 finish = functools.partial(self._finish_acked, job.source, job.offset, job.epoch)
-                at = origin_of(job.context)
+                at = None if job.context is None else origin_of(job.context)
                 if at is None:
                     finish()
                 else:

@@ -230,7 +230,7 @@ class HandOffBase:
         epoch = self._track(msg.tp, msg.offset)
         if key is not None:
             self._remember(key)
-        ordered = self._ordered
+        ordered, at = self._ordered, None
         if ordered is not None and ordered.chains.ordered(msg.topic) and (at := origin_of(record)) is not None:
             # its key waits until this hop is acknowledged; a follower dead-lettered behind its key never ran
             handled = route.reason is not DlqReason.BLOCKED_BY_KEY
@@ -255,7 +255,8 @@ class HandOffBase:
             source=msg.tp,
             offset=msg.offset,
             epoch=epoch,
-            context=record if self._on_dead_letter is not None else None,  # kept in flight only for it
+            # kept in flight only for `on_dead_letter`, or for key order's acknowledgement (its chain)
+            context=record if self._on_dead_letter is not None or at is not None else None,
             shrink=self._shrinks.get(id(ctx)) or self._shrinks.setdefault(id(ctx), too_large_fallback(ctx)),
         )
         self._send(job)

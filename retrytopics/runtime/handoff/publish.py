@@ -77,7 +77,7 @@ class PublishJob:
     #: assignment finishes nothing
     epoch: int = 0
     attempt: int = 0
-    context: Any = None  # the handler's Record, for `on_dead_letter` (None without one: not kept in flight)
+    context: Any = None  # the handler's Record, for `on_dead_letter` or key order (else None: not kept in flight)
     #: sent on the one-record-per-batch producer: a too-large refusal is then this record's own
     alone: bool = False
     #: makes the job smaller after a too-large refusal (see `too_large_fallback`); False when it cannot
