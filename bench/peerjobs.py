@@ -7,6 +7,10 @@ and tier consumers in this process); `raw_peer` is the hand-rolled confluent-kaf
 instead. Both start their tier consumers first and their main consumer once every tier partition is
 assigned, as in a deployment where the tiers run already; each reports "main" after the n-th handler call on
 the source topic, then "done" once every id is settled (handled OK, or its DLQ publish acknowledged).
+
+With `keys` (the key-ordering scenario, bench/scenarios/keyorder.py), id i has key `i % keys` and `app_peer`
+runs with or without `KeyOrdering`; the main pass then ends at the source call of the last record of a key with
+no failing id (records of failing keys may be handed off behind their head, never called on the source).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from bench.measure import emit
 from retrytopics.app import RetryApp
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.kafka import CONSUMER_DEFAULTS, PRODUCER_DEFAULTS
+from retrytopics.core.key_order import DeadHeadPolicy, KeyOrdering
 from retrytopics.core.policy import RetryPolicy
 from retrytopics.core.record import Record
 from retrytopics.observe.events import Event
@@ -45,8 +50,12 @@ def _fails(i: int, attempt: int) -> bool:
 class _Tally:
     """What both programs count, from any of their threads: source calls, OK ids, DLQ acks and lateness."""
 
-    def __init__(self, n: int, tier_partitions: int) -> None:
+    def __init__(self, n: int, tier_partitions: int, keys: int | None = None) -> None:
         self.n, self.n_dead = n, sum(1 for i in range(n) if always_fails(i))
+        # the source calls that end the main pass: every id, or (keyed) every id of a key none of whose ids fail
+        failing_keys = set() if keys is None else {i % keys for i in range(n) if _fails(i, 1)}
+        self.main_calls = n if keys is None else sum(1 for i in range(n) if i % keys not in failing_keys)
+        self.failing_keys, self.keys = failing_keys, keys
         self.first = self.main_at = self.done_at = 0.0
         self.main_cpu_s = 0.0  # CPU time of the thread that made the source calls, over the main pass
         self.source_calls = self.ok_calls = self.dead = self.assigned = 0
@@ -62,16 +71,20 @@ class _Tally:
             if self.assigned >= self._tier_partitions:
                 self.tiers.set()
 
-    def called(self, due_at: int | None) -> None:
-        """A handler call starts: on the source, the main pass's clock; on a tier, the record's lateness."""
-        if due_at is not None:
-            self.lateness_ms.append(time.time() * 1000 - due_at)
+    def called(self, i: int, source: bool, due_at: int | None) -> None:
+        """A handler call on id `i` starts: on the source, the main pass's clock; on a tier, the record's
+        lateness (a record with a due time: a follower handed off behind its key's head has none)."""
+        if not source:
+            if due_at is not None:
+                self.lateness_ms.append(time.time() * 1000 - due_at)
+            return
+        if self.keys is not None and i % self.keys in self.failing_keys:
             return
         with self._lock:
             self.source_calls += 1
             if self.source_calls == 1:
                 self.first, self.main_cpu_s = time.monotonic(), -time.thread_time()
-            elif self.source_calls == self.n:
+            elif self.source_calls == self.main_calls:
                 self.main_at = time.monotonic()
                 self.main_cpu_s += time.thread_time()
                 self.main.set()
@@ -99,7 +112,7 @@ class _Tally:
                 if not event.wait(timeout_s):
                     raise TimeoutError(
                         f"no {name} after {timeout_s}s: {self.assigned} tier partitions assigned, "
-                        f"{self.source_calls} of {self.n} source records called, {len(self.ok)} ids "
+                        f"{self.source_calls} of {self.main_calls} source records called, {len(self.ok)} ids "
                         f"OK, {self.dead} dead-lettered"
                     )
                 if event is self.tiers:
@@ -114,6 +127,7 @@ class _Tally:
             "done",
             main_s=main_s,
             main_rate=self.n / main_s,
+            main_calls=self.main_calls,
             main_cpu_s=self.main_cpu_s,
             end_s=self.done_at - self.first,
             ok=len(self.ok),
@@ -144,8 +158,10 @@ class _Watch:
 
 def app_peer(args: dict[str, Any]) -> None:
     """A RetryApp running the job on `topic` (its tiers and DLQ already exist). Args: bootstrap, topic,
-    retry_topics (the app's tier topics), group, n, partitions, consumer_overrides, timeout_s."""
-    tally = _Tally(args["n"], len(DELAYS_MS) * args["partitions"])
+    retry_topics (the app's tier topics), group, n, partitions, consumer_overrides, timeout_s; for the keyed
+    job `keys` and `ordering` (a `DeadHeadPolicy` value, or None: no key ordering)."""
+    keys, dead_head = args.get("keys"), args.get("ordering")
+    tally = _Tally(args["n"], len(DELAYS_MS) * args["partitions"], keys)
     app = RetryApp(
         kafka=KafkaConfig(bootstrap=args["bootstrap"]),
         group=args["group"],
@@ -153,15 +169,20 @@ def app_peer(args: dict[str, Any]) -> None:
         hooks=[_Watch(tally, args["retry_topics"])],
     )
 
-    @app.handler(args["topic"], policy=RetryPolicy(delays=[f"{d}ms" for d in DELAYS_MS]))
+    ordering = None if dead_head is None else KeyOrdering(dead_head=DeadHeadPolicy(dead_head))
+    source = args["topic"]
+
+    @app.handler(source, policy=RetryPolicy(delays=[f"{d}ms" for d in DELAYS_MS]), ordering=ordering)
     def handle(record: Record[bytes]) -> None:
         retry = record.retry
-        tally.called(None if retry is None else retry.due_at)
         i = int(record.raw_value or b"")
+        tally.called(i, record.topic == source, None if retry is None else retry.due_at)
         if _fails(i, 1 if retry is None else retry.reconsume_times + 1):
             raise RuntimeError(f"id {i} failed")
         tally.handled_ok(i)
 
+    if ordering is not None:
+        app.provision()  # the key-state topic (the tiers and the DLQ exist already)
     app.start(main=False, tiers="all")
     tally.serve(lambda: app.start(main=True), app.stop, args["timeout_s"])
     tally.report()
@@ -198,8 +219,8 @@ def _peer_stage(args: dict[str, Any], stage: int, producer: Producer, tally: _Ta
             due = int(dict(msg.headers() or [])["due"]) if stage else None
             if due is not None and due / 1000 > time.time():
                 time.sleep(due / 1000 - time.time())
-            tally.called(due)
             i = int(msg.value() or b"")
+            tally.called(i, not stage, due)
             if _fails(i, stage + 1):
                 next_due = int(time.time() * 1000) + DELAYS_MS[stage] if stage < len(DELAYS_MS) else 0
                 producer.produce(

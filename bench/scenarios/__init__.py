@@ -1,5 +1,5 @@
 """The scenarios in order (throughput, lateness, memory, idle cost, Spark, the console, the peer), then the floors of the ratio targets,
-then a failover (on 3-node clusters of its own), then share groups. Each module has `NAME`
+then a failover (on 3-node clusters of its own), then share groups, then key ordering. Each module has `NAME`
 and `run(bench) -> list[Result]`."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from bench.scenarios import (
     floor,
     growth,
     idle,
+    keyorder,
     lateness,
     loop,
     peer,
@@ -38,4 +39,5 @@ ALL: tuple[ModuleType, ...] = (
     floor,
     failover,
     share,
+    keyorder,
 )

@@ -39,21 +39,23 @@ def run(b: Bench) -> list[Result]:
     app: list[dict[str, Any]] = []
     peer: list[dict[str, Any]] = []
     for _ in range(b.size(1, 3)):  # 20k in both modes (about 30 s a round); full mode: medians of three
-        peer.append(_run_side(b, "raw_peer"))
-        app.append(_run_side(b, "app_peer"))
+        peer.append(run_side(b, "raw_peer"))
+        app.append(run_side(b, "app_peer"))
     return _results(app, peer)
 
 
-def _run_side(b: Bench, role: str) -> dict[str, Any]:
-    source, group = b.name(f"peer.{role}"), b.name(role)
+def run_side(b: Bench, role: str, *, keys: int | None = None, ordering: str | None = None) -> dict[str, Any]:
+    """One program's run (`keys`, `ordering`: the key-ordering scenario's app, bench/peerjobs.py), accounted."""
+    label = role if keys is None else f"{role}.keys.{ordering or 'unordered'}"
+    source, group = b.name(f"peer.{label}"), b.name(label)
     if role == "app_peer":
         ts = tier_topics(source, group, DELAYS_MS)
         retry_topics, dlq = [t.topic for t in ts.tiers], ts.dlq
     else:
         retry_topics, dlq = [f"{source}.retry.{d}ms" for d in DELAYS_MS], f"{source}.dlq"
     create_topics(b.kafka, [source, *retry_topics, dlq], b.partitions)
-    _fill_ids(b, source, N)
-    args = {
+    _fill_ids(b, source, N, keys)
+    args: dict[str, Any] = {
         "bootstrap": b.bootstrap,
         "topic": source,
         "retry_topics": retry_topics,
@@ -64,16 +66,18 @@ def _run_side(b: Bench, role: str) -> dict[str, Any]:
         "consumer_overrides": CONSUMER_OVERRIDES,
         "timeout_s": TIMEOUT_S,
     }
+    if keys is not None:
+        args |= {"keys": keys, "ordering": ordering}
     started = time.monotonic()
     with Child("bench.peerjobs", role, args) as child:
         done = child.wait_for("done", timeout_s=2 * TIMEOUT_S + 30)
         child.join(timeout_s=60)
     done["wall_s"] = time.monotonic() - started
     dlq_ids = _read_ids(b, dlq)
-    _account(role, done, dlq_ids)
+    _account(label, done, dlq_ids)
     done["dlq_records"] = len(dlq_ids)
     print(
-        f"  {role}: main pass {done['main_rate']:,.0f} records/s ({1e6 * done['main_cpu_s'] / N:.0f} µs of CPU per "
+        f"  {label}: main pass {done['main_rate']:,.0f} records/s ({1e6 * done['main_cpu_s'] / N:.0f} µs of CPU per "
         f"record in its thread), end {done['end_s']:.1f} s, "
         f"lateness p50/p99 {percentile(done['lateness_ms'], 50):.1f}/{percentile(done['lateness_ms'], 99):.1f} ms, "
         f"{done['ok_calls'] - done['ok']} duplicate OK calls, {done['wall_s']:.0f} s wall",
@@ -82,8 +86,9 @@ def _run_side(b: Bench, role: str) -> dict[str, Any]:
     return done
 
 
-def _fill_ids(b: Bench, topic: str, n: int) -> None:
-    """Values are the ids 0..n-1 as text, round-robin over the partitions; raises unless all are acknowledged."""
+def _fill_ids(b: Bench, topic: str, n: int, keys: int | None = None) -> None:
+    """Values are the ids 0..n-1 as text, round-robin over the partitions (with `keys`: key `i % keys` as text,
+    each key in partition `key % partitions`); raises unless all are acknowledged."""
     producer = Producer(
         {**b.kafka.producer_config(), **PRODUCER_DEFAULTS, "linger.ms": 20, "batch.num.messages": 10_000}
     )
@@ -94,7 +99,9 @@ def _fill_ids(b: Bench, topic: str, n: int) -> None:
             failed.append(err)
 
     for i in range(n):
-        producer.produce(topic, value=b"%d" % i, partition=i % b.partitions, on_delivery=report)
+        k = i if keys is None else i % keys
+        key = None if keys is None else b"%d" % k
+        producer.produce(topic, value=b"%d" % i, key=key, partition=k % b.partitions, on_delivery=report)
         if i % 1000 == 0:
             producer.poll(0)
     if producer.flush(60) or failed:
