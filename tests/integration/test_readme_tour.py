@@ -37,6 +37,7 @@ import textwrap
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -228,7 +229,7 @@ def _no_progress(done: subprocess.CompletedProcess[str]) -> None:
     assert "Spark session started" not in done.stderr and "records/s" not in done.stderr, done.stderr[-2000:]
 
 
-@pytest.mark.timeout(900)  # two Spark driver JVMs and a 35 s walk through two tiers, on a shared machine
+@pytest.mark.timeout(900)  # two Spark driver JVMs beside a 35 s walk through two tiers, on a shared machine
 def test_the_readme_tour_works_as_written(
     kafka: KafkaConfig, unique_name: Callable[[str], str], tmp_path: Path
 ) -> None:
@@ -295,28 +296,37 @@ def test_the_readme_tour_works_as_written(
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{tour_run.metrics_port}/metrics", timeout=5).read()
         assert b"retrytopics_healthy 1.0" in metrics
 
-        # 3. watch it
+        # 3. watch it, and 4. the replay's dry run (the only exhausted record would need 5 min in the last
+        # tier: none selected). The commands run side by side, as an operator may run them in two terminals,
+        # while o-down walks through the tiers: each reads what is already written (o-zero in the DLQ,
+        # o-limited and o-down in the first tier), and the two Spark drivers boot at once.
         describe, peek, audit = commands(blocks["3"][0])
-        described = tour_run.run(describe).stdout
-        assert all(name in described for name in [topic, *tiers]), described
-        peeked = tour_run.run(peek).stdout
-        assert "o-zero" in peeked and "non_retryable" in peeked and "invalid amount" in peeked, peeked
-        audited = tour_run.run(audit, timeout=420)
-        _no_progress(audited)
-        summary = json.loads(audited.stdout)
-        stages = {s["topic"]: s["records"] for s in summary["stages"]}
-        assert stages[topic] == len(ORDERS) and stages[tiers[0]] == 2, stages  # o-limited and o-down
-        assert summary["dlq"]["by_reason"] == {"non_retryable": 1}
-
-        # 4. the replay's dry run (the only exhausted record would need 5 min in the last tier: none selected)
         dry_run, real_run = commands(blocks["4"][0])
         assert "--dry-run" in dry_run and "..." in real_run
-        replayed = tour_run.run(dry_run, timeout=420)
-        _no_progress(replayed)
-        assert "nothing written (dry run)" in replayed.stdout and "would write" in replayed.stdout, replayed.stdout
+        with ThreadPoolExecutor(max_workers=4) as commands_running:
+            audit_run = commands_running.submit(tour_run.run, audit, 420)
+            dry_run_run = commands_running.submit(tour_run.run, dry_run, 420)
+            describe_run = commands_running.submit(tour_run.run, describe)
+            peek_run = commands_running.submit(tour_run.run, peek)
 
-        # the always-failing order went through the 5s and the 30s tier processes to the 5m tier
-        _wait(lambda: "o-down" in _keys(kafka, tiers[2]), 120, "o-down in the 5m tier")
+            described = describe_run.result().stdout
+            assert all(name in described for name in [topic, *tiers]), described
+            peeked = peek_run.result().stdout
+            assert "o-zero" in peeked and "non_retryable" in peeked and "invalid amount" in peeked, peeked
+
+            # the always-failing order went through the 5s and the 30s tier processes to the 5m tier
+            _wait(lambda: "o-down" in _keys(kafka, tiers[2]), 240, "o-down in the 5m tier")
+
+            audited = audit_run.result()
+            _no_progress(audited)
+            summary = json.loads(audited.stdout)
+            stages = {s["topic"]: s["records"] for s in summary["stages"]}
+            assert stages[topic] == len(ORDERS) and stages[tiers[0]] == 2, stages  # o-limited and o-down
+            assert summary["dlq"]["by_reason"] == {"non_retryable": 1}
+
+            replayed = dry_run_run.result()
+            _no_progress(replayed)
+            assert "nothing written (dry run)" in replayed.stdout and "would write" in replayed.stdout, replayed.stdout
         for process in started:
             process.send_signal(signal.SIGTERM)
         for process in started:

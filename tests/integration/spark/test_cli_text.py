@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -41,7 +42,7 @@ def _block(text: str, first_word: str) -> str:
     return next(b for b in text.split("\n\n") if b.lstrip().startswith(first_word))
 
 
-@pytest.mark.timeout(900)  # two Spark driver JVMs, one after the other, on a machine shared with other work
+@pytest.mark.timeout(900)  # two Spark driver JVMs side by side, on a machine shared with other work
 def test_audit_and_replay_dry_run_print_tables_without_reprs_or_warnings(
     kafka: KafkaConfig, unique_name: Callable[[str], str], tmp_path: Path
 ) -> None:
@@ -60,21 +61,16 @@ def test_audit_and_replay_dry_run_print_tables_without_reprs_or_warnings(
         "local[1]",
     ]
 
-    # when
-    audit = subprocess.run(
-        [CLI, "audit", *pipeline, "--chart", str(tmp_path / "audit.png")],
-        capture_output=True,
-        text=True,
-        timeout=420,
-        env=cli_env(),
-    )
-    replay = subprocess.run(
-        [CLI, "replay", *pipeline, "--replay-id", "text-1", "--dry-run"],
-        capture_output=True,
-        text=True,
-        timeout=420,
-        env=cli_env(),
-    )
+    # when: both commands at once (each only reads the pipeline), so their driver JVMs boot side by side
+    with ThreadPoolExecutor(max_workers=2) as running:
+        audit_run, replay_run = (
+            running.submit(subprocess.run, argv, capture_output=True, text=True, timeout=420, env=cli_env())
+            for argv in (
+                [CLI, "audit", *pipeline, "--chart", str(tmp_path / "audit.png")],
+                [CLI, "replay", *pipeline, "--replay-id", "text-1", "--dry-run"],
+            )
+        )
+        audit, replay = audit_run.result(), replay_run.result()
 
     # then: exit 0, tables, counts in words, no reprs, nothing warned
     for done in (audit, replay):

@@ -13,11 +13,14 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
+import uuid
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -215,30 +218,50 @@ _JVM_NOTICE = "WARNING: Using incubator modules: jdk.incubator.vector"
 _NOISE = re.compile(r"log4j|\bWARN\b|\bINFO\b|Warning|NativeCodeLoader|setLogLevel|SPARK_LOCAL_IP")
 
 
-def test_the_replay_command_skips_a_forged_record_finishes_and_prints_no_jvm_noise(
-    kafka: KafkaConfig, unique_name: Callable[[str], str]
-) -> None:
-    # setup: a DLQ with a forged partition among valid records, the replay command as a user runs it
-    source = unique_name("orders")
+@dataclass(frozen=True)
+class ReplayCommand:
+    """The `retrytopics replay` command run as a user runs it, its output in `out` and `err`."""
+
+    process: subprocess.Popen[bytes]
+    out: Path
+    err: Path
+
+
+@pytest.fixture(scope="module", autouse=True)
+def replay_command(kafka: KafkaConfig, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReplayCommand]:
+    """Starts, as the module starts, the command of the CLI test on a DLQ with a forged partition among valid
+    records: its own Spark driver takes the longest to boot, which then overlaps the module's other tests."""
+    source = f"orders-cli-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     topics = _pipeline(kafka, source, 2, 2)
     produce(kafka, topics.dlq, [_dlq_record(source, 0, 0), _dlq_record(source, 1, 999), _dlq_record(source, 2, 1)])
     pipeline = ["--bootstrap", kafka.bootstrap, "--topic", source, "--group", "billing", "--delays", "1s,10s"]
+    folder = tmp_path_factory.mktemp("replay-command")
+    out, err = folder / "stdout", folder / "stderr"
+    argv = [CLI, "replay", *pipeline, "--replay-id", "cli-1", "--json", "--log-level", "ERROR", "--master", "local[1]"]
+    with out.open("wb") as stdout, err.open("wb") as stderr:
+        process = subprocess.Popen(argv, stdout=stdout, stderr=stderr, env=cli_env())
+    yield ReplayCommand(process, out, err)
+    if process.poll() is None:  # the CLI test did not run or timed out: stop the command all the same
+        process.kill()
+        process.wait()
+
+
+def test_the_replay_command_skips_a_forged_record_finishes_and_prints_no_jvm_noise(
+    replay_command: ReplayCommand,
+) -> None:
+    # setup: a DLQ with a forged partition among valid records, the replay command as a user runs it
+    # (started with the module, `replay_command`)
 
     # when
-    done = subprocess.run(
-        [CLI, "replay", *pipeline, "--replay-id", "cli-1", "--json", "--log-level", "ERROR", "--master", "local[1]"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=cli_env(),
-    )
+    replay_command.process.wait(timeout=300)
+    stdout, stderr = replay_command.out.read_text(), replay_command.err.read_text()
 
     # then: exit 0, the forged record counted, and nothing on stderr from the JVM, log4j or pandas
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout)
+    assert replay_command.process.returncode == 0, stderr[-3000:]
+    result = json.loads(stdout)
     assert (result["written"], result["skipped_invalid_by_problem"]) == (2, {"original_partition": 1})
-    noise = [line for line in done.stderr.splitlines() if _NOISE.search(line)]
-    assert noise == [], done.stderr[-3000:]
+    noise = [line for line in stderr.splitlines() if _NOISE.search(line)]
+    assert noise == [], stderr[-3000:]
     # The one line left is the JVM's own notice for the module Spark adds (`--add-modules`), not a log line.
-    rest = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith(_JVM_NOTICE)]
-    assert rest == [], done.stderr[-3000:]
+    rest = [line for line in stderr.splitlines() if line.strip() and not line.startswith(_JVM_NOTICE)]
+    assert rest == [], stderr[-3000:]
