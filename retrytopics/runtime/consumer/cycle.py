@@ -33,9 +33,10 @@ __all__ = ["PollCycle"]
 
 #: how many records of a batch are read between two checks for records waiting in memory that fell due
 _DUE_CHECK_EVERY = 32
-#: the longest `consume()` wait while key order parks records: they wait for an acknowledgement, which
-#: `consume()` does not wake for
-_PARKED_WAIT_MS = 1
+#: the longest `consume()` wait while key order keeps records waiting for an acknowledgement (parked on a main
+#: consumer, a partition stopped in a tier) of a partition whose publish is not failing: `consume()` does not
+#: wake for an acknowledgement
+_ACK_AWAITED_WAIT_MS = 1
 
 
 class PollCycle:
@@ -84,8 +85,10 @@ class PollCycle:
             self._act_on_parked()
             self._act_on_queued(now)
         wait_ms = handoff.wait_ms(waiting.wait_ms(self._now_ms(), self._max_wait_ms))
-        if self._parking is not None and self._parking.parks:
-            wait_ms = min(wait_ms, _PARKED_WAIT_MS)
+        if self._key_order is not None and any(
+            not handoff.publisher.is_failing(tp) for tp in self._key_order[0].awaiting_acks()
+        ):
+            wait_ms = min(wait_ms, _ACK_AWAITED_WAIT_MS)  # not while their publish fails: no acknowledgement soon
         asked = self._monotonic()
         ownership.in_poll = True
         polled = consume_runs(self._consumer, self._batch_size, wait_ms / 1000, self._stage.run_topics)

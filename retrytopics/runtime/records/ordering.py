@@ -252,8 +252,12 @@ class KeyOrder(_Ordering):
 
     @property
     def parks(self) -> bool:
-        """Whether records are parked (the loop then serves acknowledgements soon: they wait for one)."""
+        """Whether records are parked."""
         return any(self._parked.values())
+
+    def awaiting_acks(self) -> list[TopicPartition]:
+        """The partitions with records waiting for an acknowledgement: parked ones."""
+        return [tp for tp, parked in self._parked.items() if parked]
 
     def unpark(self, ready: Callable[[TopicPartition], bool]) -> list[Message]:
         """Take back, for the partitions `ready` says may go on, the first parked record of each key whose
@@ -420,6 +424,10 @@ class TierOrder(_Ordering):
         if decision.step is Step.UNPROVEN:
             self._emit(Event.KEY_ORDER_UNPROVEN, topic=msg.topic, partition=msg.partition, offset=msg.offset)
         return self._held_if_waiting(msg.tp, chain, decision)
+
+    def awaiting_acks(self) -> list[TopicPartition]:
+        """The partitions stopped at a record that waits for the acknowledgement of a hop of its chain."""
+        return list(self._held)
 
     def _held_if_waiting(self, tp: TopicPartition, chain: ChainKey, decision: TierDecision) -> TierDecision:
         if decision.step is Step.WAIT:
