@@ -33,6 +33,10 @@ __all__ = ["PollCycle"]
 
 #: how many records of a batch are read between two checks for records waiting in memory that fell due
 _DUE_CHECK_EVERY = 32
+#: the longest `consume()` wait while key order keeps records waiting for an acknowledgement (parked on a main
+#: consumer, a partition stopped in a tier) of a partition whose publish is not failing: `consume()` does not
+#: wake for an acknowledgement
+_ACK_AWAITED_WAIT_MS = 1
 
 
 class PollCycle:
@@ -65,6 +69,8 @@ class PollCycle:
         self._stop = stop
         self._now_ms = clock.now_ms
         self._monotonic = clock.monotonic
+        #: a main consumer's key order: it parks records (`KeyOrder.park`)
+        self._parking = key_order[0] if key_order is not None and isinstance(key_order[0], KeyOrder) else None
 
     def run_once(self) -> None:
         """Serve acknowledgements, consume one batch, act on it, end it (report and commit)."""
@@ -76,8 +82,13 @@ class PollCycle:
         now = self._now_ms()
         waiting.resume_due(now)
         if not self._woke_expelled(self._monotonic() - ownership.polled_at, []):
+            self._act_on_parked()
             self._act_on_queued(now)
         wait_ms = handoff.wait_ms(waiting.wait_ms(self._now_ms(), self._max_wait_ms))
+        if self._key_order is not None and any(
+            not handoff.publisher.is_failing(tp) for tp in self._key_order[0].awaiting_acks()
+        ):
+            wait_ms = min(wait_ms, _ACK_AWAITED_WAIT_MS)  # not while their publish fails: no acknowledgement soon
         asked = self._monotonic()
         ownership.in_poll = True
         polled = consume_runs(self._consumer, self._batch_size, wait_ms / 1000, self._stage.run_topics)
@@ -129,6 +140,9 @@ class PollCycle:
                     self._restart_at([_head(later) for _, later in runs[i + 1 :]])
                     return
                 handoff.serve(within_batch=True)
+                if self._parking is not None and not self._act_on_parked():
+                    self._restart_at([_head(later) for _, later in runs[i + 1 :]])
+                    return
             return
         accept, read = self._waiting.accept, stage.read
         for i, msg in enumerate(batch):
@@ -156,6 +170,18 @@ class PollCycle:
             if self._handoff.publisher.in_flight:
                 self._handoff.serve(within_batch=True)
         return self._act_on(self._stage.settle_deferred())
+
+    def _act_on_parked(self) -> bool:
+        """Key order: act on the parked records whose key's last hop is acknowledged now (`KeyOrder.unpark`),
+        for the partitions whose publish is not failing; False after an `Abandoned`."""
+        parking = self._parking
+        if parking is None or not parking.parks:
+            return True
+        failing, assigned = self._handoff.publisher.is_failing, self._assigned
+        for msg in parking.unpark(lambda tp: tp in assigned and not failing(tp)):
+            if not self._act_on(self._stage.unparked(msg)):
+                return False
+        return True
 
     def _restart_at(self, rest: list[Message]) -> None:
         """After an abandoned record: read the rest of the batch again. librdkafka only leaves the group once

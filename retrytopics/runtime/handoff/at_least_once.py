@@ -60,8 +60,20 @@ class AtLeastOnce(HandOffBase):
         self._finished_since_commit = 0
         self._acked_since_commit = False
         self._last_commit = clock.monotonic()
+        #: records key order parked, tracked when parked (offsets are tracked in increasing order): their epoch
+        self._parked: dict[TopicPartition, dict[int, int]] = {}
+
+    def _park(self, tp: TopicPartition, offset: int) -> None:
+        parked = self._parked.setdefault(tp, {})
+        if offset not in parked:  # parked again after it was taken back: tracked already
+            parked[offset] = self._tracker.track(tp, offset)
 
     def _track(self, tp: TopicPartition, offset: int) -> int:
+        parked = self._parked.get(tp)
+        if parked:
+            epoch = parked.pop(offset, None)
+            if epoch is not None:
+                return epoch
         return self._tracker.track(tp, offset)
 
     def _finish(self, tp: TopicPartition, offset: int, epoch: int) -> None:
@@ -69,10 +81,17 @@ class AtLeastOnce(HandOffBase):
             self._finished_since_commit += 1
 
     def _finish_success(self, tp: TopicPartition, offset: int) -> None:
-        if self._tracker.finish_at_once(tp, offset):
+        if self._parked.get(tp):
+            self._finish(tp, offset, self._track(tp, offset))
+        elif self._tracker.finish_at_once(tp, offset):
             self._finished_since_commit += 1
 
     def _finish_run(self, tp: TopicPartition, offsets: list[int]) -> None:
+        parked = self._parked.get(tp)
+        if parked and any(offset in parked for offset in offsets):
+            for offset in offsets:
+                self._finish_success(tp, offset)
+            return
         self._finished_since_commit += self._tracker.finish_run(tp, offsets)
 
     def _send(self, job: PublishJob) -> None:
@@ -156,9 +175,14 @@ class AtLeastOnce(HandOffBase):
         positions = self._tracker.commit_positions(tps)
         if positions:
             self._commit(positions, asynchronous=False)
+        self._forget_parked(tps)
 
     def lost(self, tps: list[TopicPartition]) -> None:
-        return None  # nothing may be committed for them any more; their acks are ignored (epochs)
+        self._forget_parked(tps)  # nothing may be committed for them any more; their acks are ignored (epochs)
+
+    def _forget_parked(self, tps: list[TopicPartition]) -> None:
+        for tp in tps:
+            self._parked.pop(tp, None)
 
     def crashed(self, cause: BaseException) -> None:
         return None  # shutdown drains and commits what is finished

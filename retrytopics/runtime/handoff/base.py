@@ -39,7 +39,7 @@ from retrytopics.runtime.clock import Clock
 from retrytopics.runtime.handoff.ordered import OrderedHandOffs
 from retrytopics.runtime.handoff.publish import Publisher, PublishJob, too_large_fallback
 from retrytopics.runtime.handoff.transactional import TransactionalPublisher
-from retrytopics.runtime.records.outcome import Duplicate, Failed, Follow, Outcome, Succeeded, SucceededRun
+from retrytopics.runtime.records.outcome import Duplicate, Failed, Follow, Outcome, Parked, Succeeded, SucceededRun
 
 __all__ = ["CommitSettings", "DeadLetterCallback", "HandOff", "HandOffBase"]
 
@@ -147,6 +147,11 @@ class HandOffBase:
     def _finish(self, tp: TopicPartition, offset: int, epoch: int) -> None:
         raise NotImplementedError
 
+    def _park(self, tp: TopicPartition, offset: int) -> None:
+        """Track a record key order parked (its outcome comes later, after records of its partition that
+        follow it): nothing is committed past it until that outcome finishes it."""
+        raise TypeError("only the at-least-once hand-off keeps key order")
+
     def _send(self, job: PublishJob) -> None:
         raise NotImplementedError
 
@@ -172,6 +177,8 @@ class HandOffBase:
             msg = outcome.msg
             epoch = self._track(msg.tp, msg.offset)
             self._ordered.follow(outcome, lambda: self._finish_acked(msg.tp, msg.offset, epoch))
+        elif type(outcome) is Parked:
+            self._park(outcome.msg.tp, outcome.msg.offset)
         else:
             raise TypeError(f"the hand-off does not act on {type(outcome).__name__}")
 

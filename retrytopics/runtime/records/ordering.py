@@ -9,6 +9,11 @@ partition of an ordered handler:
   unhealthy, one ERROR line) until the read succeeds: starting without it could run a blocked key's record
   before its head;
 - before each handler call (`admit`, asked by the records stage for a record of an ordered handler only);
+- a record whose key's last hop is not acknowledged yet (`Admit.WAIT`) is parked (`park`): kept in memory, its
+  offset tracked unfinished by the hand-off, while the partition's records of other keys go on; every later
+  record of its key is parked behind it; each poll, the first parked record of each key whose hop is
+  acknowledged meanwhile is taken back (`unpark`) and admitted again. Past `PARKED_PER_PARTITION` parked
+  records, or at `max_blocked_keys`, the partition stops at the record (`holds`) and reads it again later;
 - around every hand-off of such a record (`handed_off`, `acked`: the hand-off, runtime/handoff/ordered.py);
 - every poll (`learn`): the tiers' passages of its partitions, read by an assign()-only reader (`KeyStateFeed`).
 
@@ -25,6 +30,7 @@ publishes or commits.
 from __future__ import annotations
 
 import logging
+from bisect import insort
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
@@ -59,6 +65,9 @@ log = logging.getLogger("retrytopics.runtime")
 _READ_TIMEOUT_S = 30.0
 #: how often a failed read at assignment is tried again (loop clock, seconds)
 _REREAD_EVERY_S = 1.0
+#: the most records of one source partition kept in memory behind their keys' unacknowledged hops: past it
+#: the partition stops at the next such record (one poll's worth, so memory stays bounded by what was fetched)
+PARKED_PER_PARTITION = 1_000
 
 _NOT_STARTED = Admission(Admit.WAIT)
 
@@ -196,17 +205,23 @@ class KeyOrder(_Ordering):
         self._chains: dict[TopicPartition, SourceChains] = {}
         self._held: dict[TopicPartition, bytes] = {}  # partition stopped at a record of this key (a key id)
         self._at_bound: set[TopicPartition] = set()  # partitions paused at max_blocked_keys (one WARNING each)
+        self._parked: dict[TopicPartition, list[Message]] = {}  # in offset order
+        self._parked_keys: dict[TopicPartition, dict[bytes, int]] = {}  # key id -> how many of it are parked
 
-    def admit(self, msg: Message) -> Admission:
-        """What to do with source record `msg` of an ordered handler before its handler runs."""
+    def admit(self, msg: Message, *, unparked: bool = False) -> Admission:
+        """What to do with source record `msg` of an ordered handler before its handler runs; `unparked`: it
+        was taken back by `unpark`, as the first parked record of its key."""
         chains = self._chains.get(msg.tp)
         if chains is None:
             return _NOT_STARTED
         key = None if msg.key is None else key_id(msg.key)
+        parked = None if unparked else self._parked_keys.get(msg.tp)
+        if parked and key in parked:
+            return _BEHIND_PARKED  # an earlier record of its key waits in memory: this one goes behind it
         admission = chains.admit(key)
-        if key is not None and (admission.action is Admit.WAIT or admission.action is Admit.PAUSE):
+        if key is not None and admission.action is Admit.PAUSE:
             self._held[msg.tp] = key
-            if admission.action is Admit.PAUSE and msg.tp not in self._at_bound:
+            if msg.tp not in self._at_bound:
                 self._at_bound.add(msg.tp)
                 log.warning(
                     "%s: %s[%d] paused: %d keys blocked, its max_blocked_keys; it resumes when a chain closes",
@@ -218,6 +233,55 @@ class KeyOrder(_Ordering):
                 self._emit(Event.KEY_ORDER_BOUND_REACHED, topic=msg.topic, partition=msg.partition)
         return admission
 
+    def park(self, msg: Message, *, again: bool = False) -> bool:
+        """Keep `msg` (admitted `Admit.WAIT`) in memory until its key may go on (`unpark`); False when its
+        partition has `PARKED_PER_PARTITION` parked records: the partition stops at `msg` instead (`holds`).
+        `again`: a record taken back by `unpark` (it is parked whatever the bound: its offset is tracked and
+        later records of its partition were acted on, so it is never read again from Kafka)."""
+        tp, key = msg.tp, key_id(msg.key or b"")
+        if tp not in self._chains:
+            return False  # not started: held until its key state is read
+        parked = self._parked.setdefault(tp, [])
+        if not again and len(parked) >= PARKED_PER_PARTITION:
+            self._held[tp] = key
+            return False
+        insort(parked, msg, key=_offset)
+        keys = self._parked_keys.setdefault(tp, {})
+        keys[key] = keys.get(key, 0) + 1
+        return True
+
+    @property
+    def parks(self) -> bool:
+        """Whether records are parked."""
+        return any(self._parked.values())
+
+    def awaiting_acks(self) -> list[TopicPartition]:
+        """The partitions with records waiting for an acknowledgement: parked ones."""
+        return [tp for tp, parked in self._parked.items() if parked]
+
+    def unpark(self, ready: Callable[[TopicPartition], bool]) -> list[Message]:
+        """Take back, for the partitions `ready` says may go on, the first parked record of each key whose
+        last hop is acknowledged: each is to be admitted again, in the order returned."""
+        out: list[Message] = []
+        for tp, parked in self._parked.items():
+            if not parked or not ready(tp):
+                continue
+            chains, keys = self._chains[tp], self._parked_keys[tp]
+            blocked: set[bytes] = set()
+            kept: list[Message] = []
+            for msg in parked:
+                key = key_id(msg.key or b"")
+                if key in blocked or chains.admit(key).action in _STOPPED:
+                    kept.append(msg)
+                else:
+                    out.append(msg)
+                    keys[key] -= 1
+                    if not keys[key]:
+                        del keys[key]
+                blocked.add(key)  # a key's later records stay behind its first
+            self._parked[tp] = kept
+        return out
+
     def holds(self, tp: TopicPartition) -> bool:
         """Whether `tp` stays stopped: its key state is not read yet, or the record it stopped at may still not
         proceed."""
@@ -228,7 +292,12 @@ class KeyOrder(_Ordering):
             return False
         chains = self._chains.get(tp)
         action = None if chains is None else chains.admit(key).action
-        if action is Admit.WAIT or action is Admit.PAUSE:
+        parked = self._parked.get(tp)
+        if (
+            action is Admit.WAIT
+            or action is Admit.PAUSE
+            or (parked is not None and len(parked) >= PARKED_PER_PARTITION)
+        ):
             return True
         del self._held[tp]
         self._at_bound.discard(tp)
@@ -282,6 +351,8 @@ class KeyOrder(_Ordering):
                 continue
             self._unread.pop(tp, None)
             self._held.pop(tp, None)
+            self._parked.pop(tp, None)  # its next owner reads them again from the committed offset
+            self._parked_keys.pop(tp, None)
             self._at_bound.discard(tp)
             if self._chains.pop(tp, None) is not None:
                 dropped.setdefault(self._ordered[tp[0]].ctx.topics.key_state_topic, []).append(tp[1])
@@ -354,6 +425,10 @@ class TierOrder(_Ordering):
             self._emit(Event.KEY_ORDER_UNPROVEN, topic=msg.topic, partition=msg.partition, offset=msg.offset)
         return self._held_if_waiting(msg.tp, chain, decision)
 
+    def awaiting_acks(self) -> list[TopicPartition]:
+        """The partitions stopped at a record that waits for the acknowledgement of a hop of its chain."""
+        return list(self._held)
+
     def _held_if_waiting(self, tp: TopicPartition, chain: ChainKey, decision: TierDecision) -> TierDecision:
         if decision.step is Step.WAIT:
             self._held[tp] = chain
@@ -422,5 +497,11 @@ class TierOrder(_Ordering):
             self._held.pop(tp, None)
 
 
+_BEHIND_PARKED = Admission(Admit.WAIT)
+_STOPPED = (Admit.WAIT, Admit.PAUSE)
 _T_NOT_STARTED = TierDecision(Step.WAIT)
 _T_HANDLE = TierDecision(Step.HANDLE)
+
+
+def _offset(msg: Message) -> int:
+    return msg.offset

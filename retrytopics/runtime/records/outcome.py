@@ -10,9 +10,10 @@ cycle (runtime/consumer/cycle.py) hands each to the one part that acts on it:
 - `Abandoned` -> the cycle: the record and the rest of the poll's records of every partition not yet acted
   on are read again (here, or by whoever owns the partition now).
 - `Follow` (a key-ordered handler's record of a blocked key) -> the hand-off, which publishes it unhandled
-  behind its key's predecessor; `Held` (its key's last hop is not acknowledged, or the partition is at its
-  bound of blocked keys) -> waiting: the partition stops at that record until key order lets it through
-  (runtime/records/ordering.py).
+  behind its key's predecessor; `Parked` (its key's last hop is not acknowledged) -> the hand-off, which keeps
+  its offset unfinished while key order keeps the record in memory and the partition goes on; `Held` (the
+  partition is at its bound of blocked keys or of parked records) -> waiting: the partition stops at that
+  record until key order lets it through (runtime/records/ordering.py).
 
 A consumer model without partitions (a share group: per-record acknowledgement, nothing to pause or commit)
 consumes the same values with its own hand-off: `Succeeded` is an ACCEPT, `Failed` an ACCEPT once its route
@@ -38,6 +39,7 @@ __all__ = [
     "Follow",
     "Held",
     "Outcome",
+    "Parked",
     "Queued",
     "Succeeded",
     "SucceededRun",
@@ -136,4 +138,11 @@ class Held(NamedTuple):
     msg: Message
 
 
-Outcome = Succeeded | SucceededRun | Failed | Duplicate | Waiting | Abandoned | Follow | Held
+class Parked(NamedTuple):
+    """Key order keeps `msg` in memory until its key's last hop is acknowledged (runtime/records/ordering.py):
+    its offset is tracked now, unfinished, so no commit passes it while later records of other keys go on."""
+
+    msg: Message
+
+
+Outcome = Succeeded | SucceededRun | Failed | Duplicate | Waiting | Abandoned | Follow | Held | Parked

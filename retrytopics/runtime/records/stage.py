@@ -53,6 +53,7 @@ from retrytopics.runtime.records.outcome import (
     Follow,
     Held,
     Outcome,
+    Parked,
     Queued,
     Succeeded,
     SucceededRun,
@@ -205,6 +206,17 @@ class RecordStage:
             raise
         if done < i:
             yield _run(tp, msgs, done, i)
+
+    def unparked(self, msg: Message) -> Iterator[Outcome]:
+        """A record key order parked and took back (`KeyOrder.unpark`): admitted again, and parked again
+        rather than left (its offset is tracked, later records of its partition were acted on)."""
+        for outcome in self._handle(self._bindings[msg.topic], msg, None, None, None, parked=True):
+            if type(outcome) is Abandoned:
+                assert self._key_order is not None
+                self._key_order.park(msg, again=True)
+                yield Parked(msg)
+                return
+            yield outcome
 
     def _ordered_run(self, binding: Binding, msgs: list[Message]) -> Iterator[Outcome]:
         """A plain run of a key-ordered handler: record by record, each admitted by key order first
@@ -368,13 +380,16 @@ class RecordStage:
         key: AuditKey | None,
         state: RetryHeaders | None,
         bad: BaseException | None,
+        *,
+        parked: bool = False,
     ) -> Iterator[Outcome]:
         """Call the handler (or defer the record to its batch handler's call): its outcome. A source record of
         a key-ordered handler is admitted by key order first: it may follow its key's predecessor into a tier
-        unhandled (`Follow`), or stop its partition (`Held`)."""
+        unhandled (`Follow`), wait in memory for its key's last hop (`Parked`; `parked`: it did already), or
+        stop its partition (`Held`)."""
         if binding.ordering is not None and msg.key is not None:
             if self._key_order is not None and msg.topic == binding.topic:
-                admission = self._key_order.admit(msg)
+                admission = self._key_order.admit(msg, unparked=parked)
                 if admission.action is Admit.FOLLOW:
                     assert admission.tier is not None and admission.after is not None
                     ctx, after = binding.ctx, admission.after
@@ -387,7 +402,12 @@ class RecordStage:
                     yield Follow(msg, admission.tier, follower, ctx, after)
                     return
                 if admission.action is not Admit.HANDLE:
-                    yield Held(msg)
+                    if parked or (admission.action is Admit.WAIT and self._key_order.park(msg)):
+                        if parked:
+                            self._key_order.park(msg, again=True)
+                        yield Parked(msg)
+                    else:
+                        yield Held(msg)
                     return
             elif self._tier_order is not None and state is not None:
                 if self._tier_order.on_retry(msg, state).step is Step.WAIT:

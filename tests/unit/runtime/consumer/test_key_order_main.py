@@ -237,3 +237,40 @@ def test_a_partition_whose_key_state_cannot_be_read_is_not_started_until_it_is(c
     assert [r.levelname for r in caplog.records if "not started" in r.getMessage()] == ["ERROR"]
     follower = decode_follower(list(broker.records(TIER)[-1].headers))
     assert follower is not None and (follower.original_offset, follower.after) == (a2, a1)
+
+
+def test_a_record_waiting_for_its_keys_acknowledgement_is_parked_and_its_partition_goes_on() -> None:
+    """Key a's second record arrives while the hop of its first is unacknowledged: it waits in memory
+    (parked) while b's records behind it are handled at once, before that acknowledgement; then a's records
+    follow a's first into the tier, in a's order; no commit passes a's second record before its hop and chain
+    record are durable."""
+    broker = ordered_broker()
+    a1 = append(broker, b"a", b"a1")
+    a2 = append(broker, b"a", b"a2")
+    b1 = append(broker, b"b", b"b1")
+    a3 = append(broker, b"a", b"a3")
+    b2 = append(broker, b"b", b"b2")
+    ledger = KeyLedger(failing={a1})
+    in_tier_at_call: dict[int, int] = {}
+    handle = ledger.handle
+
+    def handle_and_look(record: Record[bytes]) -> None:
+        in_tier_at_call[record.offset] = len(broker.records(TIER))
+        handle(record)
+
+    ledger.handle = handle_and_look  # type: ignore[method-assign]
+    stop = StopWhen(committed(broker, b2 + 1))
+    run(ordered_loop(broker, ledger, stop), stop)
+
+    assert ledger.calls == [(b"a", a1), (b"b", b1), (b"b", b2)]
+    # b ran before a1's hop was even acknowledged: nothing waited for it but a's records
+    assert in_tier_at_call == {a1: 0, b1: 0, b2: 0}, "b's records waited behind a2's stop"
+    in_tier = broker.records(TIER)
+    assert [m.value for m in in_tier] == [b"a1", b"a2", b"a3"]
+    followers = [decode_follower(list(m.headers)) for m in in_tier[1:]]
+    assert [(f.original_offset, f.after) for f in followers if f is not None] == [(a2, a1), (a3, a2)]
+    journal = broker.journal
+    a2_chain = [i for i, e in enumerate(journal) if e[0] == "delivered" and e[1] == STATE][1]
+    commits = [(i, e[4]) for i, e in enumerate(journal) if e[0] == "committed" and e[2:4] == ("orders", 0)]
+    assert all(i > a2_chain for i, position in commits if position > a2), "a commit passed a2 before it was durable"
+    assert commits[-1][1] == b2 + 1
