@@ -24,7 +24,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import ClassVar, Protocol, runtime_checkable
 
-__all__ = ["PER_BATCH", "Emitter", "Event", "Hook", "LoggingHook", "NullHook", "Stats", "StatsCollector"]
+__all__ = ["PER_BATCH", "SUMMED", "Emitter", "Event", "Hook", "LoggingHook", "NullHook", "Stats", "StatsCollector"]
 
 log = logging.getLogger("retrytopics.events")
 
@@ -50,11 +50,20 @@ class Event(StrEnum):
     first_offset, last_offset, lateness_ms (handled_at - due_at of each retried record; empty on a source)]."""
     RECORD_FAILED = "record.failed"
     """A handler call raised (or the record could not be decoded); a route follows [topic, partition, offset,
-    attempt, error, due_at, handled_at]."""
+    attempt, error, due_at, handled_at]. Emitted per record only when a hook wants it (see `Hook`);
+    `RECORDS_FAILED` sums them per batch."""
+    RECORDS_FAILED = "records.failed"
+    """The handler calls that raised (or records that could not be decoded) for one partition in one poll batch
+    [consumer, topic, partition, count, lateness_ms (handled_at - due_at of each retried record; empty on a
+    source)]."""
     RECORD_ABANDONED = "record.abandoned"
     """This consumer lost ownership before it could act on a record; the new owner will [topic, partition, offset]."""
     RETRY_SCHEDULED = "retry.scheduled"
-    """A failed record's republish to a tier was acknowledged [topic, partition, offset, destination, due_at]."""
+    """A failed record's republish to a tier was acknowledged [topic, partition, offset, destination, due_at].
+    Emitted per record only when a hook wants it (see `Hook`); `RETRIES_SCHEDULED` sums them."""
+    RETRIES_SCHEDULED = "retries.scheduled"
+    """Republishes to one tier acknowledged together (one poll of the producer, or one transaction), for one
+    source partition [consumer, topic, partition, destination, count]."""
     DLQ_DISPATCHED = "dlq.dispatched"
     """A record's DLQ publish was acknowledged [topic, partition, offset, destination, reason]."""
     PUBLISH_FAILED = "publish.failed"
@@ -106,13 +115,22 @@ class Hook(Protocol):
     A hook may also have a `wanted_events` attribute, a set or frozenset of the events it wants: it then
     receives those only. Without it, a hook receives every event, `RECORD_HANDLED` included, which is then
     built once per handled record: a hook that can count `RECORDS_HANDLED` (one per partition and batch)
-    instead keeps the success path lean by leaving `RECORD_HANDLED` out of its `wanted_events`."""
+    instead keeps the success path lean by leaving `RECORD_HANDLED` out of its `wanted_events`.
+
+    A hook may also have a `summed_events` attribute, a set or frozenset of the per-record failure events
+    (`SUMMED`: `RECORD_FAILED`, `RETRY_SCHEDULED`) it counts from their sums (`RECORDS_FAILED`,
+    `RETRIES_SCHEDULED`) instead: the loop then sends it the sums only, and builds the per-record events only
+    when another hook wants them. The built-in hooks do so."""
 
     def on_event(self, event: Event, data: Mapping[str, object]) -> None: ...
 
 
 #: Every event but the per-record success: what the built-in hooks want.
 PER_BATCH: frozenset[Event] = frozenset(Event) - {Event.RECORD_HANDLED}
+
+#: The per-record failure events that also come summed (`records.failed`, `retries.scheduled`): what the
+#: built-in hooks count from the sums (`Hook`'s `summed_events`).
+SUMMED: frozenset[Event] = frozenset({Event.RECORD_FAILED, Event.RETRY_SCHEDULED})
 
 
 class NullHook:
@@ -134,7 +152,9 @@ _QUIET = frozenset(
         Event.OFFSETS_COMMITTED,
         Event.RECORDS_ACKNOWLEDGED,
         Event.RETRY_SCHEDULED,
+        Event.RETRIES_SCHEDULED,
         Event.RECORD_FAILED,
+        Event.RECORDS_FAILED,
         Event.KEY_ORDER_BLOCKED,
         Event.KEY_ORDER_RELEASED,
         Event.KEY_ORDER_FOLLOWED,
@@ -147,6 +167,7 @@ class LoggingHook:
     """Logs events: pausing and handling at DEBUG, trouble at WARNING, the rest at INFO."""
 
     wanted_events = PER_BATCH
+    summed_events = SUMMED
 
     def __init__(self, logger: logging.Logger | None = None) -> None:
         self.logger = logger or logging.getLogger("retrytopics")
@@ -184,9 +205,12 @@ class StatsCollector:
     """A hook that counts events; thread-safe, since every consumer thread emits."""
 
     wanted_events = PER_BATCH
+    summed_events = SUMMED
     _COUNTED: ClassVar[dict[Event, str]] = {
         Event.RECORDS_HANDLED: "handled",
+        Event.RECORDS_FAILED: "failed",
         Event.RECORD_FAILED: "failed",
+        Event.RETRIES_SCHEDULED: "retried",
         Event.RETRY_SCHEDULED: "retried",
         Event.DUPLICATE_SUPPRESSED: "duplicates_suppressed",
         Event.PUBLISH_FAILED: "publish_failures",
@@ -228,13 +252,23 @@ class StatsCollector:
             )
 
 
+def _events(hook: Hook, name: str, otherwise: frozenset[Event]) -> frozenset[Event]:
+    """The hook's attribute `name` when that is a set of `Event`s, else `otherwise` (an attribute of that name
+    that is something else belongs to the hook's own business, not to us)."""
+    events = getattr(hook, name, None)
+    if isinstance(events, set | frozenset) and all(isinstance(e, Event) for e in events):
+        return frozenset(events)
+    return otherwise
+
+
 def _wanted(hook: Hook) -> frozenset[Event]:
-    """The events `hook` receives: its `wanted_events` when that is a set of `Event`s, else every one (an
-    attribute of that name that is something else belongs to the hook's own business, not to us)."""
-    wanted = getattr(hook, "wanted_events", None)
-    if isinstance(wanted, set | frozenset) and all(isinstance(e, Event) for e in wanted):
-        return frozenset(wanted)
-    return frozenset(Event)
+    """The events `hook` receives: its `wanted_events`, else every one."""
+    return _events(hook, "wanted_events", frozenset(Event))
+
+
+def _each_wanted(hook: Hook) -> frozenset[Event]:
+    """The per-record failure events `hook` wants one by one: those it wants and does not count from sums."""
+    return (_wanted(hook) & SUMMED) - _events(hook, "summed_events", frozenset())
 
 
 class Emitter:
@@ -243,6 +277,7 @@ class Emitter:
     def __init__(self, hooks: Iterable[Hook] = ()) -> None:
         self._hooks: list[Hook] = []
         self._routes: dict[Event, tuple[Hook, ...]] = {}
+        self._each: dict[Event, tuple[Hook, ...]] = {}
         for hook in hooks:
             self.add(hook)
 
@@ -253,15 +288,29 @@ class Emitter:
     def add(self, hook: Hook) -> None:
         self._hooks.append(hook)
         self._routes = {event: tuple(h for h in self._hooks if event in _wanted(h)) for event in Event}
+        self._each = {event: tuple(h for h in self._hooks if event in _each_wanted(h)) for event in SUMMED}
 
     def wants(self, event: Event) -> bool:
         """Whether any hook receives `event` (so that a caller can skip building a frequent one)."""
         return bool(self._routes.get(event))
 
+    def wants_each(self, event: Event) -> bool:
+        """Whether any hook wants a per-record failure event (`SUMMED`) one by one rather than summed."""
+        return bool(self._each.get(event))
+
+    def emit_each(self, event: Event, **data: object) -> None:
+        """A per-record failure event (`SUMMED`), to the hooks that do not count it from its sum."""
+        hooks = self._each.get(event)
+        if hooks:
+            self._deliver(hooks, event, data)
+
     def emit(self, event: Event, **data: object) -> None:
         hooks = self._routes.get(event)
-        if not hooks:
-            return
+        if hooks:
+            self._deliver(hooks, event, data)
+
+    @staticmethod
+    def _deliver(hooks: tuple[Hook, ...], event: Event, data: dict[str, object]) -> None:
         view = MappingProxyType(data)
         for hook in hooks:
             try:

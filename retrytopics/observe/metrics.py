@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from retrytopics.observe.events import PER_BATCH, Event
+from retrytopics.observe.events import PER_BATCH, SUMMED, Event
 
 __all__ = ["DELIVERY_COUNT_BUCKETS", "LATENESS_BUCKETS_S", "STATISTICS_INTERVAL_MS", "PrometheusHook"]
 
@@ -46,6 +46,7 @@ class PrometheusHook:
     lateness, and tracks paused partitions and publish failures."""
 
     wanted_events = PER_BATCH
+    summed_events = SUMMED
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
@@ -158,16 +159,16 @@ class PrometheusHook:
     def on_event(self, event: Event, data: Mapping[str, object]) -> None:
         topic = str(data.get("topic", ""))
         if event is Event.RECORDS_HANDLED:
-            count = data.get("count")
-            self.handled.labels(topic).inc(count if isinstance(count, int) else 1)
-            lateness = data.get("lateness_ms")
-            for ms in lateness if isinstance(lateness, tuple) else ():
-                self.lateness.labels(topic).observe(max(0, ms) / 1000)
+            self.handled.labels(topic).inc(_count(data))
+            self._observe_latenesses(topic, data)
+        elif event is Event.RECORDS_FAILED:
+            self.failed.labels(topic).inc(_count(data))
+            self._observe_latenesses(topic, data)
         elif event is Event.RECORD_FAILED:
             self.failed.labels(topic).inc()
             self._observe_lateness(topic, data)
-        elif event is Event.RETRY_SCHEDULED:
-            self.retried.labels(topic, str(data.get("destination", ""))).inc()
+        elif event in (Event.RETRIES_SCHEDULED, Event.RETRY_SCHEDULED):
+            self.retried.labels(topic, str(data.get("destination", ""))).inc(_count(data))
         elif event is Event.DLQ_DISPATCHED:
             self.dead_lettered.labels(topic, str(data.get("reason", ""))).inc()
         elif event is Event.DUPLICATE_SUPPRESSED:
@@ -205,6 +206,11 @@ class PrometheusHook:
             if isinstance(delivery_count, int) and isinstance(records, int):
                 for _ in range(records):
                     self.delivery_counts.labels(consumer).observe(delivery_count)
+
+    def _observe_latenesses(self, topic: str, data: Mapping[str, object]) -> None:
+        lateness = data.get("lateness_ms")
+        for ms in lateness if isinstance(lateness, tuple) else ():
+            self.lateness.labels(topic).observe(max(0, ms) / 1000)
 
     def _observe_lateness(self, topic: str, data: Mapping[str, object]) -> None:
         due_at = data.get("due_at")
@@ -248,6 +254,12 @@ class PrometheusHook:
                 self.paused.labels(*labels).set(0)
         for topic, count in per_topic.items():
             self.paused.labels(topic).set(count)
+
+
+def _count(data: Mapping[str, object]) -> int:
+    """A summed event's `count`; a per-record event counts one."""
+    count = data.get("count", 1)
+    return count if isinstance(count, int) and not isinstance(count, bool) else 1
 
 
 def _int(value: object) -> int:

@@ -141,6 +141,7 @@ class Acknowledging(HandOffBase):
                 del self._handed_off[next(iter(self._handed_off))]
             self._acknowledge(job.source, job.offset, AckType.ACCEPT)
             self._announce(job)
+        self._report_retried()
 
     # -- the loop's calls ----------------------------------------------------------------------------------
 

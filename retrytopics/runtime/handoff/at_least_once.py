@@ -112,6 +112,7 @@ class AtLeastOnce(HandOffBase):
             else:
                 self._finish_acked(job.source, job.offset, job.epoch)
             self._announce(job)
+        self._report_retried()
 
     def _finish_acked(self, tp: TopicPartition, offset: int, epoch: int) -> None:
         if self._tracker.finish(tp, offset, epoch):

@@ -11,9 +11,12 @@ One strategy per delivery mode, behind one interface, so that the loop has no mo
 - `ExactlyOnce` (runtime/handoff/exactly_once.py): republishes and the consumed offsets commit in one
   transaction per poll batch.
 
-Both keep an offset tracker (offsets.py); they share the duplicate audit, the per-batch count of handled records
-(`records.handled`, one event per partition and batch), and the announcements of durable hand-offs (events,
-`on_dead_letter`), here in `HandOffBase`.
+Both keep an offset tracker (offsets.py); they share the duplicate audit, the per-batch counts of handled and
+failed records (`records.handled` and `records.failed`, one event per partition and batch) and of acknowledged
+retries (`retries.scheduled`, one per partition and tier per producer poll), and the announcements of durable
+hand-offs (events, `on_dead_letter`), here in `HandOffBase`. The per-record events (`record.handled`,
+`record.failed`, `retry.scheduled`) are built only when a hook asks for them one by one (`Emitter.wants`,
+`Emitter.wants_each`).
 
 A consumer model without partitions (a share group) has a hand-off of its own on the same base,
 `Acknowledging` (runtime/handoff/acknowledge.py): it acknowledges each record instead of finishing offsets;
@@ -93,13 +96,24 @@ class HandOff(Protocol):
     def shutdown(self) -> None: ...
 
 
-class _Counted:
-    __slots__ = ("count", "first", "last", "lateness_ms")
+class _Tally:
+    """One partition's failures in one batch: how many, and each retried one's lateness."""
+
+    __slots__ = ("count", "lateness_ms")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.lateness_ms: list[int] = []
+
+
+class _Counted(_Tally):
+    """One partition's successes in one batch, with their first and last offsets."""
+
+    __slots__ = ("first", "last")
 
     def __init__(self, offset: int) -> None:
-        self.count = 0
+        super().__init__()
         self.first = self.last = offset
-        self.lateness_ms: list[int] = []
 
 
 #: a source record's timing: handled_at - due_at is the lateness metric, which only retried records have
@@ -125,8 +139,14 @@ class HandOffBase:
         self._monotonic = clock.monotonic
         self._now_ms = clock.now_ms
         self._served_at = 0.0
-        self._each_handled = emitter.wants(Event.RECORD_HANDLED)  # a hook asked for one event per record
+        # a hook asked for one event per record (otherwise only their sums are emitted)
+        self._each_handled = emitter.wants(Event.RECORD_HANDLED)
+        self._each_failed = emitter.wants_each(Event.RECORD_FAILED)
+        self._each_retried = emitter.wants_each(Event.RETRY_SCHEDULED)
         self._handled: dict[TopicPartition, _Counted] = {}  # this batch's successes, per partition
+        self._failures: dict[TopicPartition, _Tally] = {}  # this batch's failures, per partition
+        #: acknowledged republishes to tiers not reported yet, per (source topic, partition, tier)
+        self._retried: dict[tuple[str, int, str], int] = {}
         #: per routing context (a handler's, alive as long as the app), its too-large fallback, made once
         self._shrinks: dict[int, Callable[[PublishJob], bool]] = {}
         #: follower hops and key-state writes of key-ordered handlers (at-least-once only); None: no such handler
@@ -243,18 +263,27 @@ class HandOffBase:
             handled = route.reason is not DlqReason.BLOCKED_BY_KEY
             to_tier = route.retry.tier if route.kind is RouteKind.TIER else None
             ordered.write(ordered.chains.sent(at, to_tier=to_tier, handled=handled))
+        failures = self._failures.get(msg.tp)
+        if failures is None:
+            failures = self._failures[msg.tp] = _Tally()
+        failures.count += 1
         state = record.retry
-        timing = _NO_TIMING if state is None else {"due_at": state.due_at, "handled_at": self._now_ms()}
-        self._emit(
-            Event.RECORD_FAILED,
-            topic=msg.topic,
-            partition=msg.partition,
-            offset=msg.offset,
-            attempt=record.attempt,
-            # the type the route's exception headers describe (a NonRetryable or Retry wrapper's cause)
-            error=route.retry.exception_type.rpartition(".")[2],
-            **timing,
-        )
+        now = self._now_ms() if state is not None else 0
+        if state is not None and state.due_at is not None:
+            failures.lateness_ms.append(now - state.due_at)
+        if self._each_failed:
+            timing = _NO_TIMING if state is None else {"due_at": state.due_at, "handled_at": now}
+            self._emitter.emit_each(
+                Event.RECORD_FAILED,
+                consumer=self._settings.name,
+                topic=msg.topic,
+                partition=msg.partition,
+                offset=msg.offset,
+                attempt=record.attempt,
+                # the type the route's exception headers describe (a NonRetryable or Retry wrapper's cause)
+                error=route.retry.exception_type.rpartition(".")[2],
+                **timing,
+            )
         job = PublishJob(
             route=route,
             key=msg.key,
@@ -311,7 +340,18 @@ class HandOffBase:
         return counted
 
     def report_handled(self) -> None:
-        """Emit one `records.handled` per partition counted since the last report (one poll batch)."""
+        """Emit one `records.handled` and one `records.failed` per partition counted since the last report (one
+        poll batch)."""
+        if self._failures:
+            failures, self._failures = self._failures, {}
+            for (topic, partition), f in failures.items():
+                self._emit(
+                    Event.RECORDS_FAILED,
+                    topic=topic,
+                    partition=partition,
+                    count=f.count,
+                    lateness_ms=tuple(f.lateness_ms),
+                )
         handled, self._handled = self._handled, {}
         for (topic, partition), c in handled.items():
             self._emit(
@@ -357,14 +397,36 @@ class HandOffBase:
         self._emitter.emit(event, consumer=self._settings.name, **data)
 
     def _announce(self, job: PublishJob) -> None:
+        """A durable hand-off: a retry is counted (`_report_retried` sums them), a DLQ publish announced."""
         r = job.route
-        where = {"topic": job.source[0], "partition": job.source[1], "offset": job.offset, "destination": r.topic}
+        topic, partition = job.source
         if r.kind is RouteKind.TIER:
-            self._emit(Event.RETRY_SCHEDULED, due_at=r.due_at_ms, **where)
+            key = (topic, partition, r.topic)
+            self._retried[key] = self._retried.get(key, 0) + 1
+            if self._each_retried:
+                self._emitter.emit_each(
+                    Event.RETRY_SCHEDULED,
+                    consumer=self._settings.name,
+                    due_at=r.due_at_ms,
+                    topic=topic,
+                    partition=partition,
+                    offset=job.offset,
+                    destination=r.topic,
+                )
             return
+        where = {"topic": topic, "partition": partition, "offset": job.offset, "destination": r.topic}
         self._emit(Event.DLQ_DISPATCHED, reason=str(r.reason), **where)
         if self._on_dead_letter is not None:
             try:
                 self._on_dead_letter(job.context, r)
             except Exception:
                 log.exception("on_dead_letter callback failed for %s", where)
+
+    def _report_retried(self) -> None:
+        """Emit one `retries.scheduled` per source partition and tier announced since the last report (one
+        producer poll's acknowledgements, or one transaction's)."""
+        if not self._retried:
+            return
+        retried, self._retried = self._retried, {}
+        for (topic, partition, destination), count in retried.items():
+            self._emit(Event.RETRIES_SCHEDULED, topic=topic, partition=partition, destination=destination, count=count)

@@ -109,6 +109,7 @@ class ExactlyOnce(HandOffBase):
         jobs, self._jobs, self._keys, self._tps = self._jobs, [], [], set()
         for job in jobs:
             self._announce(job)
+        self._report_retried()
         if positions:
             self._emit(Event.OFFSETS_COMMITTED, offsets=dict(positions), synchronous=True)
 

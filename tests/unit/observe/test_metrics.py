@@ -125,3 +125,20 @@ def test_share_acknowledgements_become_metrics_and_stats() -> None:
     assert _value(hook, "retrytopics_share_delivery_count_sum", consumer="billing:main") == 7
     assert _value(hook, "retrytopics_share_acknowledgement_failures_total", consumer="billing:main") == 1
     assert dict(stats.snapshot().acknowledged) == {"accepted": 4, "released": 1}
+
+
+def test_failure_sums_become_the_same_metrics() -> None:
+    """`records.failed` and `retries.scheduled` (what the hook counts instead of each `record.failed` and
+    `retry.scheduled`) add their counts, and each retried record's lateness is observed once."""
+    hook = PrometheusHook()
+    emit = Emitter([hook]).emit
+    emit(Event.RECORDS_FAILED, topic="orders", partition=0, count=4, lateness_ms=())
+    emit(Event.RECORDS_FAILED, topic="orders.b.retry.1s", partition=0, count=2, lateness_ms=(10, 30))
+    emit(Event.RETRIES_SCHEDULED, topic="orders", partition=0, destination="orders.b.retry.1s", count=4)
+    emit(Event.RETRIES_SCHEDULED, topic="orders", partition=1, destination="orders.b.retry.1s", count=1)
+
+    assert _value(hook, "retrytopics_records_failed_total", topic="orders") == 4
+    assert _value(hook, "retrytopics_records_failed_total", topic="orders.b.retry.1s") == 2
+    assert _value(hook, "retrytopics_records_retried_total", topic="orders", tier_topic="orders.b.retry.1s") == 5
+    assert _value(hook, "retrytopics_lateness_seconds_count", topic="orders.b.retry.1s") == 2
+    assert _value(hook, "retrytopics_lateness_seconds_bucket", topic="orders.b.retry.1s", le="0.025") == 1
