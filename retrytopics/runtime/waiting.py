@@ -228,10 +228,14 @@ class PauseController:
         queue = self._queues.get(tp)
         if queue is None:
             queue = self._queues[tp] = deque()
-        queue.append((msg, due_ms, item))
         if item.key is not None and item.duplicate is None:
             self._queued_keys[item.key] += 1
-        self._next[tp] = msg.offset + 1
+        if queue and msg.offset < queue[0][0].offset:
+            # taken from the head and waiting again (a follower awaiting an acknowledgement): back to the head
+            queue.appendleft((msg, due_ms, item))
+            return
+        queue.append((msg, due_ms, item))
+        self._next[tp] = max(self._next.get(tp, 0), msg.offset + 1)
         far = due_ms is not None and due_ms - now_ms > self.ahead_ms
         if (far or len(queue) >= self.max_records) and tp not in self._stopped:
             # Stop fetching; no seek, so the records of this batch still arriving are the queue's continuation.

@@ -33,9 +33,9 @@ __all__ = ["PollCycle"]
 
 #: how many records of a batch are read between two checks for records waiting in memory that fell due
 _DUE_CHECK_EVERY = 32
-#: the longest `consume()` wait while key order keeps records waiting for an acknowledgement (parked on a main
-#: consumer, a partition stopped in a tier) of a partition whose publish is not failing: `consume()` does not
-#: wake for an acknowledgement
+#: the longest `consume()` wait while a main consumer's key order keeps records parked for an acknowledgement, of a
+#: partition whose publish is not failing: `consume()` does not wake for an acknowledgement (a tier's such records
+#: wait in memory, due one poll later)
 _ACK_AWAITED_WAIT_MS = 1
 
 

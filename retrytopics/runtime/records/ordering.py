@@ -404,7 +404,6 @@ class TierOrder(_Ordering):
         ordered = {t: b for t, b in bindings.items() if b.ordering is not None and t != b.topic}
         super().__init__(ordered, read=read, emitter=emitter, name=name, now_ms=now_ms, monotonic=monotonic)
         self._passages: dict[str, TierPassages] = {}  # tier topic -> what its consumer knows
-        self._held: dict[TopicPartition, ChainKey] = {}  # partition stopped at a record of this chain
 
     def on_retry(self, msg: Message, state: RetryHeaders) -> TierDecision:
         """Whether retried record `msg` (a key, retry state `state`) may be handled now."""
@@ -412,7 +411,7 @@ class TierOrder(_Ordering):
         if passages is None or msg.key is None:
             return _T_NOT_STARTED if passages is None else _T_HANDLE
         chain = ChainKey(state.original_topic, state.original_partition, key_id(msg.key))
-        return self._held_if_waiting(msg.tp, chain, passages.on_retry(chain))
+        return passages.on_retry(chain)  # WAIT: the record waits in memory, its partition goes on (records stage)
 
     def on_follower(self, msg: Message, follower: Follower) -> TierDecision:
         """What to do with follower `msg`."""
@@ -423,28 +422,21 @@ class TierOrder(_Ordering):
         decision = passages.on_follower(chain, follower.original_offset, follower.after)
         if decision.step is Step.UNPROVEN:
             self._emit(Event.KEY_ORDER_UNPROVEN, topic=msg.topic, partition=msg.partition, offset=msg.offset)
-        return self._held_if_waiting(msg.tp, chain, decision)
-
-    def awaiting_acks(self) -> list[TopicPartition]:
-        """The partitions stopped at a record that waits for the acknowledgement of a hop of its chain."""
-        return list(self._held)
-
-    def _held_if_waiting(self, tp: TopicPartition, chain: ChainKey, decision: TierDecision) -> TierDecision:
-        if decision.step is Step.WAIT:
-            self._held[tp] = chain
         return decision
 
+    def started(self, tp: TopicPartition) -> bool:
+        """Whether the key state of tier partition `tp` is read: a record that waits for the acknowledgement of
+        a hop of its chain (`Step.WAIT`) then waits in memory, asked again each poll, while the records fetched
+        behind it stay queued (a stop would seek back and fetch them all again); before, its partition is held."""
+        return tp[0] in self._passages and tp not in self._unread
+
+    def awaiting_acks(self) -> list[TopicPartition]:
+        """None: a tier's records that wait for an acknowledgement wait in memory, due one poll later."""
+        return []
+
     def holds(self, tp: TopicPartition) -> bool:
-        if tp in self._unread:
-            return True
-        chain = self._held.get(tp)
-        if chain is None:
-            return False
-        passages = self._passages.get(tp[0])
-        if passages is not None and passages.on_retry(chain).step is Step.WAIT:
-            return True
-        del self._held[tp]
-        return False
+        """Whether `tp` stays stopped: its key state is not read yet."""
+        return tp in self._unread
 
     def sent(
         self, at: Origin, *, to_tier: int | None, handled: bool, behind: int | None = None
@@ -494,7 +486,6 @@ class TierOrder(_Ordering):
         """Forget what was held for `tps`; what the tier knows stays until none of its partitions is assigned."""
         for tp in tps:
             self._unread.pop(tp, None)
-            self._held.pop(tp, None)
 
 
 _BEHIND_PARKED = Admission(Admit.WAIT)

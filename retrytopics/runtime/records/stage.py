@@ -306,12 +306,15 @@ class RecordStage:
     def _follower(self, binding: Binding, msg: Message, follower: Follower) -> Iterator[Outcome]:
         """A follower read in a tier (docs/key-ordering.md, section 4), decided by what this tier did with the
         record it waits behind: handled now (as its source record's first attempt), forwarded behind it,
-        dead-lettered unhandled as ``blocked_by_key``, finished as a copy, or held until a hop is acknowledged."""
+        dead-lettered unhandled as ``blocked_by_key``, finished as a copy, or kept in memory at its partition's head
+        until its predecessor's hop is acknowledged (held, when the tier's key state is not read yet)."""
         assert self._tier_order is not None
-        decision = self._tier_order.on_follower(msg, follower)
+        tier_order = self._tier_order
+        decision = tier_order.on_follower(msg, follower)
         step = decision.step
         if step is Step.WAIT:
-            yield Held(msg)
+            # its predecessor's hop is in flight: it waits in memory at its partition's head (`TierOrder.started`)
+            yield Waiting(msg, self._now_ms() + _ACK_RECHECK_MS, _FOLLOWER) if tier_order.started(msg.tp) else Held(msg)
             return
         if step is Step.DUPLICATE:
             yield Duplicate(msg, follower.origin_message_id, 0, downstream=False)
@@ -411,7 +414,11 @@ class RecordStage:
                     return
             elif self._tier_order is not None and state is not None:
                 if self._tier_order.on_retry(msg, state).step is Step.WAIT:
-                    yield Held(msg)
+                    # a hop of its chain is in flight: it waits in memory at its partition's head
+                    if self._tier_order.started(msg.tp):
+                        yield Waiting(msg, self._now_ms() + _ACK_RECHECK_MS, Queued(state, key, bad, None))
+                    else:
+                        yield Held(msg)
                     return
         record, poison = build_record(binding, msg, state)
         failure: BaseException | None = bad or poison
@@ -443,6 +450,8 @@ class RecordStage:
 
 #: what a follower waiting in memory behind its partition's queue is kept with: it is decided in its turn
 _FOLLOWER = Queued(None, None, None, None)
+#: how soon a follower waiting in memory for its predecessor's acknowledgement is asked again (one poll)
+_ACK_RECHECK_MS = 1
 
 
 def _run(tp: TopicPartition, msgs: list[Message], start: int, end: int) -> SucceededRun:
