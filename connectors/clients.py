@@ -70,23 +70,32 @@ def _ck(offsets: Mapping[TopicPartition, int]) -> list[CKTopicPartition]:
 _new_message = tuple.__new__
 
 
-def _headers_of(msg: CKMessage) -> tuple[tuple[Header, ...], UndecodableHeaderError | None]:
+_Read = tuple[tuple[Header, ...], UndecodableHeaderError | None]
+
+
+def _headers_of(msg: CKMessage) -> _Read:
     """`msg`'s headers and the error describing keys that are not UTF-8 (record_headers.py). Read a message's
     headers once: confluent-kafka's second read returns a cached list without the bad key's bytes."""
     try:
         found = msg.headers()
     except (SystemError, UnicodeDecodeError) as exc:  # a header key is not UTF-8 (record_headers.py)
-        salvaged, undecodable = headers_after_error(msg, exc)
-        return tuple(salvaged), undecodable
-    if found is None:  # most records: no headers, nothing to check
-        return (), None
+        return _read_after_error(msg, exc)
+    return ((), None) if found is None else _read_listed(msg, found)  # most records have no headers
+
+
+def _read_after_error(msg: CKMessage, exc: SystemError | UnicodeDecodeError) -> _Read:
+    listed, error = headers_after_error(msg, exc)
+    return tuple(listed), error
+
+
+def _read_listed(msg: CKMessage, found: Any) -> _Read:
     # checked as read_headers checks it, without asking confluent-kafka again: a call of headers() that the
-    # interpreter does not check returns the list with the decode error still pending
+    # interpreter has specialised does not check its result and returns the list with the decode error pending
     listed, error = listed_headers(msg, found)
     return tuple(listed), error
 
 
-def _message(msg: CKMessage, read: tuple[tuple[Header, ...], UndecodableHeaderError | None] | None = None) -> Message:
+def _message(msg: CKMessage, read: _Read | None = None) -> Message:
     """`msg` as a Message; `read`: what `_headers_of(msg)` returned already."""
     # positional and without conversions: this runs once per consumed record
     kind, timestamp = msg.timestamp()
@@ -124,7 +133,7 @@ def _client_error(err: KafkaError) -> None:
 def _as_messages(
     batch: list[CKMessage],
     at: CKMessage,
-    read: tuple[tuple[Header, ...], UndecodableHeaderError | None],
+    read: _Read,
     topics: frozenset[str],
     built: list[Message],
 ) -> Polled:
@@ -230,9 +239,16 @@ class KafkaConsumer:
             if topic not in topics:
                 messages.append(_message(msg))
                 continue
-            read = headers, error = _headers_of(msg)
-            if error is not None or any(k.startswith(RETRY_PREFIX) for k, _ in headers):
-                return _as_messages(batch, msg, read, topics, messages)
+            # `_headers_of` inline: the same reads, without a call for the records that have no headers
+            try:
+                found = msg.headers()
+            except (SystemError, UnicodeDecodeError) as exc:  # a header key is not UTF-8
+                return _as_messages(batch, msg, _read_after_error(msg, exc), topics, messages)
+            headers: tuple[Header, ...] = ()
+            if found is not None:
+                read = headers, error = _read_listed(msg, found)
+                if error is not None or any(k.startswith(RETRY_PREFIX) for k, _ in headers):
+                    return _as_messages(batch, msg, read, topics, messages)
             partition, offset = msg.partition(), msg.offset()
             kind, timestamp = msg.timestamp()
             value = msg.value()
