@@ -70,25 +70,36 @@ def _ck(offsets: Mapping[TopicPartition, int]) -> list[CKTopicPartition]:
 _new_message = tuple.__new__
 
 
-def _message(msg: CKMessage, raised: SystemError | UnicodeDecodeError | None = None) -> Message:
-    """`msg` as a Message; `raised`: what reading its headers raised already (confluent-kafka's second read
-    returns a cached list without the bad key's bytes, record_headers.py)."""
-    # positional and without conversions: this runs once per consumed record
-    kind, timestamp = msg.timestamp()
-    error: UndecodableHeaderError | None
+_Read = tuple[tuple[Header, ...], UndecodableHeaderError | None]
+
+
+def _headers_of(msg: CKMessage) -> _Read:
+    """`msg`'s headers and the error describing keys that are not UTF-8 (record_headers.py). Read a message's
+    headers once: confluent-kafka's second read returns a cached list without the bad key's bytes."""
     try:
-        if raised is not None:
-            raise raised
         found = msg.headers()
     except (SystemError, UnicodeDecodeError) as exc:  # a header key is not UTF-8 (record_headers.py)
-        listed, error = headers_after_error(msg, exc)
-        headers: tuple[Header, ...] = tuple(listed)
-    else:
-        if found is None:  # most records: no headers, nothing to check
-            headers, error = (), None
-        else:  # checked as read_headers checks it, without asking confluent-kafka again
-            listed, error = listed_headers(msg, found)
-            headers = tuple(listed)
+        return _read_after_error(msg, exc)
+    return ((), None) if found is None else _read_listed(msg, found)  # most records have no headers
+
+
+def _read_after_error(msg: CKMessage, exc: SystemError | UnicodeDecodeError) -> _Read:
+    listed, error = headers_after_error(msg, exc)
+    return tuple(listed), error
+
+
+def _read_listed(msg: CKMessage, found: Any) -> _Read:
+    # checked as read_headers checks it, without asking confluent-kafka again: a call of headers() that the
+    # interpreter has specialised does not check its result and returns the list with the decode error pending
+    listed, error = listed_headers(msg, found)
+    return tuple(listed), error
+
+
+def _message(msg: CKMessage, read: _Read | None = None) -> Message:
+    """`msg` as a Message; `read`: what `_headers_of(msg)` returned already."""
+    # positional and without conversions: this runs once per consumed record
+    kind, timestamp = msg.timestamp()
+    headers, error = _headers_of(msg) if read is None else read
     # confluent-kafka's stubs are looser than what it returns for a record (topic, partition, offset are set);
     # tuple.__new__ skips the NamedTuple's Python-level __new__, a large part of this function's cost
     return _new_message(
@@ -120,12 +131,19 @@ def _client_error(err: KafkaError) -> None:
 
 
 def _as_messages(
-    batch: list[CKMessage], at: CKMessage, raised: SystemError | UnicodeDecodeError | None = None
+    batch: list[CKMessage],
+    at: CKMessage,
+    read: _Read,
+    topics: frozenset[str],
+    built: list[Message],
 ) -> Polled:
-    """`batch` as Messages only (`Polled` says when): `at` is the record that says so (`raised`: what reading
-    its headers raised), the errors after it are not reported yet."""
+    """`batch` as Messages only (`Polled` says when): `at` is the record that says so (`read`: its headers as
+    read), `built` the Messages made already of the records before it outside `topics` (their headers are not
+    read twice), the errors after it are not reported yet."""
     i = next(i for i, msg in enumerate(batch) if msg is at)
-    return Polled([*_messages(batch[:i], report=False), _message(at, raised), *_messages(batch[i + 1 :])], [])
+    made = iter(built)
+    before = [_message(msg) if msg.topic() in topics else next(made) for msg in batch[:i] if msg.error() is None]
+    return Polled([*before, _message(at, read), *_messages(batch[i + 1 :])], [])
 
 
 def _messages(batch: list[CKMessage], *, report: bool = True) -> list[Message]:
@@ -221,16 +239,16 @@ class KafkaConsumer:
             if topic not in topics:
                 messages.append(_message(msg))
                 continue
+            # `_headers_of` inline: the same reads, without a call for the records that have no headers
             try:
                 found = msg.headers()
             except (SystemError, UnicodeDecodeError) as exc:  # a header key is not UTF-8
-                return _as_messages(batch, msg, exc)
+                return _as_messages(batch, msg, _read_after_error(msg, exc), topics, messages)
             headers: tuple[Header, ...] = ()
             if found is not None:
-                listed, error = listed_headers(msg, found)
-                if error is not None or any(k.startswith(RETRY_PREFIX) for k, _ in listed):
-                    return _as_messages(batch, msg)
-                headers = tuple(listed)
+                read = headers, error = _read_listed(msg, found)
+                if error is not None or any(k.startswith(RETRY_PREFIX) for k, _ in headers):
+                    return _as_messages(batch, msg, read, topics, messages)
             partition, offset = msg.partition(), msg.offset()
             kind, timestamp = msg.timestamp()
             value = msg.value()
