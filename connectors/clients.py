@@ -488,6 +488,7 @@ def read_to_end(kafka: KafkaConfig, topic: str, partitions: Sequence[int] | None
             if missing:
                 raise KafkaClientError(f"{topic} has no partitions {missing}", code="UNKNOWN_TOPIC_OR_PART")
             assignment: list[CKTopicPartition] = []
+            ends: dict[int, int] = {}  # the end as it is now: a partition written meanwhile is read to here
             for partition in wanted:
                 left = max(0.1, deadline - time.monotonic())
                 low, high = consumer.get_watermark_offsets(
@@ -495,6 +496,7 @@ def read_to_end(kafka: KafkaConfig, topic: str, partitions: Sequence[int] | None
                 )
                 if high > low:
                     assignment.append(CKTopicPartition(topic, partition, low))
+                    ends[partition] = high
             consumer.assign(assignment)
             pending = {p.partition for p in assignment}
             read: list[Message] = []
@@ -509,7 +511,11 @@ def read_to_end(kafka: KafkaConfig, topic: str, partitions: Sequence[int] | None
                 for msg in consumer.consume(500, timeout=min(0.1, left)):
                     error = msg.error()
                     if error is None:
-                        read.append(_message(msg))
+                        partition, offset = msg.partition(), msg.offset()
+                        if partition in pending and partition is not None and offset is not None:
+                            read.append(_message(msg))
+                            if offset + 1 >= ends[partition]:
+                                pending.discard(partition)
                     elif msg.topic() != topic or msg.partition() not in pending:
                         log.debug("reading %s to its end: %s", topic, error.str())  # as in `read_tails`
                     elif error.code() == KafkaError._PARTITION_EOF:

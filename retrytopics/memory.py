@@ -8,7 +8,8 @@ committed offsets per group; producers whose delivery reports are served by `pol
 whose records and offsets reach read_committed readers only on commit (a commit or abort marker takes an
 offset, as on Kafka); share groups (KIP-932: any number of members on a partition, records acquired under a
 lock on the fake clock, a delivery count, ACCEPT/RELEASE/REJECT/RENEW, archiving at the delivery limit); a fake
-clock; and failures a test injects (refused produces, expulsion, rebalances, freezes, stale copies fetched before a seek, a share member killed).
+clock; a topic's `max.message.bytes` (`max_message_bytes`); and failures a test injects (refused produces,
+expulsion, rebalances, freezes, stale copies fetched before a seek, a share member killed).
 
 What it is not: a Kafka emulator. No threads, network, retention, replicas or timing of its own: `consume`
 with nothing to deliver advances the clock by its timeout and returns at once. What Kafka does is tested on
@@ -68,6 +69,9 @@ __all__ = [
 #: librdkafka's defaults for the settings the runtime reads back from a consumer
 DEFAULT_MAX_POLL_INTERVAL_MS = 300_000
 DEFAULT_SESSION_TIMEOUT_MS = 45_000
+
+#: a topic without `max_message_bytes`
+_NO_LIMIT = 2**63
 
 
 class MemoryClock:
@@ -158,6 +162,9 @@ class MemoryBroker:
         #: ("delivered", topic, partition, offset) and ("committed", group, topic, partition, offset), in order:
         #: tests assert what happened before what (a commit after the ack of its hand-off, say)
         self.journal: list[tuple[object, ...]] = []
+        #: a topic's `max.message.bytes`: a record larger than this (key, value, header keys and values) is
+        #: refused with MSG_SIZE_TOO_LARGE in its delivery report, every time it is produced, as a broker does
+        self.max_message_bytes: dict[str, int] = {}
 
     # -- topics and records ------------------------------------------------------------------------------
 
@@ -360,6 +367,11 @@ class MemoryBroker:
         if previous is not None and previous is not producer:
             previous._fence()
         self._transactional[transactional_id] = producer
+
+
+def _size(key: bytes | None, value: bytes | None, headers: Sequence[Header]) -> int:
+    """A record's size as a topic's size limit counts it here: its key, value, header keys and values."""
+    return len(key or b"") + len(value or b"") + sum(len(k.encode()) + len(v or b"") for k, v in headers)
 
 
 def _readable(log: list[_Entry], start: int, limit: int, read_committed: bool) -> tuple[list[Message], int]:
@@ -670,6 +682,9 @@ class MemoryProducer:
             error = PublishError(
                 topic, f"{failure.code} (injected)", code=failure.code, retriable=failure.retriable, fatal=failure.fatal
             )
+        elif _size(key, value, headers) > self._broker.max_message_bytes.get(topic, _NO_LIMIT):
+            limit = self._broker.max_message_bytes[topic]
+            error = PublishError(topic, f"larger than {topic}'s max.message.bytes ({limit})", code="MSG_SIZE_TOO_LARGE")
         msg = Message(topic, tp[1], -1, self._broker.clock.now_ms(), key, value, tuple(headers))
         self._pending.append(_Pending(tp, msg, on_delivery, error, self._broker.ack_after_polls))
 

@@ -46,6 +46,29 @@ def test_injected_produce_failures_are_reported_at_the_next_poll_or_raised_at_on
     assert [m.value for m in broker.records("orders")] == [b"c"]
 
 
+def test_a_record_larger_than_its_topics_max_message_bytes_is_refused_each_time_it_is_produced() -> None:
+    """A topic's size limit counts key, value and headers; a record over it is refused as too large in its
+    report, every time (a property of the record, not a passing failure); other topics are not limited."""
+    broker = MemoryBroker()
+    broker.create_topics(["orders", "other"])
+    broker.max_message_bytes["orders"] = 10
+    producer, reports = broker.producer(), []
+
+    for topic, value, headers in [
+        ("orders", b"0123456789", []),
+        ("orders", b"012345678", [("h", b"x")]),
+        ("orders", b"012345678", [("h", b"x")]),
+        ("other", b"x" * 100, []),
+    ]:
+        producer.produce(topic, key=None, value=value, headers=headers, partition=0, on_delivery=reports.append)
+    producer.poll(0)
+
+    assert reports[0] is None and reports[3] is None
+    assert all(isinstance(r, PublishError) and r.code == "MSG_SIZE_TOO_LARGE" for r in reports[1:3])
+    assert [m.value for m in broker.records("orders")] == [b"0123456789"]
+    assert len(broker.records("other")) == 1
+
+
 def test_acks_wait_the_polls_they_are_told_to_and_a_flush_waits_for_all() -> None:
     broker = MemoryBroker()
     broker.create_topic("orders")

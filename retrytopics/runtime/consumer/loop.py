@@ -220,7 +220,12 @@ class ConsumerLoop(LoopRun):
                 monotonic=clock.monotonic,
             )
         return key_order, OrderedHandOffs(
-            key_order, self._producer_factory, self._emitter, clock=clock, name=self.settings.name
+            key_order,
+            self._producer_factory,
+            self._emitter,
+            clock=clock,
+            name=self.settings.name,
+            make_alone_producer=self._alone_producer_factory,
         )
 
     # -- shutdown ------------------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ from retrytopics.core.ports import Message, ProducerPort
 from retrytopics.core.router import RouteKind
 from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.clock import Clock
-from retrytopics.runtime.handoff.ordered import OrderedHandOffs
+from retrytopics.runtime.handoff.ordered import OrderedHandOffs, too_large_follower_job
 from retrytopics.runtime.handoff.publish import Publisher, PublishJob, too_large_fallback
 from retrytopics.runtime.handoff.transactional import TransactionalPublisher
 from retrytopics.runtime.records.outcome import Duplicate, Failed, Follow, Outcome, Parked, Succeeded, SucceededRun
@@ -196,7 +196,14 @@ class HandOffBase:
         elif type(outcome) is Follow and self._ordered is not None:  # a record of a blocked key, unhandled
             msg = outcome.msg
             epoch = self._track(msg.tp, msg.offset)
-            self._ordered.follow(outcome, lambda: self._finish_acked(msg.tp, msg.offset, epoch))
+            self._ordered.follow(
+                outcome,
+                lambda: self._finish_acked(msg.tp, msg.offset, epoch),
+                # refused as too large by itself: to the DLQ unhandled; its key waits behind the same record
+                lambda error: self._send(
+                    too_large_follower_job(outcome, epoch=epoch, error=error, now_ms=self._now_ms())
+                ),
+            )
         elif type(outcome) is Parked:
             self._park(outcome.msg.tp, outcome.msg.offset)
         else:

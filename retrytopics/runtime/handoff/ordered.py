@@ -5,8 +5,10 @@ Both go out on a producer of their own, so that a follower hop is never batched 
 retried behind the failure path's republishes; each write is produced again after a short back-off until it
 is acknowledged (acks=all, idempotent producer). A key-state record is tiny and its topic is the app's own, so
 a refusal of one is an outage, not a property of the record: it is retried, and the offsets that wait for it
-stay uncommitted meanwhile. The decisions are the records stage's key order (runtime/records/ordering.py),
-seen here through `KeyChains`.
+stay uncommitted meanwhile. A follower hop refused as too large is the record's own property, not an outage:
+sent again alone (it may have been refused for a neighbour in its batch), and refused alone it is given back to
+the hand-off to dead-letter (docs/key-ordering.md, section 9). The decisions are the records stage's key order
+(runtime/records/ordering.py), seen here through `KeyChains`.
 """
 
 from __future__ import annotations
@@ -19,15 +21,18 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from retrytopics.core.errors import KafkaClientError, PublishError
-from retrytopics.core.headers import Header
-from retrytopics.core.key_hops import Origin, follower_headers
+from retrytopics.core.headers import RETRY_PREFIX, Header, user_headers
+from retrytopics.core.key_hops import Origin, blocked_by_key_route, follower_headers
 from retrytopics.core.key_order import ChainKey, KeyStateRecord, encode_record, key_id
 from retrytopics.core.ports import ProducerPort
+from retrytopics.core.record import Record
+from retrytopics.core.router import too_large_reference_record
 from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.clock import Clock
+from retrytopics.runtime.handoff.publish import TOO_LARGE_CODES, PublishJob
 from retrytopics.runtime.records.outcome import Follow
 
-__all__ = ["KeyChains", "OrderedHandOffs"]
+__all__ = ["KeyChains", "OrderedHandOffs", "too_large_follower_job"]
 
 log = logging.getLogger("retrytopics.runtime")
 
@@ -61,6 +66,11 @@ class _Write:
     headers: tuple[Header, ...]
     on_ack: Callable[[], None] | None
     attempt: int = 0
+    #: a follower hop's: what to do once it is refused as too large alone (given the error); None: a
+    #: key-state record, tiny, whose refusal is an outage
+    too_large: Callable[[str], None] | None = None
+    #: sent on the one-record-per-batch producer: a too-large refusal is then this record's own
+    alone: bool = False
 
 
 class OrderedHandOffs:
@@ -74,10 +84,15 @@ class OrderedHandOffs:
         *,
         clock: Clock,
         name: str,
+        make_alone_producer: Callable[[], ProducerPort] | None = None,
     ) -> None:
         self.chains = chains
         self._make_producer = make_producer
         self._producer: ProducerPort | None = None  # made at the first write: most loops never write one
+        # made at the first too-large refusal (publish.ALONE_OVERRIDES); without a factory (a client that does
+        # not batch, as the memory broker's) a refused hop is sent again on the same producer
+        self._make_alone_producer = make_alone_producer
+        self._alone: ProducerPort | None = None
         self._emitter = emitter
         self._monotonic = clock.monotonic
         self._now_ms = clock.now_ms
@@ -100,9 +115,10 @@ class OrderedHandOffs:
 
     # -- what the hand-off calls ------------------------------------------------------------------------------
 
-    def follow(self, outcome: Follow, finish: Callable[[], None]) -> None:
+    def follow(self, outcome: Follow, finish: Callable[[], None], too_large: Callable[[str], None]) -> None:
         """Hand `outcome.msg` off unhandled behind its key's predecessor; `finish` once the hop and its chain
-        record are acknowledged."""
+        record are acknowledged. A hop refused as too large by itself is not retried: `too_large` (given the
+        error) dead-letters the record, and its acknowledgement is then `acked(..., landed=None, ...)`."""
         msg, tier, follower, ctx, behind = outcome
         topic = ctx.topics.tiers[tier].topic
         assert msg.key is not None  # a record without a key never follows
@@ -114,7 +130,8 @@ class OrderedHandOffs:
         def landed() -> None:
             self.acked(at, tier, finish)
 
-        self._produce(_Write(topic, msg.key, msg.value, None, follower_headers(ctx, follower, msg, topic), landed))
+        headers = follower_headers(ctx, follower, msg, topic)
+        self._produce(_Write(topic, msg.key, msg.value, None, headers, landed, too_large=too_large))
         self._emitter.emit(
             Event.KEY_ORDER_FOLLOWED,
             consumer=self._name,
@@ -156,6 +173,8 @@ class OrderedHandOffs:
         if self._producer is None or not self._writes:
             return
         self._producer.poll(0)
+        if self._alone is not None:
+            self._alone.poll(0)
         self._run_done()
         self._retry_due()
 
@@ -166,6 +185,8 @@ class OrderedHandOffs:
         while self._writes and self._monotonic() < deadline:
             assert self._producer is not None
             self._producer.poll(min(0.05, max(0.0, deadline - self._monotonic())))
+            if self._alone is not None:
+                self._alone.poll(0)
             self._run_done()
             self._retry_due()
         return not self._writes
@@ -203,8 +224,9 @@ class OrderedHandOffs:
         def delivered(error: PublishError | None) -> None:
             self._delivered(write_id, error)
 
+        producer = self._alone_producer() if write.alone else self._producer
         try:
-            self._producer.produce(
+            producer.produce(
                 write.topic,
                 key=write.key,
                 value=write.value,
@@ -213,13 +235,32 @@ class OrderedHandOffs:
                 on_delivery=delivered,
             )
         except KafkaClientError as exc:
+            write.alone = write.alone or exc.code in TOO_LARGE_CODES  # the producer judged this record by itself
             self._delivered(write_id, PublishError(write.topic, str(exc), code=exc.code, fatal=exc.fatal))
+
+    def _alone_producer(self) -> ProducerPort:
+        if self._make_alone_producer is None:
+            assert self._producer is not None
+            return self._producer
+        if self._alone is None:
+            self._alone = self._make_alone_producer()
+        return self._alone
 
     def _delivered(self, write_id: int, error: PublishError | None) -> None:
         write = self._writes.get(write_id)
         if write is None:
             return
         if error is None:
+            self._done.append(write_id)
+            return
+        if write.too_large is not None and error.code in TOO_LARGE_CODES:
+            # at once, but from `serve`, never from inside this delivery report (publish.py says why)
+            if not write.alone:
+                write.alone = True
+                heapq.heappush(self._retries, (self._monotonic(), write_id))
+                return
+            refused, reason = write.too_large, str(error)
+            write.on_ack = lambda: refused(reason)
             self._done.append(write_id)
             return
         write.attempt += 1
@@ -243,6 +284,67 @@ class OrderedHandOffs:
                     del self._latest[(write.topic, write.key)]
                 if write.on_ack is not None:
                     write.on_ack()
+
+
+def too_large_follower_job(outcome: Follow, *, epoch: int, error: str, now_ms: int) -> PublishJob:
+    """The DLQ publish of a follower whose hop was refused as too large (`error`): unhandled, so reason
+    ``blocked_by_key`` (it never ran, and a replay puts it back in source order with its key's other records),
+    the message naming the refusal. Refused by the DLQ too, it is sent once more with a reference to the
+    consumed record instead of its value, without user headers. Its context is the source record it stands
+    for, with no value decoded (as a poison record's): what `on_dead_letter` and the key order's
+    acknowledgement (`landed=None`: the key's next record waits behind the same predecessor) read."""
+    msg, tier, follower, ctx, _behind = outcome
+    why = f"its hop to {ctx.topics.tiers[tier].topic} was refused as too large"
+    log.warning(
+        "%s[%d]@%d: a follower hop refused as too large (%s); dead-lettering it unhandled",
+        follower.original_topic,
+        follower.original_partition,
+        follower.original_offset,
+        error,
+    )
+    source = Record(
+        follower.original_topic,
+        follower.original_partition,
+        follower.original_offset,
+        follower.original_timestamp,
+        msg.key,
+        None,
+        msg.value,
+        tuple(user_headers(msg.headers)),
+        None,
+        follower.origin_message_id,
+    )
+
+    def reference(job: PublishJob) -> bool:
+        if job.shrunk:
+            return False
+        job.shrunk = 1
+        job.key, job.value = too_large_reference_record(
+            follower.original_topic, follower.original_partition, follower.original_offset, job.key, job.value
+        )
+        # only the retry headers: the lineage the route keeps, none of the user's
+        bare = msg._replace(
+            key=job.key, value=job.value, headers=tuple(h for h in msg.headers if h[0].startswith(RETRY_PREFIX))
+        )
+        job.route = blocked_by_key_route(ctx, follower, bare, why=f"{why}, so was its dead letter", now_ms=now_ms)
+        log.warning(
+            "%s[%d]@%d: its dead letter refused as too large; dead-lettering a reference to it instead",
+            follower.original_topic,
+            follower.original_partition,
+            follower.original_offset,
+        )
+        return True
+
+    return PublishJob(
+        route=blocked_by_key_route(ctx, follower, msg, why=why, now_ms=now_ms),
+        key=msg.key,
+        value=msg.value,
+        source=msg.tp,
+        offset=msg.offset,
+        epoch=epoch,
+        context=source,
+        shrink=reference,
+    )
 
 
 def _both(first: Callable[[], None] | None, then: Callable[[], None] | None) -> Callable[[], None] | None:

@@ -21,7 +21,10 @@ rebalance callback (so before any record of the assigned partitions), and never 
 A hand-off older than that tail is not recognised: the record is handled again (at-least-once, never lost).
 With header keys (`verified_tails`), a tail record whose signature does not verify seeds nothing: otherwise a
 principal with WRITE on a tier could forge a hop and make its source record be skipped as handed off already,
-a silent loss. Not used in exactly-once mode: the transaction covers the hand-off there, and a broker that
+a silent loss. A keyed record of a key-ordered handler is never suppressed this way: the seed says that its hop
+exists, not where it went (which tier, or the DLQ), and key order must know that before the records of its key
+behind it are decided (a tier's passage, a main consumer's chain: docs/key-ordering.md, section 9); it is handled
+again instead (at-least-once). Not used in exactly-once mode: the transaction covers the hand-off there, and a broker that
 shows aborted records (tansu) would make an aborted hand-off look done and lose the record.
 """
 
@@ -142,6 +145,8 @@ class DuplicateCheck:
         # the digest only for a key found (rare): a hop of another record at these coordinates is not its hop
         if key not in self._handed_off:
             return False
+        if msg.key is not None and self._bindings[msg.topic].ordering is not None:
+            return False  # key order must see what became of it: handled again (see the module docstring)
         if self._handed_off.carries(key, record_digest(msg.key, msg.value)):
             return True
         # a hop refused as too large even without exception details carries a reference instead of the record

@@ -1,11 +1,12 @@
-"""A key-ordered app's main consumer in a process of its own, for the SIGKILL test of key order:
-`python key_order_worker.py '<json settings>'`.
+"""A key-ordered app's main consumer (`"role": "main"`, the default) or its tier consumers (`"role": "tiers"`) in a
+process of its own, for the SIGKILL tests of key order: `python key_order_worker.py '<json settings>'`.
 
 Values are `"<key>:<seq>"`; the handler fails on attempts up to `failures(key, seq)` (by the record's attempt, so a
 repeated call after a crash fails or succeeds as the first did). Every call and DLQ write is appended to a
 JSON-lines ledger shared with the test process (line-buffered appends: the file's order is the order of the
-calls across both processes). `kill_after` followers handed off, the process SIGKILLs itself: a follower hop is
-then in flight, its chain record not written, its source offset not committed.
+calls across both processes; each entry names the app's `member`, if the settings give one). `kill_after` followers
+handed off (by the main consumer, or forwarded by a tier's), the process SIGKILLs itself: a follower hop is then
+in flight, its key-state record not written, its offset not committed.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def build_app(settings: dict[str, Any], *, hooks: tuple[Any, ...] = ()) -> Retry
     lock = threading.Lock()
 
     def write(entry: dict[str, Any]) -> None:
+        entry["member"] = settings.get("member")
         with lock:
             ledger.write(json.dumps(entry) + "\n")
 
@@ -76,4 +78,8 @@ def build_app(settings: dict[str, Any], *, hooks: tuple[Any, ...] = ()) -> Retry
 
 if __name__ == "__main__":
     options = json.loads(sys.argv[1])
-    build_app(options, hooks=(KillAfter(options["kill_after"]),)).run()
+    app = build_app(options, hooks=(KillAfter(options["kill_after"]),))
+    if options.get("role", "main") == "tiers":
+        app.run_tiers()
+    else:
+        app.run()

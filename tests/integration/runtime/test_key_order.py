@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 from confluent_kafka.admin import ConfigResource, ResourceType
 
-from retrytopics import KeyOrdering, Record, RetryApp, RetryPolicy
+from retrytopics import Event, KeyOrdering, Record, RetryApp, RetryPolicy
 from retrytopics.client_factory import KafkaClientFactory
 from retrytopics.connectors.admin import ProvisionOutcome
 from retrytopics.connectors.config import KafkaConfig
@@ -221,44 +221,52 @@ def test_every_key_is_handled_in_source_order_on_apache_kafka(
 _WORKER = Path(__file__).with_name("key_order_worker.py")
 
 
-def test_a_sigkill_of_the_main_consumer_while_keys_are_blocked_keeps_the_order(
-    kafka: KafkaConfig,
-    kit: Kit,
-    apps: list[RetryApp],
-    unique_name: Callable[[str], str],
-    consumer_overrides: dict[str, Any],
-    tmp_path: Path,
-) -> None:
-    """Guarantee: the main consumer, in a process of its own, is SIGKILLed right after handing off a follower
-    (its chain record unwritten, its offset uncommitted) while keys are blocked; a new main consumer rebuilds the
-    blocked keys from the key-state topic. A ledger shared by both processes and the tier consumers shows no
-    record handled before every earlier record of its key was terminal, and every record handled or in the
-    DLQ (calls may repeat: at-least-once)."""
+def _worker_app() -> Any:
+    """The worker module's `build_app` and `failures` (the scenario both processes run)."""
     sys.path.insert(0, str(_WORKER.parent))
-    from key_order_worker import build_app, failures  # type: ignore[import-not-found]
+    import key_order_worker  # type: ignore[import-not-found]
 
-    keys, per_key = 12, 6
-    source = kit.create(unique_name("orders"), 2)
-    ledger = tmp_path / "ledger.jsonl"
-    settings = {
-        "bootstrap": kafka.bootstrap,
-        "group": unique_name("billing"),
-        "source": source,
-        "consumer": consumer_overrides,
-        "ledger": str(ledger),
-        "kill_after": 4,
-    }
-    tiers = build_app(settings)
-    apps.append(tiers)
-    tiers.provision()
-    for seq in range(per_key):
+    return key_order_worker
+
+
+def _produce(kit: Kit, source: str, keys: int, seqs: range) -> None:
+    """Records `"<key>:<seq>"` of key `acct-<key>`, key k in partition k % 2, in seq order."""
+    for seq in seqs:
         for p in (0, 1):
             kit.produce(
                 source,
                 [(f"acct-{k}".encode(), f"{k}:{seq}".encode(), []) for k in range(keys) if k % 2 == p],
                 partition=p,
             )
-    tiers.start(main=False, tiers="all")
+
+
+def _ledger(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def _terminal(path: Path) -> set[tuple[int, int]]:
+    return {(e["key"], e["seq"]) for e in _ledger(path) if e["what"] in ("ok", "dlq")}
+
+
+def _assert_key_order(events: list[dict[str, Any]], every: set[tuple[int, int]], failures: Any) -> None:
+    """The per-key ledger proves the guarantee: no call for a record before every earlier record of its key
+    was terminal (calls may repeat: at-least-once); each record handled, or in the DLQ as exhausted exactly
+    when its failures say so (`release`: nothing `blocked_by_key`)."""
+    done: set[tuple[int, int]] = set()
+    for e in events:
+        key, seq = e["key"], e["seq"]
+        if e["what"] != "dlq":
+            missing = [(key, s) for s in range(seq) if (key, s) not in done]
+            assert not missing, f"key {key} record {seq} handled before {missing} were terminal"
+        if e["what"] != "fail":
+            done.add((key, seq))
+    dlq = {(e["key"], e["seq"]): e["reason"] for e in events if e["what"] == "dlq"}
+    assert set(dlq.items()) == {((k, s), "exhausted") for k, s in every if failures(k, s) == 99}
+    assert {(e["key"], e["seq"]) for e in events if e["what"] == "ok"} == every - set(dlq)
+
+
+def _run_worker(settings: dict[str, Any]) -> None:
+    """Run the worker until it SIGKILLs itself (it must, within a minute)."""
     worker = subprocess.Popen(
         [sys.executable, str(_WORKER), json.dumps(settings)],
         stdin=subprocess.DEVNULL,
@@ -272,27 +280,175 @@ def test_a_sigkill_of_the_main_consumer_while_keys_are_blocked_keeps_the_order(
         worker.kill()
         worker.wait(10)
 
-    def events() -> list[dict[str, Any]]:
-        return [json.loads(line) for line in ledger.read_text().splitlines() if line.strip()]
 
-    main = build_app(settings)
+def test_a_sigkill_of_the_main_consumer_while_keys_are_blocked_keeps_the_order(
+    kafka: KafkaConfig,
+    kit: Kit,
+    apps: list[RetryApp],
+    unique_name: Callable[[str], str],
+    consumer_overrides: dict[str, Any],
+    tmp_path: Path,
+) -> None:
+    """Guarantee: the main consumer, in a process of its own, is SIGKILLed right after handing off a follower
+    (its chain record unwritten, its offset uncommitted) while keys are blocked; a new main consumer rebuilds the
+    blocked keys from the key-state topic. A ledger shared by both processes and the tier consumers shows no
+    record handled before every earlier record of its key was terminal, and every record handled or in the
+    DLQ (calls may repeat: at-least-once)."""
+    worker = _worker_app()
+    keys, per_key = 12, 6
+    source = kit.create(unique_name("orders"), 2)
+    ledger = tmp_path / "ledger.jsonl"
+    settings = {
+        "bootstrap": kafka.bootstrap,
+        "group": unique_name("billing"),
+        "source": source,
+        "consumer": consumer_overrides,
+        "ledger": str(ledger),
+        "kill_after": 4,
+    }
+    tiers = worker.build_app(settings)
+    apps.append(tiers)
+    tiers.provision()
+    _produce(kit, source, keys, range(per_key))
+    tiers.start(main=False, tiers="all")
+    _run_worker(settings)
+
+    main = worker.build_app(settings)
     apps.append(main)
     main.start(main=True)
     every = {(k, s) for k in range(keys) for s in range(per_key)}
-    wait_until(
-        lambda: {(e["key"], e["seq"]) for e in events() if e["what"] in ("ok", "dlq")} >= every, 120, "every record"
-    )
+    wait_until(lambda: _terminal(ledger) >= every, 120, "every record")
     assert main.stop(30) and tiers.stop(30) and main.error is None and tiers.error is None
 
-    done: set[tuple[int, int]] = set()
-    for e in events():
-        key, seq = e["key"], e["seq"]
-        if e["what"] != "dlq":
-            missing = [(key, s) for s in range(seq) if (key, s) not in done]
-            assert not missing, f"key {key} record {seq} handled before {missing} were terminal"
-        if e["what"] != "fail":
-            done.add((key, seq))
-    dlq = {(e["key"], e["seq"]): e["reason"] for e in events() if e["what"] == "dlq"}
-    assert set(dlq.items()) == {((k, s), "exhausted") for k, s in every if failures(k, s) == 99}
-    assert {(e["key"], e["seq"]) for e in events() if e["what"] == "ok"} == every - set(dlq)
-    assert {e["pid"] for e in events() if "pid" in e} - {os.getpid()}, "the killed worker handled records"
+    events = _ledger(ledger)
+    _assert_key_order(events, every, worker.failures)
+    assert {e["pid"] for e in events if "pid" in e} - {os.getpid()}, "the killed worker handled records"
+
+
+def test_a_sigkill_of_the_tier_consumers_while_followers_wait_in_them_keeps_the_order(
+    kafka: KafkaConfig,
+    kit: Kit,
+    apps: list[RetryApp],
+    unique_name: Callable[[str], str],
+    consumer_overrides: dict[str, Any],
+    tmp_path: Path,
+) -> None:
+    """Guarantee: the tier consumers, in a process of their own, are SIGKILLed right after a tier forwarded a
+    follower behind its re-failed head (the hop in flight, its passage unwritten, its tier offset uncommitted),
+    while keys are blocked with followers in the tiers; new tier consumers rebuild what the tiers did from the
+    key-state topic. The shared ledger shows no record handled before every earlier record of its key was
+    terminal, and every record handled or in the DLQ (calls may repeat: at-least-once)."""
+    worker = _worker_app()
+    keys, per_key = 12, 6
+    source = kit.create(unique_name("orders"), 2)
+    ledger = tmp_path / "ledger.jsonl"
+    settings = {
+        "bootstrap": kafka.bootstrap,
+        "group": unique_name("billing"),
+        "source": source,
+        "consumer": consumer_overrides,
+        "ledger": str(ledger),
+        "kill_after": 2,
+        "role": "tiers",
+    }
+    main = worker.build_app(settings)
+    apps.append(main)
+    main.provision()
+    _produce(kit, source, keys, range(per_key))
+    main.start(main=True)
+    _run_worker(settings)
+    killed = _terminal(ledger)
+
+    tiers = worker.build_app(settings)
+    apps.append(tiers)
+    tiers.start(main=False, tiers="all")
+    every = {(k, s) for k in range(keys) for s in range(per_key)}
+    wait_until(lambda: _terminal(ledger) >= every, 120, "every record")
+    assert main.stop(30) and tiers.stop(30) and main.error is None and tiers.error is None
+
+    events = _ledger(ledger)
+    _assert_key_order(events, every, worker.failures)
+    assert any(e["pid"] != os.getpid() for e in events), "the killed tier consumers handled records"
+    assert every - killed, "records were left to the restarted tier consumers"
+
+
+def test_a_member_joining_while_keys_are_blocked_keeps_the_order(
+    kafka: KafkaConfig,
+    kit: Kit,
+    apps: list[RetryApp],
+    unique_name: Callable[[str], str],
+    consumer_overrides: dict[str, Any],
+) -> None:
+    """Guarantee: while keys are blocked (their heads fail in the tiers until the test lets them succeed, their
+    followers handed off behind them), a second main consumer joins the group and the rebalance moves source
+    partitions with blocked keys; records of those keys produced after the join are not handled before their
+    heads: the per-key ledger shows no record handled before every earlier record of its key was terminal,
+    every record handled (nothing dead-lettered), and the joiner took part."""
+    keys, per_key = 12, 6
+    source = kit.create(unique_name("orders"), 2)
+    group = unique_name("billing")
+    heads_fail = threading.Event()
+    heads_fail.set()
+    lock = threading.Lock()
+    events: list[dict[str, Any]] = []
+
+    def build(member: str, hook: _Followed) -> RetryApp:
+        app = RetryApp(kafka=kafka, group=group, consumer_overrides=consumer_overrides, hooks=[hook])
+
+        # the head of every key k % 4 == 2 (its record 1) fails until `heads_fail` is cleared, however long the
+        # rebalance takes on a busy machine: its retries are unlimited, never exhausted
+        policy = RetryPolicy(delays=["200ms", "400ms"], max_retries="unlimited")
+
+        @app.handler(source, policy=policy, ordering=KeyOrdering())
+        def handle(record: Record[bytes]) -> None:
+            key, seq = (int(part) for part in record.value.decode().split(":"))
+            failed = key % 4 == 2 and seq == 1 and heads_fail.is_set()
+            with lock:
+                events.append({"what": "fail" if failed else "ok", "key": key, "seq": seq, "member": member})
+            if failed:
+                raise RuntimeError(f"key {key} record {seq} fails")
+
+        return app
+
+    followed, joined = _Followed(), _Followed()
+    first = build("first", followed)
+    apps.append(first)
+    first.provision()
+    _produce(kit, source, keys, range(3))
+    first.start(main=True, tiers="all")
+    wait_until(lambda: followed.count >= 3, 60, "followers handed off behind the failing heads: keys blocked")
+
+    joiner = build("joiner", joined)
+    apps.append(joiner)
+    joiner.start(main=True)
+    wait_until(lambda: joined.assigned, 60, "the joiner assigned a source partition")
+    _produce(kit, source, keys, range(3, per_key))
+    every = {(k, s) for k in range(keys) for s in range(per_key)}
+
+    def terminal() -> set[tuple[int, int]]:
+        with lock:
+            return {(e["key"], e["seq"]) for e in events if e["what"] == "ok"}
+
+    wait_until(
+        lambda: every - terminal() <= {(k, s) for k in range(2, keys, 4) for s in range(1, per_key)}, 60, "others"
+    )
+    heads_fail.clear()
+    wait_until(lambda: terminal() >= every, 60, "every record")
+    assert joiner.stop(30) and first.stop(30) and joiner.error is None and first.error is None
+
+    _assert_key_order(list(events), every, lambda k, s: 0)
+    assert joined.count or any(e["member"] == "joiner" for e in events), "the joiner handled or handed off records"
+
+
+class _Followed:
+    """Counts the followers an app's main consumer handed off, and whether it was assigned a source partition."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.assigned = False
+
+    def on_event(self, event: Event, data: Any) -> None:
+        if event is Event.KEY_ORDER_FOLLOWED:
+            self.count += 1
+        elif event is Event.PARTITIONS_ASSIGNED and data.get("partitions"):
+            self.assigned = True

@@ -217,3 +217,42 @@ class Assignments:
 
     def on_event(self, event: Event, data: dict[str, Any]) -> None:
         self.partitions.update(tuple(tp) for tp in data["partitions"])  # type: ignore[attr-defined]
+
+
+def test_a_follower_too_large_for_the_tier_its_head_moved_to_is_dead_lettered_and_the_next_follows_the_head() -> None:
+    """A head fails twice (tier 0, then tier 1); the follower behind it is too large for tier 1, whose
+    `max.message.bytes` is small: the tier that would forward it (or the main consumer, had it learnt the move
+    first) dead-letters it unhandled as `blocked_by_key`, naming the refusal, and the key's next record still
+    waits behind the head: it is handled after the head's success, in tier 1. Nothing else is lost."""
+    broker = MemoryBroker()
+    broker.create_topics(["orders"], 1)
+    lock = threading.Lock()
+    calls: list[tuple[bytes, int]] = []
+
+    def handle(record: Record[bytes]) -> None:
+        with lock:
+            calls.append((record.value[:1], record.attempt))
+        if record.value == b"head" and record.attempt < 3:
+            raise RuntimeError("the head fails twice")
+
+    app = RetryApp(kafka=KafkaConfig(bootstrap="127.0.0.1:9"), group="billing", clients=MemoryClientFactory(broker))
+    app.handler("orders", policy=POLICY, ordering=KeyOrdering())(handle)
+    app.provision(partitions=1)
+    topics = app.topics("orders")
+    broker.max_message_bytes[topics.tiers[1].topic] = 16_000
+    for value in (b"head", b"b" * 32_000, b"tail"):
+        broker.append("orders", value, key=b"acct-1", partition=0)
+    app.start(main=True, tiers="all")
+    try:
+        eventually(lambda: (b"t", 1) in calls and broker.records(topics.dlq), timeout_s=30)
+    finally:
+        assert app.stop(30)
+    assert app.error is None
+
+    assert calls == [(b"h", 1), (b"h", 2), (b"h", 3), (b"t", 1)]
+    [dead] = broker.records(topics.dlq)
+    headers = decode(list(dead.headers))
+    assert (dead.value, headers.dlq_reason, headers.original_offset) == (b"b" * 32_000, "blocked_by_key", 1)
+    assert (
+        headers.exception_message == f"behind orders-0-0 (its hop to {topics.tiers[1].topic} was refused as too large)"
+    )

@@ -15,6 +15,7 @@ Guarantees, asserted on topic contents, decoded follower headers, key-state reco
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -23,6 +24,7 @@ from retrytopics.client_factory import MemoryClientFactory
 from retrytopics.connectors.serde import bytes_value
 from retrytopics.core.dedupe import DuplicateAudit
 from retrytopics.core.errors import KafkaClientError
+from retrytopics.core.headers import DlqReason, decode
 from retrytopics.core.key_order import (
     Chain,
     ChainKey,
@@ -274,3 +276,65 @@ def test_a_record_waiting_for_its_keys_acknowledgement_is_parked_and_its_partiti
     commits = [(i, e[4]) for i, e in enumerate(journal) if e[0] == "committed" and e[2:4] == ("orders", 0)]
     assert all(i > a2_chain for i, position in commits if position > a2), "a commit passed a2 before it was durable"
     assert commits[-1][1] == b2 + 1
+
+
+def test_a_follower_refused_as_too_large_goes_to_the_dlq_unhandled_and_the_next_waits_behind_the_same_head() -> None:
+    """Key a's head is in the tier; its next record is too large for the tier (the broker refuses it, alone
+    too): it is dead-lettered unhandled as `blocked_by_key`, its message naming the refusal, instead of being
+    produced again for ever; a's record after it follows behind the same head; every record is accounted for
+    (handled, in the tier, or in the DLQ) and every offset committed."""
+    broker = ordered_broker()
+    broker.max_message_bytes[TIER] = 16_000
+    a1 = append(broker, b"a", b"a1")
+    a2 = append(broker, b"a", b"x" * 32_000, headers=(("trace", b"t-2"),))
+    a3 = append(broker, b"a", b"a3")
+    b1 = append(broker, b"b", b"b1")
+    ledger = KeyLedger(failing={a1})
+    stop = StopWhen(committed(broker, b1 + 1))
+    run(ordered_loop(broker, ledger, stop), stop)
+
+    assert ledger.calls == [(b"a", a1), (b"b", b1)]
+    in_tier = broker.records(TIER)
+    assert [m.value for m in in_tier] == [b"a1", b"a3"]
+    follower = decode_follower(list(in_tier[1].headers))
+    assert follower is not None and (follower.original_offset, follower.after) == (a3, a1)
+    [dead] = broker.records(DLQ)
+    state_of_dead = decode(list(dead.headers))
+    assert (dead.key, dead.value, dead.headers[0]) == (b"a", b"x" * 32_000, ("trace", b"t-2"))
+    assert (state_of_dead.dlq_reason, state_of_dead.original_offset, state_of_dead.reconsume_times) == (
+        DlqReason.BLOCKED_BY_KEY,
+        a2,
+        0,
+    )
+    assert state_of_dead.exception_message == f"behind orders-0-{a1} (its hop to {TIER} was refused as too large)"
+    chain_key = encode_record(
+        Chain(chain=ChainKey("orders", 0, key_id(b"a")), head=0, frontier=0, at_tier=0, followers=0, since_ms=0)
+    )[0]
+    chain = state(broker)[chain_key]
+    assert isinstance(chain, Chain) and (chain.head, chain.frontier, chain.followers) == (a1, a3, 1)
+    assert [d["offset"] for e, d in ledger.seen if e is Event.DLQ_DISPATCHED] == [a2]
+
+
+def test_a_follower_too_large_for_the_dlq_as_well_is_dead_lettered_as_a_reference() -> None:
+    """The DLQ refuses the too-large follower too: it is dead-lettered once more as a reference to the consumed
+    record (its value replaced, no user headers), still `blocked_by_key`, and its offset committed."""
+    broker = ordered_broker()
+    broker.max_message_bytes[TIER] = broker.max_message_bytes[DLQ] = 16_000
+    a1 = append(broker, b"a", b"a1")
+    a2 = append(broker, b"a", b"x" * 32_000, headers=(("trace", b"t-2"),))
+    ledger = KeyLedger(failing={a1})
+    stop = StopWhen(committed(broker, a2 + 1))
+    run(ordered_loop(broker, ledger, stop), stop)
+
+    [dead] = broker.records(DLQ)
+    assert dead.key == b"a" and json.loads(dead.value or b"") == {
+        "too_large": True,
+        "topic": "orders",
+        "partition": 0,
+        "offset": a2,
+        "value_bytes": 32_000,
+    }
+    assert all(k.startswith("retry.") for k, _ in dead.headers)
+    headers = decode(list(dead.headers))
+    assert (headers.dlq_reason, headers.original_offset) == (DlqReason.BLOCKED_BY_KEY, a2)
+    assert "so was its dead letter" in headers.exception_message

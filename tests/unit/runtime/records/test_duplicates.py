@@ -16,6 +16,7 @@ from retrytopics.connectors.serde import bytes_value
 from retrytopics.core.dedupe import HandOffs, audit_key, hand_off_key, record_digest
 from retrytopics.core.errors import KafkaClientError, NonRetryable
 from retrytopics.core.headers import decode
+from retrytopics.core.key_order import KeyOrdering
 from retrytopics.core.naming import topics_for
 from retrytopics.core.policy import RetryPolicy
 from retrytopics.core.ports import Message
@@ -137,3 +138,38 @@ def test_a_record_whose_hop_was_dead_lettered_as_a_too_large_reference_is_found_
     assert suppressor.was_handed_off(source, None, None)
     assert not suppressor.was_handed_off(source._replace(value=b"v" * 4_999), None, None)
     assert not suppressor.was_handed_off(source._replace(key=b"short"), None, None)
+
+
+def test_a_keyed_record_of_a_key_ordered_handler_is_never_suppressed_as_found_downstream() -> None:
+    """The seed says that a record's hop exists, not where it went; key order must know that before the records
+    of its key behind it are decided, so a keyed record of an ordered handler found downstream is handled again
+    (docs/key-ordering.md, section 9). The same record of an unordered handler, or a keyless one, is
+    suppressed."""
+    record = InboundRecord(topic="orders", partition=0, offset=42, timestamp_ms=NOW, key=b"acct-7", headers=())
+    hop = route(CTX, record, RuntimeError("boom"), now_ms=NOW, rng=random.Random(1))
+    downstream = Message(hop.topic, 0, 3, NOW + 5, b"acct-7", b"v", tuple(hop.headers))
+    keyless = Message(hop.topic, 0, 4, NOW + 5, None, b"w", tuple(_hop("orders", 43, [], RuntimeError("boom"))[1]))
+    source = Message("orders", 0, 42, NOW, b"acct-7", b"v", ())
+
+    def check(ordering: KeyOrdering | None) -> DuplicateCheck:
+        binding = Binding(
+            topic="orders",
+            handler=lambda r: None,
+            policy=POLICY,
+            ctx=CTX,
+            value_deserializer=bytes_value,
+            ordering=ordering,
+        )
+        duplicates = DuplicateCheck(
+            {"orders": binding},
+            tail_reader=lambda topics, last, timeout_s: [downstream, keyless],
+            seed_last=10,
+            seed_timeout_s=1.0,
+        )
+        duplicates.seed([("orders", 0)])
+        return duplicates
+
+    assert check(None).was_handed_off(source, None, None)
+    ordered = check(KeyOrdering())
+    assert not ordered.was_handed_off(source, None, None)
+    assert ordered.was_handed_off(Message("orders", 0, 43, NOW, None, b"w", ()), None, None)
