@@ -49,6 +49,7 @@ from retrytopics.connectors.kafka import make_admin
 from retrytopics.connectors.spark_kafka import kafka_options, read_kafka, write_kafka
 from retrytopics.core import headers as H
 from retrytopics.core.errors import ConfigError
+from retrytopics.core.key_hops import WAITED_BEHIND
 from retrytopics.core.naming import TopicSet
 from retrytopics.core.signing import HeaderKeys, mark_keys, started_mark_keys
 from retrytopics.operator.config import instant_argument
@@ -63,9 +64,6 @@ __all__ = ["DESTINATIONS", "SOURCE_ORDER", "add_replay_arguments", "replay", "ru
 DESTINATIONS = ("original", "first_tier")
 #: The order of the records a replay writes to one destination partition: where they first came from.
 SOURCE_ORDER = ("original_topic", "original_partition", "original_offset")
-#: What a `blocked_by_key` DLQ record's `retry.exception_message` says it waited behind (a source record
-#: `<topic>-<partition>-<offset>`, as `_source_record` writes it).
-_BEHIND = r"^behind ([a-zA-Z0-9._-]{1,249}-[0-9]{1,10}-[0-9]{1,19}) "
 
 
 def select_records(
@@ -369,7 +367,7 @@ def _refuse_key_ordered_sequences(dlq: DataFrame, planned: DataFrame, topics: To
     blocked = F.col("dlq_reason") == H.DlqReason.BLOCKED_BY_KEY.value
     named = (
         dlq.where(blocked & (F.col("original_topic") == topics.source))
-        .select(F.regexp_extract("exception_message", _BEHIND, 1).alias("source_record"))
+        .select(F.regexp_extract("exception_message", WAITED_BEHIND, 1).alias("source_record"))
         .where(F.col("source_record") != "")
     )
     to_tier = planned.where(F.col("destination") == topics.tiers[0].topic)

@@ -6,6 +6,9 @@ small enough to need no Spark:
   pipeline's source, or the pipeline's first tier; other records are skipped as foreign;
 - a record whose retry headers do not decode as a DLQ record, name a source partition that does not exist,
   or (with header keys) carry no valid signature is skipped, with its problem;
+- written in source order (original topic, partition, offset), not DLQ order; to the first tier, a
+  key-ordered handler's dead-lettered sequence (`blocked_by_key` records and the records they waited behind,
+  as far as the selection shows them) is refused;
 - one record per source record (its original topic, partition and offset), the latest episode; one whose
   value is only a reference to a too-large record, or that lost its user headers (`too_many_headers`), is
   skipped (`skipped_reference_only`, `skipped_headers_dropped`): its content is not the record's;
@@ -27,7 +30,7 @@ import json
 import secrets
 import shlex
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -49,6 +52,7 @@ from retrytopics.core.headers import (
     encode,
     user_headers,
 )
+from retrytopics.core.key_hops import waited_behind
 from retrytopics.core.naming import TopicSet
 from retrytopics.core.signing import HeaderKeys, mark_keys, mark_verifies, replay_mark, sign, started_mark_keys, verify
 
@@ -198,9 +202,11 @@ def plan_replay(
             usable[source_record] = entry
         counts["skipped_duplicates"] += 1  # one of the two; the kept one is taken back below
     counts["skipped_duplicates"] -= len(usable)
+    if request.destination == "first_tier":
+        _refuse_key_ordered_sequences(usable.values())
     target = topics.source if request.destination == "original" else topics.tiers[0].topic
     writes = []
-    for entry in sorted(usable.values(), key=lambda e: (e.timestamp_ms, e.partition, e.offset)):
+    for entry in sorted(usable.values(), key=_source_order):
         incomplete = _incomplete(entry)
         if incomplete is not None:
             counts[incomplete] += 1
@@ -214,6 +220,37 @@ def plan_replay(
         else:
             writes.append((entry, target))
     return ReplayPlan(writes=tuple(writes), counts=counts, problems=problems)
+
+
+def _source_order(entry: Entry) -> tuple[str, int, int]:
+    """Records go back in the order they first came (as the Spark replay writes them), not in DLQ order: a
+    key-ordered handler's dead-lettered record and the `blocked_by_key` records behind it stay in sequence."""
+    retry = entry.retry
+    assert retry is not None  # a usable entry decoded as a DLQ record
+    return retry.original_topic, retry.original_partition, retry.original_offset
+
+
+def _refuse_key_ordered_sequences(entries: Iterable[Entry]) -> None:
+    """Refuse a replay to the first tier of a key-ordered handler's dead-lettered sequence (`blocked_by_key`
+    records, and the records they name as waited behind): a tier would handle them as independent retries, in
+    any order. The console sees the selection only: a head selected without its followers is not recognised
+    (the Spark replay reads the whole DLQ for it)."""
+    entries = list(entries)
+    named = {behind for e in entries if e.retry is not None and (behind := waited_behind(e.retry)) is not None}
+    refused = sorted(
+        e.coordinates
+        for e in entries
+        if e.retry is not None and (e.retry.dlq_reason == DlqReason.BLOCKED_BY_KEY or e.source_record in named)
+    )
+    if refused:
+        shown = ", ".join(refused[:5]) + (", ..." if len(refused) > 5 else "")
+        raise ConfigError(
+            "destination",
+            "first_tier",
+            f"the selection holds records of a key-ordered handler's dead-lettered sequence ({shown}), which a "
+            "tier would handle as independent retries, in any order; replay them to their original topic, where "
+            "the main consumer orders them again, or leave them out of the selection",
+        )
 
 
 def _incomplete(entry: Entry) -> str | None:
@@ -376,7 +413,8 @@ def _write(
     header_keys: HeaderKeys | None,
     mark_key: bytes | None,
 ) -> None:
-    """Write in DLQ order, acknowledged (acks=all, idempotent producer) before the replay counts as done."""
+    """Write in the plan's order (source order), acknowledged (acks=all, idempotent producer) before the replay
+    counts as done."""
     if not todo:
         return
     now_ms = int(time.time() * 1000)

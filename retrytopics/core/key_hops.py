@@ -8,6 +8,7 @@ hop the router builds).
 
 from __future__ import annotations
 
+import re
 from typing import Final, NamedTuple
 
 from retrytopics.core.errors import HeaderDecodeError
@@ -31,6 +32,7 @@ from retrytopics.core.router import Consumed, Route, RouteContext, RouteKind, or
 from retrytopics.core.signing import SIGNATURE, sign, verify
 
 __all__ = [
+    "WAITED_BEHIND",
     "BLOCKED_TYPE",
     "Origin",
     "blocked_by_key_route",
@@ -38,6 +40,7 @@ __all__ = [
     "origin_of",
     "read_follower",
     "source_follower",
+    "waited_behind",
 ]
 
 #: `retry.exception_type` of a record dead-lettered as ``blocked_by_key``: nothing was raised, it waited
@@ -100,6 +103,21 @@ def follower_headers(ctx: RouteContext, follower: Follower, record: Consumed, to
     `record`'s user headers byte for byte and lineage, the follower headers, signed with header keys."""
     headers = (*user_headers(record.headers), *encode_follower(follower), *_lineage(record.headers))
     return headers if ctx.header_keys is None else sign(ctx.header_keys, topic, record.key, record.value, headers)
+
+
+#: What a `blocked_by_key` DLQ record's `retry.exception_message` says it waited behind: a source record
+#: `<topic>-<partition>-<offset>` (as `blocked_by_key_route` writes it; a regular expression Spark reads too).
+WAITED_BEHIND: Final = r"^behind ([a-zA-Z0-9._-]{1,249}-[0-9]{1,10}-[0-9]{1,19}) "
+_waited_behind = re.compile(WAITED_BEHIND)
+
+
+def waited_behind(retry: RetryHeaders) -> str | None:
+    """The source record (`<topic>-<partition>-<offset>`) a `blocked_by_key` DLQ record waited behind; None
+    for any other record, or a message that does not say (cut, or not written by this library)."""
+    if retry.dlq_reason != DlqReason.BLOCKED_BY_KEY:
+        return None
+    found = _waited_behind.match(retry.exception_message)
+    return None if found is None else found.group(1)
 
 
 def blocked_by_key_route(ctx: RouteContext, follower: Follower, record: Consumed, *, why: str, now_ms: int) -> Route:

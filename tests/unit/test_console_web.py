@@ -253,6 +253,42 @@ def test_the_plan_skips_foreign_invalid_duplicate_and_looped_records() -> None:
     assert [t for _, t in parked.writes] == [f"{TOPICS.dlq}.parked"]
 
 
+def test_the_plan_writes_in_source_order_and_refuses_a_key_ordered_sequence_to_the_first_tier() -> None:
+    """As the Spark replay: records go back in the order they first came (original offsets 5, 9, 12), not in
+    DLQ order (12, 5, 9), so a dead-lettered head and the `blocked_by_key` records behind it stay in sequence;
+    to the first tier such a sequence (a `blocked_by_key` record, or the head one of them names) is refused,
+    naming the records, while the original topic takes it."""
+    from dataclasses import replace
+
+    def blocked(offset: int, original_offset: int, behind: int) -> Entry:
+        follower = replace(
+            state(original_offset=original_offset, origin=f"o-{original_offset}"),
+            reconsume_times=0,
+            dlq_reason=DlqReason.BLOCKED_BY_KEY,
+            exception_message=f"behind orders-0-{behind} (dead-lettered: exhausted)",
+        )
+        return dlq_entry(offset, retry=follower)
+
+    head = dlq_entry(1, retry=state(original_offset=5, origin="o-5"))
+    plan = actions.plan_replay(
+        [blocked(0, 12, 9), head, blocked(2, 9, 5)], topics=TOPICS, request=request(), source_partitions=1
+    )
+    assert [(e.offset, e.retry.original_offset if e.retry else None) for e, _ in plan.writes] == [
+        (1, 5),
+        (2, 9),
+        (0, 12),
+    ]
+    to_tier = request(destination="first_tier")
+    with pytest.raises(ConfigError) as refused:
+        actions.plan_replay([head, blocked(2, 9, 5)], topics=TOPICS, request=to_tier, source_partitions=1)
+    assert refused.value.field == "destination" and "(0:1, 0:2)" in str(refused.value)
+    with pytest.raises(ConfigError, match=r"\(0:2\)"):
+        actions.plan_replay([blocked(2, 9, 5)], topics=TOPICS, request=to_tier, source_partitions=1)
+    # a head selected without its followers is not recognised (the console sees the selection only)
+    alone = actions.plan_replay([head], topics=TOPICS, request=to_tier, source_partitions=1)
+    assert [(e.offset, t) for e, t in alone.writes] == [(1, TOPICS.tiers[0].topic)]
+
+
 def test_a_reference_or_a_record_without_its_headers_is_skipped_never_written() -> None:
     """As the Spark replay: a too-large reference's value and a too_many_headers record are not the record's."""
     from dataclasses import replace
