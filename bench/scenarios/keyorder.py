@@ -17,8 +17,8 @@ import statistics
 from typing import Any
 
 from bench.context import Bench
-from bench.report import Result, Target, percentile
-from bench.scenarios.peer import N, run_side
+from bench.report import Result, Target
+from bench.scenarios.peer import N, late, median, run_side
 
 NAME = "12.keyorder"
 KEYS = 1_000
@@ -36,12 +36,6 @@ def run(b: Bench) -> list[Result]:
 
 
 def _results(plain: list[dict[str, Any]], ordered: list[dict[str, Any]]) -> list[Result]:
-    def median(runs: list[dict[str, Any]], figure: str) -> float:
-        return float(statistics.median(r[figure] for r in runs))
-
-    def late(runs: list[dict[str, Any]], q: float) -> float:
-        return statistics.median(percentile(r["lateness_ms"], q) for r in runs)
-
     def unaffected_rate(runs: list[dict[str, Any]]) -> float:
         return float(statistics.median(r["main_calls"] / r["main_s"] for r in runs))
 

@@ -145,13 +145,17 @@ def _account(role: str, done: dict[str, Any], dlq_ids: list[int]) -> None:
         raise RuntimeError(f"{role}: the run does not add up: {'; '.join(problems)}")
 
 
+def median(runs: list[dict[str, Any]], figure: str) -> float:
+    """The median of one figure over rounds."""
+    return float(statistics.median(r[figure] for r in runs))
+
+
+def late(runs: list[dict[str, Any]], q: float) -> float:
+    """The median over rounds of the q-th percentile of tier lateness."""
+    return statistics.median(percentile(r["lateness_ms"], q) for r in runs)
+
+
 def _results(app: list[dict[str, Any]], peer: list[dict[str, Any]]) -> list[Result]:
-    def median(runs: list[dict[str, Any]], figure: str) -> float:
-        return float(statistics.median(r[figure] for r in runs))
-
-    def late(runs: list[dict[str, Any]], q: float) -> float:
-        return statistics.median(percentile(r["lateness_ms"], q) for r in runs)
-
     main, peer_main = median(app, "main_rate"), median(peer, "main_rate")
     rounds = f"median of {len(app)} rounds; " if len(app) > 1 else ""
     last = app[-1]

@@ -339,11 +339,8 @@ class RecordStage:
             yield Failed(msg, None, record, BlockedByKey(dead.retry.exception_message), dead, ctx)
             return
         if failure is None:
-            try:
-                self._invoker.call(binding, record)
-            except Exception as exc:  # noqa: BLE001 - every handler failure is routed; BaseException stops the app
-                failure = exc
-            if self._ownership.lost_ownership(msg) or (failure is not None and self._ownership.stopping(msg, failure)):
+            failure = self._call(binding, msg, record)
+            if failure is _ABANDONED:
                 yield Abandoned(msg)
                 return
         if failure is None:
@@ -426,19 +423,27 @@ class RecordStage:
             self.batches.defer(Deferred(binding, msg, key, record, state, failure))
             return
         if failure is None:
-            try:
-                self._invoker.call(binding, record)
-            except Exception as exc:  # noqa: BLE001 - every handler failure is routed; BaseException stops the app
-                failure = exc
-            # A record this consumer may no longer act on must not hold its partition's commit position: it
-            # is read again (here or by the new owner), not finished.
-            if self._ownership.lost_ownership(msg) or (failure is not None and self._ownership.stopping(msg, failure)):
+            failure = self._call(binding, msg, record)
+            if failure is _ABANDONED:
                 yield Abandoned(msg)
                 return
         if failure is None:
             yield Succeeded(msg, key, record)
         else:
             yield self.failed(binding, msg, key, record, state, failure)
+
+    def _call(self, binding: Binding, msg: Message, record: Record[Any]) -> BaseException | None:
+        """Call the handler on `record`: None, its failure, or `_ABANDONED`. A record this consumer may no longer
+        act on must not hold its partition's commit position: it is read again (here or by the new owner), not
+        finished."""
+        failure: BaseException | None = None
+        try:
+            self._invoker.call(binding, record)
+        except Exception as exc:  # noqa: BLE001 - every handler failure is routed; BaseException stops the app
+            failure = exc
+        if self._ownership.lost_ownership(msg) or (failure is not None and self._ownership.stopping(msg, failure)):
+            return _ABANDONED
+        return failure
 
     def _due_at(self, binding: Binding, msg: Message, state: RetryHeaders | None, now: int) -> int | None:
         """When `msg` is due here: its `retry.due_at`, bounded by its tier's longest wait from when this
@@ -452,6 +457,13 @@ class RecordStage:
 _FOLLOWER = Queued(None, None, None, None)
 #: how soon a follower waiting in memory for its predecessor's acknowledgement is asked again (one poll)
 _ACK_RECHECK_MS = 1
+
+
+class _Abandoned(Exception):
+    """The marker `_call` returns for a call this consumer may no longer act on (never raised)."""
+
+
+_ABANDONED = _Abandoned()
 
 
 def _run(tp: TopicPartition, msgs: list[Message], start: int, end: int) -> SucceededRun:
