@@ -18,14 +18,26 @@ from typing import Any
 
 import pytest
 
-from retrytopics import RetryApp
+from retrytopics import KafkaConfig, KeyOrdering, NonRetryable, Record, RetryApp
+from retrytopics.client_factory import MemoryClientFactory
 from retrytopics.core.headers import decode
 from retrytopics.core.key_order import decode_follower
 from retrytopics.memory import MemoryBroker
 from retrytopics.observe.events import Event
 
 from ..kit import eventually
-from .test_key_order_ledger import KEYS, PARTITIONS, PER_KEY, Ledger, build, check, dead_letters, produce, terminal
+from .test_key_order_ledger import (
+    KEYS,
+    PARTITIONS,
+    PER_KEY,
+    POLICY,
+    Ledger,
+    build,
+    check,
+    dead_letters,
+    produce,
+    terminal,
+)
 
 
 class Aborts:
@@ -100,3 +112,40 @@ def test_an_aborted_transaction_with_heads_in_it_rebuilds_the_key_state_and_lose
     check(ledger, dead_letters(broker, app), "release", repeats=True)
     hops = retried_hops(broker, app)
     assert hops and all(n == 1 for n in hops.values()), f"hops committed twice: {hops}"
+
+
+def test_a_record_behind_a_head_dead_lettered_at_once_waits_for_the_dead_letter_to_commit() -> None:
+    """Exactly-once, one partition, one poll: a key's first record is dead-lettered at once (non-retryable) and
+    its second record comes right behind it. The second is handled only once the dead letter is committed (an
+    abort would run the first again, after it): the main consumer stops the partition at it, without parking,
+    and reads it again after the commit. Both records are accounted for: one in the DLQ, one handled."""
+    broker = MemoryBroker()
+    broker.create_topics(["orders"], 1)
+    seen: list[str] = []
+    app = RetryApp(
+        kafka=KafkaConfig(bootstrap="127.0.0.1:9"),
+        group="billing",
+        clients=MemoryClientFactory(broker),
+        exactly_once=True,
+        on_dead_letter=lambda record, route: seen.append(f"dlq {record.value.decode()}"),
+    )
+
+    @app.handler("orders", policy=POLICY, ordering=KeyOrdering())
+    def handle(record: Record[bytes]) -> None:
+        seen.append(f"call {record.value.decode()}")
+        if record.value == b"first":
+            raise NonRetryable(ValueError("malformed"))
+
+    app.provision(partitions=1)
+    for value in (b"first", b"second", b"other"):
+        broker.append("orders", value, key=b"acct-9" if value != b"other" else b"acct-1", partition=0)
+    app.start(main=True)
+    try:
+        eventually(lambda: "call second" in seen and broker.committed("billing") == {("orders", 0): 3})
+    finally:
+        assert app.stop(30)
+    assert app.error is None
+    assert seen.index("dlq first") < seen.index("call second"), seen
+    assert seen.count("call first") == seen.count("call second") == 1
+    [dead] = broker.records(app.topics("orders").dlq)
+    assert dead.value == b"first" and str(decode(list(dead.headers)).dlq_reason) == "non_retryable"
