@@ -7,13 +7,17 @@ a read_committed reader sees holds every retried hop once and every dead letter 
 offsets reach the end of the source. Also when a transaction holding a follower hop aborts while keys are
 blocked: the key state is rebuilt from the key-state topic (read_committed) and the batch read again, so the
 aborted follower is handed off again, not taken for a record already behind its chain, and nothing is lost.
+And when the main consumer is SIGKILLed with a follower hop in its open transaction: the restarted one fences
+it, and reads the key state without it.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,7 +30,17 @@ from retrytopics.core.headers import Header
 from retrytopics.core.ports import DeliveryCallback, ProducerPort
 
 from .conftest import Kit, wait_until
-from .test_key_order import _KEYS, _PER_KEY, _KeyLedger
+from .test_key_order import (
+    _KEYS,
+    _PER_KEY,
+    _assert_key_order,
+    _KeyLedger,
+    _ledger,
+    _run_worker,
+    _terminal,
+    _worker_app,
+)
+from .test_key_order import _produce as _produce_by_parity
 
 pytestmark = pytest.mark.broker
 
@@ -189,3 +203,57 @@ def test_exactly_once_an_aborted_transaction_while_keys_are_blocked_keeps_the_or
     assert clients.left <= 0, "the follower hop failed"
     assert aborts.count >= 1
     _check(kit, ledger, app, source, "release")
+
+
+def test_exactly_once_a_sigkill_of_the_main_consumer_while_keys_are_blocked_keeps_the_order(
+    kafka: KafkaConfig,
+    kit: Kit,
+    apps: list[RetryApp],
+    unique_name: Callable[[str], str],
+    consumer_overrides: dict[str, Any],
+    tmp_path: Path,
+) -> None:
+    """Guarantee (module docstring): the exactly-once main consumer, in a process of its own, is SIGKILLed right
+    after producing a follower hop into its open transaction while keys are blocked; a new main consumer with
+    the same instance id fences that transaction and rebuilds the blocked keys from what was committed. The
+    shared ledger shows the order kept and every record handled or dead-lettered (calls may repeat: the killed
+    batch's); read_committed, each dead letter and each retried hop is there once."""
+    worker = _worker_app()
+    keys, per_key = 12, 6
+    source = kit.create(unique_name("orders"), 2)
+    ledger = tmp_path / "ledger.jsonl"
+    settings = {
+        "bootstrap": kafka.bootstrap,
+        "group": unique_name("billing"),
+        "source": source,
+        "consumer": consumer_overrides,
+        "ledger": str(ledger),
+        "kill_after": 4,
+        "exactly_once": True,
+        "instance": "worker",
+    }
+    tiers = worker.build_app(settings)
+    apps.append(tiers)
+    tiers.provision()
+    _produce_by_parity(kit, source, keys, range(per_key))
+    tiers.start(main=False, tiers="all")
+    _run_worker(settings)
+
+    main = worker.build_app(settings)
+    apps.append(main)
+    main.start(main=True)
+    every = {(k, s) for k in range(keys) for s in range(per_key)}
+    wait_until(lambda: _terminal(ledger) >= every, 120, "every record")
+    assert main.stop(30) and tiers.stop(30) and main.error is None and tiers.error is None
+
+    events = _ledger(ledger)
+    _assert_key_order(events, every, worker.failures)
+    assert {e["pid"] for e in events if "pid" in e} - {os.getpid()}, "the killed worker handled records"
+    dead = [read.value for read in kit.read_all(tiers.topics(source).dlq)]
+    assert len(dead) == len(set(dead)), "each dead letter committed once"
+    hops: Counter[tuple[str, bytes | None, bytes | None]] = Counter()
+    for tier in tiers.topics(source).tiers:
+        for read in kit.read_all(tier.topic):
+            if read.header(_FOLLOWER_HEADER) is None:
+                hops[(tier.topic, read.value, read.header("retry.reconsume_times"))] += 1
+    assert hops and max(hops.values()) == 1, f"retried hops committed more than once: {hops.most_common(3)}"
