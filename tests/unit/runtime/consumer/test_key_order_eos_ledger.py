@@ -149,3 +149,46 @@ def test_a_record_behind_a_head_dead_lettered_at_once_waits_for_the_dead_letter_
     assert seen.count("call first") == seen.count("call second") == 1
     [dead] = broker.records(app.topics("orders").dlq)
     assert dead.value == b"first" and str(decode(list(dead.headers)).dlq_reason) == "non_retryable"
+
+
+def test_a_follower_too_large_for_its_tier_is_dead_lettered_after_its_transaction_aborts_alone() -> None:
+    """Exactly-once: a head fails twice (tier 0, then tier 1); the follower behind it is too large for tier 1.
+    Its refusal fails the transaction it was in (aborted, read again); sent alone it is refused again, and the
+    next attempt dead-letters it unhandled as `blocked_by_key`, naming the refusal. The key's next record still
+    waits behind the head: its first call comes after the head's success. Nothing else is lost."""
+    broker = MemoryBroker()
+    broker.create_topics(["orders"], 1)
+    calls: list[tuple[bytes, int]] = []
+    aborts = Aborts()
+
+    def handle(record: Record[bytes]) -> None:
+        calls.append((record.value[:1], record.attempt))
+        if record.value == b"head" and record.attempt < 3:
+            raise RuntimeError("the head fails twice")
+
+    app = RetryApp(
+        kafka=KafkaConfig(bootstrap="127.0.0.1:9"),
+        group="billing",
+        clients=MemoryClientFactory(broker),
+        exactly_once=True,
+        hooks=[aborts],
+    )
+    app.handler("orders", policy=POLICY, ordering=KeyOrdering())(handle)
+    app.provision(partitions=1)
+    topics = app.topics("orders")
+    broker.max_message_bytes[topics.tiers[1].topic] = 16_000
+    for value in (b"head", b"b" * 32_000, b"tail"):
+        broker.append("orders", value, key=b"acct-1", partition=0)
+    app.start(main=True, tiers="all")
+    try:
+        eventually(lambda: (b"t", 1) in calls and broker.records(topics.dlq), timeout_s=30)
+    finally:
+        assert app.stop(30)
+    assert app.error is None
+
+    assert aborts.count >= 2, "refused in its transaction, then refused alone"
+    assert calls.index((b"h", 3)) < calls.index((b"t", 1)) and (b"b", 1) not in calls
+    [dead] = broker.records(topics.dlq)
+    headers = decode(list(dead.headers))
+    assert (dead.value, headers.dlq_reason, headers.original_offset) == (b"b" * 32_000, "blocked_by_key", 1)
+    assert headers.exception_message.startswith(f"behind orders-0-0 (its hop to {topics.tiers[1].topic} was refused")
