@@ -10,6 +10,10 @@ reports that error on every record of the batch. So a record refused as too larg
 (flushed before and after, a batch of its own) in the next attempt of its transaction; only a record refused
 alone takes a shrinking step (`PublishJob.shrink`) toward the DLQ: its batch neighbours go out unchanged.
 
+Key order's records that are no `PublishJob` (key-state records, follower hops: runtime/handoff/ordered.py) go
+into the same transaction through `send_record`; a follower hop refused as too large goes alone next, and once
+refused alone the hand-off dead-letters it instead (`refused_alone`).
+
 A delivery error belongs to the transaction its record was sent in. librdkafka reports the records an abort
 purged ("Purged in queue") at a later poll, when the next transaction is open: those reports are ignored.
 Once `commit_transaction()` returned, the transaction is committed, whatever arrives after.
