@@ -589,14 +589,10 @@ def _loop_options(
 
 
 def _refuse_key_ordering(app: RetryApp) -> None:
-    # Enforced at-least-once with partition-based consumers and single-record handlers (docs/key-ordering.md,
-    # section 12); exactly-once (section 8) and share groups (no partition order to keep) are not built.
+    # Enforced in both delivery modes with partition-based consumers and single-record handlers
+    # (docs/key-ordering.md, section 12); share groups have no partition order to keep.
     ordered = sorted(topic for topic, binding in app.handlers.items() if binding.ordering is not None)
     if not ordered:
         return
-    if app.exactly_once:
-        raise ConfigError(
-            "ordering", ordered, "key ordering is not available with exactly_once=True yet; run it at-least-once"
-        )
     if app.consumer == "share":
         raise ConfigError("ordering", ordered, "key ordering needs partition order: not with consumer='share'")

@@ -76,12 +76,11 @@ def test_a_batch_handler_refuses_key_ordering_naming_the_field() -> None:
     assert app.handlers["orders"].batch and app.handlers["orders"].ordering is None
 
 
-@pytest.mark.parametrize("options", [{"exactly_once": True}, {"consumer": "share"}])
-def test_start_refuses_key_ordering_where_it_is_not_enforced(options: dict[str, Any]) -> None:
-    """Key order is enforced at-least-once on partition-based consumers (docs/key-ordering.md, section 12); an
-    exactly-once app or a share group would hand a key's records out of order in silence: start-up fails
-    instead, naming the field and the ordered topics, and starts nothing."""
-    app = RetryApp(kafka=KafkaConfig(bootstrap="127.0.0.1:9"), group="billing", **options)
+def test_start_refuses_key_ordering_where_it_is_not_enforced() -> None:
+    """Key order is enforced on partition-based consumers, in both delivery modes (docs/key-ordering.md,
+    section 12); a share group would hand a key's records out of order in silence: start-up fails instead,
+    naming the field and the ordered topics, and starts nothing."""
+    app = RetryApp(kafka=KafkaConfig(bootstrap="127.0.0.1:9"), group="billing", consumer="share")
     app.handler("orders", policy=POLICY, ordering=KeyOrdering())(lambda record: None)
     app.handler("refunds", policy=POLICY)(lambda record: None)
 

@@ -21,7 +21,7 @@ from retrytopics.core.offsets import TopicPartition
 from retrytopics.core.ports import ConsumerPort, Message, Polled, consume_runs, message_of
 from retrytopics.runtime.clock import Clock
 from retrytopics.runtime.handoff.base import HandOff
-from retrytopics.runtime.handoff.ordered import OrderedHandOffs
+from retrytopics.runtime.handoff.ordered import KeyWrites
 from retrytopics.runtime.records.calls import Run
 from retrytopics.runtime.records.ordering import KeyOrder, TierOrder
 from retrytopics.runtime.records.outcome import Abandoned, Held, Outcome, Waiting
@@ -55,7 +55,7 @@ class PollCycle:
         assigned: set[TopicPartition],
         stop: threading.Event,
         clock: Clock,
-        key_order: tuple[KeyOrder | TierOrder, OrderedHandOffs] | None = None,
+        key_order: tuple[KeyOrder | TierOrder, KeyWrites] | None = None,
     ) -> None:
         self._consumer = consumer
         self._key_order = key_order
@@ -213,7 +213,7 @@ class PollCycle:
         return True
 
     @staticmethod
-    def _learn_key_state(key_order: KeyOrder | TierOrder, writes: OrderedHandOffs) -> None:
+    def _learn_key_state(key_order: KeyOrder | TierOrder, writes: KeyWrites) -> None:
         """Key order: read the key state of partitions not started yet, and the tiers' passages; write the
         tombstones of the chains they close."""
         writes.write(key_order.read_pending())

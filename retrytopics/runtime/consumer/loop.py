@@ -34,11 +34,11 @@ from retrytopics.runtime.consumer.settings import LoopSettings
 from retrytopics.runtime.handoff.at_least_once import AtLeastOnce
 from retrytopics.runtime.handoff.base import DeadLetterCallback, HandOff
 from retrytopics.runtime.handoff.exactly_once import ExactlyOnce
-from retrytopics.runtime.handoff.ordered import OrderedHandOffs
+from retrytopics.runtime.handoff.ordered import KeyWrites, OrderedHandOffs
 from retrytopics.runtime.records.calls import Binding
 from retrytopics.runtime.records.duplicates import DuplicateCheck, TailReader
 from retrytopics.runtime.records.key_state import KeyStateReader
-from retrytopics.runtime.records.ordering import KeyOrder, KeyStateFeed, TierOrder
+from retrytopics.runtime.records.ordering import PARKED_PER_PARTITION, KeyOrder, KeyStateFeed, TierOrder
 from retrytopics.runtime.records.ownership import OwnershipCheck, OwnershipGuard
 from retrytopics.runtime.records.stage import RecordStage
 from retrytopics.runtime.waiting import PauseController
@@ -79,7 +79,7 @@ class ConsumerLoop(LoopRun):
         self._on_dead_letter = on_dead_letter
         self._tail_reader = tail_reader if not settings.exactly_once else None  # runtime/records/duplicates.py
         self._key_state = (key_state_reader, key_state_feed)  # a main consumer of key-ordered handlers
-        self._key_order: tuple[KeyOrder | TierOrder, OrderedHandOffs] | None = None
+        self._key_order: tuple[KeyOrder | TierOrder, KeyWrites] | None = None
         self._tracker = OffsetTracker()
         self._assigned: set[TopicPartition] = set()
         self._join = GroupJoin(
@@ -132,17 +132,27 @@ class ConsumerLoop(LoopRun):
             max_records=s.wait_in_memory_records,
         )
         shared = (s, consumer, self._tracker, self._audit, self._emitter, self._on_dead_letter, self._producer_factory)
-        key_order = self._key_order = self._make_key_order()
-        handoff = self._handoff = (
-            ExactlyOnce(*shared, clock=clock, forget_waiting=waiting.drop, assigned=self._assigned)
-            if s.exactly_once
-            else AtLeastOnce(
+        chains = self._make_key_order()
+        handoff: ExactlyOnce | AtLeastOnce
+        writes: KeyWrites | None
+        if s.exactly_once:
+            handoff = ExactlyOnce(
                 *shared,
                 clock=clock,
-                alone_producer_factory=self._alone_producer_factory,
-                ordered=None if key_order is None else key_order[1],
+                forget_waiting=waiting.drop,
+                assigned=self._assigned,
+                key_chains=chains,
+                rebuild_key_state=self._rebuild_key_state,
             )
-        )
+            writes = handoff.key_writes
+        else:
+            hand_offs = None if chains is None else self._ordered_hand_offs(chains)
+            handoff = AtLeastOnce(
+                *shared, clock=clock, alone_producer_factory=self._alone_producer_factory, ordered=hand_offs
+            )
+            writes = hand_offs
+        self._handoff = handoff
+        key_order = self._key_order = None if chains is None or writes is None else (chains, writes)
         check = OwnershipCheck(consumer, self._tracker, committed_only=handoff.commits_in_transactions)
         ownership = self._guard = OwnershipGuard(check, emit, name=s.name, stop=stop, monotonic=clock.monotonic)
         duplicates = DuplicateCheck(
@@ -187,7 +197,7 @@ class ConsumerLoop(LoopRun):
             key_order=key_order,
         )
 
-    def _make_key_order(self) -> tuple[KeyOrder | TierOrder, OrderedHandOffs] | None:
+    def _make_key_order(self) -> KeyOrder | TierOrder | None:
         """The loop's key order, when some handler it consumes is key-ordered (docs/key-ordering.md): a main
         consumer's (`KeyOrder`) or a tier consumer's (`TierOrder`)."""
         ordered = sorted(t for t, b in self._bindings.items() if b.ordering is not None)
@@ -195,13 +205,12 @@ class ConsumerLoop(LoopRun):
             return None
         read, feed = self._key_state
         main = any(self._bindings[t].topic == t for t in ordered)
-        if self.settings.exactly_once or read is None or (main and feed is None):
-            raise ConfigError("ordering", ordered, "key ordering runs at-least-once, with a key-state reader and feed")
+        if read is None or (main and feed is None):
+            raise ConfigError("ordering", ordered, "key ordering runs with a key-state reader and feed")
         clock, name = self._clock, self.settings.name
-        key_order: KeyOrder | TierOrder
         if main:
             assert feed is not None
-            key_order = KeyOrder(
+            return KeyOrder(
                 self._bindings,
                 read=read,
                 feed=feed(),
@@ -209,24 +218,32 @@ class ConsumerLoop(LoopRun):
                 name=name,
                 now_ms=clock.now_ms,
                 monotonic=clock.monotonic,
+                park_limit=0 if self.settings.exactly_once else PARKED_PER_PARTITION,
             )
-        else:
-            key_order = TierOrder(
-                self._bindings,
-                read=read,
-                emitter=self._emitter,
-                name=name,
-                now_ms=clock.now_ms,
-                monotonic=clock.monotonic,
-            )
-        return key_order, OrderedHandOffs(
-            key_order,
+        return TierOrder(
+            self._bindings, read=read, emitter=self._emitter, name=name, now_ms=clock.now_ms, monotonic=clock.monotonic
+        )
+
+    def _ordered_hand_offs(self, chains: KeyOrder | TierOrder) -> OrderedHandOffs:
+        """At-least-once: key order's writes on a producer of their own."""
+        return OrderedHandOffs(
+            chains,
             self._producer_factory,
             self._emitter,
-            clock=clock,
+            clock=self._clock,
             name=self.settings.name,
             make_alone_producer=self._alone_producer_factory,
         )
+
+    def _rebuild_key_state(self, tps: list[TopicPartition]) -> None:
+        """Exactly-once, after an aborted transaction: the key state of `tps` read again from the topic (what
+        the aborted transaction told key order never happened), as at an assignment."""
+        if self._key_order is None:
+            return
+        key_order, writes = self._key_order
+        ordered = [tp for tp in tps if key_order.ordered(tp[0])]
+        key_order.revoked(ordered)
+        writes.write(key_order.assigned(ordered))
 
     # -- shutdown ------------------------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from retrytopics.core.offsets import OffsetTracker, TopicPartition
 from retrytopics.observe.events import Event
 from retrytopics.runtime.handoff.base import HandOff
-from retrytopics.runtime.handoff.ordered import OrderedHandOffs
+from retrytopics.runtime.handoff.ordered import KeyWrites
 from retrytopics.runtime.records.duplicates import DuplicateCheck
 from retrytopics.runtime.records.ordering import KeyOrder, TierOrder
 from retrytopics.runtime.waiting import PauseController
@@ -84,7 +84,7 @@ class RebalanceListener:
         *,
         assigned: set[TopicPartition],
         join: GroupJoin,
-        key_order: tuple[KeyOrder | TierOrder, OrderedHandOffs] | None = None,
+        key_order: tuple[KeyOrder | TierOrder, KeyWrites] | None = None,
     ) -> None:
         self._key_order = key_order
         self._tracker = tracker

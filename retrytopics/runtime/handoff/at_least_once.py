@@ -19,8 +19,9 @@ from retrytopics.core.router import RouteKind
 from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.clock import Clock
 from retrytopics.runtime.handoff.base import CommitSettings, DeadLetterCallback, HandOffBase
-from retrytopics.runtime.handoff.ordered import OrderedHandOffs
+from retrytopics.runtime.handoff.ordered import OrderedHandOffs, too_large_follower_job
 from retrytopics.runtime.handoff.publish import Publisher, PublishJob
+from retrytopics.runtime.records.outcome import Follow
 
 __all__ = ["AtLeastOnce"]
 
@@ -53,7 +54,7 @@ class AtLeastOnce(HandOffBase):
         ordered: OrderedHandOffs | None = None,
     ) -> None:
         super().__init__(settings, audit, emitter, on_dead_letter, clock=clock)
-        self._ordered = ordered
+        self._ordered: OrderedHandOffs | None = ordered
         self._consumer = consumer
         self._tracker = tracker
         self.publisher: Publisher = self._new_publisher(producer_factory, alone_producer_factory)
@@ -96,6 +97,17 @@ class AtLeastOnce(HandOffBase):
 
     def _send(self, job: PublishJob) -> None:
         self.publisher.send(job)
+
+    def _follow(self, outcome: Follow) -> None:
+        assert self._ordered is not None
+        msg = outcome.msg
+        epoch = self._track(msg.tp, msg.offset)
+        self._ordered.follow(
+            outcome,
+            lambda: self._finish_acked(msg.tp, msg.offset, epoch),
+            # refused as too large by itself: to the DLQ unhandled; its key waits behind the same record
+            lambda error: self._send(too_large_follower_job(outcome, epoch=epoch, error=error, now_ms=self._now_ms())),
+        )
 
     def _acknowledged(self, jobs: list[PublishJob]) -> None:
         ordered = self._ordered

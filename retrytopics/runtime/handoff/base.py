@@ -39,7 +39,7 @@ from retrytopics.core.ports import Message, ProducerPort
 from retrytopics.core.router import RouteKind
 from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.clock import Clock
-from retrytopics.runtime.handoff.ordered import OrderedHandOffs, too_large_follower_job
+from retrytopics.runtime.handoff.ordered import KeyWrites
 from retrytopics.runtime.handoff.publish import Publisher, PublishJob, too_large_fallback
 from retrytopics.runtime.handoff.transactional import TransactionalPublisher
 from retrytopics.runtime.records.outcome import Duplicate, Failed, Follow, Outcome, Parked, Succeeded, SucceededRun
@@ -149,8 +149,8 @@ class HandOffBase:
         self._retried: dict[tuple[str, int, str], int] = {}
         #: per routing context (a handler's, alive as long as the app), its too-large fallback, made once
         self._shrinks: dict[int, Callable[[PublishJob], bool]] = {}
-        #: follower hops and key-state writes of key-ordered handlers (at-least-once only); None: no such handler
-        self._ordered: OrderedHandOffs | None = None
+        #: follower hops and key-state writes of key-ordered handlers; None: no such handler
+        self._ordered: KeyWrites | None = None
 
     # -- the strategy's part -------------------------------------------------------------------------------
 
@@ -170,7 +170,11 @@ class HandOffBase:
     def _park(self, tp: TopicPartition, offset: int) -> None:
         """Track a record key order parked (its outcome comes later, after records of its partition that
         follow it): nothing is committed past it until that outcome finishes it."""
-        raise TypeError("only the at-least-once hand-off keeps key order")
+        raise TypeError("only the at-least-once hand-off parks records")
+
+    def _follow(self, outcome: Follow) -> None:
+        """Hand a record of a blocked key off unhandled behind its key's predecessor (key order's writes)."""
+        raise NotImplementedError
 
     def _send(self, job: PublishJob) -> None:
         raise NotImplementedError
@@ -194,16 +198,7 @@ class HandOffBase:
         elif type(outcome) is Duplicate:
             self._duplicate(outcome)
         elif type(outcome) is Follow and self._ordered is not None:  # a record of a blocked key, unhandled
-            msg = outcome.msg
-            epoch = self._track(msg.tp, msg.offset)
-            self._ordered.follow(
-                outcome,
-                lambda: self._finish_acked(msg.tp, msg.offset, epoch),
-                # refused as too large by itself: to the DLQ unhandled; its key waits behind the same record
-                lambda error: self._send(
-                    too_large_follower_job(outcome, epoch=epoch, error=error, now_ms=self._now_ms())
-                ),
-            )
+            self._follow(outcome)
         elif type(outcome) is Parked:
             self._park(outcome.msg.tp, outcome.msg.offset)
         else:

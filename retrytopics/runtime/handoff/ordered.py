@@ -9,6 +9,10 @@ stay uncommitted meanwhile. A follower hop refused as too large is the record's 
 sent again alone (it may have been refused for a neighbour in its batch), and refused alone it is given back to
 the hand-off to dead-letter (docs/key-ordering.md, section 9). The decisions are the records stage's key order
 (runtime/records/ordering.py), seen here through `KeyChains`.
+
+With exactly-once (`TransactionalKeyWrites`) both go into the batch's transaction instead, on the transactional
+producer: no producer of their own, no acknowledgement to wait for (section 8). A follower hop refused as too
+large fails its transaction; the next attempt sends it alone, and refused alone it is dead-lettered.
 """
 
 from __future__ import annotations
@@ -30,9 +34,17 @@ from retrytopics.core.router import too_large_reference_record
 from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.clock import Clock
 from retrytopics.runtime.handoff.publish import TOO_LARGE_CODES, PublishJob
+from retrytopics.runtime.handoff.transactional import TransactionalPublisher
 from retrytopics.runtime.records.outcome import Follow
 
-__all__ = ["KeyChains", "OrderedHandOffs", "too_large_follower_job"]
+__all__ = [
+    "KeyChains",
+    "KeyWrites",
+    "OrderedHandOffs",
+    "TransactionalKeyWrites",
+    "follower_origin",
+    "too_large_follower_job",
+]
 
 log = logging.getLogger("retrytopics.runtime")
 
@@ -55,6 +67,29 @@ class KeyChains(Protocol):
     def acked(self, at: Origin, landed: int | None) -> list[KeyStateRecord]: ...
 
     def succeeded(self, at: Origin) -> list[KeyStateRecord]: ...
+
+
+class KeyWrites(Protocol):
+    """What a hand-off and the loop ask of key order's writes, in either delivery mode: `OrderedHandOffs`
+    (at-least-once: a producer of their own, acknowledged before an offset is finished) or
+    `TransactionalKeyWrites` (exactly-once: in the batch's transaction)."""
+
+    @property
+    def chains(self) -> KeyChains: ...
+
+    @property
+    def healthy(self) -> bool: ...
+
+    def write(self, records: Iterable[KeyStateRecord], then: Callable[[], None] | None = None) -> None: ...
+
+
+def follower_origin(outcome: Follow) -> Origin:
+    """The chain and source offset a follower hop is about."""
+    msg, follower = outcome.msg, outcome.follower
+    assert msg.key is not None  # a record without a key never follows
+    return Origin(
+        ChainKey(follower.original_topic, follower.original_partition, key_id(msg.key)), follower.original_offset
+    )
 
 
 @dataclass(slots=True)
@@ -121,10 +156,7 @@ class OrderedHandOffs:
         error) dead-letters the record, and its acknowledgement is then `acked(..., landed=None, ...)`."""
         msg, tier, follower, ctx, behind = outcome
         topic = ctx.topics.tiers[tier].topic
-        assert msg.key is not None  # a record without a key never follows
-        at = Origin(
-            ChainKey(follower.original_topic, follower.original_partition, key_id(msg.key)), follower.original_offset
-        )
+        at = follower_origin(outcome)
         self.write(self.chains.sent(at, to_tier=tier, handled=False, behind=behind))
 
         def landed() -> None:
@@ -284,6 +316,44 @@ class OrderedHandOffs:
                     del self._latest[(write.topic, write.key)]
                 if write.on_ack is not None:
                     write.on_ack()
+
+
+class TransactionalKeyWrites:
+    """Key order's writes in exactly-once mode (docs/key-ordering.md, section 8): key-state records and follower
+    hops go into the open transaction of the loop's transactional producer, with the batch's hops and offsets,
+    and commit or abort with them. Nothing waits for an acknowledgement: where a hop lands is its transaction's
+    fate, so the hand-off tells key order as soon as the hop is produced, and an aborted transaction rebuilds
+    the key state from the topic (read_committed) rather than undoing what it told."""
+
+    def __init__(self, chains: KeyChains, publisher: TransactionalPublisher) -> None:
+        self.chains = chains
+        self._publisher = publisher
+
+    @property
+    def healthy(self) -> bool:
+        return True  # a failed write fails its transaction: `TransactionalPublisher.healthy` says so
+
+    def write(self, records: Iterable[KeyStateRecord], then: Callable[[], None] | None = None) -> None:
+        """Produce key-state records into the open transaction (opened by the first one); `then` at once: they
+        are durable exactly when what they describe is."""
+        for record in records:
+            key, value, partition = encode_record(record)
+            topic = self.chains.state_topic(record.chain.source_topic)
+            self._publisher.send_record(topic, key=key, value=value, partition=partition)
+        if then is not None:
+            then()
+
+    def follow(self, outcome: Follow) -> bool:
+        """Produce `outcome`'s follower hop into the open transaction; False, producing nothing, when an earlier
+        attempt of it was refused as too large alone: the hand-off dead-letters it instead."""
+        msg, tier, follower, ctx, _behind = outcome
+        source = (msg.tp, msg.offset)
+        if self._publisher.refused_alone(source):
+            return False
+        topic = ctx.topics.tiers[tier].topic
+        headers = follower_headers(ctx, follower, msg, topic)
+        self._publisher.send_record(topic, key=msg.key, value=msg.value, partition=None, headers=headers, source=source)
+        return True
 
 
 def too_large_follower_job(outcome: Follow, *, epoch: int, error: str, now_ms: int) -> PublishJob:

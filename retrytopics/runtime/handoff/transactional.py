@@ -10,6 +10,10 @@ reports that error on every record of the batch. So a record refused as too larg
 (flushed before and after, a batch of its own) in the next attempt of its transaction; only a record refused
 alone takes a shrinking step (`PublishJob.shrink`) toward the DLQ: its batch neighbours go out unchanged.
 
+Key order's records that are no `PublishJob` (key-state records, follower hops: runtime/handoff/ordered.py) go
+into the same transaction through `send_record`; a follower hop refused as too large goes alone next, and once
+refused alone the hand-off dead-letters it instead (`refused_alone`).
+
 A delivery error belongs to the transaction its record was sent in. librdkafka reports the records an abort
 purged ("Purged in queue") at a later poll, when the next transaction is open: those reports are ignored.
 Once `commit_transaction()` returned, the transaction is committed, whatever arrives after.
@@ -23,6 +27,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from retrytopics.core.errors import KafkaClientError, PublishError
+from retrytopics.core.headers import Header
 from retrytopics.core.offsets import TopicPartition
 from retrytopics.core.ports import ProducerPort
 from retrytopics.core.transactions import CALL_TIMEOUT_MS
@@ -103,6 +108,7 @@ class TransactionalPublisher:
         self._failing: KafkaClientError | None = None  # a call timed out or abandoned since the last commit
         self._shrinks: dict[tuple[TopicPartition, int], int] = {}  # source record -> steps its next publish takes
         self._alone: set[tuple[TopicPartition, int]] = set()  # source records refused as too large: sent alone
+        self._refused_alone: set[tuple[TopicPartition, int]] = set()  # `send_record`'s, refused alone too
         # None once abandoned: the next transaction makes a new one. At start-up, given longer: a broker
         # that just started may still be loading its transaction coordinator.
         self._producer: ProducerPort | None = None
@@ -166,9 +172,7 @@ class TransactionalPublisher:
                 # The broker refused it (its own, smaller limit) after the producer let it through. The
                 # transaction fails and the batch is read again: this record goes alone next time, and once
                 # refused alone, its next publish starts smaller.
-                if len(self._alone) >= _MAX_REMEMBERED_SHRINKS:
-                    self._alone.clear()
-                self._alone.add(source)
+                self._remember(self._alone, source)
                 if alone:
                     if len(self._shrinks) >= _MAX_REMEMBERED_SHRINKS:
                         self._shrinks.clear()
@@ -179,17 +183,76 @@ class TransactionalPublisher:
             if error is not None and self._error is None and self._open and sent_in == self._transaction:
                 self._error = error
 
+        self._produce(
+            producer, job.route.topic, alone, lambda: _produce_job_shrinking(producer, job, delivered), delivered
+        )
+
+    def send_record(
+        self,
+        topic: str,
+        *,
+        key: bytes | None,
+        value: bytes | None,
+        partition: int | None,
+        headers: tuple[Header, ...] = (),
+        source: tuple[TopicPartition, int] | None = None,
+    ) -> None:
+        """Produce a record that is no `PublishJob` inside the current transaction (opened on first use): key
+        order's key-state records and follower hops. A failed delivery fails the transaction, as a job's does.
+        `source`, a follower hop's consumed record: refused as too large, it goes alone in the next attempt,
+        and once refused alone `refused_alone(source)` says so (the hand-off then dead-letters it instead)."""
+        self.begin()
+        sent_in = self._transaction
+        producer = self._producer
+        if producer is None or self._error is not None:
+            return  # the transaction has failed already (see `send`)
+        alone = source is not None and source in self._alone
+
+        def delivered(error: PublishError | None) -> None:
+            if source is not None and error is not None and error.code in TOO_LARGE_CODES:
+                self._remember(self._alone, source)
+                if alone:
+                    self._remember(self._refused_alone, source)
+            elif source is not None and error is None:
+                self._alone.discard(source)
+            if error is not None and self._error is None and self._open and sent_in == self._transaction:
+                self._error = error
+
+        def produce() -> None:
+            producer.produce(topic, key=key, value=value, headers=headers, partition=partition, on_delivery=delivered)
+
+        self._produce(producer, topic, alone, produce, delivered)
+
+    def refused_alone(self, source: tuple[TopicPartition, int]) -> bool:
+        """Whether a record sent with `send_record` for consumed record `source` was refused as too large
+        alone in an earlier attempt of its transaction."""
+        return source in self._refused_alone
+
+    @staticmethod
+    def _remember(sources: set[tuple[TopicPartition, int]], source: tuple[TopicPartition, int]) -> None:
+        if len(sources) >= _MAX_REMEMBERED_SHRINKS:
+            sources.clear()
+        sources.add(source)
+
+    def _produce(
+        self,
+        producer: ProducerPort,
+        topic: str,
+        alone: bool,
+        produce: Callable[[], None],
+        delivered: Callable[[PublishError | None], None],
+    ) -> None:
         try:
             if alone:  # a batch of its own: what was queued before goes first, what comes after waits
                 self._bounded("flush", producer.flush, self._timeout_s)
-            _produce_job_shrinking(producer, job, delivered)
+            produce()
             if alone:
                 self._bounded("flush", producer.flush, self._timeout_s)
         except KafkaClientError as exc:
             # A fenced producer refuses records at once (_FATAL) once it learnt of the fencing. Raising here
             # stopped the whole app; recorded instead, it fails this transaction's commit, which aborts it,
             # replaces the producer and rewinds the batch.
-            delivered(PublishError(job.route.topic, str(exc), code=exc.code, fatal=exc.fatal))
+            delivered(PublishError(topic, str(exc), code=exc.code, fatal=exc.fatal))
 
     def begin(self) -> None:
         if self._open:

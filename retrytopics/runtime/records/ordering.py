@@ -197,9 +197,13 @@ class KeyOrder(_Ordering):
         name: str,
         now_ms: Callable[[], int],
         monotonic: Callable[[], float],
+        park_limit: int = PARKED_PER_PARTITION,
     ) -> None:
         ordered = {t: b for t, b in bindings.items() if b.ordering is not None and t == b.topic}
         super().__init__(ordered, read=read, emitter=emitter, name=name, now_ms=now_ms, monotonic=monotonic)
+        #: parked records per partition before it stops instead; exactly-once parks none: records after a
+        #: parked one would commit their outcomes in a transaction that an abort could then have to repeat
+        self._park_limit = park_limit
         self._source_of = {b.ctx.topics.key_state_topic: t for t, b in ordered.items()}
         self._feed = feed
         self._chains: dict[TopicPartition, SourceChains] = {}
@@ -235,14 +239,15 @@ class KeyOrder(_Ordering):
 
     def park(self, msg: Message, *, again: bool = False) -> bool:
         """Keep `msg` (admitted `Admit.WAIT`) in memory until its key may go on (`unpark`); False when its
-        partition has `PARKED_PER_PARTITION` parked records: the partition stops at `msg` instead (`holds`).
+        partition has its limit of parked records (`PARKED_PER_PARTITION`; none with exactly-once): the
+        partition stops at `msg` instead (`holds`).
         `again`: a record taken back by `unpark` (it is parked whatever the bound: its offset is tracked and
         later records of its partition were acted on, so it is never read again from Kafka)."""
         tp, key = msg.tp, key_id(msg.key or b"")
         if tp not in self._chains:
             return False  # not started: held until its key state is read
         parked = self._parked.setdefault(tp, [])
-        if not again and len(parked) >= PARKED_PER_PARTITION:
+        if not again and len(parked) >= self._park_limit:
             self._held[tp] = key
             return False
         insort(parked, msg, key=_offset)
@@ -293,11 +298,7 @@ class KeyOrder(_Ordering):
         chains = self._chains.get(tp)
         action = None if chains is None else chains.admit(key).action
         parked = self._parked.get(tp)
-        if (
-            action is Admit.WAIT
-            or action is Admit.PAUSE
-            or (parked is not None and len(parked) >= PARKED_PER_PARTITION)
-        ):
+        if action is Admit.WAIT or action is Admit.PAUSE or (parked and len(parked) >= self._park_limit):
             return True
         del self._held[tp]
         self._at_bound.discard(tp)

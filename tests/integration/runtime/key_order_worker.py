@@ -6,7 +6,8 @@ repeated call after a crash fails or succeeds as the first did). Every call and 
 JSON-lines ledger shared with the test process (line-buffered appends: the file's order is the order of the
 calls across both processes; each entry names the app's `member`, if the settings give one). `kill_after` followers
 handed off (by the main consumer, or forwarded by a tier's), the process SIGKILLs itself: a follower hop is then
-in flight, its key-state record not written, its offset not committed.
+in flight, its key-state record not written, its offset not committed (with `"exactly_once": true`: its
+transaction open; `"instance"` names the process, so that a restarted one's producer fences it).
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ def build_app(settings: dict[str, Any], *, hooks: tuple[Any, ...] = ()) -> Retry
         consumer_overrides=settings["consumer"],
         hooks=hooks,
         on_dead_letter=dead_lettered,
+        exactly_once=settings.get("exactly_once", False),
+        instance_id=settings.get("instance"),  # exactly-once: a restart's producer fences the killed one's
     )
 
     @app.handler(

@@ -68,13 +68,16 @@ class Ledger:
             self.events.append(("dlq", key, seq, False))
 
 
-def build(broker: MemoryBroker, ledger: Ledger, dead_head: str, hooks: Sequence[Any] = ()) -> RetryApp:
+def build(
+    broker: MemoryBroker, ledger: Ledger, dead_head: str, hooks: Sequence[Any] = (), *, exactly_once: bool = False
+) -> RetryApp:
     app = RetryApp(
         kafka=KafkaConfig(bootstrap="127.0.0.1:9"),
         group="billing",
         clients=MemoryClientFactory(broker),
         on_dead_letter=ledger.dead_lettered,
         hooks=list(hooks),
+        exactly_once=exactly_once,
     )
     app.handler("orders", policy=POLICY, ordering=KeyOrdering(dead_head=dead_head))(ledger.handle)
     app.provision(partitions=PARTITIONS)
