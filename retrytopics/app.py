@@ -240,7 +240,8 @@ class RetryApp:
         records whose outcome is settled (succeeded, or republished and acknowledged), never past one that
         is not. The whole call must end within `max.poll.interval.ms`. `policy.in_process` retries are per
         record and not offered here: a failed record goes to the tiers (docs/architecture.md, "Batch
-        handlers"). Key `ordering` is not available for batch handlers yet: a `ConfigError` naming it."""
+        handlers"). With key `ordering`, a call never holds two records of one key: it is cut before the
+        second, which is admitted again once the call settled (docs/key-ordering.md, section 8)."""
         return self._register(topic, policy, value_deserializer, dlq, "1s", batch=True, ordering=ordering)
 
     def _register(
