@@ -11,7 +11,8 @@ per record through `BatchFailed`) and dead letters, any batch size, and both `de
 - every record is accounted for: handled successfully, or in the DLQ once with its reason: `exhausted` for
   those that always fail, `blocked_by_key` only under `dead_letter`, never handled, behind one of its key's
   exhausted records (one that always fails may be either); records with a null key are handled or
-  dead-lettered like any other.
+  dead-lettered like any other;
+- a partition never has more than `max_blocked_keys` open chains, however many records of a call fail.
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from retrytopics import BatchFailed, KafkaConfig, KeyOrdering, Record, RetryApp, RetryPolicy
 from retrytopics.client_factory import MemoryClientFactory
 from retrytopics.core.headers import decode
 from retrytopics.memory import MemoryBroker
+from retrytopics.observe.events import Event
 
 from ..kit import eventually
 
@@ -44,6 +46,14 @@ class CallLedger:
         self.calls: list[list[tuple[bytes | None, int]]] = []
         #: (what, record number): ok, fail or dlq
         self.events: list[tuple[str, int]] = []
+        #: the most open chains a partition had (`key_order.blocked` events)
+        self.most_blocked = 0
+
+    wanted_events = frozenset({Event.KEY_ORDER_BLOCKED})
+
+    def on_event(self, event: Event, data: dict[str, Any]) -> None:
+        with self.lock:
+            self.most_blocked = max(self.most_blocked, int(data["blocked_keys"]))
 
     def handle(self, records: list[Record[bytes]]) -> None:
         failed: list[tuple[Record[bytes], BaseException]] = []
@@ -74,7 +84,7 @@ def dead_letters(broker: MemoryBroker, app: RetryApp) -> dict[int, str]:
 
 
 def run_app(
-    keys: list[int | None], failures: list[int], batch_size: int, dead_head: str
+    keys: list[int | None], failures: list[int], batch_size: int, dead_head: str, max_blocked_keys: int = 1_000
 ) -> tuple[CallLedger, dict[int, str]]:
     """Records 0..n-1 (`keys[n]`: key `k<keys[n]>`, or none) in one batch-handler app until each is terminal."""
     broker = MemoryBroker()
@@ -86,8 +96,10 @@ def run_app(
         clients=MemoryClientFactory(broker),
         on_dead_letter=ledger.dead_lettered,
         batch_size=batch_size,
+        hooks=[ledger],
     )
-    app.batch_handler("orders", policy=POLICY, ordering=KeyOrdering(dead_head=dead_head))(ledger.handle)
+    ordering = KeyOrdering(dead_head=dead_head, max_blocked_keys=max_blocked_keys)
+    app.batch_handler("orders", policy=POLICY, ordering=ordering)(ledger.handle)
     app.provision(partitions=PARTITIONS)
     for n, key in enumerate(keys):
         partition = n % PARTITIONS if key is None else key % PARTITIONS
@@ -143,16 +155,24 @@ scenarios = st.integers(min_value=1, max_value=24).flatmap(
 
 
 @settings(max_examples=12, suppress_health_check=[HealthCheck.too_slow])
-@given(scenario=scenarios, batch_size=st.integers(1, 8), dead_head=st.sampled_from(["release", "dead_letter"]))
+@given(
+    scenario=scenarios,
+    batch_size=st.integers(1, 8),
+    dead_head=st.sampled_from(["release", "dead_letter"]),
+    max_blocked_keys=st.sampled_from([1, 2, 1_000]),
+)
+@example(scenario=([0, 2, 0, 2], [1, 1, 0, 0]), batch_size=8, dead_head="release", max_blocked_keys=1)
 def test_a_batch_handler_keeps_every_key_in_source_order(
-    scenario: tuple[list[int | None], list[int]], batch_size: int, dead_head: str
+    scenario: tuple[list[int | None], list[int]], batch_size: int, dead_head: str, max_blocked_keys: int
 ) -> None:
-    """Any interleaving of a few keys' records with any mix of outcomes, any batch size, either policy: no call
-    holds two records of one key, each key's records are handled in source order behind terminal ones, and
-    every record is handled or dead-lettered with its reason (module docstring)."""
+    """Any interleaving of a few keys' records with any mix of outcomes, any batch size, either policy, a bound
+    of 1, 2 or 1,000 blocked keys: no call holds two records of one key, each key's records are handled in
+    source order behind terminal ones, every record is handled or dead-lettered with its reason, and the bound
+    holds (module docstring)."""
     keys, failures = scenario
-    ledger, dlq = run_app(keys, failures, batch_size, dead_head)
+    ledger, dlq = run_app(keys, failures, batch_size, dead_head, max_blocked_keys)
     check(keys, failures, dead_head, ledger, dlq)
+    assert ledger.most_blocked <= max_blocked_keys
 
 
 def test_many_records_of_one_key_in_one_poll_cut_the_call_and_followers_wait_behind_a_failure() -> None:
