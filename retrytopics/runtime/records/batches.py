@@ -13,7 +13,7 @@ what is deferred for it (`BatchCalls.settle`). A main consumer's plain runs skip
 A key-ordered handler's call never holds two records of one key (docs/key-ordering.md, section 8): the records
 stage cuts the call before the second (`holds_key`: the call is settled first, then that record is admitted
 again), and a record key order decided before any call (a follower handed off unhandled, a copy finished)
-waits in the group with its outcome, yielded in its place.
+waits in the group with its outcome, yielded in its place; so does a record it parked (`Parked`).
 """
 
 from __future__ import annotations
@@ -55,9 +55,18 @@ class BatchCalls:
     """The deferred records of one loop (per partition, in offset order), and the calls of their handlers."""
 
     def __init__(
-        self, invoker: Invoker, ownership: OwnershipGuard, failed: FailedOutcome, *, stop: threading.Event
+        self,
+        invoker: Invoker,
+        ownership: OwnershipGuard,
+        failed: FailedOutcome,
+        *,
+        stop: threading.Event,
+        dropped: Callable[[list[Deferred]], None] | None = None,
     ) -> None:
         self._invoker = invoker
+        #: told of each group dropped uncalled (it is read again from its first record): key order takes back
+        #: the records it parked in it
+        self._dropped = dropped
         self._ownership = ownership
         self._failed = failed
         self._stop = stop
@@ -96,6 +105,8 @@ class BatchCalls:
         groups, self._groups = list(self._groups.values()), {}
         self.keys.clear()
         self._record_keys.clear()
+        for group in groups:
+            self._drop(group)
         return [Abandoned(group[0].msg) for group in groups]
 
     def settle(self, tp: TopicPartition | None = None) -> Generator[Outcome, None, bool]:
@@ -117,6 +128,7 @@ class BatchCalls:
         for i, group in enumerate(groups):
             if not (yield from self._call(group)):
                 for rest in groups[i + 1 :]:
+                    self._drop(rest)
                     yield Abandoned(rest[0].msg)
                 return False
         return True
@@ -171,6 +183,7 @@ class BatchCalls:
         if not settled:
             if self._stop.is_set():
                 return True  # stopping: nothing settled, nothing to read again here
+            self._drop(group)
             yield Abandoned(first.msg)
             return False
         if outcomes is None:
@@ -182,6 +195,10 @@ class BatchCalls:
             yield SucceededRun(first.msg.tp, [d.msg for d in group], [d.record for d in group], keys)
             return True
         return (yield from self._each(group, iter(outcomes)))
+
+    def _drop(self, group: list[Deferred]) -> None:
+        if self._dropped is not None:
+            self._dropped(group)
 
     def _called(
         self, binding: Binding, first: Message, records: list[Any]

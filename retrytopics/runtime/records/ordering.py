@@ -265,6 +265,18 @@ class KeyOrder(_Ordering):
         keys[key] = keys.get(key, 0) + 1
         return True
 
+    def unpark_dropped(self, msg: Message) -> None:
+        """Forget parked `msg` whose `Parked` outcome was never acted on (the batch call it waited in was dropped,
+        and it is read again from Kafka)."""
+        parked = self._parked.get(msg.tp)
+        if parked is None or msg not in parked:
+            return
+        parked.remove(msg)
+        keys, key = self._parked_keys[msg.tp], key_id(msg.key or b"")
+        keys[key] -= 1
+        if not keys[key]:
+            del keys[key]
+
     @property
     def parks(self) -> bool:
         """Whether records are parked."""

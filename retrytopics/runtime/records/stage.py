@@ -94,7 +94,7 @@ class RecordStage:
         self._now_ms = clock.now_ms
         self._rng = rng
         self._stop = stop
-        self.batches = BatchCalls(invoker, ownership, self.failed, stop=stop)
+        self.batches = BatchCalls(invoker, ownership, self.failed, stop=stop, dropped=self._dropped)
         # a main consumer (source topics only): its polls can go to the handlers partition by partition
         self._sources_only = all(topic == b.topic for topic, b in bindings.items())
         #: the topics whose records the consumer hands over as their batch handler's Records already
@@ -423,9 +423,14 @@ class RecordStage:
                         yield decided
                     return
                 if admission.action is not Admit.HANDLE:
+                    waits = not parked and admission.action is Admit.WAIT and self._key_order.park(msg)
+                    if waits and binding.batch and self.batches.holds(msg.tp):
+                        # parked in its place among the call's records; its key's later ones park behind it
+                        self.batches.defer(Deferred(binding, msg, None, _UNCALLED, None, None, Parked(msg)))
+                        return
                     if not (yield from self._settled_before(binding, msg)):
                         return
-                    if parked or (admission.action is Admit.WAIT and self._key_order.park(msg)):
+                    if parked or waits:
                         if parked:
                             self._key_order.park(msg, again=True)
                         yield Parked(msg)
@@ -460,6 +465,14 @@ class RecordStage:
             yield Succeeded(msg, key, record)
         else:
             yield self.failed(binding, msg, key, record, state, failure)
+
+    def _dropped(self, group: list[Deferred]) -> None:
+        """A batch call dropped uncalled is read again from its first record: the records key order parked in it
+        are forgotten (they come again)."""
+        if self._key_order is not None:
+            for d in group:
+                if type(d.decided) is Parked:
+                    self._key_order.unpark_dropped(d.msg)
 
     def _cuts(self, msg: Message, key: bytes) -> bool:
         """Whether a keyed record of a key-ordered batch handler must wait for the call deferred for its

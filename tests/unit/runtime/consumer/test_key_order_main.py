@@ -11,6 +11,8 @@ Guarantees, asserted on topic contents, decoded follower headers, key-state reco
 - a passage that settles the chain's frontier closes the chain (a tombstone), and the key's next record is
   handled on the main consumer;
 - a new owner rebuilds the blocked keys from the key-state topic before it handles anything;
+- a batch handler's record parked in its place in a call that is dropped uncalled is read again with the call's
+  records, parked once, and follows its key's head once;
 - past `PARKED_PER_PARTITION` records parked behind unacknowledged hops the partition stops (blocking, counted
   and logged once), and nothing is lost.
 """
@@ -22,6 +24,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from retrytopics import BatchFailed
 from retrytopics.client_factory import MemoryClientFactory
 from retrytopics.connectors.serde import bytes_value
 from retrytopics.core.dedupe import DuplicateAudit
@@ -38,6 +41,7 @@ from retrytopics.core.key_order import (
     encode_record,
     key_id,
 )
+from retrytopics.core.ports import Message
 from retrytopics.core.record import Record
 from retrytopics.memory import MemoryBroker
 from retrytopics.observe.events import Emitter, Event
@@ -46,6 +50,7 @@ from retrytopics.runtime.consumer.settings import LoopSettings
 from retrytopics.runtime.records.calls import Binding
 from retrytopics.runtime.records.key_state import KeyStateReader
 from retrytopics.runtime.records.ordering import PARKED_PER_PARTITION
+from retrytopics.runtime.records.ownership import OwnershipGuard
 
 from ..kit import CTX, DLQ, GROUP, TIER, StopWhen, run
 
@@ -65,6 +70,17 @@ class KeyLedger:
         if record.offset in self.failing:
             raise RuntimeError(f"{record.offset} fails")
 
+    def handle_batch(self, records: list[Record[bytes]]) -> None:
+        """A batch handler's call: `handle` for each record, the failed ones named in a `BatchFailed`."""
+        failed: list[tuple[Record[bytes], BaseException]] = []
+        for record in records:
+            try:
+                self.handle(record)
+            except RuntimeError as exc:
+                failed.append((record, exc))
+        if failed:
+            raise BatchFailed(failed)
+
     def on_event(self, event: Event, data: dict[str, Any]) -> None:
         self.seen.append((event, dict(data)))
 
@@ -81,15 +97,17 @@ def ordered_loop(
     stop: threading.Event,
     read: KeyStateReader | None = None,
     batch_size: int = 10,
+    batch: bool = False,
     **ordering: Any,
 ) -> ConsumerLoop:
     clients = MemoryClientFactory(broker, clock=broker.clock)
     binding = Binding(
         topic="orders",
-        handler=ledger.handle,
+        handler=ledger.handle_batch if batch else ledger.handle,
         policy=CTX.policy,
         ctx=CTX,
         value_deserializer=bytes_value,
+        batch=batch,
         ordering=KeyOrdering(**ordering),
     )
     return ConsumerLoop(
@@ -389,4 +407,46 @@ def test_past_the_bound_of_parked_records_the_partition_stops_counted_and_logged
     assert [(f.original_offset, f.after) for f in followers if f is not None] == list(
         zip(a_offsets[1:], a_offsets[:-1], strict=True)
     )
+    assert not broker.records(DLQ)
+
+
+def test_a_record_parked_in_a_dropped_batch_call_is_read_again_and_follows_once(monkeypatch: Any) -> None:
+    """A key-ordered batch handler: a's first record fails and its hop is acknowledged two polls late; the next
+    poll holds b's record, a's second and c's, so a2 is parked in its place in the call of b and c. That call
+    ends with the ownership in doubt (the consumer may have lost the partition, and still owns it): it is
+    dropped and read again from b's record, a2 included. a2 is then parked once, not twice: it follows a1 into
+    the tier once, behind it; b and c are handled (again), nothing is dead-lettered, and the partition is
+    committed to its end."""
+    broker = ordered_broker()
+    broker.ack_after_polls = 2
+    a1 = append(broker, b"a", b"a1")
+    ledger = KeyLedger(failing={a1})
+    later: list[int] = []
+    handle = ledger.handle
+
+    def handle_then_write(record: Record[bytes]) -> None:
+        if not later:  # the next poll's records, written during a1's call
+            later.extend(append(broker, key, key + b"-" + str(i).encode()) for i, key in enumerate([b"b", b"a", b"c"]))
+        handle(record)
+
+    ledger.handle = handle_then_write  # type: ignore[method-assign]
+    lost, in_doubt = OwnershipGuard.lost_ownership, [True]
+
+    def lost_once(guard: OwnershipGuard, msg: Message) -> bool:
+        """The first call of b's record ends in doubt; everything else is asked as usual."""
+        if in_doubt and later and msg.offset == later[0]:
+            in_doubt.clear()
+            return True
+        return lost(guard, msg)
+
+    monkeypatch.setattr(OwnershipGuard, "lost_ownership", lost_once)
+    stop = StopWhen(committed(broker, a1 + 4))
+    run(ordered_loop(broker, ledger, stop, batch=True), stop)
+
+    b, a2, c = later
+    assert ledger.calls == [(b"a", a1), (b"b", b), (b"c", c), (b"b", b), (b"c", c)]
+    in_tier = broker.records(TIER)
+    assert [m.value for m in in_tier] == [b"a1", b"a-1"]
+    follower = decode_follower(list(in_tier[1].headers))
+    assert follower is not None and (follower.original_offset, follower.after) == (a2, a1)
     assert not broker.records(DLQ)
