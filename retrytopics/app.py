@@ -240,7 +240,8 @@ class RetryApp:
         records whose outcome is settled (succeeded, or republished and acknowledged), never past one that
         is not. The whole call must end within `max.poll.interval.ms`. `policy.in_process` retries are per
         record and not offered here: a failed record goes to the tiers (docs/architecture.md, "Batch
-        handlers"). Key `ordering` is not available for batch handlers yet: a `ConfigError` naming it."""
+        handlers"). With key `ordering`, a call never holds two records of one key: it is cut before the
+        second, which is admitted again once the call settled (docs/key-ordering.md, section 8)."""
         return self._register(topic, policy, value_deserializer, dlq, "1s", batch=True, ordering=ordering)
 
     def _register(
@@ -589,7 +590,7 @@ def _loop_options(
 
 
 def _refuse_key_ordering(app: RetryApp) -> None:
-    # Enforced in both delivery modes with partition-based consumers and single-record handlers
+    # Enforced in both delivery modes, for handlers and batch handlers, with partition-based consumers
     # (docs/key-ordering.md, section 12); share groups have no partition order to keep.
     ordered = sorted(topic for topic, binding in app.handlers.items() if binding.ordering is not None)
     if not ordered:

@@ -103,11 +103,6 @@ class Registry:
             return None
         if not isinstance(wanted.ordering, KeyOrdering):
             raise ConfigError("ordering", wanted.ordering, "expected a KeyOrdering, e.g. ordering=KeyOrdering()")
-        if wanted.batch:
-            # a batch call must never hold two records of one key (docs/key-ordering.md, section 8): not built yet
-            raise ConfigError(
-                "ordering", wanted.ordering, "key ordering is not available for batch handlers yet; use @app.handler"
-            )
         return wanted.ordering
 
     @staticmethod

@@ -566,6 +566,11 @@ class SourceChains:
         """How many keys of this partition are blocked (open chains)."""
         return len(self._open)
 
+    def room(self) -> int:
+        """How many more chains may open before `max_blocked_keys` (a head whose hop is in flight counts): a
+        batch call admits its records before any of them fails, so it holds at most this many."""
+        return self.config.max_blocked_keys - len(self._open) - len(self._starting)
+
     def chain(self, key: bytes) -> Chain | None:
         """The open chain of `key` (a `key_id`), as it would be written."""
         state = self._open.get(key)

@@ -104,8 +104,9 @@ class Event(StrEnum):
     topic, a chain forgotten past `max_tracked_records`): dead-lettered as ``blocked_by_key``, never handled out
     of order [consumer, topic, partition, offset]."""
     KEY_ORDER_BOUND_REACHED = "key_order.bound_reached"
-    """A source partition paused at `max_blocked_keys` open chains (once per episode) [consumer, topic,
-    partition]."""
+    """A source partition paused at a key-order bound, once per episode: `max_blocked_keys` open chains
+    (`bound="blocked_keys"`) or 1,000 records parked behind unacknowledged hops (`bound="parked"`) [consumer,
+    topic, partition, bound]."""
 
 
 @runtime_checkable

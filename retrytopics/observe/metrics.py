@@ -123,7 +123,7 @@ class PrometheusHook:
         )
         self.bound_reached = Counter(
             "retrytopics_key_order_bound_reached",
-            "Source partitions paused at max_blocked_keys (once per episode)",
+            "Source partitions paused at a key-order bound: max_blocked_keys, or parked records (once per episode)",
             ["topic"],
             registry=r,
         )

@@ -1,4 +1,4 @@
-"""Registering a key-ordered handler (docs/key-ordering.md): checked at registration, refused where not built."""
+"""Registering a key-ordered handler (docs/key-ordering.md): checked at registration, refused with a share consumer (no partition order to keep)."""
 
 from __future__ import annotations
 
@@ -59,21 +59,20 @@ def test_a_bad_key_ordering_fails_where_it_is_built_naming_the_field() -> None:
         assert info.value.field == field
 
 
-def test_a_batch_handler_refuses_key_ordering_naming_the_field() -> None:
-    """A batch handler cannot yet keep two records of one key out of one call: refused at registration, with
-    the field named and nothing bound; the same registration without ordering still works."""
+def test_a_batch_handler_declared_with_key_ordering_keeps_it_on_its_binding() -> None:
+    """A batch handler takes key ordering as a single-record handler does (its calls are cut per key at run
+    time, docs/key-ordering.md section 8); a wrong type is refused naming the field, binding nothing."""
     app = _app()
-    with pytest.raises(ConfigError) as info:
-        app.batch_handler("orders", policy=POLICY, ordering=KeyOrdering())
-    assert info.value.field == "ordering"
-    assert "batch" in str(info.value)
-    assert "orders" not in app.handlers
+    ordering = KeyOrdering(dead_head="dead_letter")
 
-    @app.batch_handler("orders", policy=POLICY)
+    @app.batch_handler("orders", policy=POLICY, ordering=ordering)
     def charge(records: list[Record[Any]]) -> None:
         pass
 
-    assert app.handlers["orders"].batch and app.handlers["orders"].ordering is None
+    assert app.handlers["orders"].batch and app.handlers["orders"].ordering is ordering
+    with pytest.raises(ConfigError) as info:
+        app.batch_handler("refunds", policy=POLICY, ordering="key")  # type: ignore[arg-type]
+    assert info.value.field == "ordering" and "refunds" not in app.handlers
 
 
 def test_start_refuses_key_ordering_where_it_is_not_enforced() -> None:

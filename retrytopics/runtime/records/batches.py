@@ -9,6 +9,11 @@ outcomes come in offset order: the offset tracker needs that, and so does the gu
 committed past an unsettled record. Whatever else happens to a partition (a wait, a duplicate) first calls
 what is deferred for it (`BatchCalls.settle`). A main consumer's plain runs skip the deferral
 (`BatchCalls.call_run`).
+
+A key-ordered handler's call never holds two records of one key (docs/key-ordering.md, section 8): the records
+stage cuts the call before the second (`holds_key`: the call is settled first, then that record is admitted
+again), and a record key order decided before any call (a follower handed off unhandled, a copy finished)
+waits in the group with its outcome, yielded in its place; so does a record it parked (`Parked`).
 """
 
 from __future__ import annotations
@@ -42,34 +47,66 @@ class Deferred(NamedTuple):
     state: RetryHeaders | None
     #: known before any call (poison, invalid headers): settled in its place, never passed to the handler
     failure: BaseException | None
+    #: decided before any call by key order (a follower, a copy): yielded in its place, never passed either
+    decided: Outcome | None = None
 
 
 class BatchCalls:
     """The deferred records of one loop (per partition, in offset order), and the calls of their handlers."""
 
     def __init__(
-        self, invoker: Invoker, ownership: OwnershipGuard, failed: FailedOutcome, *, stop: threading.Event
+        self,
+        invoker: Invoker,
+        ownership: OwnershipGuard,
+        failed: FailedOutcome,
+        *,
+        stop: threading.Event,
+        dropped: Callable[[list[Deferred]], None] | None = None,
     ) -> None:
         self._invoker = invoker
+        #: told of each group dropped uncalled (it is read again from its first record): key order takes back
+        #: the records it parked in it
+        self._dropped = dropped
         self._ownership = ownership
         self._failed = failed
         self._stop = stop
         self._groups: dict[TopicPartition, list[Deferred]] = {}
         #: the audit keys among the deferred records (a copy of one read meanwhile is a duplicate)
         self.keys: set[AuditKey] = set()
+        #: per partition, the record keys of a key-ordered handler's deferred records (`defer_ordered`)
+        self._record_keys: dict[TopicPartition, set[bytes]] = {}
 
     def defer(self, item: Deferred) -> None:
         self._groups.setdefault(item.msg.tp, []).append(item)
         if item.key is not None:
             self.keys.add(item.key)
 
+    def defer_ordered(self, item: Deferred) -> None:
+        """`defer` a keyed record of a key-ordered handler: its partition's call now holds its key."""
+        self.defer(item)
+        assert item.msg.key is not None
+        self._record_keys.setdefault(item.msg.tp, set()).add(item.msg.key)
+
     def holds(self, tp: TopicPartition) -> bool:
         return tp in self._groups
+
+    def holds_key(self, tp: TopicPartition, key: bytes) -> bool:
+        """Whether `tp`'s deferred call holds a record of key `key` (a key-ordered handler's)."""
+        keys = self._record_keys.get(tp)
+        return keys is not None and key in keys
+
+    def keyed(self, tp: TopicPartition) -> int:
+        """How many keys of a key-ordered handler `tp`'s deferred call holds."""
+        keys = self._record_keys.get(tp)
+        return 0 if keys is None else len(keys)
 
     def abandon(self) -> list[Abandoned]:
         """Drop every deferred record uncalled: `Abandoned` at each partition's first (read again from there)."""
         groups, self._groups = list(self._groups.values()), {}
         self.keys.clear()
+        self._record_keys.clear()
+        for group in groups:
+            self._drop(group)
         return [Abandoned(group[0].msg) for group in groups]
 
     def settle(self, tp: TopicPartition | None = None) -> Generator[Outcome, None, bool]:
@@ -78,9 +115,11 @@ class BatchCalls:
         partition (every group not settled then yields `Abandoned` at its first record)."""
         if tp is None:
             groups, self._groups = list(self._groups.values()), {}
+            self._record_keys.clear()
         else:
             group = self._groups.pop(tp, None)
             groups = [] if group is None else [group]
+            self._record_keys.pop(tp, None)
         if not self._groups:
             self.keys.clear()
         else:
@@ -89,6 +128,7 @@ class BatchCalls:
         for i, group in enumerate(groups):
             if not (yield from self._call(group)):
                 for rest in groups[i + 1 :]:
+                    self._drop(rest)
                     yield Abandoned(rest[0].msg)
                 return False
         return True
@@ -138,20 +178,27 @@ class BatchCalls:
 
     def _call(self, group: list[Deferred]) -> Generator[Outcome, None, bool]:
         first = group[0]
-        called = [d for d in group if d.failure is None]
+        called = [d for d in group if d.failure is None and d.decided is None]
         settled, outcomes = self._called(first.binding, first.msg, [d.record for d in called])
         if not settled:
             if self._stop.is_set():
                 return True  # stopping: nothing settled, nothing to read again here
+            self._drop(group)
             yield Abandoned(first.msg)
             return False
         if outcomes is None:
             outcomes = [None] * len(called)
-        if len(called) == len(group) and all(o is None for o in outcomes):
+        # a key-ordered handler's success in a tier is a passage of its chain: one outcome per record then
+        ordered_tier = first.binding.ordering is not None and first.msg.topic != first.binding.topic
+        if len(called) == len(group) and not ordered_tier and all(o is None for o in outcomes):
             keys = [d.key for d in group if d.key is not None]
             yield SucceededRun(first.msg.tp, [d.msg for d in group], [d.record for d in group], keys)
             return True
         return (yield from self._each(group, iter(outcomes)))
+
+    def _drop(self, group: list[Deferred]) -> None:
+        if self._dropped is not None:
+            self._dropped(group)
 
     def _called(
         self, binding: Binding, first: Message, records: list[Any]
@@ -171,6 +218,9 @@ class BatchCalls:
         """In offset order: a record that failed before the call keeps that failure, the others take the
         call's outcomes in turn."""
         for d in group:
+            if d.decided is not None:
+                yield d.decided
+                continue
             failure = d.failure if d.failure is not None else next(outcomes)
             if failure is None:
                 yield Succeeded(d.msg, d.key, d.record)

@@ -225,17 +225,26 @@ class KeyOrder(_Ordering):
         admission = chains.admit(key)
         if key is not None and admission.action is Admit.PAUSE:
             self._held[msg.tp] = key
-            if msg.tp not in self._at_bound:
-                self._at_bound.add(msg.tp)
-                log.warning(
-                    "%s: %s[%d] paused: %d keys blocked, its max_blocked_keys; it resumes when a chain closes",
-                    self._name,
-                    msg.topic,
-                    msg.partition,
-                    chains.blocked(),
-                )
-                self._emit(Event.KEY_ORDER_BOUND_REACHED, topic=msg.topic, partition=msg.partition)
+            self._bound_reached(
+                msg,
+                "blocked_keys",
+                f"{chains.blocked()} keys blocked, its max_blocked_keys; it resumes when a chain closes",
+            )
         return admission
+
+    def _bound_reached(self, msg: Message, bound: str, why: str) -> None:
+        """`msg`'s partition stops at a bound: one WARNING line and one event per episode (until `holds` lets
+        it go on)."""
+        if msg.tp in self._at_bound:
+            return
+        self._at_bound.add(msg.tp)
+        log.warning("%s: %s[%d] paused: %s", self._name, msg.topic, msg.partition, why)
+        self._emit(Event.KEY_ORDER_BOUND_REACHED, topic=msg.topic, partition=msg.partition, bound=bound)
+
+    def room(self, tp: TopicPartition) -> int:
+        """How many more chains of `tp` may open (`SourceChains.room`); 0 before its key state is read."""
+        chains = self._chains.get(tp)
+        return 0 if chains is None else chains.room()
 
     def park(self, msg: Message, *, again: bool = False) -> bool:
         """Keep `msg` (admitted `Admit.WAIT`) in memory until its key may go on (`unpark`); False when its
@@ -249,11 +258,29 @@ class KeyOrder(_Ordering):
         parked = self._parked.setdefault(tp, [])
         if not again and len(parked) >= self._park_limit:
             self._held[tp] = key
+            self._bound_reached(
+                msg,
+                "parked",
+                f"{len(parked)} records parked behind their keys' unacknowledged hops (its bound); it resumes as "
+                "they are acknowledged",
+            )
             return False
         insort(parked, msg, key=_offset)
         keys = self._parked_keys.setdefault(tp, {})
         keys[key] = keys.get(key, 0) + 1
         return True
+
+    def unpark_dropped(self, msg: Message) -> None:
+        """Forget parked `msg` whose `Parked` outcome was never acted on (the batch call it waited in was dropped,
+        and it is read again from Kafka)."""
+        parked = self._parked.get(msg.tp)
+        if parked is None or msg not in parked:
+            return
+        parked.remove(msg)
+        keys, key = self._parked_keys[msg.tp], key_id(msg.key or b"")
+        keys[key] -= 1
+        if not keys[key]:
+            del keys[key]
 
     @property
     def parks(self) -> bool:

@@ -25,6 +25,7 @@ A failure's route is decided here, once (`router.route`, with the state read at 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import random
 import threading
 from collections.abc import Generator, Iterator, Mapping
@@ -93,7 +94,7 @@ class RecordStage:
         self._now_ms = clock.now_ms
         self._rng = rng
         self._stop = stop
-        self.batches = BatchCalls(invoker, ownership, self.failed, stop=stop)
+        self.batches = BatchCalls(invoker, ownership, self.failed, stop=stop, dropped=self._dropped)
         # a main consumer (source topics only): its polls can go to the handlers partition by partition
         self._sources_only = all(topic == b.topic for topic, b in bindings.items())
         #: the topics whose records the consumer hands over as their batch handler's Records already
@@ -159,10 +160,10 @@ class RecordStage:
         runtime/records/batches.py). The calls that returned between two failures are one `SucceededRun`. A
         record this consumer may no longer act on ends the run with `Abandoned`. However the run ends
         (stopping, a BaseException from a handler), the calls that returned are yielded first."""
-        if binding.batch:
+        if binding.batch and binding.ordering is None:
             yield from self.batches.call_run(binding, run)
             return
-        msgs = cast(list[Message], run)  # Records come built only for a batch handler (`run_topics`)
+        msgs = cast(list[Message], run)  # Records come built only for an unordered batch handler (`run_topics`)
         if binding.ordering is not None:
             yield from self._ordered_run(binding, msgs)
             return
@@ -209,8 +210,13 @@ class RecordStage:
 
     def unparked(self, msg: Message) -> Iterator[Outcome]:
         """A record key order parked and took back (`KeyOrder.unpark`): admitted again, and parked again
-        rather than left (its offset is tracked, later records of its partition were acted on)."""
-        for outcome in self._handle(self._bindings[msg.topic], msg, None, None, None, parked=True):
+        rather than left (its offset is tracked, later records of its partition were acted on). A batch
+        handler's is called at once, alone: nothing deferred may be read again behind it."""
+        binding = self._bindings[msg.topic]
+        outcomes = self._handle(binding, msg, None, None, None, parked=True)
+        if binding.batch:
+            outcomes = itertools.chain(outcomes, self.batches.settle(msg.tp))
+        for outcome in outcomes:
             if type(outcome) is Abandoned:
                 assert self._key_order is not None
                 self._key_order.park(msg, again=True)
@@ -220,7 +226,9 @@ class RecordStage:
 
     def _ordered_run(self, binding: Binding, msgs: list[Message]) -> Iterator[Outcome]:
         """A plain run of a key-ordered handler: record by record, each admitted by key order first
-        (`_handle`); the run ends at a record key order stops (`Held`) or that this consumer must leave."""
+        (`_handle`); the run ends at a record key order stops (`Held`) or that this consumer must leave. A
+        batch handler's records are deferred, its call cut where `_handle` says, and the rest called at the
+        end."""
         for msg in msgs:
             if self._stop.is_set():
                 return
@@ -228,6 +236,8 @@ class RecordStage:
                 yield outcome
                 if type(outcome) is Held or type(outcome) is Abandoned:
                     return
+        if binding.batch:
+            yield from self.batches.settle(msgs[0].tp)
 
     # -- one record at a time ------------------------------------------------------------------------------
 
@@ -309,6 +319,8 @@ class RecordStage:
         dead-lettered unhandled as ``blocked_by_key``, finished as a copy, or kept in memory at its partition's head
         until its predecessor's hop is acknowledged (held, when the tier's key state is not read yet)."""
         assert self._tier_order is not None
+        if not (yield from self._settled_before(binding, msg)):  # what it waits behind may be deferred
+            return
         tier_order = self._tier_order
         decision = tier_order.on_follower(msg, follower)
         step = decision.step
@@ -386,23 +398,39 @@ class RecordStage:
         """Call the handler (or defer the record to its batch handler's call): its outcome. A source record of
         a key-ordered handler is admitted by key order first: it may follow its key's predecessor into a tier
         unhandled (`Follow`), wait in memory for its key's last hop (`Parked`; `parked`: it did already), or
-        stop its partition (`Held`)."""
+        stop its partition (`Held`). A batch handler's call never holds two records of one key: it is cut
+        before the second, which is admitted once the call settled (docs/key-ordering.md, section 8)."""
         if binding.ordering is not None and msg.key is not None:
+            if binding.batch and self.batches.holds(msg.tp) and self._cuts(msg, msg.key):
+                if not (yield from self.batches.settle(msg.tp)):
+                    return
             if self._key_order is not None and msg.topic == binding.topic:
                 admission = self._key_order.admit(msg, unparked=parked)
                 if admission.action is Admit.FOLLOW:
                     assert admission.tier is not None and admission.after is not None
                     ctx, after = binding.ctx, admission.after
+                    decided: Outcome
                     if after >= msg.offset:
                         # read again after a restart or rebalance: every record of its key up to the frontier
                         # is terminal or handed off already, durably (the chain record says so)
-                        yield Duplicate(msg, origin_message_id(ctx, msg), 1, downstream=True)
-                        return
-                    follower = source_follower(ctx, msg, after=after, held_at=max(0, self._now_ms()))
-                    yield Follow(msg, admission.tier, follower, ctx, after)
+                        decided = Duplicate(msg, origin_message_id(ctx, msg), 1, downstream=True)
+                    else:
+                        follower = source_follower(ctx, msg, after=after, held_at=max(0, self._now_ms()))
+                        decided = Follow(msg, admission.tier, follower, ctx, after)
+                    if binding.batch and self.batches.holds(msg.tp):  # in its place among the call's records
+                        self.batches.defer_ordered(Deferred(binding, msg, None, _UNCALLED, None, None, decided))
+                    else:
+                        yield decided
                     return
                 if admission.action is not Admit.HANDLE:
-                    if parked or (admission.action is Admit.WAIT and self._key_order.park(msg)):
+                    waits = not parked and admission.action is Admit.WAIT and self._key_order.park(msg)
+                    if waits and binding.batch and self.batches.holds(msg.tp):
+                        # parked in its place among the call's records; its key's later ones park behind it
+                        self.batches.defer(Deferred(binding, msg, None, _UNCALLED, None, None, Parked(msg)))
+                        return
+                    if not (yield from self._settled_before(binding, msg)):
+                        return
+                    if parked or waits:
                         if parked:
                             self._key_order.park(msg, again=True)
                         yield Parked(msg)
@@ -411,6 +439,8 @@ class RecordStage:
                     return
             elif self._tier_order is not None and state is not None:
                 if self._tier_order.on_retry(msg, state).step is Step.WAIT:
+                    if not (yield from self._settled_before(binding, msg)):
+                        return
                     # a hop of its chain is in flight: it waits in memory at its partition's head
                     if self._tier_order.started(msg.tp):
                         yield Waiting(msg, self._now_ms() + _ACK_RECHECK_MS, Queued(state, key, bad, None))
@@ -420,7 +450,11 @@ class RecordStage:
         record, poison = build_record(binding, msg, state)
         failure: BaseException | None = bad or poison
         if binding.batch:
-            self.batches.defer(Deferred(binding, msg, key, record, state, failure))
+            deferred = Deferred(binding, msg, key, record, state, failure)
+            if binding.ordering is not None and msg.key is not None:
+                self.batches.defer_ordered(deferred)
+            else:
+                self.batches.defer(deferred)
             return
         if failure is None:
             failure = self._call(binding, msg, record)
@@ -432,15 +466,42 @@ class RecordStage:
         else:
             yield self.failed(binding, msg, key, record, state, failure)
 
+    def _dropped(self, group: list[Deferred]) -> None:
+        """A batch call dropped uncalled is read again from its first record: the records key order parked in it
+        are forgotten (they come again)."""
+        if self._key_order is not None:
+            for d in group:
+                if type(d.decided) is Parked:
+                    self._key_order.unpark_dropped(d.msg)
+
+    def _cuts(self, msg: Message, key: bytes) -> bool:
+        """Whether a keyed record of a key-ordered batch handler must wait for the call deferred for its
+        partition to settle: that call holds its key (its outcome decides this record's admission), or, on a
+        main consumer, as many keys as may still open chains (`max_blocked_keys` holds if they all fail)."""
+        if self.batches.holds_key(msg.tp, key):
+            return True
+        return self._key_order is not None and self.batches.keyed(msg.tp) >= self._key_order.room(msg.tp)
+
+    def _settled_before(self, binding: Binding, msg: Message) -> Generator[Outcome, None, bool]:
+        """Call what is deferred for `msg`'s partition before acting on `msg` (a batch handler's outcomes come
+        in offset order); False when that call may have cost this consumer the partition."""
+        if binding.batch and self.batches.holds(msg.tp):
+            return (yield from self.batches.settle(msg.tp))
+        return True
+
     def _call(self, binding: Binding, msg: Message, record: Record[Any]) -> BaseException | None:
-        """Call the handler on `record`: None, its failure, or `_ABANDONED`. A record this consumer may no longer
-        act on must not hold its partition's commit position: it is read again (here or by the new owner), not
-        finished."""
+        """Call the handler on `record` (a batch handler: on a list of it): None, its failure, or `_ABANDONED`.
+        A record this consumer may no longer act on must not hold its partition's commit position: it is read
+        again (here or by the new owner), not finished."""
         failure: BaseException | None = None
-        try:
-            self._invoker.call(binding, record)
-        except Exception as exc:  # noqa: BLE001 - every handler failure is routed; BaseException stops the app
-            failure = exc
+        if binding.batch:
+            outcomes = self._invoker.call_batch(binding, [record])
+            failure = None if outcomes is None else outcomes[0]
+        else:
+            try:
+                self._invoker.call(binding, record)
+            except Exception as exc:  # noqa: BLE001 - every handler failure is routed; BaseException stops the app
+                failure = exc
         if self._ownership.lost_ownership(msg) or (failure is not None and self._ownership.stopping(msg, failure)):
             return _ABANDONED
         return failure
@@ -457,6 +518,8 @@ class RecordStage:
 _FOLLOWER = Queued(None, None, None, None)
 #: how soon a follower waiting in memory for its predecessor's acknowledgement is asked again (one poll)
 _ACK_RECHECK_MS = 1
+#: the Record of a batch handler's deferred record that key order decided before the call: never passed to it
+_UNCALLED: Record[Any] = Record("", 0, 0, -1, None, None, None, (), None, "")
 
 
 class _Abandoned(Exception):

@@ -6,7 +6,8 @@ one record per key), with the source's partition count (the state of source part
 idempotently; a handler without ordering gets none.
 
 Guarantee (the runtime): a key-ordered app on Apache Kafka handles every key in source order, whatever its
-records' failures, under both `dead_head` policies (a per-key ledger; see the test).
+records' failures, under both `dead_head` policies (a per-key ledger; see the test), and so does a key-ordered
+batch handler, whose calls never hold two records of one key.
 
 Guarantee (reading at assignment): `read_to_end` on Apache Kafka gives every key-state record of the partitions
 asked for, in log order (what `SourceChains.rebuild` needs: a later record of a key wins), skipping nothing the
@@ -30,7 +31,7 @@ from typing import Any
 import pytest
 from confluent_kafka.admin import ConfigResource, ResourceType
 
-from retrytopics import Event, KeyOrdering, Record, RetryApp, RetryPolicy
+from retrytopics import BatchFailed, Event, KeyOrdering, Record, RetryApp, RetryPolicy
 from retrytopics.client_factory import KafkaClientFactory
 from retrytopics.connectors.admin import ProvisionOutcome
 from retrytopics.connectors.config import KafkaConfig
@@ -129,6 +130,8 @@ def test_the_key_state_is_read_to_its_end_in_log_order(
 
 #: keys over 3 partitions, records per key; key % 4 says how its records fail (`_failures`)
 _KEYS, _PER_KEY = 12, 5
+#: keys of the batch handler's ledger: a poll of one partition holds many keys
+_BATCH_KEYS = 36
 
 
 def _failures(key: int, seq: int) -> int:
@@ -143,16 +146,29 @@ class _KeyLedger:
         self.lock = threading.Lock()
         self.events: list[tuple[str, int, int, bool]] = []
         self.calls: Counter[tuple[int, int]] = Counter()
+        self.batches: list[list[bytes | None]] = []
 
     def handle(self, record: Record[bytes]) -> None:
+        if self._failed(record):
+            raise RuntimeError(f"record {record.value!r} fails")
+
+    def handle_batch(self, records: list[Record[bytes]]) -> None:
+        """A batch handler's call: each record's outcome as `handle` would have it, the failed ones named in a
+        `BatchFailed`; the keys each call held, kept."""
+        with self.lock:
+            self.batches.append([r.key for r in records])
+        failed = [(r, RuntimeError(f"record {r.value!r} fails")) for r in records if self._failed(r)]
+        if failed:
+            raise BatchFailed(failed)
+
+    def _failed(self, record: Record[bytes]) -> bool:
         key, seq = (int(part) for part in record.value.decode().split(":"))
         in_tier = ".retry." in threading.current_thread().name
         with self.lock:
             self.calls[(key, seq)] += 1
             failed = self.calls[(key, seq)] <= _failures(key, seq)
             self.events.append(("fail" if failed else "ok", key, seq, in_tier))
-        if failed:
-            raise RuntimeError(f"key {key} record {seq} fails")
+        return failed
 
     def dead_lettered(self, record: Record[bytes], route: object) -> None:
         key, seq = (int(part) for part in record.value.decode().split(":"))
@@ -164,37 +180,43 @@ class _KeyLedger:
             return {(k, s) for what, k, s, _ in self.events if what in ("ok", "dlq")}
 
 
-@pytest.mark.parametrize("dead_head", ["release", "dead_letter"])
-def test_every_key_is_handled_in_source_order_on_apache_kafka(
-    kafka: KafkaConfig, kit: Kit, apps: list[RetryApp], unique_name: Callable[[str], str], dead_head: str
-) -> None:
-    """Guarantee: on Apache Kafka, with tiers of a few hundred ms, no record is handled before every earlier
-    record of its key is terminal; every record is handled successfully or in the DLQ with its reason
-    (`blocked_by_key` only under `dead_letter`, behind an exhausted record); keys that never fail are handled
-    once each on the main consumer; followers were handled in the tiers (the live key-state feed released
-    them)."""
+def _ordered_app(
+    kafka: KafkaConfig,
+    kit: Kit,
+    unique_name: Callable[[str], str],
+    ledger: _KeyLedger,
+    dead_head: str,
+    *,
+    batch: bool,
+    keys: int = _KEYS,
+) -> tuple[RetryApp, str]:
+    """An app with a key-ordered handler (`batch`: a batch handler) on a new source of 3 partitions, holding
+    `_PER_KEY` records of each of `keys` keys (key k in partition k % 3, in seq order)."""
     source = kit.create(unique_name("orders"), 3)
-    ledger = _KeyLedger()
     app = RetryApp(kafka=kafka, group=unique_name("billing"), on_dead_letter=ledger.dead_lettered)
     policy = RetryPolicy(delays=["200ms", "400ms"], max_retries=3)
-    app.handler(source, policy=policy, ordering=KeyOrdering(dead_head=dead_head))(ledger.handle)
+    register = app.batch_handler if batch else app.handler
+    register(source, policy=policy, ordering=KeyOrdering(dead_head=dead_head))(
+        ledger.handle_batch if batch else ledger.handle
+    )
     app.provision()
     for seq in range(_PER_KEY):
-        kit.produce(
-            source, [(f"acct-{k}".encode(), f"{k}:{seq}".encode(), []) for k in range(_KEYS) if k % 3 == 0], partition=0
-        )
-        for p in (1, 2):
+        for p in range(3):
             kit.produce(
                 source,
-                [(f"acct-{k}".encode(), f"{k}:{seq}".encode(), []) for k in range(_KEYS) if k % 3 == p],
+                [(f"acct-{k}".encode(), f"{k}:{seq}".encode(), []) for k in range(keys) if k % 3 == p],
                 partition=p,
             )
-    apps.append(app)
-    app.start(main=True, tiers="all")
-    every = {(k, s) for k in range(_KEYS) for s in range(_PER_KEY)}
-    wait_until(lambda: ledger.terminal() >= every, 120, "every record handled or dead-lettered")
-    assert app.stop(30) and app.error is None
+    return app, source
 
+
+def _check_key_ledger(
+    kit: Kit, app: RetryApp, source: str, ledger: _KeyLedger, dead_head: str, keys: int = _KEYS
+) -> None:
+    """No record handled before every earlier record of its key was terminal; each record handled or in the DLQ
+    once with its reason (`blocked_by_key` only under `dead_letter`, behind an exhausted record); keys that
+    never fail handled once each on the main consumer; followers handled in the tiers."""
+    every = {(k, s) for k in range(keys) for s in range(_PER_KEY)}
     done: set[tuple[int, int]] = set()
     for what, key, seq, _ in ledger.events:
         if what != "dlq":
@@ -210,12 +232,52 @@ def test_every_key_is_handled_in_source_order_on_apache_kafka(
         dlq[(key, seq)] = (read.header("retry.dlq_reason") or b"").decode()
     ok = {(k, s) for what, k, s, _ in ledger.events if what == "ok"}
     assert ok | set(dlq) == every and not ok & set(dlq)
-    assert {r for r, why in dlq.items() if why == "exhausted"} == {(k, 2) for k in range(_KEYS) if k % 4 == 3}
+    assert {r for r, why in dlq.items() if why == "exhausted"} == {(k, 2) for k in range(keys) if k % 4 == 3}
     blocked = {r for r, why in dlq.items() if why == "blocked_by_key"}
     assert all(k % 4 == 3 and s > 2 for k, s in blocked) and bool(blocked) == (dead_head == "dead_letter")
     clean = [(what, k, s, in_tier) for what, k, s, in_tier in ledger.events if k % 4 == 0]
-    assert len(clean) == _PER_KEY * len(range(0, _KEYS, 4)) and not any(in_tier for *_, in_tier in clean)
+    assert len(clean) == _PER_KEY * len(range(0, keys, 4)) and not any(in_tier for *_, in_tier in clean)
     assert any(in_tier and what == "ok" and ledger.calls[(k, s)] == 1 for what, k, s, in_tier in ledger.events)
+
+
+@pytest.mark.parametrize("dead_head", ["release", "dead_letter"])
+def test_every_key_is_handled_in_source_order_on_apache_kafka(
+    kafka: KafkaConfig, kit: Kit, apps: list[RetryApp], unique_name: Callable[[str], str], dead_head: str
+) -> None:
+    """Guarantee: on Apache Kafka, with tiers of a few hundred ms, no record is handled before every earlier
+    record of its key is terminal; every record is handled successfully or in the DLQ with its reason
+    (`blocked_by_key` only under `dead_letter`, behind an exhausted record); keys that never fail are handled
+    once each on the main consumer; followers were handled in the tiers (the live key-state feed released
+    them)."""
+    ledger = _KeyLedger()
+    app, source = _ordered_app(kafka, kit, unique_name, ledger, dead_head, batch=False)
+    apps.append(app)
+    app.start(main=True, tiers="all")
+    every = {(k, s) for k in range(_KEYS) for s in range(_PER_KEY)}
+    wait_until(lambda: ledger.terminal() >= every, 120, "every record handled or dead-lettered")
+    assert app.stop(30) and app.error is None
+    _check_key_ledger(kit, app, source, ledger, dead_head)
+
+
+def test_a_key_ordered_batch_handler_handles_every_key_in_source_order_on_apache_kafka(
+    kafka: KafkaConfig, kit: Kit, apps: list[RetryApp], unique_name: Callable[[str], str]
+) -> None:
+    """Guarantee: a key-ordered batch handler (on the source and both tiers, failures reported per record
+    through `BatchFailed`) keeps the same per-key ledger on Apache Kafka as a single-record one, under
+    `dead_letter` (module docstring); besides, no call held two records of one key, and calls held many
+    records (keys spread over a poll cost no call)."""
+    ledger = _KeyLedger()
+    app, source = _ordered_app(kafka, kit, unique_name, ledger, "dead_letter", batch=True, keys=_BATCH_KEYS)
+    apps.append(app)
+    app.start(main=True, tiers="all")
+    every = {(k, s) for k in range(_BATCH_KEYS) for s in range(_PER_KEY)}
+    wait_until(lambda: ledger.terminal() >= every, 120, "every record handled or dead-lettered")
+    assert app.stop(30) and app.error is None
+    _check_key_ledger(kit, app, source, ledger, "dead_letter", keys=_BATCH_KEYS)
+    for keys in ledger.batches:
+        keyed = [k for k in keys if k is not None]
+        assert len(keyed) == len(set(keyed)), f"a call held two records of one key: {keys}"
+    assert max(len(keys) for keys in ledger.batches) >= _BATCH_KEYS // 3, "a poll's keys went to one call"
 
 
 _WORKER = Path(__file__).with_name("key_order_worker.py")

@@ -116,6 +116,8 @@ def _run(
     consumer_overrides: dict[str, Any],
     dead_head: str,
     clients: KafkaClientFactory | None = None,
+    *,
+    batch: bool = False,
 ) -> tuple[_KeyLedger, _Aborts, RetryApp, str, str]:
     source = kit.create(unique_name("orders"), 3)
     group = unique_name("billing")
@@ -129,7 +131,10 @@ def _run(
         hooks=[aborts],
         clients=clients,
     )
-    app.handler(source, policy=_POLICY, ordering=KeyOrdering(dead_head=dead_head))(ledger.handle)
+    register = app.batch_handler if batch else app.handler
+    register(source, policy=_POLICY, ordering=KeyOrdering(dead_head=dead_head))(
+        ledger.handle_batch if batch else ledger.handle
+    )
     app.provision()
     _produce(kit, source)
     apps.append(app)
@@ -186,6 +191,24 @@ def test_exactly_once_every_key_is_handled_in_source_order_and_each_outcome_comm
     assert aborts.count == 0
     assert max(Counter((k, s) for what, k, s, _ in ledger.events if what == "ok").values()) == 1
     assert any(in_tier and what == "ok" and ledger.calls[(k, s)] == 1 for what, k, s, in_tier in ledger.events)
+
+
+def test_exactly_once_a_key_ordered_batch_handler_commits_each_key_in_source_order(
+    kafka: KafkaConfig,
+    kit: Kit,
+    apps: list[RetryApp],
+    unique_name: Callable[[str], str],
+    consumer_overrides: dict[str, Any],
+) -> None:
+    """Guarantee (module docstring) for a batch handler (failures reported per record through `BatchFailed`)
+    under `dead_letter`: the same ledger, each committed hop and dead letter once, and no call held two
+    records of one key."""
+    ledger, _aborts, app, source, _ = _run(kafka, kit, apps, unique_name, consumer_overrides, "dead_letter", batch=True)
+    _check(kit, ledger, app, source, "dead_letter")
+    assert ledger.batches, "the batch handler was called"
+    for keys in ledger.batches:
+        keyed = [k for k in keys if k is not None]
+        assert len(keyed) == len(set(keyed)), f"a call held two records of one key: {keys}"
 
 
 def test_exactly_once_an_aborted_transaction_while_keys_are_blocked_keeps_the_order(

@@ -10,7 +10,11 @@ Guarantees, asserted on topic contents, decoded follower headers, key-state reco
 - a source offset is committed only once its hop and its chain record are acknowledged (write before commit);
 - a passage that settles the chain's frontier closes the chain (a tombstone), and the key's next record is
   handled on the main consumer;
-- a new owner rebuilds the blocked keys from the key-state topic before it handles anything.
+- a new owner rebuilds the blocked keys from the key-state topic before it handles anything;
+- a batch handler's record parked in its place in a call that is dropped uncalled is read again with the call's
+  records, parked once, and follows its key's head once;
+- past `PARKED_PER_PARTITION` records parked behind unacknowledged hops the partition stops (blocking, counted
+  and logged once), and nothing is lost.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from retrytopics import BatchFailed
 from retrytopics.client_factory import MemoryClientFactory
 from retrytopics.connectors.serde import bytes_value
 from retrytopics.core.dedupe import DuplicateAudit
@@ -36,6 +41,7 @@ from retrytopics.core.key_order import (
     encode_record,
     key_id,
 )
+from retrytopics.core.ports import Message
 from retrytopics.core.record import Record
 from retrytopics.memory import MemoryBroker
 from retrytopics.observe.events import Emitter, Event
@@ -43,6 +49,8 @@ from retrytopics.runtime.consumer.loop import ConsumerLoop
 from retrytopics.runtime.consumer.settings import LoopSettings
 from retrytopics.runtime.records.calls import Binding
 from retrytopics.runtime.records.key_state import KeyStateReader
+from retrytopics.runtime.records.ordering import PARKED_PER_PARTITION
+from retrytopics.runtime.records.ownership import OwnershipGuard
 
 from ..kit import CTX, DLQ, GROUP, TIER, StopWhen, run
 
@@ -62,6 +70,17 @@ class KeyLedger:
         if record.offset in self.failing:
             raise RuntimeError(f"{record.offset} fails")
 
+    def handle_batch(self, records: list[Record[bytes]]) -> None:
+        """A batch handler's call: `handle` for each record, the failed ones named in a `BatchFailed`."""
+        failed: list[tuple[Record[bytes], BaseException]] = []
+        for record in records:
+            try:
+                self.handle(record)
+            except RuntimeError as exc:
+                failed.append((record, exc))
+        if failed:
+            raise BatchFailed(failed)
+
     def on_event(self, event: Event, data: dict[str, Any]) -> None:
         self.seen.append((event, dict(data)))
 
@@ -77,19 +96,24 @@ def ordered_loop(
     ledger: KeyLedger,
     stop: threading.Event,
     read: KeyStateReader | None = None,
+    batch_size: int = 10,
+    batch: bool = False,
     **ordering: Any,
 ) -> ConsumerLoop:
     clients = MemoryClientFactory(broker, clock=broker.clock)
     binding = Binding(
         topic="orders",
-        handler=ledger.handle,
+        handler=ledger.handle_batch if batch else ledger.handle,
         policy=CTX.policy,
         ctx=CTX,
         value_deserializer=bytes_value,
+        batch=batch,
         ordering=KeyOrdering(**ordering),
     )
     return ConsumerLoop(
-        LoopSettings(name="orders", group_id=GROUP, topics=("orders",), max_wait_ms=100, commit_every=1, batch_size=10),
+        LoopSettings(
+            name="orders", group_id=GROUP, topics=("orders",), max_wait_ms=100, commit_every=1, batch_size=batch_size
+        ),
         {"orders": binding},
         consumer_factory=lambda: broker.consumer(GROUP),
         producer_factory=lambda: broker.producer(),
@@ -338,3 +362,91 @@ def test_a_follower_too_large_for_the_dlq_as_well_is_dead_lettered_as_a_referenc
     headers = decode(list(dead.headers))
     assert (headers.dlq_reason, headers.original_offset) == (DlqReason.BLOCKED_BY_KEY, a2)
     assert "so was its dead letter" in headers.exception_message
+
+
+def test_past_the_bound_of_parked_records_the_partition_stops_counted_and_logged_and_nothing_is_lost(
+    caplog: Any,
+) -> None:
+    """One poll: a's first record fails, its hop acknowledged only a poll later, so a's next
+    `PARKED_PER_PARTITION` records are parked; b's record behind them is handled at once (the partition goes
+    on). a's next record finds the bound reached: the partition stops there (one WARNING line, one
+    `key_order.bound_reached` event with `bound="parked"`), so b's record behind it waits until a's parked
+    records move on (a follower of a is in the tier by then). In the end every record of a is in the tier in
+    source order, each follower behind the one before, b's are handled once each, and the partition is
+    committed to its end."""
+    broker = ordered_broker()
+    broker.ack_after_polls = 1  # a hop is acknowledged a poll after it is produced
+    a_offsets = [append(broker, b"a", b"a0")]
+    a_offsets += [append(broker, b"a", f"a{i}".encode()) for i in range(1, PARKED_PER_PARTITION + 1)]
+    b0 = append(broker, b"b", b"b0")
+    a_offsets.append(append(broker, b"a", b"past-the-bound"))
+    b1 = append(broker, b"b", b"b1")
+    ledger = KeyLedger(failing={a_offsets[0]})
+    in_tier_at_call: dict[int, int] = {}
+    handle = ledger.handle
+
+    def handle_and_look(record: Record[bytes]) -> None:
+        in_tier_at_call[record.offset] = len(broker.records(TIER))
+        handle(record)
+
+    ledger.handle = handle_and_look  # type: ignore[method-assign]
+    stop = StopWhen(committed(broker, b1 + 1))
+    with caplog.at_level("WARNING", logger="retrytopics.runtime"):
+        run(ordered_loop(broker, ledger, stop, batch_size=2 * PARKED_PER_PARTITION), stop)
+
+    assert ledger.calls == [(b"a", a_offsets[0]), (b"b", b0), (b"b", b1)]
+    assert in_tier_at_call[b0] == 0, "b0 was handled while a's records were parked"
+    assert in_tier_at_call[b1] >= 2, "b1 was handled before any of a's parked records moved on"
+    reached = [data for event, data in ledger.seen if event is Event.KEY_ORDER_BOUND_REACHED]
+    assert reached == [{"consumer": "orders", "topic": "orders", "partition": 0, "bound": "parked"}]
+    warnings = [r.getMessage() for r in caplog.records if "paused" in r.getMessage()]
+    assert len(warnings) == 1 and f"{PARKED_PER_PARTITION} records parked" in warnings[0]
+    in_tier = broker.records(TIER)
+    assert [m.value for m in in_tier] == [b"a0"] + [f"a{i}".encode() for i in range(1, 1001)] + [b"past-the-bound"]
+    followers = [decode_follower(list(m.headers)) for m in in_tier[1:]]
+    assert [(f.original_offset, f.after) for f in followers if f is not None] == list(
+        zip(a_offsets[1:], a_offsets[:-1], strict=True)
+    )
+    assert not broker.records(DLQ)
+
+
+def test_a_record_parked_in_a_dropped_batch_call_is_read_again_and_follows_once(monkeypatch: Any) -> None:
+    """A key-ordered batch handler: a's first record fails and its hop is acknowledged two polls late; the next
+    poll holds b's record, a's second and c's, so a2 is parked in its place in the call of b and c. That call
+    ends with the ownership in doubt (the consumer may have lost the partition, and still owns it): it is
+    dropped and read again from b's record, a2 included. a2 is then parked once, not twice: it follows a1 into
+    the tier once, behind it; b and c are handled (again), nothing is dead-lettered, and the partition is
+    committed to its end."""
+    broker = ordered_broker()
+    broker.ack_after_polls = 2
+    a1 = append(broker, b"a", b"a1")
+    ledger = KeyLedger(failing={a1})
+    later: list[int] = []
+    handle = ledger.handle
+
+    def handle_then_write(record: Record[bytes]) -> None:
+        if not later:  # the next poll's records, written during a1's call
+            later.extend(append(broker, key, key + b"-" + str(i).encode()) for i, key in enumerate([b"b", b"a", b"c"]))
+        handle(record)
+
+    ledger.handle = handle_then_write  # type: ignore[method-assign]
+    lost, in_doubt = OwnershipGuard.lost_ownership, [True]
+
+    def lost_once(guard: OwnershipGuard, msg: Message) -> bool:
+        """The first call of b's record ends in doubt; everything else is asked as usual."""
+        if in_doubt and later and msg.offset == later[0]:
+            in_doubt.clear()
+            return True
+        return lost(guard, msg)
+
+    monkeypatch.setattr(OwnershipGuard, "lost_ownership", lost_once)
+    stop = StopWhen(committed(broker, a1 + 4))
+    run(ordered_loop(broker, ledger, stop, batch=True), stop)
+
+    b, a2, c = later
+    assert ledger.calls == [(b"a", a1), (b"b", b), (b"c", c), (b"b", b), (b"c", c)]
+    in_tier = broker.records(TIER)
+    assert [m.value for m in in_tier] == [b"a1", b"a-1"]
+    follower = decode_follower(list(in_tier[1].headers))
+    assert follower is not None and (follower.original_offset, follower.after) == (a2, a1)
+    assert not broker.records(DLQ)
