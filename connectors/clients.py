@@ -259,13 +259,19 @@ class KafkaConsumer:
             if err is not None:
                 _client_error(err)
                 continue
-            topic = msg.topic()
-            if topic not in topics:
-                if not stretches or stretches[-1][0] is not messages:
-                    stretches.append((messages, len(messages)))
-                    at = ("", -1)  # the next record of `topics` starts a stretch of its run
-                messages.append(_message(msg))
-                continue
+            topic, partition = msg.topic(), msg.partition()
+            if partition != at[1] or topic != at[0]:  # a poll comes in runs per partition: asked once a run
+                if topic not in topics:
+                    if not stretches or stretches[-1][0] is not messages:
+                        stretches.append((messages, len(messages)))
+                        at = ("", -1)  # the next record of `topics` starts a stretch of its run
+                    messages.append(_message(msg))
+                    continue
+                at = (topic, partition)  # type: ignore[assignment]
+                run = runs.setdefault(at, [])
+                add = run.append
+                stretches.append((run, len(run)))
+                prefix = f"{topic}-{partition}-"
             # `_headers_of` inline: the same reads, without a call for the records that have no headers
             try:
                 found = msg.headers()
@@ -276,15 +282,9 @@ class KafkaConsumer:
                 read = headers, error = _read_listed(msg, found)
                 if error is not None or any(k.startswith(RETRY_PREFIX) for k, _ in headers):
                     return _as_messages(stretches, msg, read, batch)
-            partition, offset = msg.partition(), msg.offset()
+            offset = msg.offset()
             kind, timestamp = msg.timestamp()
             value = msg.value()
-            if partition != at[1] or topic != at[0]:  # a poll comes in runs per partition
-                at = (topic, partition)  # type: ignore[assignment]
-                run = runs.setdefault(at, [])
-                add = run.append
-                stretches.append((run, len(run)))
-                prefix = f"{topic}-{partition}-"
             # as `split_runs` builds it, positionally: once per consumed record
             add(
                 new(
