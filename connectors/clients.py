@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import (
@@ -39,7 +39,7 @@ from retrytopics.connectors.record_headers import (
 )
 from retrytopics.core.errors import KafkaClientError
 from retrytopics.core.headers import RETRY_PREFIX, Header
-from retrytopics.core.ports import DeliveryCallback, Message, PartitionsCallback, Polled, TopicPartition
+from retrytopics.core.ports import DeliveryCallback, Message, PartitionsCallback, Polled, TopicPartition, message_of
 from retrytopics.core.record import Record
 
 __all__ = [
@@ -71,6 +71,10 @@ _new_message = tuple.__new__
 
 
 _Read = tuple[tuple[Header, ...], UndecodableHeaderError | None]
+
+#: consecutive records of one poll that went to one list (a partition's run of Records, or the other records'
+#: Messages): the list and the index the stretch starts at
+_Stretch = tuple[list[Message] | list[Record[Any]], int]
 
 
 def _headers_of(msg: CKMessage) -> _Read:
@@ -130,32 +134,47 @@ def _client_error(err: KafkaError) -> None:
         log.warning("consumer error: %s", err)
 
 
-def _as_messages(
-    batch: list[CKMessage],
-    at: CKMessage,
-    read: _Read,
-    topics: frozenset[str],
-    built: list[Message],
-) -> Polled:
-    """`batch` as Messages only (`Polled` says when): `at` is the record that says so (`read`: its headers as
-    read), `built` the Messages made already of the records before it outside `topics` (their headers are not
-    read twice), the errors after it are not reported yet."""
-    i = next(i for i, msg in enumerate(batch) if msg is at)
-    made = iter(built)
-    before = [_message(msg) if msg.topic() in topics else next(made) for msg in batch[:i] if msg.error() is None]
-    return Polled([*before, _message(at, read), *_messages(batch[i + 1 :])], [])
+def _as_messages(stretches: list[_Stretch], at: CKMessage, read: _Read, unread: list[CKMessage]) -> Polled:
+    """The poll as Messages only (`Polled` says when), in the client's order: what was read before `at` (its
+    Records as `message_of` gives them back, the other records as the Messages made of them already, in the
+    order `stretches` says), `at` itself (`read`: its headers as read), then `unread` (the records after it,
+    last first, as `consume_runs` takes them; its errors are not reported yet)."""
+    # where each stretch ends: where the next stretch of the same list starts, else at that list's end
+    ends: list[int] = []
+    next_start: dict[int, int] = {}
+    for items, start in reversed(stretches):
+        ends.append(next_start.get(id(items), len(items)))
+        next_start[id(items)] = start
+    before: list[Message] = []
+    for (items, start), end in zip(stretches, reversed(ends), strict=True):
+        before += [item if isinstance(item, Message) else message_of(item) for item in items[start:end]]
+    unread.reverse()
+    return Polled([*before, _message(at, read), *_messages(unread)], [])
 
 
 def _messages(batch: list[CKMessage], *, report: bool = True) -> list[Message]:
-    """The records of `batch` as Messages; its errors to `_client_error` (with `report`: not reported yet)."""
+    """The records of `batch` as Messages; its errors to `_client_error` (with `report`: not reported yet).
+    Empties `batch`: each client message is let go once its Message is made (`_taken`)."""
     out: list[Message] = []
-    for msg in batch:
+    take = _taken(batch)
+    while batch:
+        msg = take()
         err = msg.error()
         if err is None:
             out.append(_message(msg))
         elif report:
             _client_error(err)
     return out
+
+
+def _taken(batch: list[CKMessage]) -> Callable[[], CKMessage]:
+    """`batch`'s records one at a time, in order, each removed from `batch` as it is taken (call while
+    `batch` is not empty). A poll's client messages and what is made of them are then never all alive at
+    once: together they pass the cyclic GC's youngest-generation threshold, and each poll would set off a
+    collection that moves them, still alive, to the older generations, whose full collections then walk the
+    whole heap."""
+    batch.reverse()
+    return batch.pop
 
 
 def _log_failed_commit(err: KafkaError | None, partitions: list[CKTopicPartition]) -> None:
@@ -229,33 +248,43 @@ class KafkaConsumer:
         messages: list[Message] = []
         runs: dict[TopicPartition, list[Record[Any]]] = {}
         run: list[Record[Any]] = []
+        #: the list each stretch of the poll went to (a run, or `messages`) and from which index: the client's
+        #: order, should the poll fall back to Messages
+        stretches: list[_Stretch] = []
         new, add, at, prefix = _new_message, run.append, ("", -1), ""
-        for msg in batch:
+        take = _taken(batch)
+        while batch:
+            msg = take()
             err = msg.error()
             if err is not None:
                 _client_error(err)
                 continue
-            topic = msg.topic()
-            if topic not in topics:
-                messages.append(_message(msg))
-                continue
+            topic, partition = msg.topic(), msg.partition()
+            if partition != at[1] or topic != at[0]:  # a poll comes in runs per partition: asked once a run
+                if topic not in topics:
+                    if not stretches or stretches[-1][0] is not messages:
+                        stretches.append((messages, len(messages)))
+                        at = ("", -1)  # the next record of `topics` starts a stretch of its run
+                    messages.append(_message(msg))
+                    continue
+                at = (topic, partition)  # type: ignore[assignment]
+                run = runs.setdefault(at, [])
+                add = run.append
+                stretches.append((run, len(run)))
+                prefix = f"{topic}-{partition}-"
             # `_headers_of` inline: the same reads, without a call for the records that have no headers
             try:
                 found = msg.headers()
             except (SystemError, UnicodeDecodeError) as exc:  # a header key is not UTF-8
-                return _as_messages(batch, msg, _read_after_error(msg, exc), topics, messages)
+                return _as_messages(stretches, msg, _read_after_error(msg, exc), batch)
             headers: tuple[Header, ...] = ()
             if found is not None:
                 read = headers, error = _read_listed(msg, found)
                 if error is not None or any(k.startswith(RETRY_PREFIX) for k, _ in headers):
-                    return _as_messages(batch, msg, read, topics, messages)
-            partition, offset = msg.partition(), msg.offset()
+                    return _as_messages(stretches, msg, read, batch)
+            offset = msg.offset()
             kind, timestamp = msg.timestamp()
             value = msg.value()
-            if partition != at[1] or topic != at[0]:  # a poll comes in runs per partition
-                at = (topic, partition)  # type: ignore[assignment]
-                add = runs.setdefault(at, []).append
-                prefix = f"{topic}-{partition}-"
             # as `split_runs` builds it, positionally: once per consumed record
             add(
                 new(

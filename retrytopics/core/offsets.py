@@ -132,6 +132,18 @@ class OffsetTracker:
         part.position = offsets[-1] + 1
         return len(offsets)
 
+    def finish_span(self, tp: TopicPartition, first: int, last: int) -> bool:
+        """`finish_run` for a run known by its first and last offsets alone, where they settle it: when nothing of
+        `tp` is in flight and `first` is not before the finished position, the position moves to `last` + 1 and
+        True is returned; otherwise nothing changes (False) and the run needs `finish_run` with every offset."""
+        part = self._partitions.get(tp)
+        if part is None or part.in_flight or (part.position is not None and first < part.position):
+            return False
+        if part.first is None:
+            part.first = first
+        part.position = last + 1
+        return True
+
     def in_flight(self, tp: TopicPartition) -> int:
         """Records of `tp` tracked but not yet finished (or finished behind an unfinished one)."""
         part = self._partitions.get(tp)

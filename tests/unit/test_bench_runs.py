@@ -47,6 +47,20 @@ def test_unknown_scenario_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
         main._selected(["99"])
 
 
+def test_a_batch_counted_at_once_finishes_at_the_call_that_reaches_n(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch handler counts its records per call (`tick(len(records))`), as the floor counts them: the call
+    that reaches n (passing it, too) finishes the run and stamps its end once; a later call stamps nothing."""
+    runtime = _bench("bench.runtime", monkeypatch)
+    finish = runtime._Finish(5)
+    finish.tick(3)
+    assert not finish.done.is_set() and finish.first and not finish.last
+    finish.tick(3)
+    assert finish.done.is_set() and finish.count == 6
+    last = finish.last
+    finish.tick(2)
+    assert finish.last == last and finish.count == 8
+
+
 def test_child_reports_its_cpu_time_per_record(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -9,12 +9,14 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from retrytopics.core.dedupe import DuplicateAudit
 from retrytopics.core.errors import KafkaClientError
 from retrytopics.core.key_hops import origin_of
 from retrytopics.core.offsets import OffsetTracker, TopicPartition
-from retrytopics.core.ports import ConsumerPort, ProducerPort
+from retrytopics.core.ports import ConsumerPort, Message, ProducerPort
+from retrytopics.core.record import Record
 from retrytopics.core.router import RouteKind
 from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.clock import Clock
@@ -86,6 +88,13 @@ class AtLeastOnce(HandOffBase):
             self._finish(tp, offset, self._track(tp, offset))
         elif self._tracker.finish_at_once(tp, offset):
             self._finished_since_commit += 1
+
+    def _finish_records(self, tp: TopicPartition, records: list[Message] | list[Record[Any]]) -> None:
+        # a run that nothing before it waits for is settled by its last offset: no list of its offsets
+        if not self._parked.get(tp) and self._tracker.finish_span(tp, records[0].offset, records[-1].offset):
+            self._finished_since_commit += len(records)
+        else:
+            self._finish_run(tp, [r.offset for r in records])
 
     def _finish_run(self, tp: TopicPartition, offsets: list[int]) -> None:
         parked = self._parked.get(tp)

@@ -36,6 +36,7 @@ from retrytopics.core.headers import DlqReason, RetryHeaders
 from retrytopics.core.key_hops import origin_of
 from retrytopics.core.offsets import TopicPartition
 from retrytopics.core.ports import Message, ProducerPort
+from retrytopics.core.record import Record
 from retrytopics.core.router import RouteKind
 from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.clock import Clock
@@ -160,6 +161,11 @@ class HandOffBase:
     def _finish_run(self, tp: TopicPartition, offsets: list[int]) -> None:
         raise NotImplementedError
 
+    def _finish_records(self, tp: TopicPartition, records: list[Message] | list[Record[Any]]) -> None:
+        """Finish a run of successes (consecutive records of `tp`, increasing offsets): `_finish_run` of their
+        offsets; a strategy whose tracker can settle the run by its first and last offsets does so instead."""
+        self._finish_run(tp, [r.offset for r in records])
+
     def _track(self, tp: TopicPartition, offset: int) -> int:
         """Start tracking a record about to be handed off; returns the assignment epoch its hand-off carries."""
         raise NotImplementedError
@@ -230,7 +236,7 @@ class HandOffBase:
 
     def _succeeded_run(self, outcome: SucceededRun) -> None:
         tp, msgs, records, keys = outcome
-        self._finish_run(tp, [m.offset for m in msgs])
+        self._finish_records(tp, msgs)
         for key in keys:
             self._remember(key)
         counted = self._count(tp, msgs[0].offset, msgs[-1].offset, len(msgs))

@@ -180,3 +180,45 @@ def test_finishing_a_run_equals_finishing_each_at_once(runs: list[tuple[int, boo
         assert bulk.finish(TP, o, epoch_bulk) == each.finish(TP, o, epoch_each) is True
         assert bulk.positions() == each.positions() and bulk.in_flight(TP) == each.in_flight(TP)
     assert bulk.commit_positions() == each.commit_positions() == {TP: offset}
+
+
+@given(
+    runs=st.lists(
+        st.tuples(st.integers(1, 5), st.integers(0, 3), st.sampled_from(["none", "pending", "acked"])),
+        min_size=1,
+        max_size=12,
+    ),
+    unassigned=st.booleans(),
+)
+def test_a_span_settled_by_its_ends_equals_finishing_the_run(
+    runs: list[tuple[int, int, str]], unassigned: bool
+) -> None:
+    """A batch call's run settled by its first and last offsets (`finish_span`, where it says it can) moves
+    positions, first offsets and what is in flight exactly as `finish_run` with every offset; where it says it
+    cannot (something in flight before it, an unassigned partition), it changes nothing."""
+    span, run_tracker = OffsetTracker(), OffsetTracker()
+    if not unassigned:
+        span.assign(TP)
+        run_tracker.assign(TP)
+    epochs: dict[int, int] = {}
+    offset = 0
+    for size, gap, after in runs:
+        offset += gap  # offsets of a run may skip (compaction, transaction markers)
+        run = list(range(offset, offset + 2 * size, 2))
+        before = (span.positions(), span.in_flight(TP))
+        if span.finish_span(TP, run[0], run[-1]):
+            run_tracker.finish_run(TP, run)
+        else:
+            assert (span.positions(), span.in_flight(TP)) == before
+            assert span.finish_run(TP, run) == run_tracker.finish_run(TP, run) == len(run)
+        offset = run[-1] + 1
+        if after != "none":  # a hand-off after the run, acknowledged at once or left in flight
+            epochs[offset] = span.track(TP, offset)
+            run_tracker.track(TP, offset)
+            if after == "acked":
+                assert span.finish(TP, offset, epochs[offset]) == run_tracker.finish(TP, offset, epochs[offset])
+            offset += 1
+        assert span.positions() == run_tracker.positions()
+        assert span.in_flight(TP) == run_tracker.in_flight(TP)
+    assert span.commit_positions() == run_tracker.commit_positions()
+    assert span.rewind(TP) == run_tracker.rewind(TP)  # the first offset tracked (nothing committed): the same
