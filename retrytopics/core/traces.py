@@ -17,7 +17,7 @@ from collections.abc import Callable
 from types import CodeType, FrameType
 from typing import NamedTuple
 
-__all__ = ["Link", "format_links", "format_trace", "keyed_chain", "lone_key"]
+__all__ = ["Link", "format_links", "format_trace", "keyed_chain", "lone_key", "lone_link"]
 
 _CHAIN_LIMIT = 32
 _SITE_CACHE_SIZE = 512
@@ -146,6 +146,17 @@ def lone_key(failure: BaseException) -> tuple[object, ...] | None:
         where.append((tb.tb_frame.f_code, tb.tb_lineno))
         tb = tb.tb_next
     return (type(failure), text, tuple(where), "")
+
+
+def lone_link(failure: BaseException, key: tuple[object, ...]) -> Link:
+    """The Link of a lone failure whose `lone_key` is `key`: its text and site taken from the key, its frames
+    read (a failure described for the first time is not read twice)."""
+    frames: list[tuple[FrameType, int]] = []
+    tb = failure.__traceback__
+    while tb is not None:
+        frames.append((tb.tb_frame, tb.tb_lineno))
+        tb = tb.tb_next
+    return _new_link(Link, (failure, "", key[1], key[2], frames))
 
 
 def _link(exc: BaseException, separator: str) -> Link | None:
