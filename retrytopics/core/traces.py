@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import threading
 import traceback
-from collections import OrderedDict
 from collections.abc import Callable
 from types import CodeType, FrameType
 from typing import NamedTuple
@@ -26,7 +25,8 @@ _CONTEXT = "\nDuring handling of the above exception, another exception occurred
 
 # the redactor is part of the key: two apps with different patterns must not share a redacted text
 _Site = tuple[type[BaseException], tuple[tuple[CodeType, int], ...], Callable[[str], str]]
-_sites: OrderedDict[_Site, str] = OrderedDict()
+#: oldest first (a plain dict keeps insertion order): a site pushed out by many new ones is formatted again
+_sites: dict[_Site, str] = {}
 _sites_lock = threading.Lock()
 
 
@@ -65,11 +65,10 @@ def _site_text(
     if not frames:
         return ""
     site: _Site = (cls, where, redact)
-    with _sites_lock:
-        cached = _sites.get(site)
-        if cached is not None:
-            _sites.move_to_end(site)
-            return cached
+    # a read needs no lock: a dict lookup is atomic, and entries are only ever added or removed whole
+    cached = _sites.get(site)
+    if cached is not None:
+        return cached
     # walk_tb gives no column positions, so StackSummary prints no carets and never parses source
     text = redact(
         "Traceback (most recent call last):\n" + "".join(traceback.StackSummary.extract(iter(frames)).format())
@@ -77,7 +76,7 @@ def _site_text(
     with _sites_lock:
         _sites[site] = text
         if len(_sites) > _SITE_CACHE_SIZE:
-            _sites.popitem(last=False)
+            del _sites[next(iter(_sites))]
     return text
 
 

@@ -169,15 +169,20 @@ class RecordStage:
         # the consumer built the Records (`run_topics`): each is called as it is, and a Message is made again
         # only for the records that need one (a failure, a record this consumer must leave)
         built = not isinstance(run[0], Message)
+        records, msgs = cast("list[Record[Any]]", run), cast("list[Message]", run)  # the view `built` says
+
+        def message(i: int) -> Message:
+            return message_of(records[i]) if built else msgs[i]
+
         tp, done, i = (run[0].topic, run[0].partition), 0, 0  # run[done:i]: calls that returned, not yielded yet
         try:
-            for i, item in enumerate(cast("list[Message | Record[Any]]", run)):
+            for i in range(len(run)):
                 if stopped():
                     break
                 if built:
-                    record, poison = cast("Record[Any]", item), None
+                    record, poison = records[i], None
                 else:
-                    record, poison = build_record(binding, cast("Message", item), None)
+                    record, poison = build_record(binding, msgs[i], None)
                 failure: BaseException | None = poison
                 if failure is None:
                     try:
@@ -188,15 +193,15 @@ class RecordStage:
                         if done < i:
                             yield _run(tp, run, done, i)
                             done = i
-                        if ownership.lost_ownership(msg := _message(item, built)):
+                        if ownership.lost_ownership(msg := message(i)):
                             yield Abandoned(msg)
                             return
                     if failure is None:
                         continue
-                    if ownership.stopping(msg := _message(item, built), failure):
+                    if ownership.stopping(msg := message(i), failure):
                         break
                 else:
-                    msg = _message(item, built)
+                    msg = message(i)
                 if done < i:
                     yield _run(tp, run, done, i)
                 done = i + 1
@@ -474,8 +479,3 @@ _ABANDONED = _Abandoned()
 
 def _run(tp: TopicPartition, run: Run, start: int, end: int) -> SucceededRun:
     return SucceededRun(tp, run if start == 0 and end == len(run) else run[start:end], None, [])
-
-
-def _message(item: Message | Record[Any], built: bool) -> Message:
-    """The Message of a run's record (`built`: the consumer built it as a Record)."""
-    return message_of(cast("Record[Any]", item)) if built else cast("Message", item)
