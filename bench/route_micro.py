@@ -1,7 +1,8 @@
 """``python -m bench.route_micro [--repeats 7] [--calls 20000]``: the pure core's failure path alone, in CPU time.
 
 Times `route()` on what the `2.failure` scenario routes (policy ``delays=["1h"]``, a lone `RuntimeError` raised
-two frames deep, a source record with two user headers), plus a tier record's second failure (its state read
+two frames deep, a source record with two user headers), the same with a message that names the record (a new
+text per record, as the peer scenario's handler raises), plus a tier record's second failure (its state read
 first, as the runtime does) and a dead-lettered one. Prints the minimum over the repeats of the CPU time per
 call: the minimum is the run the machine's neighbours disturbed least.
 """
@@ -9,6 +10,7 @@ call: the minimum is the run the machine's neighbours disturbed least.
 from __future__ import annotations
 
 import argparse
+import itertools
 import random
 import time
 from collections.abc import Callable
@@ -25,16 +27,27 @@ def _fail(record_id: int) -> None:
     raise RuntimeError("fails once")
 
 
-def _handler(record_id: int) -> None:
-    _fail(record_id)
+def _fail_naming(record_id: int) -> None:
+    raise RuntimeError(f"id {record_id} failed")  # as the peer scenario's handler: a new message per record
 
 
-def _caught() -> BaseException:
+def _handler(record_id: int, fail: Callable[[int], None] = _fail) -> None:
+    fail(record_id)
+
+
+def _caught(fail: Callable[[int], None] = _fail, record_id: int = 0) -> BaseException:
     try:
-        _handler(0)
+        _handler(record_id, fail)
     except RuntimeError as exc:
         return exc
     raise AssertionError("the handler did not raise")
+
+
+def _naming(count: int) -> Callable[[], BaseException]:
+    """Failures whose messages name their record, `count` of them in turn: more than the description cache
+    holds, so each is described anew."""
+    failures = itertools.cycle([_caught(_fail_naming, i) for i in range(count)])
+    return lambda: next(failures)
 
 
 def _cases() -> dict[str, Callable[[], object]]:
@@ -55,8 +68,12 @@ def _cases() -> dict[str, Callable[[], object]]:
     later = now + 60_000
     state = read_retry_state(ctx, tier, now_ms=later)
     dlq_state = read_retry_state(last, tier, now_ms=later)
+    naming = _naming(20_000)
     return {
         "route, source record (first failure)": lambda: route(ctx, source, failure, now_ms=now, rng=rng, previous=None),
+        "route, source record, a message naming the record": lambda: route(
+            ctx, source, naming(), now_ms=now, rng=rng, previous=None
+        ),
         "route, tier record (second failure)": lambda: route(ctx, tier, failure, now_ms=later, rng=rng, previous=state),
         "route, to the DLQ (exhausted)": lambda: route(last, tier, failure, now_ms=later, rng=rng, previous=dlq_state),
         "read_retry_state, tier record": lambda: read_retry_state(ctx, tier, now_ms=later),

@@ -15,7 +15,7 @@ from typing import NamedTuple
 from retrytopics.core.classify import MAX_CHAIN
 from retrytopics.core.errors import NonRetryable, Retry
 from retrytopics.core.headers import MESSAGE_LIMIT_BYTES, TRACE_LIMIT_BYTES, TYPE_LIMIT_BYTES, truncate_utf8
-from retrytopics.core.traces import format_links, format_trace, keyed_chain, lone_key
+from retrytopics.core.traces import Link, format_links, format_trace, keyed_chain, lone_key, lone_link
 
 __all__ = ["Described", "describe", "describe_now", "described_failure"]
 
@@ -51,20 +51,21 @@ def describe(failure: BaseException, redact: Callable[[str], str]) -> Described:
     per failure site and message (`traces.keyed_chain`): when many records fail alike, as in an outage,
     each is described in a dictionary lookup."""
     failure = described_failure(failure)
+    keyed: tuple[tuple[object, ...], list[Link] | None] | None
     if failure.__cause__ is None and failure.__context__ is None:  # most failures: one exception, no chain
-        lone = lone_key(failure)
-        # a read needs no lock: a dict lookup is atomic, and entries are only ever replaced whole
-        described = None if lone is None else _described.get((lone, redact))
-        if described is not None:
-            return described
-    keyed = keyed_chain(failure)
+        lone = lone_key(failure)  # its frames are read only when it is described for the first time
+        keyed = None if lone is None else (lone, None)
+    else:
+        keyed = keyed_chain(failure)
     if keyed is None:
         return describe_now(failure, redact)
     key, links = keyed
     site = (key, redact)
-    with _described_lock:
-        described = _described.get(site)
+    # a read needs no lock: a dict lookup is atomic, and entries are only ever replaced whole
+    described = _described.get(site)
     if described is None:  # a new site or message (often: messages that name the record): from the links
+        if links is None:
+            links = [lone_link(failure, key)]
         described = _described_as(type(failure), links[-1].text, format_links(links, redact=redact), redact)
         with _described_lock:
             if len(_described) >= _DESCRIBED_CACHE_SIZE:

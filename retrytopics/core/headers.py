@@ -794,6 +794,8 @@ def truncate_utf8(
         truncate_utf8("abcdef", 5, marker="~")         # 'abcd~'
         truncate_utf8("abcdef", 5, marker="~", keep="tail")  # '~cdef'
     """
+    if type(text) is str and text.isascii() and len(text) <= limit_bytes:  # most texts: one byte per character
+        return text
     data = text.encode("utf-8", "backslashreplace")
     if len(data) <= limit_bytes:
         return data.decode("utf-8")

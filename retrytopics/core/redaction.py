@@ -52,6 +52,8 @@ _VALUE: Final = re.compile(
 )
 #: Every secret word contains one of these (lower case): a text with none of them has no secret key.
 _KEY_HINTS: Final = ("pass", "pw", "sig", "secret", "token", "key", "auth", "credential", "session")
+#: whether a text holds any of `_KEY_HINTS`: one search instead of a test per hint
+_ANY_KEY_HINT: Final = re.compile("|".join(map(re.escape, _KEY_HINTS)))
 _SECRET_KEY: Final = re.compile(  # a key's last segments
     rf"(?i)(?:{_SECRET_WORDS}|(?:^|(?<=[_.-]))(?:{_SHORT_SECRET_WORDS}))s?(?:[_.-][\w.-]*)?"
 )
@@ -106,7 +108,7 @@ def _builtin(text: str) -> str:
         text = _PRIVATE_KEY.sub(f"-----BEGIN PRIVATE KEY-----{HIDDEN}", text)
     if "cookie" in lowered:
         text = _COOKIE.sub(rf"\g<1>{HIDDEN}", text)
-    if any(hint in lowered for hint in _KEY_HINTS):
+    if _ANY_KEY_HINT.search(lowered) is not None:
         text = _hide_key_values(text)
         if "-" in text:
             text = _hide_key_values(text, _FLAG)

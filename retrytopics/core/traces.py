@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import threading
 import traceback
-from collections import OrderedDict
 from collections.abc import Callable
 from types import CodeType, FrameType
 from typing import NamedTuple
 
-__all__ = ["Link", "format_links", "format_trace", "keyed_chain", "lone_key"]
+__all__ = ["Link", "format_links", "format_trace", "keyed_chain", "lone_key", "lone_link"]
 
 _CHAIN_LIMIT = 32
 _SITE_CACHE_SIZE = 512
@@ -26,7 +25,8 @@ _CONTEXT = "\nDuring handling of the above exception, another exception occurred
 
 # the redactor is part of the key: two apps with different patterns must not share a redacted text
 _Site = tuple[type[BaseException], tuple[tuple[CodeType, int], ...], Callable[[str], str]]
-_sites: OrderedDict[_Site, str] = OrderedDict()
+#: oldest first (a plain dict keeps insertion order): a site pushed out by many new ones is formatted again
+_sites: dict[_Site, str] = {}
 _sites_lock = threading.Lock()
 
 
@@ -65,11 +65,10 @@ def _site_text(
     if not frames:
         return ""
     site: _Site = (cls, where, redact)
-    with _sites_lock:
-        cached = _sites.get(site)
-        if cached is not None:
-            _sites.move_to_end(site)
-            return cached
+    # a read needs no lock: a dict lookup is atomic, and entries are only ever added or removed whole
+    cached = _sites.get(site)
+    if cached is not None:
+        return cached
     # walk_tb gives no column positions, so StackSummary prints no carets and never parses source
     text = redact(
         "Traceback (most recent call last):\n" + "".join(traceback.StackSummary.extract(iter(frames)).format())
@@ -77,7 +76,7 @@ def _site_text(
     with _sites_lock:
         _sites[site] = text
         if len(_sites) > _SITE_CACHE_SIZE:
-            _sites.popitem(last=False)
+            del _sites[next(iter(_sites))]
     return text
 
 
@@ -146,6 +145,17 @@ def lone_key(failure: BaseException) -> tuple[object, ...] | None:
         where.append((tb.tb_frame.f_code, tb.tb_lineno))
         tb = tb.tb_next
     return (type(failure), text, tuple(where), "")
+
+
+def lone_link(failure: BaseException, key: tuple[object, ...]) -> Link:
+    """The Link of a lone failure whose `lone_key` is `key`: its text and site taken from the key, its frames
+    read (a failure described for the first time is not read twice)."""
+    frames: list[tuple[FrameType, int]] = []
+    tb = failure.__traceback__
+    while tb is not None:
+        frames.append((tb.tb_frame, tb.tb_lineno))
+        tb = tb.tb_next
+    return _new_link(Link, (failure, "", key[1], key[2], frames))
 
 
 def _link(exc: BaseException, separator: str) -> Link | None:

@@ -262,7 +262,8 @@ class HandOffBase:
 
     def _failed(self, outcome: Failed) -> None:
         msg, key, record, _failure, route, ctx = outcome
-        epoch = self._track(msg.tp, msg.offset)
+        tp = msg.tp
+        epoch = self._track(tp, msg.offset)
         if key is not None:
             self._remember(key)
         ordered, at = self._ordered, None
@@ -271,9 +272,9 @@ class HandOffBase:
             handled = route.reason is not DlqReason.BLOCKED_BY_KEY
             to_tier = route.retry.tier if route.kind is RouteKind.TIER else None
             ordered.write(ordered.chains.sent(at, to_tier=to_tier, handled=handled))
-        failures = self._failures.get(msg.tp)
+        failures = self._failures.get(tp)
         if failures is None:
-            failures = self._failures[msg.tp] = _Tally()
+            failures = self._failures[tp] = _Tally()
         failures.count += 1
         state = record.retry
         now = self._now_ms() if state is not None else 0
@@ -296,7 +297,7 @@ class HandOffBase:
             route=route,
             key=msg.key,
             value=msg.value,
-            source=msg.tp,
+            source=tp,
             offset=msg.offset,
             epoch=epoch,
             # kept in flight only for `on_dead_letter`, or for key order's acknowledgement (its chain)

@@ -15,7 +15,7 @@ what the outcomes before it finished.
 - `take_queued(msg, queued)`: a record that waited in memory fell due: what was decided is carried out.
 - `plain_runs(batch)` / `call_run(...)`: a main consumer's poll, partition by partition, with nothing to
   decide per record (a source record carries no retry state: never a duplicate hop, never waiting);
-  `runs_of(polled)` adds the runs a batch handler's consumer built as Records already (`run_topics`,
+  `runs_of(polled)` adds the runs the consumer built as the handlers' Records already (`run_topics`,
   `ports.consume_runs`).
 - `settle_deferred()`: the batch handlers' calls (runtime/records/batches.py).
 
@@ -97,13 +97,12 @@ class RecordStage:
         self.batches = BatchCalls(invoker, ownership, self.failed, stop=stop, dropped=self._dropped)
         # a main consumer (source topics only): its polls can go to the handlers partition by partition
         self._sources_only = all(topic == b.topic for topic, b in bindings.items())
-        #: the topics whose records the consumer hands over as their batch handler's Records already
-        #: (`ports.consume_runs`): what `build_run` would make of them needs nothing of the binding
+        #: the topics whose records the consumer hands over as their handler's Records already
+        #: (`ports.consume_runs`): what `build_record` would make of them needs nothing of the binding
         self.run_topics: frozenset[str] = frozenset(
             topic
             for topic, b in bindings.items()
             if self._sources_only
-            and b.batch
             and b.ordering is None
             and b.value_deserializer is bytes_value
             and b.ctx.id_header is None
@@ -163,18 +162,28 @@ class RecordStage:
         if binding.batch and binding.ordering is None:
             yield from self.batches.call_run(binding, run)
             return
-        msgs = cast(list[Message], run)  # Records come built only for an unordered batch handler (`run_topics`)
         if binding.ordering is not None:
-            yield from self._ordered_run(binding, msgs)
+            yield from self._ordered_run(binding, cast(list[Message], run))  # never built (`run_topics`)
             return
         ownership, stopped = self._ownership, self._stop.is_set
         call, clock, sure_until = self._invoker.caller(binding), ownership.monotonic, ownership.sure_until
-        tp, done, i = msgs[0].tp, 0, 0  # msgs[done:i]: calls that returned, not yielded yet
+        # the consumer built the Records (`run_topics`): each is called as it is, and a Message is made again
+        # only for the records that need one (a failure, a record this consumer must leave)
+        built = not isinstance(run[0], Message)
+        records, msgs = cast("list[Record[Any]]", run), cast("list[Message]", run)  # the view `built` says
+
+        def message(i: int) -> Message:
+            return message_of(records[i]) if built else msgs[i]
+
+        tp, done, i = (run[0].topic, run[0].partition), 0, 0  # run[done:i]: calls that returned, not yielded yet
         try:
-            for i, msg in enumerate(msgs):
+            for i in range(len(run)):
                 if stopped():
                     break
-                record, poison = build_record(binding, msg, None)
+                if built:
+                    record, poison = records[i], None
+                else:
+                    record, poison = build_record(binding, msgs[i], None)
                 failure: BaseException | None = poison
                 if failure is None:
                     try:
@@ -183,30 +192,32 @@ class RecordStage:
                         failure = exc
                     if clock() > sure_until:  # a long call: asked with what is finished (ownership.py)
                         if done < i:
-                            yield _run(tp, msgs, done, i)
+                            yield _run(tp, run, done, i)
                             done = i
-                        if ownership.lost_ownership(msg):
+                        if ownership.lost_ownership(msg := message(i)):
                             yield Abandoned(msg)
                             return
                     if failure is None:
                         continue
-                    if ownership.stopping(msg, failure):
+                    if ownership.stopping(msg := message(i), failure):
                         break
+                else:
+                    msg = message(i)
                 if done < i:
-                    yield _run(tp, msgs, done, i)
+                    yield _run(tp, run, done, i)
                 done = i + 1
                 yield self.failed(binding, msg, None, record, None, failure)
             else:
-                i = len(msgs)
+                i = len(run)
         except GeneratorExit:
             raise
         except BaseException:
             # a handler's BaseException stops the app: the calls that returned before it are finished first
             if done < i:
-                yield _run(tp, msgs, done, i)
+                yield _run(tp, run, done, i)
             raise
         if done < i:
-            yield _run(tp, msgs, done, i)
+            yield _run(tp, run, done, i)
 
     def unparked(self, msg: Message) -> Iterator[Outcome]:
         """A record key order parked and took back (`KeyOrder.unpark`): admitted again, and parked again
@@ -529,5 +540,5 @@ class _Abandoned(Exception):
 _ABANDONED = _Abandoned()
 
 
-def _run(tp: TopicPartition, msgs: list[Message], start: int, end: int) -> SucceededRun:
-    return SucceededRun(tp, msgs if start == 0 and end == len(msgs) else msgs[start:end], None, [])
+def _run(tp: TopicPartition, run: Run, start: int, end: int) -> SucceededRun:
+    return SucceededRun(tp, run if start == 0 and end == len(run) else run[start:end], None, [])

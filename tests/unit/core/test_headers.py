@@ -250,6 +250,8 @@ def test_truncate_utf8_examples_and_surrogates() -> None:
     assert truncate_utf8("abcdef", 5, marker="~", keep="tail") == "~cdef"
     assert truncate_utf8("ééé", 4, marker="~") == "é~"  # 3 bytes of room: never half of the second "é"
     assert truncate_utf8("bad \udc80", 100) == "bad \\udc80"
+    # a text that fits is returned as a plain str, whatever its type (the header encoder remembers str values)
+    assert type(truncate_utf8(type("Text", (str,), {})("abc"), 100)) is str
     with pytest.raises(ConfigError):
         truncate_utf8("abcdef", 2, marker="~~~")
 

@@ -202,3 +202,26 @@ def test_a_lone_failure_is_looked_up_by_the_key_its_chain_has(make: Callable[[],
     failure = make()
     assert failure.__cause__ is None and failure.__context__ is None
     assert lone_key(failure) == _key(failure)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: _raised(ValueError("v")),
+        lambda: _raised(TimeoutError("order 7 timed out")),
+        lambda: ValueError("never raised"),
+    ],
+)
+def test_a_lone_failure_described_for_the_first_time_has_the_link_its_chain_has(
+    make: Callable[[], BaseException],
+) -> None:
+    """A lone failure not described before is formatted from `lone_link`, which takes its text and site from
+    the key it was looked up by: the same Link `keyed_chain` reads, and the same trace as formatting anew."""
+    from retrytopics.core.traces import format_links, keyed_chain, lone_key, lone_link
+
+    failure = make()
+    key, keyed = lone_key(failure), keyed_chain(failure)
+    assert key is not None and keyed is not None
+    link = lone_link(failure, key)
+    assert link == keyed[1][0]
+    assert format_links([link], redact=redact) == format_trace(failure, redact=redact)

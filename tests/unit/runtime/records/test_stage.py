@@ -15,7 +15,9 @@ what the ordinary path guarantees:
   committed only after the acknowledgement; a poison record is dead-lettered in its place;
 - a call that outlives max.poll.interval.ms is left alone (not handed off), and it and the rest of the
   poll, in every partition, are read again;
-- a failure while the app stops is neither handed off nor committed, and nothing after it is called.
+- a failure while the app stops is neither handed off nor committed, and nothing after it is called;
+- a bytes handler is called with the Records its consumer built (`ports.consume_runs`), and the two cases
+  above hold for those runs too.
 """
 
 from __future__ import annotations
@@ -29,11 +31,11 @@ from typing import Any
 
 import pytest
 
-from retrytopics.connectors.serde import json_value
+from retrytopics.connectors.serde import Deserializer, bytes_value, json_value
 from retrytopics.core.dedupe import DuplicateAudit, audit_key
 from retrytopics.core.headers import DlqReason, RetryHeaders, decode
 from retrytopics.core.offsets import OffsetTracker
-from retrytopics.core.ports import Message
+from retrytopics.core.ports import Message, Polled, split_runs
 from retrytopics.core.record import Record
 from retrytopics.core.router import RouteKind
 from retrytopics.core.step import Action
@@ -85,8 +87,10 @@ class JsonLedger(Ledger):
         self.order: list[tuple[int, int, str]] = []
 
     def handle(self, record: Record[Any]) -> None:
-        self.order.append((record.partition, record.offset, record.value))
-        super().handle(record._replace(value=record.value.encode()))
+        # a bytes handler's value (the Record its consumer built) is the JSON text itself
+        value = json.loads(record.value) if isinstance(record.value, bytes) else record.value
+        self.order.append((record.partition, record.offset, value))
+        super().handle(record._replace(value=value.encode()))
 
 
 def json_loop(
@@ -95,10 +99,13 @@ def json_loop(
     stop: threading.Event,
     *,
     consumer: MemoryConsumer | None = None,
+    value_deserializer: Deserializer = json_value,
     **settings: Any,
 ) -> ConsumerLoop:
     member = consumer or broker.consumer(GROUP)
-    binding = Binding(topic="orders", handler=ledger.handle, policy=POLICY, ctx=CTX, value_deserializer=json_value)
+    binding = Binding(
+        topic="orders", handler=ledger.handle, policy=POLICY, ctx=CTX, value_deserializer=value_deserializer
+    )
     options: dict[str, Any] = {"max_wait_ms": 100, "commit_every": 1, "batch_size": 50, **settings}
     return ConsumerLoop(
         LoopSettings(name="main", group_id=GROUP, topics=("orders",), **options),
@@ -123,6 +130,84 @@ def fill_json(broker: MemoryBroker, ids: dict[int, list[str]], *, poison: dict[i
         for i, record_id in enumerate(values):
             bad = poison is not None and poison.get(partition) == i
             broker.append("orders", b"{not json" if bad else b'"%s"' % record_id.encode(), partition=partition)
+
+
+#: a main consumer's runs as the stage builds each Record (a decoding handler) and as the consumer built them
+#: (a bytes handler: `RecordStage.run_topics`)
+BOTH_RUNS = pytest.mark.parametrize("deserializer", [json_value, bytes_value], ids=["decoded", "built"])
+
+
+class BuildingConsumer(MemoryConsumer):
+    """A consumer port that builds the handlers' Records itself (`ports.consume_runs`), as the Kafka adapter
+    does, and keeps every Record it built."""
+
+    built: list[Record[Any]]
+
+    def consume_runs(self, max_records: int, timeout_s: float, topics: frozenset[str]) -> Polled:
+        polled = split_runs(self.consume(max_records, timeout_s), topics)
+        self.built += [r for run in polled.runs for r in run]
+        return polled
+
+
+def test_a_bytes_handler_is_called_with_the_records_its_consumer_built_and_a_failure_keeps_its_headers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A single-record bytes handler on a main consumer is called with the very Records the consumer built
+    (one object per consumed record, no Message and second Record first), once each in offset order; a failure
+    is handed off with its coordinates, key, value and user headers, and every offset is committed."""
+    # setup: two partitions, a user header on every record; one failure in each partition
+    broker = new_broker(partitions=2)
+    for i in range(8):
+        broker.append("orders", b"id-%d" % i, key=b"k%d" % i, partition=i % 2, headers=[("trace", b"t%d" % i)])
+    consumer = BuildingConsumer(
+        broker,
+        broker._group(GROUP),
+        read_committed=True,
+        auto_offset_reset="earliest",
+        max_poll_interval_ms=DEFAULT_MAX_POLL_INTERVAL_MS,
+        session_timeout_ms=45_000,
+    )
+    consumer.built = []
+    handed: list[Record[Any]] = []
+
+    def handle(record: Record[Any]) -> None:
+        handed.append(record)
+        if record.value in (b"id-2", b"id-5"):
+            raise RuntimeError(f"{record.value!r} fails")
+
+    short_publish_backoff(monkeypatch)
+    stop = StopWhen(committed_all(broker, GROUP, {0: 4, 1: 4}))
+    binding = Binding(topic="orders", handler=handle, policy=POLICY, ctx=CTX, value_deserializer=bytes_value)
+    loop = ConsumerLoop(
+        LoopSettings(name="main", group_id=GROUP, topics=("orders",), max_wait_ms=100, commit_every=1),
+        {"orders": binding},
+        consumer_factory=lambda: consumer,
+        producer_factory=broker.producer,
+        emitter=Emitter(),
+        stop=stop,
+        audit=DuplicateAudit(100),
+        clock=broker.clock,
+    )
+
+    # when
+    run(loop, stop)
+
+    # then: each record was called once, as the object its consumer built, in offset order per partition
+    assert len(handed) == 8 and all(h is b for h, b in zip(handed, consumer.built, strict=True))
+    assert sorted((r.partition, r.offset) for r in handed) == [(p, o) for p in (0, 1) for o in range(4)]
+    assert [(r.value, r.headers, r.origin_message_id) for r in handed if r.partition == 1] == [
+        (b"id-%d" % i, (("trace", b"t%d" % i),), f"orders-1-{i // 2}") for i in (1, 3, 5, 7)
+    ]
+    # and: the failures are on the tier with their key, value, user headers and coordinates
+    tier = broker.records(TIER)
+    assert sorted((m.key, m.value, [h for h in m.headers if not h[0].startswith("retry.")]) for m in tier) == [
+        (b"k2", b"id-2", [("trace", b"t2")]),
+        (b"k5", b"id-5", [("trace", b"t5")]),
+    ]
+    assert sorted((h.original_partition, h.original_offset, h.reconsume_times) for _, h in hand_offs(broker, TIER)) == [
+        (0, 1, 1),
+        (1, 2, 1),
+    ]
 
 
 def test_each_partition_is_called_in_offset_order_and_a_failure_is_committed_only_after_its_ack(
@@ -168,8 +253,9 @@ def test_each_partition_is_called_in_offset_order_and_a_failure_is_committed_onl
     assert handled == Counter({0: 4, 1: 5, 2: 5})
 
 
+@BOTH_RUNS
 def test_a_call_that_outlives_the_poll_interval_is_left_alone_and_the_rest_of_the_poll_is_read_again(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, deserializer: Deserializer
 ) -> None:
     # setup: two partitions in one poll; the first call on id-0-2 takes longer than max.poll.interval.ms,
     # then fails (a consumer that may have lost its partition must not hand that failure off)
@@ -188,7 +274,7 @@ def test_a_call_that_outlives_the_poll_interval_is_left_alone_and_the_rest_of_th
     stop = StopWhen(committed_all(broker, GROUP, {0: 5, 1: 5}))
 
     # when
-    run(json_loop(broker, ledger, stop), stop)
+    run(json_loop(broker, ledger, stop, value_deserializer=deserializer), stop)
 
     # then: id-0-2 was left alone once, then handled; nothing else was called twice, nothing was lost
     assert ledger.calls == Counter({**Counter(i for p in (0, 1) for i in ids[p]), "id-0-2": 2})
@@ -198,8 +284,9 @@ def test_a_call_that_outlives_the_poll_interval_is_left_alone_and_the_rest_of_th
     assert [o for q, o, _ in ledger.order if q == 0] == [0, 1, 2, 2, 3, 4]
 
 
+@BOTH_RUNS
 def test_a_failure_while_stopping_is_neither_handed_off_nor_committed_and_nothing_after_it_is_called(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, deserializer: Deserializer
 ) -> None:
     # setup: the app is told to stop during the call on id-0-2, which then fails
     broker = new_broker()
@@ -211,7 +298,7 @@ def test_a_failure_while_stopping_is_neither_handed_off_nor_committed_and_nothin
     ledger.on_call = lambda record_id: stop.set() if record_id == "id-0-2" else None
 
     # when
-    loop = json_loop(broker, ledger, stop, commit_every=100)
+    loop = json_loop(broker, ledger, stop, commit_every=100, value_deserializer=deserializer)
     loop.run()
 
     # then: the calls before it finished and were committed at shutdown; it was not handed off
