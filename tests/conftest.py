@@ -93,7 +93,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 #: The test files that took longest in a run of the README's command (each over 15 s; Spark driver starts,
-#: brokers of their own, walks through tiers), longest first. They run first (`pytest_collection_modifyitems`),
+#: brokers of their own, walks through tiers), longest first. A worker's session teardown (its Spark session
+#: and broker stopping) is counted in the last test it runs, which then only looks long. They run first (`pytest_collection_modifyitems`),
 #: and every shorter file after them in collection order.
 LONGEST_FILES = (
     "tests/integration/test_readme_tour.py",
@@ -127,7 +128,6 @@ LONGEST_FILES = (
     "tests/integration/runtime/test_ambiguous_produce.py",
     "tests/integration/runtime/test_too_large.py",
     "tests/integration/runtime/test_wait_in_memory.py",
-    "tests/unit/runtime/records/test_ownership.py",
 )
 
 
