@@ -92,6 +92,64 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         _drop_foreign_links(call.excinfo.value)
 
 
+#: The test files that took longest in a run of the README's command (each over 15 s; Spark driver starts,
+#: brokers of their own, walks through tiers), longest first. A worker's session teardown (its Spark session
+#: and broker stopping) is counted in the last test it runs, which then only looks long. They run first (`pytest_collection_modifyitems`),
+#: and every shorter file after them in collection order.
+LONGEST_FILES = (
+    "tests/integration/test_readme_tour.py",
+    "tests/integration/spark/test_cli_text.py",
+    "tests/integration/spark/test_builtin_parity.py",
+    "tests/integration/runtime/test_stuck_calls.py",
+    "tests/integration/spark/test_replay_input.py",
+    "tests/integration/failover/test_cluster.py",
+    "tests/integration/spark/test_replay.py",
+    "tests/integration/spark/test_replay_identity.py",
+    "tests/integration/test_apache_broker.py",
+    "tests/integration/spark/test_broker_dlq.py",
+    "tests/integration/spark/test_replay_trust.py",
+    "tests/integration/security/test_security.py",
+    "tests/integration/share/test_share_broker.py",
+    "tests/integration/runtime/test_broker_crash.py",
+    "tests/integration/spark/test_kafka_source.py",
+    "tests/integration/spark/test_replay_signed.py",
+    "tests/integration/security/test_security_replay.py",
+    "tests/integration/spark/test_replay_key_order.py",
+    "tests/integration/runtime/test_key_order.py",
+    "tests/integration/spark/test_end_to_end.py",
+    "tests/integration/console/test_console_browser.py",
+    "tests/integration/share/test_share_consumer.py",
+    "tests/integration/spark/test_audit.py",
+    "tests/integration/test_cli_runtime.py",
+    "tests/integration/runtime/test_memory_broker_contract.py",
+    "tests/integration/spark/test_audit_key_order.py",
+    "tests/unit/test_typing.py",
+    "tests/integration/console/test_console_spark.py",
+    "tests/integration/runtime/test_ambiguous_produce.py",
+    "tests/integration/runtime/test_too_large.py",
+    "tests/integration/runtime/test_wait_in_memory.py",
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    missing = [path for path in LONGEST_FILES if not (config.rootpath / path).is_file()]
+    if missing:
+        raise pytest.UsageError(f"tests/conftest.py LONGEST_FILES names files that do not exist: {missing}")
+    # Under `--dist loadfile` a file runs whole on one worker, and the run ends when the last file does. xdist
+    # queues files by their number of tests unless told otherwise, which put the longest files (one test each:
+    # the README tour, the Spark CLI text test) last, where two could stack on one worker while the other
+    # idled. Keep the collection's order instead (as `--no-loadscope-reorder` does): longest first, so that
+    # the many short files fill the end of both workers.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {path: place for place, path in enumerate(LONGEST_FILES)}
+    # A stable sort: tests keep their order within a file, and the other files theirs.
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+
+
 @dataclass(frozen=True)
 class TestBroker:
     """The broker the session runs against."""

@@ -191,6 +191,12 @@ def test_to_a_smaller_first_tier_keyed_records_go_by_key_and_keyless_ones_modulo
     assert _origins(kafka, topics.tiers[0].topic, 2, "to-tier") == Counter(expected)
 
 
+def _one_dlq_record(kafka: KafkaConfig, source: str) -> TopicSet:
+    topics = _pipeline(kafka, source, 1, 1)
+    produce(kafka, topics.dlq, [_dlq_record(source, 0, 0)])
+    return topics
+
+
 @pytest.mark.parametrize(
     "where",
     [
@@ -203,12 +209,19 @@ def test_to_a_smaller_first_tier_keyed_records_go_by_key_and_keyless_ones_modulo
 def test_where_refuses_anything_but_a_filter_over_the_typed_columns(
     spark: SparkSession, kafka: KafkaConfig, unique_name: Callable[[str], str], where: str
 ) -> None:
-    source = unique_name("orders")
-    topics = _pipeline(kafka, source, 1, 1)
-    produce(kafka, topics.dlq, [_dlq_record(source, 0, 0)])
+    topics = _one_dlq_record(kafka, unique_name("orders"))
 
     with pytest.raises(ConfigError, match="where"):
         replay(spark, kafka, topics, replay_id="w", where=where, dry_run=True)
+
+
+def test_where_selects_by_a_filter_over_the_typed_columns(
+    spark: SparkSession, kafka: KafkaConfig, unique_name: Callable[[str], str]
+) -> None:
+    """The filter the refusals above are measured against (one Spark job for all of them: a refused clause
+    reads nothing): comparisons, IN with a quoted quote, lower() and LIKE select the record."""
+    topics = _one_dlq_record(kafka, unique_name("orders"))
+
     allowed = "original_offset = 0 AND exception_message IN ('boom', 'it''s') AND lower(dlq_reason) LIKE 'exh%'"
     assert replay(spark, kafka, topics, replay_id="w", where=allowed, dry_run=True)["selected"] == 1
 
