@@ -115,6 +115,7 @@ LONGEST_FILES = (
     "tests/integration/spark/test_replay_signed.py",
     "tests/integration/security/test_security_replay.py",
     "tests/integration/spark/test_replay_key_order.py",
+    "tests/integration/runtime/test_key_order_eos.py",
     "tests/integration/runtime/test_key_order.py",
     "tests/integration/spark/test_end_to_end.py",
     "tests/integration/console/test_console_browser.py",
