@@ -379,8 +379,10 @@ class ShareGroupConfig:
 def set_share_group_config(
     admin: AdminClient, group_id: str, config: ShareGroupConfig, *, timeout_s: float = 30.0
 ) -> None:
-    """Set a share group's configs (incrementally: the others stay). The group need not exist yet: set them
-    before its first member joins, or `auto_offset_reset` comes too late for the records already there."""
+    """Set a share group's configs (incrementally: the others stay), returning once the broker answering
+    `describe_configs` applies them (a `KafkaClientError` if not within `timeout_s`). The group need not exist
+    yet: set them before its first member joins, or `auto_offset_reset` comes too late for the records
+    already there."""
     entries = [
         ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)
         for name, value in config.properties().items()
@@ -388,9 +390,26 @@ def set_share_group_config(
     if not entries:
         return
     resource = ConfigResource(ResourceType.GROUP, group_id, incremental_configs=entries)
+    deadline = time.monotonic() + timeout_s
     with map_kafka_errors():
         for future in admin.incremental_alter_configs([resource], request_timeout=timeout_s).values():
             future.result(timeout=timeout_s)
+    # A group config is applied by the controller and reaches the brokers with their metadata a moment later:
+    # a member joining in between would start with the old ones (an `auto_offset_reset` of latest, say).
+    wanted = config.properties()
+    while True:
+        applied = share_group_config(admin, group_id, timeout_s=max(deadline - time.monotonic(), 1.0))
+        pending = sorted(name for name, value in wanted.items() if applied.get(name) != value)
+        if not pending:
+            return
+        if time.monotonic() >= deadline:
+            raise KafkaClientError(
+                f"share group {group_id!r}: {', '.join(pending)} set but not applied by the broker within "
+                f"{timeout_s:g} s",
+                code="_TIMED_OUT",
+                retriable=True,
+            )
+        time.sleep(0.05)
 
 
 def share_group_config(admin: AdminClient, group_id: str, *, timeout_s: float = 30.0) -> dict[str, str]:

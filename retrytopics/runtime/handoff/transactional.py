@@ -36,7 +36,7 @@ from retrytopics.runtime.bounded import BoundedCalls, CallAbandoned
 from retrytopics.runtime.clock import SYSTEM_CLOCK
 from retrytopics.runtime.handoff.publish import TOO_LARGE_CODES, PublishJob, produce_job
 
-__all__ = ["TransactionOutcomeUnknown", "TransactionalPublisher"]
+__all__ = ["COMMIT_DEADLINE_S", "TransactionOutcomeUnknown", "TransactionalPublisher"]
 
 log = logging.getLogger("retrytopics.publish")
 
@@ -49,7 +49,7 @@ _GRACE_S = 1.0
 #: how long a commit is asked again while librdkafka reports retriable errors (a transaction coordinator's
 #: failover took 8-13 s on a 3-broker cluster); the broker aborts a transaction older than its timeout,
 #: which ends the wait with a clear refusal
-_COMMIT_DEADLINE_S = 30.0
+COMMIT_DEADLINE_S = 30.0
 
 #: records whose too-large publish is remembered for their next attempt (exactly-once); a bound, not a budget
 _MAX_REMEMBERED_SHRINKS = 10_000
@@ -319,10 +319,10 @@ class TransactionalPublisher:
 
     def _commit_transaction(self, producer: ProducerPort) -> None:
         """`commit_transaction`, called again while librdkafka reports a retriable error (its own timeout,
-        say, while the transaction coordinator moves to another broker) for up to `_COMMIT_DEADLINE_S`; each
+        say, while the transaction coordinator moves to another broker) for up to `COMMIT_DEADLINE_S`; each
         call is bounded. Refused: aborted and raised. Abandoned, or still failing at the deadline: the
         outcome is unknown (`TransactionOutcomeUnknown`)."""
-        deadline = self._calls.monotonic() + _COMMIT_DEADLINE_S
+        deadline = self._calls.monotonic() + COMMIT_DEADLINE_S
         while True:
             try:
                 self._bounded("commit_transaction", producer.commit_transaction, self._timeout_s)
