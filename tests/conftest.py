@@ -140,7 +140,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # queues files by their number of tests unless told otherwise, which put the longest files (one test each:
     # the README tour, the Spark CLI text test) last, where two could stack on one worker while the other
     # idled. Keep the collection's order instead (as `--no-loadscope-reorder` does): longest first, so that
-    # the many short files fill the end of both workers.
+    # the many short files fill the end of every worker.
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
 
