@@ -343,19 +343,19 @@ def _run_worker(settings: dict[str, Any]) -> None:
         worker.wait(10)
 
 
-def test_a_sigkill_of_the_main_consumer_while_keys_are_blocked_keeps_the_order(
+def _kill_the_main_consumer_while_keys_are_blocked(
     kafka: KafkaConfig,
     kit: Kit,
     apps: list[RetryApp],
     unique_name: Callable[[str], str],
     consumer_overrides: dict[str, Any],
     tmp_path: Path,
-) -> None:
-    """Guarantee: the main consumer, in a process of its own, is SIGKILLed right after handing off a follower
-    (its chain record unwritten, its offset uncommitted) while keys are blocked; a new main consumer rebuilds the
-    blocked keys from the key-state topic. A ledger shared by both processes and the tier consumers shows no
-    record handled before every earlier record of its key was terminal, and every record handled or in the
-    DLQ (calls may repeat: at-least-once)."""
+    **worker_settings: Any,
+) -> tuple[RetryApp, str]:
+    """The scenario of the main consumer's SIGKILL (key_order_worker.py, with `worker_settings`): tier consumers
+    here, the main consumer in a worker that kills itself after its 4th follower hop, then a new main consumer
+    here; checks the shared ledger (order kept, every record terminal, the killed worker handled some). Returns
+    the tier consumers' app and the source."""
     worker = _worker_app()
     keys, per_key = 12, 6
     source = kit.create(unique_name("orders"), 2)
@@ -367,6 +367,7 @@ def test_a_sigkill_of_the_main_consumer_while_keys_are_blocked_keeps_the_order(
         "consumer": consumer_overrides,
         "ledger": str(ledger),
         "kill_after": 4,
+        **worker_settings,
     }
     tiers = worker.build_app(settings)
     apps.append(tiers)
@@ -385,6 +386,23 @@ def test_a_sigkill_of_the_main_consumer_while_keys_are_blocked_keeps_the_order(
     events = _ledger(ledger)
     _assert_key_order(events, every, worker.failures)
     assert {e["pid"] for e in events if "pid" in e} - {os.getpid()}, "the killed worker handled records"
+    return tiers, source
+
+
+def test_a_sigkill_of_the_main_consumer_while_keys_are_blocked_keeps_the_order(
+    kafka: KafkaConfig,
+    kit: Kit,
+    apps: list[RetryApp],
+    unique_name: Callable[[str], str],
+    consumer_overrides: dict[str, Any],
+    tmp_path: Path,
+) -> None:
+    """Guarantee: the main consumer, in a process of its own, is SIGKILLed right after handing off a follower
+    (its chain record unwritten, its offset uncommitted) while keys are blocked; a new main consumer rebuilds the
+    blocked keys from the key-state topic. A ledger shared by both processes and the tier consumers shows no
+    record handled before every earlier record of its key was terminal, and every record handled or in the
+    DLQ (calls may repeat: at-least-once)."""
+    _kill_the_main_consumer_while_keys_are_blocked(kafka, kit, apps, unique_name, consumer_overrides, tmp_path)
 
 
 def test_a_sigkill_of_the_tier_consumers_while_followers_wait_in_them_keeps_the_order(

@@ -13,7 +13,6 @@ it, and reads the key state without it.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -30,17 +29,7 @@ from retrytopics.core.headers import Header
 from retrytopics.core.ports import DeliveryCallback, ProducerPort
 
 from .conftest import Kit, wait_until
-from .test_key_order import (
-    _KEYS,
-    _PER_KEY,
-    _assert_key_order,
-    _KeyLedger,
-    _ledger,
-    _run_worker,
-    _terminal,
-    _worker_app,
-)
-from .test_key_order import _produce as _produce_by_parity
+from .test_key_order import _KEYS, _PER_KEY, _KeyLedger, _kill_the_main_consumer_while_keys_are_blocked
 
 pytestmark = pytest.mark.broker
 
@@ -241,37 +230,9 @@ def test_exactly_once_a_sigkill_of_the_main_consumer_while_keys_are_blocked_keep
     the same instance id fences that transaction and rebuilds the blocked keys from what was committed. The
     shared ledger shows the order kept and every record handled or dead-lettered (calls may repeat: the killed
     batch's); read_committed, each dead letter and each retried hop is there once."""
-    worker = _worker_app()
-    keys, per_key = 12, 6
-    source = kit.create(unique_name("orders"), 2)
-    ledger = tmp_path / "ledger.jsonl"
-    settings = {
-        "bootstrap": kafka.bootstrap,
-        "group": unique_name("billing"),
-        "source": source,
-        "consumer": consumer_overrides,
-        "ledger": str(ledger),
-        "kill_after": 4,
-        "exactly_once": True,
-        "instance": "worker",
-    }
-    tiers = worker.build_app(settings)
-    apps.append(tiers)
-    tiers.provision()
-    _produce_by_parity(kit, source, keys, range(per_key))
-    tiers.start(main=False, tiers="all")
-    _run_worker(settings)
-
-    main = worker.build_app(settings)
-    apps.append(main)
-    main.start(main=True)
-    every = {(k, s) for k in range(keys) for s in range(per_key)}
-    wait_until(lambda: _terminal(ledger) >= every, 120, "every record")
-    assert main.stop(30) and tiers.stop(30) and main.error is None and tiers.error is None
-
-    events = _ledger(ledger)
-    _assert_key_order(events, every, worker.failures)
-    assert {e["pid"] for e in events if "pid" in e} - {os.getpid()}, "the killed worker handled records"
+    tiers, source = _kill_the_main_consumer_while_keys_are_blocked(
+        kafka, kit, apps, unique_name, consumer_overrides, tmp_path, exactly_once=True, instance="worker"
+    )
     dead = [read.value for read in kit.read_all(tiers.topics(source).dlq)]
     assert len(dead) == len(set(dead)), "each dead letter committed once"
     hops: Counter[tuple[str, bytes | None, bytes | None]] = Counter()
