@@ -15,10 +15,10 @@
 
 from __future__ import annotations
 
+from retrytopics import errors
 from retrytopics.app import RetryApp
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.serde import avro, avro_serializer, bytes_value, json_serializer, json_value, utf8
-from retrytopics.core import errors
 from retrytopics.core.errors import (
     BatchFailed,
     ConfigError,

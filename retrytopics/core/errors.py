@@ -56,7 +56,25 @@ __all__ = [
 ]
 
 
-class RetryTopicsError(Exception):
+def _rebuilt(cls: type[BaseException], args: tuple[Any, ...], fields: dict[str, Any]) -> BaseException:
+    """An error made again from what pickling kept, without calling its `__init__` (whose signature is the
+    error's own, not its message's)."""
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(fields)
+    return error
+
+
+class _PicklesWithFields:
+    """Errors and signals cross process boundaries (a user's multiprocessing pool, a task queue): each comes
+    back as the same class with the same message and fields."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        assert isinstance(self, BaseException)
+        return _rebuilt, (type(self), self.args, dict(self.__dict__))
+
+
+class RetryTopicsError(_PicklesWithFields, Exception):
     """Base class of every error retrytopics raises."""
 
 
@@ -181,7 +199,7 @@ class BrokerExitedEarly(EmbeddedBrokerError):
         super().__init__(f"{message}\n--- broker log (tail) ---\n{log_tail}")
 
 
-class Retry(Exception):
+class Retry(_PicklesWithFields, Exception):
     """Raised by a handler to ask for a retry no sooner than `after`.
 
     The record goes to the first tier whose delay is at least `after` (never early)::
@@ -202,7 +220,7 @@ class Retry(Exception):
         return self.after
 
 
-class NonRetryable(Exception):
+class NonRetryable(_PicklesWithFields, Exception):
     """Raised by a handler (usually `raise NonRetryable(exc) from exc`) to dead-letter the record at once
     with reason `non_retryable`. The DLQ's exception headers describe the wrapped cause."""
 
@@ -211,7 +229,7 @@ class NonRetryable(Exception):
         super().__init__(str(cause))
 
 
-class BatchFailed(Exception):
+class BatchFailed(_PicklesWithFields, Exception):
     """Raised by a batch handler (`@app.batch_handler`) when some records of its call failed: each with its
     own exception, routed by the policy as a single handler's failure would be (`Retry`, `NonRetryable`
     included). Every record of the call not named here succeeded::

@@ -29,7 +29,7 @@ INSTALLED_AS = {
     "spark": "retrytopics.spark",
     "pyspark_retrytopics": "pyspark_retrytopics",
 }
-ROOT_MODULES = {"__init__", "app", "registry", "client_factory", "memory", "testing"}
+ROOT_MODULES = {"__init__", "app", "errors", "registry", "client_factory", "memory", "testing"}
 LAYERS = {"core", "observe", "operator", "runtime", "console"}
 OPERATOR_SIDE = {"retrytopics.operator", "retrytopics.console"}
 CLIENT_LIBRARIES = {"confluent_kafka", "fastavro", "pyspark"}
