@@ -156,6 +156,9 @@ class _NoPartitions:
     def commit(self, offsets: Mapping[TopicPartition, int], *, asynchronous: bool) -> None:
         self._refuse()
 
+    def failed_commits(self) -> dict[TopicPartition, int]:
+        return {}
+
     def group_metadata(self) -> object:
         self._refuse()
 
