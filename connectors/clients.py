@@ -177,16 +177,18 @@ def _taken(batch: list[CKMessage]) -> Callable[[], CKMessage]:
     return batch.pop
 
 
-def _log_failed_commit(err: KafkaError | None, partitions: list[CKTopicPartition]) -> None:
+def _log_failed_commit(err: KafkaError | None, partitions: list[CKTopicPartition]) -> bool:
+    """Log a failed commit; whether it failed."""
     if err is None or err.code() == KafkaError._NO_OFFSET:
-        return
+        return False
     offsets = ", ".join(f"{p.topic}[{p.partition}]@{p.offset}" for p in partitions)
     log.warning(
-        "asynchronous commit of %s failed: %s (these offsets stay uncommitted until a later commit covers them; "
-        "if this consumer lost its session, the new owner reads the records again)",
+        "asynchronous commit of %s failed: %s (these offsets are committed again at the next commit; if this "
+        "consumer lost its session, the new owner reads the records again)",
         offsets,
         err.str(),
     )
+    return True
 
 
 class KafkaConsumer:
@@ -195,7 +197,8 @@ class KafkaConsumer:
     def __init__(self, kafka: KafkaConfig, *, group_id: str, overrides: Mapping[str, Any] | None = None) -> None:
         # Without a callback, librdkafka drops the outcome of an asynchronous commit: a zombie's refused
         # commit (its session lapsed and the group moved on) would leave no trace at all.
-        with_callback = {"on_commit": _log_failed_commit, **(overrides or {})}
+        self._failed_commits: dict[TopicPartition, int] = {}  # filled by the callback, inside consume()
+        with_callback = {"on_commit": self._commit_reported, **(overrides or {})}
         self._consumer: Consumer = make_consumer(kafka, group_id=group_id, overrides=with_callback)
         merged = {**kafka.consumer_config(), **(overrides or {})}
         self.max_poll_interval_ms = int(merged.get("max.poll.interval.ms", DEFAULT_MAX_POLL_INTERVAL_MS))
@@ -344,6 +347,14 @@ class KafkaConsumer:
                 self._consumer.commit(offsets=_ck(offsets), asynchronous=True)
             else:
                 self._consumer.commit(offsets=_ck(offsets), asynchronous=False)
+
+    def _commit_reported(self, err: KafkaError | None, partitions: list[CKTopicPartition]) -> None:
+        if _log_failed_commit(err, partitions):
+            self._failed_commits.update({(p.topic, p.partition): p.offset for p in partitions if p.offset >= 0})
+
+    def failed_commits(self) -> dict[TopicPartition, int]:
+        failed, self._failed_commits = self._failed_commits, {}
+        return failed
 
     def group_metadata(self) -> object:
         with map_kafka_errors():

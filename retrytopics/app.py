@@ -217,9 +217,11 @@ class RetryApp:
         record retried in-process would get this consumer evicted from its group: that is checked here, and
         a `ConfigError` naming `in_process` says by how much.
 
-        `ordering=KeyOrdering(...)` declares key-ordered retries (docs/key-ordering.md): it is checked here,
-        but the consumers do not enforce it yet, so `start`/`run` refuse such an app with a `ConfigError`
-        naming `ordering` rather than run it unordered.
+        `ordering=KeyOrdering(...)` declares key-ordered retries (docs/key-ordering.md): a record is never
+        handled before every earlier record of its key (same source partition) is handled or dead-lettered,
+        in both delivery modes. It is checked here, and `start`/`run` refuse it with `consumer="share"` (a
+        `ConfigError` naming `ordering`: a share group has no partition order to keep). It needs the
+        key-state topic (`provision()`); with `header_key` the key-state records are signed too.
         """
         return self._register(topic, policy, value_deserializer, dlq, handler_budget, batch=False, ordering=ordering)
 

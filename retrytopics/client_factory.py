@@ -361,6 +361,10 @@ class _LockedConsumer:
         with self._written:
             self._consumer.commit(offsets, asynchronous=asynchronous)
 
+    def failed_commits(self) -> dict[TopicPartition, int]:
+        with self._written:
+            return self._consumer.failed_commits()
+
     def group_metadata(self) -> object:
         with self._written:
             return self._consumer.group_metadata()

@@ -487,8 +487,15 @@ class MemoryConsumer:
         self._stale: list[Message] = []
         #: asynchronous commits the group refused (an expelled member's): librdkafka only logs them
         self.refused_commits: list[dict[TopicPartition, int]] = []
+        self._failed_commits: dict[TopicPartition, int] = {}  # reported by `failed_commits`
+        self._failing_commits = 0
 
     # -- injected failures -------------------------------------------------------------------------------
+
+    def fail_asynchronous_commits(self, count: int) -> None:
+        """The next `count` asynchronous commits fail (not stored; reported by `failed_commits`, as
+        librdkafka's commit callback reports them), as a coordinator that moved or is unavailable refuses them."""
+        self._failing_commits = count
 
     def trigger_rebalance(self) -> None:
         """Make the whole group rebalance: each member revokes at its next consume, then all are assigned."""
@@ -567,9 +574,19 @@ class MemoryConsumer:
         if self._expelled or self._member_id is None:
             if asynchronous:
                 self.refused_commits.append(dict(offsets))
+                self._failed_commits.update(offsets)
                 return
             raise KafkaClientError("commit refused: the group no longer knows this member", code="UNKNOWN_MEMBER_ID")
+        if asynchronous and self._failing_commits > 0:
+            self._failing_commits -= 1
+            self._failed_commits.update(offsets)
+            return
         self._group.store(offsets)
+
+    def failed_commits(self) -> dict[TopicPartition, int]:
+        """The offsets of asynchronous commits that failed since the last call (`ConsumerPort.failed_commits`)."""
+        failed, self._failed_commits = self._failed_commits, {}
+        return failed
 
     def group_metadata(self) -> object:
         return GroupMetadata(self._group.group_id, self._member_id or "", self._generation)

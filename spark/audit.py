@@ -44,6 +44,7 @@ from retrytopics.connectors.spark_kafka_plan import Subscription, client_propert
 from retrytopics.core.durations import parse_duration
 from retrytopics.core.errors import ConfigError
 from retrytopics.core.naming import TopicSet
+from retrytopics.core.signing import HeaderKeys
 from retrytopics.operator.progress import finish, note, rate
 from retrytopics.spark.broker_dlq import BROKER_KIND, broker_summary, mark_duplicates, with_broker_columns
 from retrytopics.spark.columns import with_retry_columns
@@ -294,11 +295,13 @@ def audit(
     kafka_format: str = "python",
     overwrite: bool = False,
     broker_dlq: str | None = None,
+    header_keys: HeaderKeys | None = None,
 ) -> dict[str, Any]:
     """Audit the pipeline of `topics`; returns the summary (the `--json` object). `out` writes Parquet
     (`records/`, `episodes/`, `summary.json`) into a folder that is new or empty, or replaces them with
     `overwrite`; `chart` a PNG of records per stage and exception type. `broker_dlq`: a share group's
-    broker-written DLQ (`dlq.<group>`), read beside ours (`retrytopics.spark.broker_dlq`).
+    broker-written DLQ (`dlq.<group>`), read beside ours (`retrytopics.spark.broker_dlq`). `header_keys`: the
+    app's (`RetryApp(header_key=...)`), which sign its key-state records.
 
     Three Spark jobs make the summary: the per-record pass (which also reads Kafka once, into the cache),
     the episode pass and the replayed count (and one for `dlq.broker`, and a few small ones for the
@@ -339,7 +342,9 @@ def audit(
             job_step(spark, f"audit: counting the broker's dead letters in {broker_dlq}")
             summary["dlq"]["broker"] = broker_summary(every, broker_dlq)
         job_step(spark, f"audit: reading {topics.key_state_topic} and the followers of key-ordered handlers")
-        key_order = key_order_summary(spark, kafka, topics, records, now_ms=now_ms, kafka_format=kafka_format)
+        key_order = key_order_summary(
+            spark, kafka, topics, records, now_ms=now_ms, kafka_format=kafka_format, header_keys=header_keys
+        )
         if key_order is not None:  # only a key-ordered pipeline has the section
             summary["key_order"] = key_order
         note(f"{summary['lineage']['episodes']:,} failure episodes, {summary['dlq']['records']:,} DLQ records")
@@ -542,6 +547,7 @@ def run_audit_cli(args: argparse.Namespace, *, kafka: KafkaConfig, topics: Topic
         kafka_format=args.kafka_format,
         overwrite=args.overwrite,
         broker_dlq=args.broker_dlq,
+        header_keys=getattr(args, "header_keys", None),
     )
     finish()  # the progress line, if any, ends before the result
     print(json.dumps(summary, sort_keys=True) if args.json else format_table(summary))

@@ -8,7 +8,8 @@ What Kafka tells, and so what the numbers mean (docs/spark.md, "Key ordering"):
   and folded by compaction's rule (per partition, the latest record of a key wins and a tombstone deletes it,
   so the answer is the same before and after the broker compacts), decoded with the core's `decode_record`;
   a live chain record that does not decode, names another source or sits in another partition than its
-  chain's is counted in `malformed`, never shown.
+  chain's is counted in `malformed`, never shown. With header keys, a record whose signature is missing or
+  wrong is skipped before the fold, as the runtime skips it, and counted in `forged`.
 - *Followers*: tier records carrying `retry.key_order.after` (never handled, waiting behind an earlier record
   of their key), counted per tier; *followers per key*: distinct follower records per (source partition,
   record key), over what the tiers still hold.
@@ -32,8 +33,10 @@ from retrytopics.connectors.spark_kafka import kafka_options, read_kafka
 from retrytopics.core.key_order import HELD_AT, KEY_ORDER_AFTER
 from retrytopics.core.naming import TopicSet
 from retrytopics.core.ports import Message
+from retrytopics.core.signing import HeaderKeys
 from retrytopics.operator.ops import open_chains
 from retrytopics.spark.columns import typed_header
+from retrytopics.spark.signatures import state_verified
 
 __all__ = [
     "CHAINS_LISTED",
@@ -67,14 +70,22 @@ def with_follower_columns(df: DataFrame) -> DataFrame:
 
 
 def key_order_summary(
-    spark: SparkSession, kafka: KafkaConfig, topics: TopicSet, records: DataFrame, *, now_ms: int, kafka_format: str
+    spark: SparkSession,
+    kafka: KafkaConfig,
+    topics: TopicSet,
+    records: DataFrame,
+    *,
+    now_ms: int,
+    kafka_format: str,
+    header_keys: HeaderKeys | None = None,
 ) -> dict[str, Any] | None:
     """The `key_order` section of the audit summary, or None when the pipeline has no key-state topic (no
-    key-ordered handler was provisioned for it). `records`: the audit's records with `FOLLOWER_COLUMNS`."""
+    key-ordered handler was provisioned for it). `records`: the audit's records with `FOLLOWER_COLUMNS`;
+    `header_keys`: the app's, which sign its key-state records."""
     name = topics.key_state_topic
     if partition_count(make_admin(kafka), name) is None:
         return None
-    chains, malformed = _blocked_keys(spark, kafka, name, topics.source, kafka_format)
+    chains, malformed, forged = _blocked_keys(spark, kafka, name, topics.source, kafka_format, header_keys)
     followers = records.where((F.col("kind") == "tier") & F.col("key_order_after").isNotNull())
     by_tier = {r.topic: int(r["count"]) for r in followers.groupBy("topic").count().collect()}
     per_key = (
@@ -92,6 +103,7 @@ def key_order_summary(
         "blocked_keys": len(chains),
         "blocked_by_partition": {str(p): n for p, n in sorted(blocked.items())},
         "malformed": malformed,
+        "forged": forged,
         "chains": [c.as_dict() for c in sorted(chains, key=lambda c: (c.since_ms, c.partition, c.key_id))][
             :CHAINS_LISTED
         ],
@@ -106,19 +118,26 @@ def key_order_summary(
 
 
 def _blocked_keys(
-    spark: SparkSession, kafka: KafkaConfig, topic: str, source: str, kafka_format: str
-) -> tuple[list[Any], int]:
-    """The open chains of the key-state topic (`ops.open_chains`) and the malformed live chain records: the
-    fold runs in Spark, so only live chain records of bounded size reach the driver."""
+    spark: SparkSession, kafka: KafkaConfig, topic: str, source: str, kafka_format: str, keys: HeaderKeys | None
+) -> tuple[list[Any], int, int]:
+    """The open chains of the key-state topic (`ops.open_chains`), the malformed live chain records and, with
+    `keys`, the records skipped as unsigned or forged: the fold runs in Spark, so only live chain records of
+    bounded size reach the driver."""
     state = read_kafka(spark, kafka_options(kafka, subscribe=topic), kafka_format=kafka_format)
+    forged = 0
+    if keys is not None:  # before the fold: a forged later record must not hide the genuine one it follows
+        signed = state_verified(keys, F.col("topic"), F.col("key"), F.col("value"), F.col("headers"))
+        state = state.withColumn("signed", signed)
+        forged = state.where(~F.col("signed")).count()
+        state = state.where(F.col("signed"))
     latest = state.groupBy("partition", "key").agg(F.max_by(F.struct("offset", "value"), F.col("offset")).alias("at"))
     live = latest.where(F.col("at.value").isNotNull() & F.col("key").cast("string").startswith("chain/"))
     bounded = (F.octet_length("key") <= _STATE_BYTES) & (F.octet_length("at.value") <= _STATE_BYTES)
     oversized = live.where(~bounded).count()
     rows: list[Row] = live.where(bounded).select("partition", "key", "at.offset", "at.value").collect()
     messages = (Message(topic, r.partition, r.offset, -1, r.key, r.value, ()) for r in rows)
-    chains, malformed = open_chains(messages, source)
-    return chains, malformed + oversized
+    chains, malformed, _ = open_chains(messages, source)  # verified above
+    return chains, malformed + oversized, forged
 
 
 def _ms(column: str) -> Column:
@@ -180,6 +199,8 @@ def key_order_lines(section: dict[str, Any] | None) -> list[str]:
         state = "still waiting" if longest["waiting"] else "done"
         wait = f"{duration(section['longest_wait_ms'])} ({where}, behind {longest['after']}, {state})"
     malformed = f", {section['malformed']} malformed chain records skipped" if section["malformed"] else ""
+    if section.get("forged"):
+        malformed += f", {section['forged']} unsigned or forged key-state records skipped"
     return [
         "",
         f"key ordering ({section['topic']}): {section['blocked_keys']} blocked keys{malformed}",

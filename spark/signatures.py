@@ -17,9 +17,9 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, StringType
 
-from retrytopics.core.signing import SIGNATURE, HeaderKeys, sign, verify
+from retrytopics.core.signing import SIGNATURE, HeaderKeys, sign, verify, verify_state
 
-__all__ = ["signature", "verified"]
+__all__ = ["signature", "state_verified", "verified"]
 
 
 def _pairs(headers: Iterable[Any] | None) -> list[tuple[str, bytes | None]]:
@@ -35,6 +35,15 @@ def verified(keys: HeaderKeys, topic: Column, key: Column, value: Column, header
 
     def check(topic: str, key: Any, value: Any, headers: Any) -> bool:
         return verify(keys, topic, _bytes(key), _bytes(value), _pairs(headers)) is None
+
+    return F.udf(check, BooleanType(), useArrow=False)(topic, key, value, headers)
+
+
+def state_verified(keys: HeaderKeys, topic: Column, key: Column, value: Column, headers: Column) -> Column:
+    """True when a key-state record's signature (`core.signing.verify_state`) verifies for `topic` (never NULL)."""
+
+    def check(topic: str, key: Any, value: Any, headers: Any) -> bool:
+        return verify_state(keys, topic, _bytes(key), _bytes(value), _pairs(headers)) is None
 
     return F.udf(check, BooleanType(), useArrow=False)(topic, key, value, headers)
 

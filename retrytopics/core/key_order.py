@@ -46,6 +46,7 @@ from retrytopics.core.headers import (
     SCHEMA_VERSION,
     Header,
 )
+from retrytopics.core.signing import HeaderKeys, sign_state
 
 __all__ = [
     "BLOCKED_BY_KEY",
@@ -72,6 +73,7 @@ __all__ = [
     "decode_record",
     "encode_follower",
     "encode_record",
+    "encode_signed",
     "key_id",
 ]
 
@@ -257,6 +259,15 @@ def encode_record(record: KeyStateRecord) -> tuple[bytes, bytes | None, int]:
         if record.fate is Fate.SENT:
             value |= {"to": record.to_tier, "after": record.after}
     return key, json.dumps(value, separators=(",", ":")).encode(), record.chain.source_partition
+
+
+def encode_signed(
+    record: KeyStateRecord, topic: str, keys: HeaderKeys | None
+) -> tuple[bytes, bytes | None, int, tuple[Header, ...]]:
+    """`encode_record` and the headers of `record` written to key-state topic `topic`: with `keys`, its
+    `retry.signature` (`signing.sign_state`; docs/key-ordering.md, section 9), else none."""
+    key, value, partition = encode_record(record)
+    return key, value, partition, (() if keys is None else (sign_state(keys, topic, key, value),))
 
 
 _KEY_FORM: Final = re.compile(

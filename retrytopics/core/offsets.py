@@ -21,6 +21,7 @@ decision, and a revoked partition has a new owner.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
@@ -166,6 +167,17 @@ class OffsetTracker:
             part = self._partitions.get(tp)
             if part is not None:
                 part.committed = position
+
+    def commit_failed(self, positions: Mapping[TopicPartition, int]) -> bool:
+        """Forget that these positions were handed to a commit (it failed), so that `commit_positions` gives
+        them again, unless a later commit was handed a position since; whether any is to commit again."""
+        again = False
+        for tp, position in positions.items():
+            part = self._partitions.get(tp)
+            if part is not None and part.committed == position:
+                part.committed = None
+                again = True
+        return again
 
     def rewind(self, tp: TopicPartition) -> int | None:
         """Drop everything in flight for `tp` (an aborted transaction) and return where to seek: the last

@@ -98,6 +98,10 @@ class ConsumerPort(Protocol):
 
     def commit(self, offsets: Mapping[TopicPartition, int], *, asynchronous: bool) -> None: ...
 
+    def failed_commits(self) -> dict[TopicPartition, int]:
+        """The offsets of asynchronous commits that failed since the last call (the client reports them
+        later, served in `consume`), for the caller to commit again."""
+
     def group_metadata(self) -> object: ...
 
     def close(self) -> None: ...

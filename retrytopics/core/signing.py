@@ -14,6 +14,10 @@ headers included, in the order they are on the record, duplicates kept), each fi
 so no two different records encode alike. A user header (``tenant``, ``role``) is as much a record's
 meaning as its value: changing, adding, dropping or reordering one fails verification.
 
+Key-state records (docs/key-ordering.md, section 5) are signed too (`sign_state`, `verify_state`), with a
+domain of their own: a ``retry.signature`` header over the key-state topic, the record key and the SHA-256
+of the value, or the null tag for a tombstone (a tombstone has no value, so the tag is what says "delete").
+
 Version 1 signed only the ``retry.*`` headers (sorted). Its signatures are recognised and refused with a
 reason that says so, unless the keys were built with ``accept_v1=True``: for an upgrade's window only,
 since a v1 record's user headers can be rewritten without breaking its signature (docs/headers.md).
@@ -38,9 +42,11 @@ __all__ = [
     "mark_verifies",
     "replay_mark",
     "sign",
+    "sign_state",
     "signed_message",
     "started_mark_keys",
     "verify",
+    "verify_state",
 ]
 
 #: The header carrying the signature: 64 lowercase hex digits. Under ``retry.``, so each hop replaces it.
@@ -155,18 +161,9 @@ def verify(
 ) -> str | None:
     """None when exactly one ``retry.signature`` verifies with one of ``keys`` for this record on ``topic``;
     otherwise why not (missing, repeated, malformed, or wrong)."""
-    found = [data for name, data in headers if name == SIGNATURE]
-    if not found:
-        return "missing: this consumer requires signed retry headers (header_key is configured)"
-    if len(found) > 1:
-        return "repeated retry.signature header"
-    given = found[0]
-    if not isinstance(given, bytes | bytearray) or len(given) != 64:
-        return "malformed: expected 64 hex digits"
-    try:
-        expected_mac = bytes.fromhex(bytes(given).decode("ascii"))
-    except ValueError:
-        return "malformed: expected 64 hex digits"
+    expected_mac = _given_mac(headers, "this consumer requires signed retry headers (header_key is configured)")
+    if isinstance(expected_mac, str):
+        return expected_mac
     if _verifies(keys, signed_message(topic, key, value, headers), expected_mac):
         return None
     if _verifies(keys, _signed_message_v1(topic, key, value, headers), expected_mac):
@@ -176,6 +173,43 @@ def verify(
             "version 1: an earlier release's signature, which does not cover user headers; refused "
             "unless the keys accept version 1"
         )
+    return "wrong: does not verify with any configured key (forged, altered, or moved from another topic)"
+
+
+def _given_mac(headers: Sequence[tuple[str, object]], required: str) -> bytes | str:
+    """The one ``retry.signature`` of `headers` as bytes, or why there is none to check."""
+    found = [data for name, data in headers if name == SIGNATURE]
+    if not found:
+        return f"missing: {required}"
+    if len(found) > 1:
+        return "repeated retry.signature header"
+    given = found[0]
+    if not isinstance(given, bytes | bytearray) or len(given) != 64:
+        return "malformed: expected 64 hex digits"
+    try:
+        return bytes.fromhex(bytes(given).decode("ascii"))
+    except ValueError:
+        return "malformed: expected 64 hex digits"
+
+
+_STATE_DOMAIN: Final = b"retrytopics/key_state/v1"
+
+
+def sign_state(keys: HeaderKeys, topic: str, key: bytes, value: bytes | None) -> tuple[str, bytes]:
+    """The ``retry.signature`` header of the key-state record `key` -> `value` (None: a tombstone) on `topic`."""
+    return SIGNATURE, _mac(keys.keys[0], _message(_STATE_DOMAIN, topic, key, value, ())).hex().encode("ascii")
+
+
+def verify_state(
+    keys: HeaderKeys, topic: str, key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, object]]
+) -> str | None:
+    """None when exactly one ``retry.signature`` of a key-state record read from `topic` verifies with one of
+    `keys` (its other headers, which the writers never set, are not covered); otherwise why not."""
+    expected_mac = _given_mac(headers, "key-state records are signed when header_key is configured")
+    if isinstance(expected_mac, str):
+        return expected_mac
+    if _verifies(keys, _message(_STATE_DOMAIN, topic, key, value, ()), expected_mac):
+        return None
     return "wrong: does not verify with any configured key (forged, altered, or moved from another topic)"
 
 

@@ -107,6 +107,10 @@ class Event(StrEnum):
     """A source partition paused at a key-order bound, once per episode: `max_blocked_keys` open chains
     (`bound="blocked_keys"`) or 1,000 records parked behind unacknowledged hops (`bound="parked"`) [consumer,
     topic, partition, bound]."""
+    KEY_STATE_REFUSED = "key_state.refused"
+    """Key-state records read (at assignment, or live by a main consumer) were skipped, never trusted: `malformed`
+    ones that do not decode, and with `header_key` `forged` ones whose signature is missing or wrong
+    (docs/key-ordering.md, section 9) [consumer, topic (the key-state topic), malformed, forged]."""
 
 
 @runtime_checkable
@@ -161,7 +165,7 @@ _QUIET = frozenset(
         Event.KEY_ORDER_FOLLOWED,
     }
 )
-_LOUD = frozenset({Event.PUBLISH_FAILED, Event.PRODUCER_RECREATED, Event.TRANSACTION_ABORTED})
+_LOUD = frozenset({Event.PUBLISH_FAILED, Event.PRODUCER_RECREATED, Event.TRANSACTION_ABORTED, Event.KEY_STATE_REFUSED})
 
 
 class LoggingHook:

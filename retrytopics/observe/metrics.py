@@ -133,6 +133,12 @@ class PrometheusHook:
             ["topic"],
             registry=r,
         )
+        self.key_state_refused = Counter(
+            "retrytopics_key_state_refused",
+            "Key-state records skipped as malformed or, with header_key, as unsigned or forged",
+            ["topic", "reason"],
+            registry=r,
+        )
         self._paused: set[tuple[str, int]] = set()
         self._lock = threading.Lock()
 
@@ -191,6 +197,9 @@ class PrometheusHook:
             self.bound_reached.labels(topic).inc()
         elif event is Event.KEY_ORDER_UNPROVEN:
             self.unproven.labels(topic).inc()
+        elif event is Event.KEY_STATE_REFUSED:
+            for reason in ("malformed", "forged"):
+                self.key_state_refused.labels(topic, reason).inc(_int(data.get(reason)))
         elif event in (Event.PARTITION_PAUSED, Event.PARTITION_RESUMED):
             self._track_pause(event, topic, data.get("partition"))
         elif event in (Event.PARTITIONS_REVOKED, Event.PARTITIONS_LOST):

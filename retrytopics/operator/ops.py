@@ -37,6 +37,7 @@ from retrytopics.core.key_order import Chain, decode_record
 from retrytopics.core.naming import TopicSet, topics_for
 from retrytopics.core.policy import RetryPolicy
 from retrytopics.core.ports import Message
+from retrytopics.core.signing import HeaderKeys, verify_state
 from retrytopics.operator.config import AppSettings
 
 __all__ = [
@@ -316,11 +317,13 @@ class OpenChain:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class KeyStateView:
     """What a key-state topic says now: its open chains (oldest first) and how many of its live records
-    were skipped as malformed (never trusted)."""
+    were skipped as malformed, and with header keys how many of its records as unsigned or forged (never
+    trusted)."""
 
     topic: str
     chains: tuple[OpenChain, ...]
     malformed: int
+    forged: int = 0
 
     def blocked_keys(self, partitions: int) -> dict[int, int]:
         """Open chains per source partition, every partition of `partitions` listed."""
@@ -333,18 +336,27 @@ class KeyStateView:
         return {
             "topic": self.topic,
             "malformed": self.malformed,
+            "forged": self.forged,
             "chains": [c.as_dict() for c in self.chains],
         }
 
 
-def open_chains(messages: Iterable[Message], source: str) -> tuple[list[OpenChain], int]:
+def open_chains(
+    messages: Iterable[Message], source: str, *, keys: HeaderKeys | None = None
+) -> tuple[list[OpenChain], int, int]:
     """The open chains of `source` in key-state records read in log order, by compaction's rule (the latest
     record of a key wins, a tombstone deletes it, so the answer is the same before and after the broker
-    compacts), and how many live records are malformed: one `decode_record` refuses, a chain record of
+    compacts), how many live records are malformed: one `decode_record` refuses, a chain record of
     another source, or one read from a partition other than its chain's source partition (the writers
-    never put it there). Passages (`tier<i>/...`) are the tiers' and are not shown."""
+    never put it there), and how many records were unsigned or forged: with `keys`, a record whose
+    `retry.signature` does not verify (`verify_state`) is skipped before the fold, as the runtime skips it.
+    Passages (`tier<i>/...`) are the tiers' and are not shown."""
+    forged = 0
     live: dict[tuple[int, bytes | None], Message] = {}
     for message in messages:
+        if keys is not None and verify_state(keys, message.topic, message.key, message.value, message.headers):
+            forged += 1
+            continue
         where = (message.partition, message.key)  # compaction keeps the latest per key in each partition
         live.pop(where, None)
         if message.value is not None:
@@ -374,7 +386,7 @@ def open_chains(messages: Iterable[Message], source: str) -> tuple[list[OpenChai
             )
         )
     chains.sort(key=lambda c: (c.partition, c.since_ms, c.key_id))
-    return chains, malformed
+    return chains, malformed, forged
 
 
 def describe_key_state(kafka: KafkaConfig, app: AppSettings, *, timeout_s: float = 30.0) -> KeyStateView | None:
@@ -388,8 +400,9 @@ def describe_key_state(kafka: KafkaConfig, app: AppSettings, *, timeout_s: float
         raise ConfigError(
             "app.key_ordering", name, "the key-state topic does not exist; run `retrytopics topics create`"
         )
-    chains, malformed = open_chains(read_to_end(kafka, name, None, timeout_s=timeout_s), topics.source)
-    return KeyStateView(topic=name, chains=tuple(chains), malformed=malformed)
+    messages = read_to_end(kafka, name, None, timeout_s=timeout_s)
+    chains, malformed, forged = open_chains(messages, topics.source, keys=app.header_keys)
+    return KeyStateView(topic=name, chains=tuple(chains), malformed=malformed, forged=forged)
 
 
 #: what `describe_share_group` cannot say, and why (docs/share-groups.md)

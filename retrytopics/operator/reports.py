@@ -185,10 +185,12 @@ CHAINS_SHOWN = 20
 
 def key_state_text(view: Mapping[str, Any]) -> str:
     """`topics describe`'s view of a key-state topic (`ops.KeyStateView.as_dict()`): how many keys are
-    blocked, how many records were skipped as malformed, and the first `CHAINS_SHOWN` open chains, each
+    blocked, how many records were skipped as malformed or forged, and the first `CHAINS_SHOWN` open chains, each
     by its key id in hex (never the key's bytes)."""
     chains = view["chains"]
     malformed = f", {view['malformed']} malformed records skipped" if view["malformed"] else ""
+    if view.get("forged"):
+        malformed += f", {view['forged']} unsigned or forged records skipped"
     lines = [f"key-state topic {safe_text(view['topic'])}: {len(chains)} blocked keys{malformed}"]
     if chains:
         columns = ["partition", "key id", "head", "frontier", "tier", "followers", "since"]

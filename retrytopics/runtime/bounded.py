@@ -156,6 +156,9 @@ class BoundedCommits:
     def _commit_now(self, offsets: Mapping[TopicPartition, int]) -> None:
         self._consumer.commit(offsets, asynchronous=False)
 
+    def failed_commits(self) -> dict[TopicPartition, int]:
+        return self._consumer.failed_commits()
+
     def group_metadata(self) -> object:
         return self._consumer.group_metadata()
 

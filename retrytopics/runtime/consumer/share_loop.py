@@ -17,8 +17,9 @@ What partitions gave the partition-based loop, the share group gives otherwise:
   synchronously; and redelivered records are handled after the fresh ones, in offset order on odd delivery
   counts and in reverse on even ones, so a record behind a crashing one in one delivery is ahead of it in
   the next: every batch-mate of a crash loop is handled within two more deliveries (a limit of at least 4;
-  Kafka's default is 5).
-- **Ownership** is the record lock: a call that outlives `share.record.lock.duration.ms` (the record may be
+  Kafka's default is 5). A batch handler's records are given to it by partition and offset.
+- **Ownership** is the record lock, counted from the poll call that acquired the records: a call that
+  outlives `share.record.lock.duration.ms` (the record may be
   another member's now; the client has no RENEW) leaves the record and the rest of the batch to be released,
   not handed off.
 
@@ -32,7 +33,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Iterator, Mapping, Sequence
 from typing import NoReturn
 
 from retrytopics.core.dedupe import DuplicateAudit
@@ -80,14 +81,21 @@ def _int_config(config: Mapping[str, str], name: str, default: int) -> int:
         raise ConfigError(name, value, "the share group's config is not a number") from None
 
 
-def handling_order(batch: list[Message]) -> list[Message]:
+def handling_order(batch: list[Message], batched: Container[str] = ()) -> list[Message]:
     """The order a batch's records are handled in: first-time deliveries as acquired, then the redelivered
-    ones by offset, reversed when their delivery count is even (the module docstring says why)."""
-    fresh = [m for m in batch if (m.delivery_count or 1) <= 1]
-    again = sorted((m for m in batch if (m.delivery_count or 1) > 1), key=lambda m: (m.topic, m.partition, m.offset))
+    ones by offset, reversed when their delivery count is even (the module docstring says why); last, the
+    records of `batched` topics (a batch handler's) by partition and offset whatever their delivery counts: one
+    call takes them all, so turning them around gains nothing, and a batch handler gets them in offset order."""
+    single = [m for m in batch if m.topic not in batched]
+    fresh = [m for m in single if (m.delivery_count or 1) <= 1]
+    again = sorted((m for m in single if (m.delivery_count or 1) > 1), key=_position)
     if again and (again[0].delivery_count or 1) % 2 == 0:
         again.reverse()
-    return fresh + again
+    return fresh + again + sorted((m for m in batch if m.topic in batched), key=_position)
+
+
+def _position(msg: Message) -> tuple[str, int, int]:
+    return msg.topic, msg.partition, msg.offset
 
 
 class _LockCheck(OwnershipCheck):
@@ -147,6 +155,9 @@ class _NoPartitions:
 
     def commit(self, offsets: Mapping[TopicPartition, int], *, asynchronous: bool) -> None:
         self._refuse()
+
+    def failed_commits(self) -> dict[TopicPartition, int]:
+        return {}
 
     def group_metadata(self) -> object:
         self._refuse()
@@ -250,16 +261,18 @@ class ShareConsumerLoop(LoopRun):
         )
         consumer.subscribe(s.topics, on_acknowledged=handoff.on_acknowledged)
         limit, wait_s = limits.delivery_count_limit, s.max_wait_ms / 1000
+        batched = frozenset(topic for topic, binding in self._bindings.items() if binding.batch)
 
         def run_once() -> None:
             guard.in_poll = True
+            called = clock.monotonic()
             batch = consumer.poll(wait_s)
-            guard.polled()
+            guard.polled(since=called)  # the locks run from the acquisition, somewhere inside the poll
             if not batch:
                 return
             handoff.hold(batch)
             owned = True  # no call has outlived the batch's locks
-            for msg in handling_order(batch):
+            for msg in handling_order(batch, batched):
                 if stop.is_set():
                     break
                 count = msg.delivery_count or 1

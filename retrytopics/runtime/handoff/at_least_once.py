@@ -1,7 +1,8 @@
 """The at-least-once hand-off (the default): a success is finished at once, a failure when the broker has
 acknowledged its republish (acks=all, idempotent producer); commits are asynchronous, by count or time, and
-as soon as a poll delivered acknowledgements (`commit_on_ack`); a revoke waits for in-flight acks and commits
-synchronously; shutdown drains the producer and commits. The interface is runtime/handoff/base.py.
+as soon as a poll delivered acknowledgements (`commit_on_ack`); a commit that failed (raised, or reported failed
+later by the client) is made again at the next interval, so an idle partition's committed offset catches up
+too; a revoke waits for in-flight acks and commits synchronously; shutdown drains the producer and commits. The interface is runtime/handoff/base.py.
 """
 
 from __future__ import annotations
@@ -62,6 +63,9 @@ class AtLeastOnce(HandOffBase):
         self.publisher: Publisher = self._new_publisher(producer_factory, alone_producer_factory)
         self._finished_since_commit = 0
         self._acked_since_commit = False
+        #: a commit failed (or its asynchronous outcome came back failed): made again at the next interval,
+        #: also on a partition that gets nothing new
+        self._commit_owed = False
         self._last_commit = clock.monotonic()
         #: records key order parked, tracked when parked (offsets are tracked in increasing order): their epoch
         self._parked: dict[TopicPartition, dict[int, int]] = {}
@@ -161,8 +165,11 @@ class AtLeastOnce(HandOffBase):
     def end_batch(self) -> None:
         settings = self._settings
         self.report_handled()
+        if self._tracker.commit_failed(self._consumer.failed_commits()):
+            self._commit_owed = True
         due = self._monotonic() - self._last_commit >= settings.commit_interval_ms / 1000
-        if self._finished_since_commit >= settings.commit_every or (due and self._finished_since_commit):
+        owed = self._finished_since_commit or self._commit_owed
+        if self._finished_since_commit >= settings.commit_every or (due and owed):
             self._commit(self._tracker.commit_positions(), asynchronous=True)
         else:
             self._commit_acked()
@@ -179,12 +186,14 @@ class AtLeastOnce(HandOffBase):
         self._last_commit = self._monotonic()
         self._finished_since_commit = 0
         self._acked_since_commit = False
+        self._commit_owed = False
         if not positions:
             return
         try:
             self._consumer.commit(positions, asynchronous=asynchronous)
         except KafkaClientError as exc:
-            log.warning("%s: commit failed (%s); the next commit covers these offsets", self._settings.name, exc)
+            log.warning("%s: commit failed (%s); made again at the next commit", self._settings.name, exc)
+            self._commit_owed = True
             return
         self._tracker.mark_committed(dict(positions))
         self._emit(Event.OFFSETS_COMMITTED, offsets=dict(positions), synchronous=not asynchronous)

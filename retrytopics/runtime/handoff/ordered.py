@@ -27,10 +27,11 @@ from typing import Protocol
 from retrytopics.core.errors import KafkaClientError, PublishError
 from retrytopics.core.headers import RETRY_PREFIX, Header, user_headers
 from retrytopics.core.key_hops import Origin, blocked_by_key_route, follower_headers
-from retrytopics.core.key_order import ChainKey, KeyStateRecord, encode_record, key_id
+from retrytopics.core.key_order import ChainKey, KeyStateRecord, encode_signed, key_id
 from retrytopics.core.ports import ProducerPort
 from retrytopics.core.record import Record
 from retrytopics.core.router import too_large_reference_record
+from retrytopics.core.signing import HeaderKeys
 from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.clock import Clock
 from retrytopics.runtime.handoff.publish import TOO_LARGE_CODES, PublishJob
@@ -59,6 +60,8 @@ class KeyChains(Protocol):
     def ordered(self, topic: str) -> bool: ...
 
     def state_topic(self, source: str) -> str: ...
+
+    def state_keys(self, source: str) -> HeaderKeys | None: ...
 
     def sent(
         self, at: Origin, *, to_tier: int | None, handled: bool, behind: int | None = None
@@ -194,9 +197,10 @@ class OrderedHandOffs:
                 then()
 
         for record in batch:
-            key, value, partition = encode_record(record)
-            topic = self.chains.state_topic(record.chain.source_topic)
-            self._produce(_Write(topic, key, value, partition, (), one_acked))
+            source = record.chain.source_topic
+            topic = self.chains.state_topic(source)
+            key, value, partition, headers = encode_signed(record, topic, self.chains.state_keys(source))
+            self._produce(_Write(topic, key, value, partition, headers, one_acked))
 
     # -- serving ----------------------------------------------------------------------------------------------
 
@@ -337,9 +341,10 @@ class TransactionalKeyWrites:
         """Produce key-state records into the open transaction (opened by the first one); `then` at once: they
         are durable exactly when what they describe is."""
         for record in records:
-            key, value, partition = encode_record(record)
-            topic = self.chains.state_topic(record.chain.source_topic)
-            self._publisher.send_record(topic, key=key, value=value, partition=partition)
+            source = record.chain.source_topic
+            topic = self.chains.state_topic(source)
+            key, value, partition, headers = encode_signed(record, topic, self.chains.state_keys(source))
+            self._publisher.send_record(topic, key=key, value=value, partition=partition, headers=headers)
         if then is not None:
             then()
 

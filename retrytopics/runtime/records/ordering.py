@@ -53,9 +53,10 @@ from retrytopics.core.key_order import (
 )
 from retrytopics.core.offsets import TopicPartition
 from retrytopics.core.ports import Message
+from retrytopics.core.signing import HeaderKeys
 from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.records.calls import Binding
-from retrytopics.runtime.records.key_state import KeyState, KeyStateReader, decode_message, read_key_state
+from retrytopics.runtime.records.key_state import KeyState, KeyStateReader, Skipped, decode_message, read_key_state
 
 __all__ = ["KeyOrder", "KeyStateFeed", "TierOrder"]
 
@@ -117,6 +118,10 @@ class _Ordering:
         """The key-state topic of ordered source topic `source`."""
         return next(b for b in self._ordered.values() if b.topic == source).ctx.topics.key_state_topic
 
+    def state_keys(self, source: str) -> HeaderKeys | None:
+        """The keys that sign the key-state records of ordered source topic `source` (None: unsigned)."""
+        return next(b for b in self._ordered.values() if b.topic == source).ctx.header_keys
+
     @property
     def not_started(self) -> int:
         """Ordered partitions whose key state is not read yet (the loop is unhealthy meanwhile)."""
@@ -142,11 +147,17 @@ class _Ordering:
             state_topic = binding.ctx.topics.key_state_topic
             try:
                 state = read_key_state(
-                    self._read, state_topic, self._state_partitions(partitions), timeout_s=_READ_TIMEOUT_S
+                    self._read,
+                    state_topic,
+                    self._state_partitions(partitions),
+                    timeout_s=_READ_TIMEOUT_S,
+                    keys=binding.ctx.header_keys,
                 )
             except KafkaClientError as exc:
                 self._read_failed(topic, partitions, state_topic, exc)
                 continue
+            if state.malformed or state.forged:
+                self._emit(Event.KEY_STATE_REFUSED, topic=state_topic, malformed=state.malformed, forged=state.forged)
             for p in partitions:
                 del self._unread[(topic, p)]
                 self._failed_reads.discard((topic, p))
@@ -394,9 +405,15 @@ class KeyOrder(_Ordering):
             source = self._source_of.get(msg.topic)
             if source is None or (chains := self._chains.get((source, msg.partition))) is None:
                 continue
-            record = decode_message(msg)
-            if isinstance(record, str):
-                log.warning("%s: a key-state record of %s skipped as malformed (%s)", self._name, msg.topic, record)
+            record = decode_message(msg, self._ordered[source].ctx.header_keys)
+            if isinstance(record, Skipped):
+                log.warning("%s: a key-state record of %s skipped (%s)", self._name, msg.topic, record.reason)
+                self._emit(
+                    Event.KEY_STATE_REFUSED,
+                    topic=msg.topic,
+                    malformed=int(not record.forged),
+                    forged=int(record.forged),
+                )
                 continue
             closed = chains.learn(record)
             if closed is not None:

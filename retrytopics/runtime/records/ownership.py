@@ -130,9 +130,10 @@ class OwnershipGuard:
         #: the group or seeds the duplicate check may take a while without any handler running
         self.in_poll = True
 
-    def polled(self) -> float:
-        """A consume() returned: a new batch. Returns when (`polled_at`)."""
-        self.polled_at = self.monotonic()
+    def polled(self, *, since: float | None = None) -> float:
+        """A consume() returned: a new batch. Returns when (`polled_at`): now, or `since` (a share consumer's
+        poll call: its records were acquired, and their locks began, at some point of the poll)."""
+        self.polled_at = self.monotonic() if since is None else since
         self.sure_until = self.polled_at + self._check.quiet_s
         self.overdue_reported = False
         self.in_poll = False

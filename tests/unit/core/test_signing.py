@@ -22,7 +22,7 @@ from retrytopics.core.naming import topics_for
 from retrytopics.core.policy import RetryPolicy
 from retrytopics.core.ports import Message
 from retrytopics.core.router import InboundRecord, RouteContext, RouteKind, read_retry_state, route
-from retrytopics.core.signing import SIGNATURE, HeaderKeys, sign, verify
+from retrytopics.core.signing import SIGNATURE, HeaderKeys, sign, sign_state, verify, verify_state
 from retrytopics.runtime.records.duplicates import seed, verified_tails
 
 KEY = b"k" * 32
@@ -350,3 +350,41 @@ def test_with_header_keys_a_started_entry_without_a_nonce_is_refused_not_trusted
     assert started_mark_keys({**planted, "nonce": nonce.hex()}, KEYS) == mark_keys(nonce, KEYS)
     with pytest.raises(ConfigError):
         started_mark_keys({**planted, "nonce": "not hex"}, KEYS)
+
+
+# -- key-state records (docs/key-ordering.md, section 9) ---------------------------------------------------------
+
+STATE_TOPIC = "orders.billing.keys"
+CHAIN_KEY = b"chain/orders/0/00" + b"acct-7".hex().encode()
+
+
+@pytest.mark.parametrize("value", [b'{"v":1,"head":0,"frontier":0,"at":0,"followers":0,"since":0}', None])
+def test_a_signed_key_state_record_or_tombstone_verifies_and_nothing_else_does(value: bytes | None) -> None:
+    header = sign_state(KEYS, STATE_TOPIC, CHAIN_KEY, value)
+    assert header[0] == SIGNATURE and len(header[1]) == 64
+    assert verify_state(KEYS, STATE_TOPIC, CHAIN_KEY, value, [header]) is None
+    other_value = None if value is not None else b'{"v":1}'  # a record's signature never signs its tombstone
+    assert verify_state(KEYS, STATE_TOPIC, CHAIN_KEY, other_value, [header]) is not None
+    assert verify_state(KEYS, STATE_TOPIC, CHAIN_KEY + b"0", value, [header]) is not None  # another key
+    assert verify_state(KEYS, "orders.other-group.keys", CHAIN_KEY, value, [header]) is not None  # moved
+    assert verify_state(HeaderKeys.of(OLD), STATE_TOPIC, CHAIN_KEY, value, [header]) is not None
+    assert (verify_state(KEYS, STATE_TOPIC, CHAIN_KEY, value, []) or "").startswith("missing")
+    assert verify_state(KEYS, STATE_TOPIC, CHAIN_KEY, value, [header, header]) == "repeated retry.signature header"
+    assert (verify_state(KEYS, STATE_TOPIC, CHAIN_KEY, value, [(SIGNATURE, b"zz" * 32)]) or "").startswith("malformed")
+
+
+def test_a_key_state_signature_is_no_retry_header_signature_and_the_reverse() -> None:
+    """Separate domains: a signature of one kind never verifies as the other for the same bytes."""
+    value = b'{"v":1,"fate":"succeeded"}'
+    state = sign_state(KEYS, STATE_TOPIC, CHAIN_KEY, value)
+    assert verify(KEYS, STATE_TOPIC, CHAIN_KEY, value, [state]) is not None
+    retry = sign(KEYS, STATE_TOPIC, CHAIN_KEY, value, ())
+    assert verify_state(KEYS, STATE_TOPIC, CHAIN_KEY, value, retry) is not None
+
+
+def test_key_state_rotation_signs_with_the_first_key_and_accepts_every_key() -> None:
+    old_header = sign_state(HeaderKeys.of(OLD), STATE_TOPIC, CHAIN_KEY, None)
+    rotated = HeaderKeys.of([KEY, OLD])
+    assert verify_state(rotated, STATE_TOPIC, CHAIN_KEY, None, [old_header]) is None
+    assert sign_state(rotated, STATE_TOPIC, CHAIN_KEY, None) == sign_state(KEYS, STATE_TOPIC, CHAIN_KEY, None)
+    assert verify_state(HeaderKeys.of(KEY), STATE_TOPIC, CHAIN_KEY, None, [old_header]) is not None  # retired

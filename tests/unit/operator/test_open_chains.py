@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from retrytopics.core.key_order import Chain, ChainKey, Closed, encode_record, key_id
 from retrytopics.core.ports import Message
+from retrytopics.core.signing import HeaderKeys, sign_state
 from retrytopics.operator.ops import open_chains
 from retrytopics.operator.reports import key_state_text
 
@@ -43,7 +44,7 @@ writes = st.lists(
 def test_the_open_chains_are_those_a_compacted_topic_keeps(log: list[tuple[int, int, int | None]]) -> None:
     """Folding the whole log gives exactly the chains whose latest record is not a tombstone, with that
     latest record's fields: the same answer as after the broker compacts."""
-    chains, malformed = open_chains(_log(log), SOURCE)
+    chains, malformed, _ = open_chains(_log(log), SOURCE)
 
     latest: dict[tuple[int, int], int | None] = {}
     for partition, key, frontier in log:
@@ -70,7 +71,7 @@ def test_malformed_or_misplaced_chain_records_are_counted_never_shown() -> None:
         _message(0, 5, b"tier0/orders/0/0061/7", b'{"v":1,"fate":"succeeded"}'),
         good,
     ]
-    chains, malformed = open_chains(log, SOURCE)
+    chains, malformed, _ = open_chains(log, SOURCE)
 
     assert malformed == 3
     assert [(c.partition, c.key_id, c.frontier) for c in chains] == [
@@ -81,7 +82,7 @@ def test_malformed_or_misplaced_chain_records_are_counted_never_shown() -> None:
 
 def test_the_text_shows_key_ids_in_hex_never_a_long_keys_bytes() -> None:
     """A long key is shown by its `01` digest id; its bytes appear nowhere in the text."""
-    chains, _ = open_chains(_log([(0, 2, 4)]), SOURCE)
+    chains, _, _ = open_chains(_log([(0, 2, 4)]), SOURCE)
     view = {"topic": "orders.billing.keys", "malformed": 0, "chains": [c.as_dict() for c in chains]}
 
     text = key_state_text(view)
@@ -89,3 +90,21 @@ def test_the_text_shows_key_ids_in_hex_never_a_long_keys_bytes() -> None:
     assert key_id(KEYS[2]).hex() in text and key_id(KEYS[2]).hex().startswith("01")
     assert "xxxx" not in text and KEYS[2].hex() not in text
     assert text.splitlines()[0] == "key-state topic orders.billing.keys: 1 blocked keys"
+
+
+def test_with_header_keys_forged_records_are_skipped_before_the_fold_and_counted() -> None:
+    """With the app's header keys, a record whose signature is missing or wrong is skipped before compaction's
+    fold, as the runtime skips it: a forged tombstone does not hide a genuine open chain, a forged chain record
+    shows no blocked key, and both are counted (and said in the text)."""
+    keys = HeaderKeys.of(b"k" * 32)
+    genuine, forged_chain = _log([(0, 0, 3), (0, 1, 5)])
+    tombstone = _log([(0, 0, None)])[0]
+    signed = genuine._replace(headers=(sign_state(keys, genuine.topic, genuine.key or b"", genuine.value),))
+    log = [signed, tombstone._replace(offset=1), forged_chain._replace(offset=2)]
+
+    chains, malformed, forged = open_chains(log, SOURCE, keys=keys)
+
+    assert [(c.key_id, c.frontier) for c in chains] == [(key_id(KEYS[0]).hex(), 3)]
+    assert (malformed, forged) == (0, 2)
+    view = {"topic": "orders.billing.keys", "malformed": 0, "forged": forged, "chains": [c.as_dict() for c in chains]}
+    assert "2 unsigned or forged records skipped" in key_state_text(view).splitlines()[0]

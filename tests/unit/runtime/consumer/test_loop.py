@@ -77,6 +77,27 @@ def test_a_failure_is_handed_off_to_its_tier_and_committed_only_after_the_ack(mo
     assert [d["offset"] for d in ledger.of(Event.RETRY_SCHEDULED)] == [1, 4]
 
 
+def test_a_failed_asynchronous_commit_of_an_idle_partition_is_made_again() -> None:
+    """The asynchronous commit covering three handled records fails (the client reports it later, as
+    librdkafka's commit callback does) and the partition gets nothing more: the commit is made again at the
+    next commit interval, so the group's committed offset catches up (before: it stayed behind for good, only
+    logged), and never past a record not finished."""
+    broker = new_broker()
+    ids = ["id-0", "id-1", "id-2"]
+    fill(broker, {0: ids})
+    ledger = Ledger(broker, failing=set())
+    consumer = broker.consumer(GROUP)
+    consumer.fail_asynchronous_commits(1)
+    stop = StopWhen(committed_all(broker, GROUP, {0: 3}))
+
+    run(build_loop(broker, ledger, stop, consumer=consumer), stop)
+
+    assert ledger.calls == Counter(ids)
+    assert consumer.failed_commits() == {}, "the failure was taken by the hand-off"
+    commits = [e for e in broker.journal if e[0] == "committed"]
+    assert commits and {e[4] for e in commits} == {3}, "stored after the failed one, at the finished end only"
+
+
 @pytest.mark.parametrize("code", ["NOT_ENOUGH_REPLICAS", "_MSG_TIMED_OUT"])
 def test_a_failing_republish_holds_its_partition_and_nothing_is_committed_past_it_until_it_succeeds(
     code: str, monkeypatch: pytest.MonkeyPatch

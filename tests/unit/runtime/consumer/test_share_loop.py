@@ -378,3 +378,68 @@ def test_after_a_call_past_the_lock_no_batch_handler_is_called_on_the_batch() ->
     assert bulk_calls == [{"b-0": 2, "b-1": 2}]  # never on the first delivery, whose locks had expired
     assert {o: s for (_p, o), s in broker.share_state(GROUP, "bulk").items()} == {0: (ACCEPTED, 2), 1: (ACCEPTED, 2)}
     assert states(broker) == {0: (ACCEPTED, 2)}
+
+
+class _SlowReturn:
+    """A share consumer whose poll acquires its records and returns `after_s` later (a client's fetch that
+    came in early in the poll): the records' locks run from the acquisition, not from the return."""
+
+    def __init__(self, inner: MemoryShareConsumer, broker: MemoryBroker, after_s: float) -> None:
+        self._inner, self._broker, self._after_s = inner, broker, after_s
+
+    def poll(self, timeout_s: float) -> list[Any]:
+        batch = self._inner.poll(timeout_s)
+        if batch:
+            self._broker.clock.advance(self._after_s)
+        return batch
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def test_the_lock_is_counted_from_the_poll_that_acquired_the_records_not_from_its_return() -> None:
+    """The records are acquired early in a poll that returns 0.8 s later; the handler call on `id-0` then takes
+    0.5 s and fails: 1.3 s after the acquisition, past the 1 s lock, so the record may be another member's and
+    its failure is not handed off then; it is released, comes back, and is handed off on its second delivery.
+    (Counted from the poll's return, the call looked 0.5 s old and its failure was handed off at once.)"""
+    broker = configured(lock_ms=1000)
+    fill(broker, ["id-0"])
+    ledger = Ledger(broker, failing={"id-0"})
+    ledger.on_call = lambda record_id: broker.clock.advance(0.5) if ledger.calls == {"id-0": 1} else None
+    member = _SlowReturn(broker.share_consumer(GROUP, supports_renew=False), broker, 0.8)
+    stop = StopWhen(lambda: len(broker.records(TIER)) == 1 and all(s is ACCEPTED for s, _ in states(broker).values()))
+    run_until(share_loop(broker, ledger, stop, consumer=member), stop)  # type: ignore[arg-type]
+
+    assert ids_in(broker, TIER) == ["id-0"]
+    assert ledger.calls == {"id-0": 2}
+    assert states(broker) == {0: (ACCEPTED, 2)}
+    assert ledger.of(Event.RECORD_ABANDONED)[0]["offset"] == 0
+
+
+def test_a_batch_handler_gets_a_partitions_redelivered_records_in_offset_order() -> None:
+    """Three records are acquired by a member that dies (SIGKILL: nothing acknowledged); a fourth arrives. The
+    next member gets the three again (delivery 2) with the new one (delivery 1): its batch handler is called on
+    them in offset order, whatever their delivery counts (the single-record handling order, fresh first and
+    redeliveries reversed on even counts, is for handlers that take one record)."""
+    broker = configured(lock_ms=1000)
+    fill(broker, ["b-0", "b-1", "b-2"])
+    dead = broker.share_consumer(GROUP, supports_renew=False)
+    dead.subscribe(["orders"])
+    assert len(dead.poll(0.1)) == 3
+    dead.kill()
+    broker.clock.advance(2.0)  # the dead member's locks expire
+    fill(broker, ["b-3"])
+    calls: list[list[int]] = []
+
+    def handle_batch(records: list[Record[bytes]]) -> None:
+        calls.append([r.offset for r in records])
+
+    binding = Binding(
+        topic="orders", handler=handle_batch, policy=CTX.policy, ctx=CTX, value_deserializer=json_or_bytes, batch=True
+    )
+    ledger = Ledger(broker, failing=set())
+    stop = StopWhen(lambda: len(states(broker)) == 4 and all(s is ACCEPTED for s, _ in states(broker).values()))
+    run_until(share_loop(broker, ledger, stop, binding=binding), stop)
+
+    assert calls == [[0, 1, 2, 3]]
+    assert states(broker) == {0: (ACCEPTED, 2), 1: (ACCEPTED, 2), 2: (ACCEPTED, 2), 3: (ACCEPTED, 1)}

@@ -2,7 +2,8 @@
 
 Guarantee: a new owner gets every well-formed key-state record of the partitions it asked for, in log order,
 decoded; malformed records and records written to another partition than their chain's are skipped and
-counted, never trusted, and the warning names no byte of them; the rebuilt state blocks exactly the keys the
+counted, never trusted, and the warning names no byte of them (with header keys, so are unsigned and forged
+records); the rebuilt state blocks exactly the keys the
 records show open; a topic or partition that is not there is an error, never an empty (unordered) start.
 """
 
@@ -26,10 +27,12 @@ from retrytopics.core.key_order import (
     SourceChains,
     TierPassages,
     encode_record,
+    encode_signed,
     key_id,
 )
+from retrytopics.core.signing import HeaderKeys, sign_state
 from retrytopics.memory import MemoryBroker
-from retrytopics.runtime.records.key_state import read_key_state
+from retrytopics.runtime.records.key_state import Skipped, decode_message, read_key_state
 
 TOPIC = "orders.billing.keys"
 SECRET_KEY = b"acct-secret-7"  # a record key that must never reach a log line
@@ -99,3 +102,44 @@ def test_a_missing_topic_or_partition_is_an_error_not_an_empty_state() -> None:
         read_key_state(clients.read_to_end, "orders.other.keys", None, timeout_s=1)
     with pytest.raises(KafkaClientError):
         read_key_state(clients.read_to_end, TOPIC, [0, 3], timeout_s=1)
+
+
+def test_with_header_keys_only_signed_records_are_read_and_forgeries_are_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Guarantee (docs/key-ordering.md, section 9): with header keys, records written by the runtime
+    (`encode_signed`) are read as before, while a tombstone or chain record that is unsigned, signed with
+    another key, or copied from another key's signature is skipped and counted as forged, never trusted: the
+    blocked key stays blocked and no key is blocked by a forgery; the warning holds no key or signature."""
+    keys, wrong = HeaderKeys.of(b"k" * 32), HeaderKeys.of(b"w" * 32)
+    broker = MemoryBroker()
+    broker.create_topic(TOPIC, partitions=3)
+    for record in (CHAIN_B, SENT_A):
+        key, value, partition, headers = encode_signed(record, TOPIC, keys)
+        broker.append(TOPIC, value, key=key, partition=partition, headers=headers)
+    closed_b, _, _ = encode_record(Closed(chain=B))
+    chain_c, value_c, _ = encode_record(CHAIN_C)
+    stolen = encode_signed(CHAIN_B, TOPIC, keys)[3]  # a genuine signature, on another record
+    broker.append(TOPIC, None, key=closed_b, partition=1)
+    broker.append(TOPIC, None, key=closed_b, partition=1, headers=[sign_state(wrong, TOPIC, closed_b, None)])
+    broker.append(TOPIC, None, key=closed_b, partition=1, headers=stolen)
+    broker.append(TOPIC, value_c, key=chain_c, partition=1)
+    clients = MemoryClientFactory(broker)
+
+    with caplog.at_level(logging.WARNING, logger="retrytopics.runtime"):
+        state = read_key_state(clients.read_to_end, TOPIC, None, timeout_s=1, keys=keys)
+        unchecked = read_key_state(clients.read_to_end, TOPIC, None, timeout_s=1)
+
+    assert state.records == (SENT_A, CHAIN_B) and (state.malformed, state.forged) == (0, 4)
+    assert state.next_offsets == {0: 1, 1: 5}, "a live reader goes on after the forgeries"
+    chains, closed = SourceChains.rebuild(KeyOrdering(), state.records, source="orders", partition=1)
+    assert chains.blocked() == 1 and closed == []
+    assert chains.admit(key_id(b"acct-2")).action is Admit.FOLLOW, "a forged tombstone released nothing"
+    assert chains.admit(key_id(b"acct-3")).action is Admit.HANDLE, "a forged chain record blocked nothing"
+    assert unchecked.forged == 0 and CHAIN_C in unchecked.records, "without keys nothing is checked"
+    message = caplog.records[0].getMessage()
+    assert "4 as unsigned or forged" in message and "acct" not in message and stolen[0][1].decode() not in message
+    unsigned_c = next(m for m in broker.records(TOPIC) if m.key == chain_c)
+    assert decode_message(unsigned_c, keys) == Skipped(
+        "signature missing: key-state records are signed when header_key is configured", forged=True
+    )
