@@ -204,6 +204,20 @@ class MemoryBroker:
             out += _readable(log, 0, len(log) + 1, read_committed)[0]
         return out
 
+    def stable_records(self, topic: str, ends: Mapping[int, int]) -> list[Message] | None:
+        """Every record of `topic` a read_committed reader sees from the start of each partition in `ends` to
+        at least that end, by partition then offset; None while a transaction open below an end holds a
+        reader there (its last stable offset)."""
+        out: list[Message] = []
+        logs = self._partitions_of(topic)
+        for partition, end in sorted(ends.items()):
+            log = logs[partition]
+            records, position = _readable(log, 0, len(log) + 1, True)
+            if position < end:
+                return None
+            out += records
+        return out
+
     def end_offsets(self, topic: str) -> dict[int, int]:
         return {p: len(log) for p, log in enumerate(self._partitions_of(topic))}
 

@@ -254,6 +254,21 @@ class TransactionalPublisher:
             # replaces the producer and rewinds the batch.
             delivered(PublishError(topic, str(exc), code=exc.code, fatal=exc.fatal))
 
+    def end_abandoned(self) -> None:
+        """If the last producer was abandoned with its transaction open, start the next one now: its
+        `init_transactions` ends that transaction (the epoch bump fences it), so that a read_committed read of
+        what it wrote (key order's rebuild after an abort) does not wait for the broker to time it out. Not
+        started (the broker does not answer): the next transaction tries again."""
+        if self._producer is not None or self._open:
+            return
+        try:
+            self._producer = self._start(self._timeout_s)
+        except KafkaClientError as exc:
+            log.warning("%s: the new producer did not start (%s); the next transaction tries again", self._consumer, exc)
+            self._failing = exc
+            return
+        self._emitter.emit(Event.PRODUCER_RECREATED, consumer=self._consumer, error=str(self._failing))
+
     def begin(self) -> None:
         if self._open:
             return
