@@ -742,9 +742,13 @@ class MemoryProducer:
             raise KafkaClientError(f"not a group's metadata: {group_metadata!r}", code="_INVALID_ARG")
         group = self._broker._group(group_metadata.group_id)
         if not group.is_member(group_metadata.member_id):
-            raise KafkaClientError("offsets refused: the group no longer knows this member", code="UNKNOWN_MEMBER_ID")
+            raise KafkaClientError(
+                "offsets refused: the group no longer knows this member", code="UNKNOWN_MEMBER_ID", abortable=True
+            )
         if group_metadata.generation != group.generation:
-            raise KafkaClientError("offsets refused: the group has rebalanced since", code="ILLEGAL_GENERATION")
+            raise KafkaClientError(
+                "offsets refused: the group has rebalanced since", code="ILLEGAL_GENERATION", abortable=True
+            )
         txn.offsets.setdefault(group_metadata.group_id, {}).update(offsets)
 
     def commit_transaction(self, timeout_s: float) -> None:
@@ -752,7 +756,9 @@ class MemoryProducer:
         txn = self._open_txn()
         self._deliver()
         if txn.error is not None:
-            raise KafkaClientError(f"transaction failed: {txn.error}", code=txn.error.code, retriable=False)
+            raise KafkaClientError(
+                f"transaction failed: {txn.error}", code=txn.error.code, retriable=False, abortable=True
+            )
         self._broker._end(txn, _TxnState.COMMITTED)
         self._txn = None
 

@@ -361,10 +361,11 @@ class TransactionalPublisher:
         self._emitter.emit(Event.TRANSACTION_ABORTED, consumer=self._consumer, error=str(cause))
         if self._producer is None:
             return  # abandoned: the next producer's start ends this transaction
-        if isinstance(cause, KafkaClientError) and (cause.fatal or cause.code in _FENCED_CODES):
+        if isinstance(cause, KafkaClientError) and (cause.fatal or cause.code in _FENCED_CODES or _neither(cause)):
             # A fenced producer's epoch is stale: its abort can only fail, and a broker that reports the
             # fencing as abortable (tansu: PRODUCER_FENCED without the fatal flag) let it hang for the whole
-            # timeout (30 s) first. The producer that fenced it has aborted its transaction already.
+            # timeout (30 s) first. The producer that fenced it has aborted its transaction already. A call
+            # that failed neither abortably nor retriably is taken as fatal too (librdkafka's taxonomy).
             self._replace(cause)
             return
         if isinstance(cause, KafkaClientError) and cause.retriable:
@@ -409,6 +410,13 @@ class TransactionalPublisher:
 
     def is_failing(self, source: TopicPartition) -> bool:
         return False
+
+
+def _neither(cause: KafkaClientError) -> bool:
+    """Whether a transactional call failed with an error that is neither abortable (`txn_requires_abort`) nor
+    retriable: the producer's state is unknown, so it is replaced. A record's failed delivery is no call's:
+    it only fails its transaction (aborted, the producer kept)."""
+    return not isinstance(cause, PublishError) and not cause.abortable and not cause.retriable
 
 
 def _release(producer: ProducerPort) -> None:
