@@ -273,7 +273,7 @@ def test_the_key_state_read_waits_for_transactions_open_when_it_began(
     clients = KafkaClientFactory(kafka)
 
     with pytest.raises(KafkaClientError) as raised:  # the transaction stays open: the end is not reached
-        clients.read_to_end(topic, [0], 2)
+        clients.read_to_end(topic, [0], 1)
     assert raised.value.retriable
 
     threading.Timer(0.5, zombie.abort_transaction, args=(30,)).start()
