@@ -264,7 +264,9 @@ class TransactionalPublisher:
         try:
             self._producer = self._start(self._timeout_s)
         except KafkaClientError as exc:
-            log.warning("%s: the new producer did not start (%s); the next transaction tries again", self._consumer, exc)
+            log.warning(
+                "%s: the new producer did not start (%s); the next transaction tries again", self._consumer, exc
+            )
             self._failing = exc
             return
         self._emitter.emit(Event.PRODUCER_RECREATED, consumer=self._consumer, error=str(self._failing))

@@ -303,10 +303,11 @@ def test_exactly_once_sigkills_of_the_tier_and_the_main_consumers_inside_transac
     consumer_overrides: dict[str, Any],
     tmp_path: Path,
 ) -> None:
-    """Guarantee (module docstring) across SIGKILLs of both roles inside their transactions: the tier consumers
-    (a process of their own) are killed right after forwarding a follower, their transaction open with its
-    passage; the main consumer (a process of its own) goes on committing chain records behind that open
-    transaction, then is killed right after a follower hop, its transaction open too. A new main consumer
+    """Guarantee (module docstring) across SIGKILLs of both roles inside their transactions: the main consumer (a
+    process of its own) is killed right after a follower hop, its transaction open, and restarted; the tier
+    consumers (a process of their own) are killed right after forwarding a follower, their transaction open
+    with its passage; the main consumer goes on committing chain records behind that open transaction, then is
+    killed again right after a follower hop. A new main consumer
     (same instance: it fences its predecessor) reads its key state while the tiers' transaction is still open,
     and new tier consumers fence that one. The shared ledger shows no record handled before every earlier
     record of its key was terminal, every record handled or dead-lettered as planned (nothing `blocked_by_key`:
@@ -333,14 +334,19 @@ def test_exactly_once_sigkills_of_the_tier_and_the_main_consumers_inside_transac
     main_settings = {**base, "instance": "main", "kill_after": 3, "armed_by": str(armed)}
     worker.build_app(base).provision()
     _produce_seqs(kit, source, keys, range(3))
+    # no tier consumer yet: the first main consumer is killed right after its third follower hop, inside its
+    # transaction; the next one (same instance) fences it and rebuilds the blocked keys from what was committed
+    _until_killed(_spawn_worker({**main_settings, "armed_by": None}))
     main = _spawn_worker(main_settings)
     try:
         _until_killed(_spawn_worker(tiers_settings))  # its first forward's transaction stays open
         group = str(base["group"])
         for seq in (3, 4):  # chain records the main consumer commits behind the tiers' open transaction
             _produce_seqs(kit, source, keys, range(seq, seq + 1))
-            ends = {p: keys // 2 * (seq + 1) for p in (0, 1)}
-            wait_until(lambda: kit.committed(group, source, 2) == ends, 60, f"the main consumer committed seq {seq}")
+            ends = dict.fromkeys((0, 1), keys // 2 * (seq + 1))
+            wait_until(
+                lambda ends=ends: kit.committed(group, source, 2) == ends, 60, f"the main consumer committed seq {seq}"
+            )
         armed.touch()
         _produce_seqs(kit, source, keys, range(5, 6))
         _until_killed(main)  # its third follower hop of seq 5 in its open transaction

@@ -85,8 +85,6 @@ def test_a_lost_offsets_answer_replaces_the_producer_and_commits_each_hop_once(
     assert proxy.responses_dropped[TXN_OFFSET_COMMIT] == 1
     assert events.counts[Event.PRODUCER_RECREATED] >= 1 and events.counts[Event.TRANSACTION_ABORTED] >= 1
     # then: read_committed, each record's hop once (no committed duplicate), each record retried
-    hops = Counter(
-        (read.value, decode(list(read.headers)).reconsume_times) for read in kit.read_all(tier)
-    )
+    hops = Counter((read.value, decode(list(read.headers)).reconsume_times) for read in kit.read_all(tier))
     assert hops == Counter({(value, 1): 1 for value in every}), f"committed hops: {hops}"
     assert kit.read_all(app.topics(source).dlq) == []
