@@ -214,7 +214,8 @@ class ExactlyOnce(HandOffBase):
     def lost(self, tps: list[TopicPartition]) -> None:
         """A lost member's offsets would be refused: its open transaction aborts."""
         if self._tps:
-            self._abort(KafkaClientError("partitions lost with a transaction open", code="_ASSIGNMENT_LOST"), keep=tps)
+            lost = KafkaClientError("partitions lost with a transaction open", code="_ASSIGNMENT_LOST", abortable=True)
+            self._abort(lost, keep=tps)
 
     def crashed(self, cause: BaseException) -> None:
         self._abort(cause, rebuild=False)  # the loop stops: nothing reads key state again
