@@ -511,11 +511,19 @@ def read_tails(kafka: KafkaConfig, topics: Sequence[str], *, last: int, timeout_
 
 
 def read_to_end(kafka: KafkaConfig, topic: str, partitions: Sequence[int] | None, *, timeout_s: float) -> list[Message]:
-    """Every record of `topic`'s `partitions` (None: all of them) from the first to the end as it is now
-    (read_committed: the last stable offset), assign()-only, in log order per partition. Unlike `read_tails`
-    it must complete: a missing topic or partition, a partition that fails, or an end not reached within
-    `timeout_s` is a `KafkaClientError`, never a partial answer (a key-state read that stopped early would
-    start a partition without knowing its blocked keys)."""
+    """Every record of `topic`'s `partitions` (None: all of them) from the first to the end as it is now (its
+    high watermark), read_committed, assign()-only, in log order per partition. Unlike `read_tails` it must
+    complete: a missing topic or partition, a partition that fails, or an end not reached within `timeout_s`
+    is a `KafkaClientError`, never a partial answer (a key-state read that stopped early would start a
+    partition without knowing its blocked keys).
+
+    The end is the high watermark, not the last stable offset a read_committed reader sees: a key-state
+    partition is written in the transactions of several producers (a main consumer's chain records, each tier
+    consumer's passages), and what one producer committed after another's open transaction began lies beyond
+    that transaction's first record, the last stable offset. A read stopping there missed a predecessor's last
+    chain records. So the read goes on until every transaction open when it began is decided (committed records
+    read, aborted ones skipped); one left open past `timeout_s` (a crashed producer that nobody fences, until
+    the broker aborts it at its `transaction.timeout.ms`) is a retriable `TIMED_OUT`."""
     consumer = make_consumer(kafka, group_id=None, overrides={"enable.partition.eof": True})
     deadline = time.monotonic() + timeout_s
     try:
@@ -527,16 +535,8 @@ def read_to_end(kafka: KafkaConfig, topic: str, partitions: Sequence[int] | None
             missing = [p for p in wanted if p not in described.partitions]
             if missing:
                 raise KafkaClientError(f"{topic} has no partitions {missing}", code="UNKNOWN_TOPIC_OR_PART")
-            assignment: list[CKTopicPartition] = []
-            ends: dict[int, int] = {}  # the end as it is now: a partition written meanwhile is read to here
-            for partition in wanted:
-                left = max(0.1, deadline - time.monotonic())
-                low, high = consumer.get_watermark_offsets(
-                    CKTopicPartition(topic, partition), timeout=left, cached=False
-                )
-                if high > low:
-                    assignment.append(CKTopicPartition(topic, partition, low))
-                    ends[partition] = high
+            ends = _high_watermarks(kafka, topic, wanted, deadline)  # the end as it is now, open transactions included
+            assignment = [CKTopicPartition(topic, p, low) for p, (low, high) in ends.items() if high > low]
             consumer.assign(assignment)
             pending = {p.partition for p in assignment}
             read: list[Message] = []
@@ -544,27 +544,46 @@ def read_to_end(kafka: KafkaConfig, topic: str, partitions: Sequence[int] | None
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise KafkaClientError(
-                        f"{topic} partitions {sorted(pending)} not read to their end within {timeout_s}s",
+                        f"{topic} partitions {sorted(pending)} not read to their end within {timeout_s}s (a "
+                        "transaction open in them is not decided yet)",
                         code="TIMED_OUT",
                         retriable=True,
                     )
                 for msg in consumer.consume(500, timeout=min(0.1, left)):
                     error = msg.error()
+                    partition, offset = msg.partition(), msg.offset()
                     if error is None:
-                        partition, offset = msg.partition(), msg.offset()
                         if partition in pending and partition is not None and offset is not None:
                             read.append(_message(msg))
-                            if offset + 1 >= ends[partition]:
+                            if offset + 1 >= ends[partition][1]:
                                 pending.discard(partition)
-                    elif msg.topic() != topic or msg.partition() not in pending:
+                    elif msg.topic() != topic or partition not in pending:
                         log.debug("reading %s to its end: %s", topic, error.str())  # as in `read_tails`
                     elif error.code() == KafkaError._PARTITION_EOF:
-                        pending.discard(msg.partition())
+                        # read_committed: at the last stable offset, which an open transaction holds below the
+                        # end; librdkafka reports the end again once the transaction is decided
+                        if offset is not None and offset >= ends[partition][1]:
+                            pending.discard(partition)
                     else:
-                        raise KafkaClientError(
-                            f"reading {topic}[{msg.partition()}] failed: {error.str()}", code=error.name()
-                        )
+                        raise KafkaClientError(f"reading {topic}[{partition}] failed: {error.str()}", code=error.name())
             return read
+    finally:
+        consumer.close()
+
+
+def _high_watermarks(
+    kafka: KafkaConfig, topic: str, partitions: Sequence[int], deadline: float
+) -> dict[int, tuple[int, int]]:
+    """The low and high watermarks of `topic`'s `partitions`, whatever transactions are open in them (a
+    read_committed consumer's watermark query answers the last stable offset instead)."""
+    consumer = make_consumer(kafka, group_id=None, overrides={"isolation.level": "read_uncommitted"})
+    try:
+        out: dict[int, tuple[int, int]] = {}
+        for partition in partitions:
+            left = max(0.1, deadline - time.monotonic())
+            low, high = consumer.get_watermark_offsets(CKTopicPartition(topic, partition), timeout=left, cached=False)
+            out[partition] = (int(low), int(high))
+        return out
     finally:
         consumer.close()
 

@@ -269,7 +269,9 @@ def _from_kafka_error(err: KafkaError) -> KafkaClientError:
         # in the background error the client reported (librdkafka's texts carry no secret)
         cause = last_client_error()
         message += f" (the client reported: {cause})" if cause else ""
-    return KafkaClientError(message, code=err.name(), retriable=err.retriable(), fatal=err.fatal())
+    return KafkaClientError(
+        message, code=err.name(), retriable=err.retriable(), fatal=err.fatal(), abortable=err.txn_requires_abort()
+    )
 
 
 @contextmanager

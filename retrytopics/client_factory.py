@@ -20,6 +20,7 @@ and every delivery guarantee is still proven on a real broker (docs/testing.md).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
@@ -245,7 +246,21 @@ class MemoryClientFactory:
                 raise KafkaClientError(
                     f"{topic} has no partitions {sorted(wanted - set(range(count)))}", code="UNKNOWN_TOPIC_OR_PART"
                 )
-            return [msg for msg in self.broker.records(topic) if msg.partition in wanted]
+            ends = {p: end for p, end in self.broker.end_offsets(topic).items() if p in wanted}
+            # As on Kafka, to the end as it is now: a transaction open below it is waited for
+            # (connectors/clients.py). The wait releases the lock, however often this thread holds it (a
+            # rebalance callback runs inside a consume), so that other loops can decide their transactions.
+            deadline = time.monotonic() + timeout_s
+            while (records := self.broker.stable_records(topic, ends)) is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise KafkaClientError(
+                        f"{topic} not read to its end within {timeout_s}s (a transaction open in it is not decided)",
+                        code="TIMED_OUT",
+                        retriable=True,
+                    )
+                self._written.wait(min(left, _MEMORY_WAIT_S))
+            return records
 
     def key_state_feed(self) -> KeyStateFeedPort:
         return _MemoryFeed(self)

@@ -204,6 +204,20 @@ class MemoryBroker:
             out += _readable(log, 0, len(log) + 1, read_committed)[0]
         return out
 
+    def stable_records(self, topic: str, ends: Mapping[int, int]) -> list[Message] | None:
+        """Every record of `topic` a read_committed reader sees from the start of each partition in `ends` to
+        at least that end, by partition then offset; None while a transaction open below an end holds a
+        reader there (its last stable offset)."""
+        out: list[Message] = []
+        logs = self._partitions_of(topic)
+        for partition, end in sorted(ends.items()):
+            log = logs[partition]
+            records, position = _readable(log, 0, len(log) + 1, True)
+            if position < end:
+                return None
+            out += records
+        return out
+
     def end_offsets(self, topic: str) -> dict[int, int]:
         return {p: len(log) for p, log in enumerate(self._partitions_of(topic))}
 
@@ -745,9 +759,13 @@ class MemoryProducer:
             raise KafkaClientError(f"not a group's metadata: {group_metadata!r}", code="_INVALID_ARG")
         group = self._broker._group(group_metadata.group_id)
         if not group.is_member(group_metadata.member_id):
-            raise KafkaClientError("offsets refused: the group no longer knows this member", code="UNKNOWN_MEMBER_ID")
+            raise KafkaClientError(
+                "offsets refused: the group no longer knows this member", code="UNKNOWN_MEMBER_ID", abortable=True
+            )
         if group_metadata.generation != group.generation:
-            raise KafkaClientError("offsets refused: the group has rebalanced since", code="ILLEGAL_GENERATION")
+            raise KafkaClientError(
+                "offsets refused: the group has rebalanced since", code="ILLEGAL_GENERATION", abortable=True
+            )
         txn.offsets.setdefault(group_metadata.group_id, {}).update(offsets)
 
     def commit_transaction(self, timeout_s: float) -> None:
@@ -755,7 +773,9 @@ class MemoryProducer:
         txn = self._open_txn()
         self._deliver()
         if txn.error is not None:
-            raise KafkaClientError(f"transaction failed: {txn.error}", code=txn.error.code, retriable=False)
+            raise KafkaClientError(
+                f"transaction failed: {txn.error}", code=txn.error.code, retriable=False, abortable=True
+            )
         self._broker._end(txn, _TxnState.COMMITTED)
         self._txn = None
 

@@ -145,12 +145,16 @@ class PoisonRecordError(RetryTopicsError):
 
 class KafkaClientError(RetryTopicsError):
     """A Kafka client or broker error. `retriable` and `fatal` follow librdkafka's classification;
-    a fatal error means the producer must be recreated."""
+    a fatal error means the producer must be recreated. `abortable`: a transactional call failed and the
+    transaction can only be aborted, after which the producer goes on (librdkafka's `txn_requires_abort`)."""
 
-    def __init__(self, message: str, *, code: str = "", retriable: bool = False, fatal: bool = False) -> None:
+    def __init__(
+        self, message: str, *, code: str = "", retriable: bool = False, fatal: bool = False, abortable: bool = False
+    ) -> None:
         self.code = code
         self.retriable = retriable
         self.fatal = fatal
+        self.abortable = abortable
         super().__init__(message)
 
 

@@ -212,10 +212,11 @@ class PollCycle:
             waiting.restart_at(tp, offset)
         return True
 
-    @staticmethod
-    def _learn_key_state(key_order: KeyOrder | TierOrder, writes: KeyWrites) -> None:
+    def _learn_key_state(self, key_order: KeyOrder | TierOrder, writes: KeyWrites) -> None:
         """Key order: read the key state of partitions not started yet, and the tiers' passages; write the
         tombstones of the chains they close."""
+        if key_order.not_started:
+            self._handoff.reading_key_state()  # the read waits for transactions open in the key state
         writes.write(key_order.read_pending())
         writes.write(key_order.learn())
 

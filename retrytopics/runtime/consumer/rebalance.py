@@ -105,6 +105,7 @@ class RebalanceListener:
         if self._key_order is not None:
             # before any record of them: a partition whose key state is not read stays unstarted
             key_order, writes = self._key_order
+            self._handoff.reading_key_state()
             writes.write(key_order.assigned(tps))
             for tp in tps:
                 if key_order.holds(tp):

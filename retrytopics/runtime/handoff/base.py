@@ -95,6 +95,9 @@ class HandOff(Protocol):
     def lost(self, tps: list[TopicPartition]) -> None: ...
     def crashed(self, cause: BaseException) -> None: ...
     def shutdown(self) -> None: ...
+    def reading_key_state(self) -> None:
+        """Key state is about to be read at an assignment (read_committed, up to every transaction open in it
+        when the read begins): exactly-once commits its own open transaction first."""
 
 
 class _Tally:
@@ -347,6 +350,9 @@ class HandOffBase:
         counted.count += count
         counted.last = last
         return counted
+
+    def reading_key_state(self) -> None:
+        return None  # at-least-once writes key state outside transactions: nothing holds a read back
 
     def report_handled(self) -> None:
         """Emit one `records.handled` and one `records.failed` per partition counted since the last report (one

@@ -192,6 +192,8 @@ class ExactlyOnce(HandOffBase):
                     log.warning("%s: rewind of %s failed: %s", self._settings.name, tp, exc)
         self._jobs, self._keys, self._tps, self._dead_letters = [], [], set(), []
         if rebuild and self._rebuild_key_state is not None:
+            # the rebuild reads up to every transaction open in the key state: not this one's, left open
+            self.publisher.end_abandoned()
             self._rebuild_key_state(sorted(self._assigned.difference(keep)))
 
     def revoked(self, tps: list[TopicPartition]) -> None:
@@ -203,10 +205,17 @@ class ExactlyOnce(HandOffBase):
         if self._tps:
             self._commit_transaction()
 
+    def reading_key_state(self) -> None:
+        """The read waits for every transaction open in the key-state topic, this loop's own too (a tier
+        consumer's passages, under an incremental assignment): commit it first, as a revoke does."""
+        if self.publisher.in_flight:
+            self._commit_transaction()
+
     def lost(self, tps: list[TopicPartition]) -> None:
         """A lost member's offsets would be refused: its open transaction aborts."""
         if self._tps:
-            self._abort(KafkaClientError("partitions lost with a transaction open", code="_ASSIGNMENT_LOST"), keep=tps)
+            lost = KafkaClientError("partitions lost with a transaction open", code="_ASSIGNMENT_LOST", abortable=True)
+            self._abort(lost, keep=tps)
 
     def crashed(self, cause: BaseException) -> None:
         self._abort(cause, rebuild=False)  # the loop stops: nothing reads key state again

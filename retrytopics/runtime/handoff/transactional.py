@@ -254,6 +254,23 @@ class TransactionalPublisher:
             # replaces the producer and rewinds the batch.
             delivered(PublishError(topic, str(exc), code=exc.code, fatal=exc.fatal))
 
+    def end_abandoned(self) -> None:
+        """If the last producer was abandoned with its transaction open, start the next one now: its
+        `init_transactions` ends that transaction (the epoch bump fences it), so that a read_committed read of
+        what it wrote (key order's rebuild after an abort) does not wait for the broker to time it out. Not
+        started (the broker does not answer): the next transaction tries again."""
+        if self._producer is not None or self._open:
+            return
+        try:
+            self._producer = self._start(self._timeout_s)
+        except KafkaClientError as exc:
+            log.warning(
+                "%s: the new producer did not start (%s); the next transaction tries again", self._consumer, exc
+            )
+            self._failing = exc
+            return
+        self._emitter.emit(Event.PRODUCER_RECREATED, consumer=self._consumer, error=str(self._failing))
+
     def begin(self) -> None:
         if self._open:
             return
@@ -346,10 +363,11 @@ class TransactionalPublisher:
         self._emitter.emit(Event.TRANSACTION_ABORTED, consumer=self._consumer, error=str(cause))
         if self._producer is None:
             return  # abandoned: the next producer's start ends this transaction
-        if isinstance(cause, KafkaClientError) and (cause.fatal or cause.code in _FENCED_CODES):
+        if isinstance(cause, KafkaClientError) and (cause.fatal or cause.code in _FENCED_CODES or _neither(cause)):
             # A fenced producer's epoch is stale: its abort can only fail, and a broker that reports the
             # fencing as abortable (tansu: PRODUCER_FENCED without the fatal flag) let it hang for the whole
-            # timeout (30 s) first. The producer that fenced it has aborted its transaction already.
+            # timeout (30 s) first. The producer that fenced it has aborted its transaction already. A call
+            # that failed neither abortably nor retriably is taken as fatal too (librdkafka's taxonomy).
             self._replace(cause)
             return
         if isinstance(cause, KafkaClientError) and cause.retriable:
@@ -394,6 +412,13 @@ class TransactionalPublisher:
 
     def is_failing(self, source: TopicPartition) -> bool:
         return False
+
+
+def _neither(cause: KafkaClientError) -> bool:
+    """Whether a transactional call failed with an error that is neither abortable (`txn_requires_abort`) nor
+    retriable: the producer's state is unknown, so it is replaced. A record's failed delivery is no call's:
+    it only fails its transaction (aborted, the producer kept)."""
+    return not isinstance(cause, PublishError) and not cause.abortable and not cause.retriable
 
 
 def _release(producer: ProducerPort) -> None:

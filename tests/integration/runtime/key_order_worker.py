@@ -7,7 +7,10 @@ JSON-lines ledger shared with the test process (line-buffered appends: the file'
 calls across both processes; each entry names the app's `member`, if the settings give one). `kill_after` followers
 handed off (by the main consumer, or forwarded by a tier's), the process SIGKILLs itself: a follower hop is then
 in flight, its key-state record not written, its offset not committed (with `"exactly_once": true`: its
-transaction open; `"instance"` names the process, so that a restarted one's producer fences it).
+transaction open; `"instance"` names the process, so that a restarted one's producer fences it). With
+`"kill_delay_s"` it waits that long first, so that what the open transaction holds reaches the broker (an
+exactly-once kill point inside a transaction whose records other readers then wait behind); with `"armed_by"`
+(a path) it counts only the followers handed off once that file exists.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from retrytopics import Event, KafkaConfig, KeyOrdering, Record, RetryApp, RetryPolicy
@@ -32,17 +37,20 @@ class KillAfter:
     """SIGKILLs this process once `count` followers were handed off (or, should none be, three times as many
     failures were: a run without key order is killed too, and its ledger shows the order lost)."""
 
-    def __init__(self, count: int) -> None:
+    def __init__(self, count: int, *, delay_s: float = 0.0, armed_by: str | None = None) -> None:
         self.left = {Event.KEY_ORDER_FOLLOWED: count, Event.RETRY_SCHEDULED: 3 * count}
+        self.delay_s = delay_s
+        self.armed_by = None if armed_by is None else Path(armed_by)
 
     def on_event(self, event: Event, data: Mapping[str, object]) -> None:
-        if event in self.left:
+        if event in self.left and (self.armed_by is None or self.armed_by.exists()):
             self.left[event] -= 1
             if self.left[event] <= 0:
+                time.sleep(self.delay_s)  # in the loop's thread: its transaction stays open meanwhile
                 os.kill(os.getpid(), signal.SIGKILL)
 
 
-def build_app(settings: dict[str, Any], *, hooks: tuple[Any, ...] = ()) -> RetryApp:
+def build_app(settings: dict[str, Any], *, hooks: tuple[Any, ...] = (), clients: Any = None) -> RetryApp:
     """The scenario's app, writing to the shared ledger (the test builds the same one in its process)."""
     ledger = open(settings["ledger"], "a", buffering=1)
     lock = threading.Lock()
@@ -64,6 +72,7 @@ def build_app(settings: dict[str, Any], *, hooks: tuple[Any, ...] = ()) -> Retry
         on_dead_letter=dead_lettered,
         exactly_once=settings.get("exactly_once", False),
         instance_id=settings.get("instance"),  # exactly-once: a restart's producer fences the killed one's
+        clients=clients,
     )
 
     @app.handler(
@@ -81,7 +90,8 @@ def build_app(settings: dict[str, Any], *, hooks: tuple[Any, ...] = ()) -> Retry
 
 if __name__ == "__main__":
     options = json.loads(sys.argv[1])
-    app = build_app(options, hooks=(KillAfter(options["kill_after"]),))
+    kill = KillAfter(options["kill_after"], delay_s=options.get("kill_delay_s", 0.0), armed_by=options.get("armed_by"))
+    app = build_app(options, hooks=(kill,))
     if options.get("role", "main") == "tiers":
         app.run_tiers()
     else:

@@ -60,7 +60,7 @@ class _RefusesFirstOffsets(KafkaProducer):
     ) -> None:
         if not _RefusesFirstOffsets.refused:
             _RefusesFirstOffsets.refused = True
-            raise KafkaClientError("offsets refused (injected)", code="UNKNOWN_MEMBER_ID")
+            raise KafkaClientError("offsets refused (injected)", code="UNKNOWN_MEMBER_ID", abortable=True)
         super().send_offsets_to_transaction(offsets, group_metadata, timeout_s)
 
 

@@ -327,20 +327,29 @@ def _assert_key_order(events: list[dict[str, Any]], every: set[tuple[int, int]],
     assert {(e["key"], e["seq"]) for e in events if e["what"] == "ok"} == every - set(dlq)
 
 
-def _run_worker(settings: dict[str, Any]) -> None:
-    """Run the worker until it SIGKILLs itself (it must, within a minute)."""
-    worker = subprocess.Popen(
+def _spawn_worker(settings: dict[str, Any]) -> subprocess.Popen[bytes]:
+    """Start the worker (`_until_killed` waits for it)."""
+    return subprocess.Popen(
         [sys.executable, str(_WORKER), json.dumps(settings)],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
+
+
+def _until_killed(worker: subprocess.Popen[bytes]) -> None:
+    """Wait until the worker SIGKILLs itself (it must, within a minute)."""
     try:
         assert worker.wait(60) == -signal.SIGKILL, "the worker killed itself after handing off followers"
     finally:
         worker.kill()
         worker.wait(10)
+
+
+def _run_worker(settings: dict[str, Any]) -> None:
+    """Run the worker until it SIGKILLs itself (it must, within a minute)."""
+    _until_killed(_spawn_worker(settings))
 
 
 def _kill_the_main_consumer_while_keys_are_blocked(

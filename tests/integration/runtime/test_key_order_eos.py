@@ -7,12 +7,14 @@ a read_committed reader sees holds every retried hop once and every dead letter 
 offsets reach the end of the source. Also when a transaction holding a follower hop aborts while keys are
 blocked: the key state is rebuilt from the key-state topic (read_committed) and the batch read again, so the
 aborted follower is handed off again, not taken for a record already behind its chain, and nothing is lost.
-And when the main consumer is SIGKILLed with a follower hop in its open transaction: the restarted one fences
-it, and reads the key state without it.
+And across SIGKILLs of the tier consumers and of the main consumer inside their transactions: a key-state
+read at assignment waits for every transaction open in the topic when it began, so a restarted consumer
+rebuilds what its predecessor committed behind another producer's open transaction.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -24,12 +26,36 @@ import pytest
 from retrytopics import Event, KeyOrdering, RetryApp, RetryPolicy
 from retrytopics.client_factory import KafkaClientFactory
 from retrytopics.connectors.config import KafkaConfig
+from retrytopics.connectors.kafka import make_producer
 from retrytopics.core.errors import KafkaClientError
 from retrytopics.core.headers import Header
-from retrytopics.core.ports import DeliveryCallback, ProducerPort
+from retrytopics.core.key_order import (
+    Admission,
+    Admit,
+    Chain,
+    ChainKey,
+    Fate,
+    Passage,
+    SourceChains,
+    encode_record,
+    key_id,
+)
+from retrytopics.core.ports import DeliveryCallback, Message, ProducerPort
+from retrytopics.runtime.records.key_state import read_key_state
 
 from .conftest import Kit, wait_until
-from .test_key_order import _KEYS, _PER_KEY, _KeyLedger, _kill_the_main_consumer_while_keys_are_blocked
+from .test_key_order import (
+    _KEYS,
+    _PER_KEY,
+    _assert_key_order,
+    _KeyLedger,
+    _ledger,
+    _spawn_worker,
+    _terminal,
+    _until_killed,
+    _worker_app,
+)
+from .test_key_order import _produce as _produce_seqs
 
 pytestmark = pytest.mark.broker
 
@@ -217,7 +243,59 @@ def test_exactly_once_an_aborted_transaction_while_keys_are_blocked_keeps_the_or
     _check(kit, ledger, app, source, "release")
 
 
-def test_exactly_once_a_sigkill_of_the_main_consumer_while_keys_are_blocked_keeps_the_order(
+def test_the_key_state_read_waits_for_transactions_open_when_it_began(
+    kafka: KafkaConfig, kit: Kit, unique_name: Callable[[str], str]
+) -> None:
+    """Guarantee (reading at assignment, exactly-once): a key-state partition is written in the transactions of
+    several producers (the main consumer's chain records, each tier consumer's passages). read_committed stops
+    at the first open transaction (the last stable offset), and what other producers committed after its first
+    record lies beyond it: a read that took that for the end rebuilt a new owner's chains without the records
+    its predecessor had committed last (and the offsets past them), so it handled or sent a blocked key's
+    record before earlier ones. The read goes on to the end as it was when it began, once every transaction
+    open then is decided: here a producer's transaction (a tier consumer killed mid-batch) holds a passage and
+    a chain record is committed after it; the read gives that chain record, and nothing of the aborted one."""
+    source = kit.create(unique_name("orders"), 1)
+    app = RetryApp(kafka=kafka, group=unique_name("billing"))
+    app.handler(source, policy=_POLICY, ordering=KeyOrdering())(lambda record: None)
+    app.provision()
+    topic = app.topics(source).key_state_topic
+    chain = ChainKey(source, 0, key_id(b"acct-1"))
+    opened = Chain(chain=chain, head=4, frontier=4, at_tier=0, followers=0, since_ms=1)
+    moved = Chain(chain=chain, head=4, frontier=9, at_tier=0, followers=1, since_ms=1)
+    kit.produce(topic, [(*encode_record(opened)[:2], [])], partition=0)
+    zombie = make_producer(kafka, transactional_id=unique_name("tier-txn"))
+    zombie.init_transactions(30)
+    zombie.begin_transaction()
+    passage = Passage(tier=0, chain=chain, seen=4, fate=Fate.SENT, to_tier=1, after=4)
+    zombie.produce(topic, key=encode_record(passage)[0], value=encode_record(passage)[1], partition=0)
+    assert zombie.flush(30) == 0
+    kit.produce(topic, [(*encode_record(moved)[:2], [])], partition=0)
+    clients = KafkaClientFactory(kafka)
+
+    with pytest.raises(KafkaClientError) as raised:  # the transaction stays open: the end is not reached
+        clients.read_to_end(topic, [0], 1)
+    assert raised.value.retriable
+
+    threading.Timer(0.5, zombie.abort_transaction, args=(30,)).start()
+    state = read_key_state(clients.read_to_end, topic, [0], timeout_s=30)
+    assert state.records == (opened, moved)
+    chains, _ = SourceChains.rebuild(KeyOrdering(), state.records, source=source, partition=0)
+    assert chains.admit(key_id(b"acct-1")) == Admission(Admit.FOLLOW, 0, 9)
+
+
+class _ReadsKeyState(KafkaClientFactory):
+    """Apache Kafka clients that tell when a key-state read (at assignment) begins."""
+
+    def __init__(self, kafka: KafkaConfig) -> None:
+        super().__init__(kafka)
+        self.began = threading.Event()
+
+    def read_to_end(self, topic: str, partitions: Sequence[int] | None, timeout_s: float) -> list[Message]:
+        self.began.set()
+        return super().read_to_end(topic, partitions, timeout_s)
+
+
+def test_exactly_once_sigkills_of_the_tier_and_the_main_consumers_inside_transactions_keep_the_order(
     kafka: KafkaConfig,
     kit: Kit,
     apps: list[RetryApp],
@@ -225,14 +303,73 @@ def test_exactly_once_a_sigkill_of_the_main_consumer_while_keys_are_blocked_keep
     consumer_overrides: dict[str, Any],
     tmp_path: Path,
 ) -> None:
-    """Guarantee (module docstring): the exactly-once main consumer, in a process of its own, is SIGKILLed right
-    after producing a follower hop into its open transaction while keys are blocked; a new main consumer with
-    the same instance id fences that transaction and rebuilds the blocked keys from what was committed. The
-    shared ledger shows the order kept and every record handled or dead-lettered (calls may repeat: the killed
-    batch's); read_committed, each dead letter and each retried hop is there once."""
-    tiers, source = _kill_the_main_consumer_while_keys_are_blocked(
-        kafka, kit, apps, unique_name, consumer_overrides, tmp_path, exactly_once=True, instance="worker"
-    )
+    """Guarantee (module docstring) across SIGKILLs of both roles inside their transactions: the main consumer (a
+    process of its own) is killed right after a follower hop, its transaction open, and restarted; the tier
+    consumers (a process of their own) are killed right after forwarding a follower, their transaction open
+    with its passage; the main consumer goes on committing chain records behind that open transaction, then is
+    killed again right after a follower hop. A new main consumer
+    (same instance: it fences its predecessor) reads its key state while the tiers' transaction is still open,
+    and new tier consumers fence that one. The shared ledger shows no record handled before every earlier
+    record of its key was terminal, every record handled or dead-lettered as planned (nothing `blocked_by_key`:
+    no follower lost its predecessor), and read_committed, each retried hop and each dead letter once.
+
+    Before the fix the new main consumer's read stopped at the open transaction (read_committed's last stable
+    offset) and rebuilt its chains without what its predecessor had committed behind it: keys released early
+    or followers sent behind a stale record (records handled before earlier ones of their key, or dead-lettered
+    as `blocked_by_key`)."""
+    worker = _worker_app()
+    keys = 12
+    source = kit.create(unique_name("orders"), 2)
+    ledger, armed = tmp_path / "ledger.jsonl", tmp_path / "kill-the-main-consumer"
+    base = {
+        "bootstrap": kafka.bootstrap,
+        "group": unique_name("billing"),
+        "source": source,
+        "consumer": consumer_overrides,
+        "ledger": str(ledger),
+        "exactly_once": True,
+        "kill_delay_s": 0.5,
+    }
+    tiers_settings = {**base, "role": "tiers", "instance": "tiers", "kill_after": 1}
+    main_settings = {**base, "instance": "main", "kill_after": 3, "armed_by": str(armed)}
+    worker.build_app(base).provision()
+    _produce_seqs(kit, source, keys, range(3))
+    # no tier consumer yet: the first main consumer is killed right after its third follower hop, inside its
+    # transaction; the next one (same instance) fences it and rebuilds the blocked keys from what was committed
+    _until_killed(_spawn_worker({**main_settings, "armed_by": None}))
+    main = _spawn_worker(main_settings)
+    try:
+        _until_killed(_spawn_worker(tiers_settings))  # its first forward's transaction stays open
+        group = str(base["group"])
+        for seq in (3, 4):  # chain records the main consumer commits behind the tiers' open transaction
+            _produce_seqs(kit, source, keys, range(seq, seq + 1))
+            ends = dict.fromkeys((0, 1), keys // 2 * (seq + 1))
+            wait_until(
+                lambda ends=ends: kit.committed(group, source, 2) == ends, 60, f"the main consumer committed seq {seq}"
+            )
+        armed.touch()
+        _produce_seqs(kit, source, keys, range(5, 6))
+        _until_killed(main)  # its third follower hop of seq 5 in its open transaction
+    finally:
+        main.kill()
+        main.wait(10)
+
+    clients = _ReadsKeyState(kafka)
+    restarted = worker.build_app(main_settings, clients=clients)
+    apps.append(restarted)
+    restarted.start(main=True)
+    wait_until(clients.began.is_set, 60, "the new main consumer began reading its key state")
+    _produce_seqs(kit, source, keys, range(6, 9))
+    tiers = worker.build_app(tiers_settings)
+    apps.append(tiers)
+    tiers.start(main=False, tiers="all")
+    every = {(k, s) for k in range(keys) for s in range(9)}
+    wait_until(lambda: _terminal(ledger) >= every, 120, "every record handled or dead-lettered")
+    assert restarted.stop(30) and tiers.stop(30) and restarted.error is None and tiers.error is None
+
+    events = _ledger(ledger)
+    _assert_key_order(events, every, worker.failures)
+    assert {e["pid"] for e in events if "pid" in e} - {os.getpid()}, "the killed workers handled records"
     dead = [read.value for read in kit.read_all(tiers.topics(source).dlq)]
     assert len(dead) == len(set(dead)), "each dead letter committed once"
     hops: Counter[tuple[str, bytes | None, bytes | None]] = Counter()

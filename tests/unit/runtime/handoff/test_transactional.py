@@ -151,3 +151,70 @@ def test_a_commit_that_times_out_in_librdkafka_is_asked_again_and_commits() -> N
     publisher.begin()
     publisher.commit({("orders", 0): 1}, member)
     assert producer.times == 0 and publisher.healthy and broker.committed("billing") == {("orders", 0): 1}
+
+
+class _OffsetsFail:
+    """A memory broker's transactional producer whose first `send_offsets_to_transaction` raises `error`; it
+    counts its aborts."""
+
+    def __init__(self, broker: MemoryBroker, error: KafkaClientError | None, made: list[Any]) -> None:
+        self._producer = broker.producer(transactional_id="billing-1")
+        self.error = error
+        self.aborts = 0
+        made.append(self)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._producer, name)
+
+    def send_offsets_to_transaction(self, offsets: Any, group_metadata: object, timeout_s: float) -> None:
+        error, self.error = self.error, None
+        if error is not None:
+            raise error
+        self._producer.send_offsets_to_transaction(offsets, group_metadata, timeout_s)
+
+    def abort_transaction(self, timeout_s: float) -> None:
+        self.aborts += 1
+        self._producer.abort_transaction(timeout_s)
+
+
+@pytest.mark.parametrize(
+    ("error", "replaced"),
+    [
+        (KafkaClientError("rebalanced", code="ILLEGAL_GENERATION", abortable=True), False),
+        (KafkaClientError("Timed out", code="_TIMED_OUT", retriable=True), True),
+        (KafkaClientError("unknown state", code="INVALID_TXN_STATE"), True),
+    ],
+    ids=["abortable", "timed_out", "neither"],
+)
+def test_a_failed_offsets_call_aborts_on_its_producer_only_when_abortable_else_a_new_one_fences_it(
+    error: KafkaClientError, replaced: bool
+) -> None:
+    """librdkafka has no Transactions V2 (KIP-890): a stale request of a finished transaction is fenced only by a
+    new epoch. So after a call that timed out, or failed neither abortably nor retriably (taken as fatal), the
+    producer is never used again: a new one (`init_transactions`, same transactional id) runs the next
+    transaction, and the failed one's transaction is not committed. An abortable failure (`txn_requires_abort`)
+    aborts on the same producer. Either way nothing of the failed transaction is committed, and the next
+    transaction commits."""
+    broker, made = MemoryBroker(), []
+    broker.create_topics(["orders", "out"])
+    member = _group_member(broker)
+    publisher = TransactionalPublisher(
+        lambda: _OffsetsFail(broker, error if not made else None, made),  # type: ignore[arg-type,return-value]
+        Emitter(),
+        timeout_s=0.1,
+    )
+    publisher.begin()
+    publisher.send_record("out", key=b"k", value=b"first", partition=0)
+
+    with pytest.raises(KafkaClientError):
+        publisher.commit({("orders", 0): 1}, member)
+    publisher.end_abandoned()  # what a rewind does before reading key state: the new producer now, if any
+
+    first = made[0]
+    assert (len(made) == 2) is replaced and first.aborts == (0 if replaced else 1)
+    assert broker.records("out") == [] and broker.committed("billing") == {}
+    publisher.begin()
+    publisher.send_record("out", key=b"k", value=b"second", partition=0)
+    publisher.commit({("orders", 0): 1}, member)
+    assert [m.value for m in broker.records("out")] == [b"second"] and broker.committed("billing") == {("orders", 0): 1}
+    assert publisher.healthy
