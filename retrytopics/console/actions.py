@@ -481,7 +481,10 @@ def _replay(
         kafka,
         topics.dlq,
         request.replay_id,
-        {"event": "finished", **{k: v for k, v in result.items() if k not in ("sample", "problems", "replayed_before")}},
+        {
+            "event": "finished",
+            **{k: v for k, v in result.items() if k not in ("sample", "problems", "replayed_before")},
+        },
     )
     return result
 
