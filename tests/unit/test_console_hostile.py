@@ -3,13 +3,15 @@ reader, raw ASGI calls): every malformed DLQ record renders and can be selected;
 size and type before it is read, and not read at all where the request cannot act; reveal, logout and job
 pages need a session on an actions console; the rebinding guard covers every loopback address; bad cursors are
 400s; every response, errors and 500s included, carries the security headers; wrong tokens are rate limited;
-a replay id typed into the form is checked; a record another console replay listed is not replayed again."""
+a replay id typed into the form is checked; a record another console replay listed is not replayed again;
+DLQ pages are read two at a time."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import re
+import threading
 from typing import Any
 
 import pytest
@@ -296,3 +298,61 @@ def test_the_console_keeps_the_action_log_at_info_whatever_the_log_level() -> No
     configure_logging("WARNING")
     keep_action_log()
     assert logging.getLogger("retrytopics.console.actions").isEnabledFor(logging.INFO)
+
+
+class _SlowReader(FakeReader):
+    """A DLQ page that waits (up to a second) until three are read at once, and counts how many are."""
+
+    def __init__(self, entries: list[Entry]) -> None:
+        super().__init__(entries)
+        self.lock = threading.Lock()
+        self.active = self.most = 0
+        self.three = threading.Event()
+
+    def dlq_page(self, *args: Any, **kwargs: Any) -> Any:
+        with self.lock:
+            self.active += 1
+            self.most = max(self.most, self.active)
+            if self.active >= 3:
+                self.three.set()
+        self.three.wait(1.0)
+        with self.lock:
+            self.active -= 1
+        return super().dlq_page(*args, **kwargs)
+
+
+def test_page_loads_are_read_two_at_a_time() -> None:
+    reader = _SlowReader([dlq_entry()])
+    app = client([], actions_on=False, reader=reader).app
+
+    async def four() -> list[int]:
+        async def one() -> int:
+            sent: list[dict[str, Any]] = []
+
+            async def receive() -> dict[str, Any]:
+                return {"type": "http.request", "body": b"", "more_body": False}
+
+            async def send(message: dict[str, Any]) -> None:
+                sent.append(message)
+
+            scope = {
+                "type": "http",
+                "asgi": {"version": "3.0"},
+                "http_version": "1.1",
+                "method": "GET",
+                "scheme": "http",
+                "path": "/dlq",
+                "raw_path": b"/dlq",
+                "query_string": b"",
+                "root_path": "",
+                "headers": [(b"host", b"127.0.0.1")],
+                "client": ("127.0.0.1", 50000),
+                "server": ("127.0.0.1", 8765),
+            }
+            await app(scope, receive, send)
+            return int(next(m for m in sent if m["type"] == "http.response.start")["status"])
+
+        return list(await asyncio.gather(*(one() for _ in range(4))))
+
+    assert asyncio.run(four()) == [200] * 4
+    assert reader.most == 2
