@@ -356,3 +356,10 @@ def test_page_loads_are_read_two_at_a_time() -> None:
 
     assert asyncio.run(four()) == [200] * 4
     assert reader.most == 2
+
+
+def test_an_actions_console_offers_reveal_to_operators_only() -> None:
+    app = client([dlq_entry()])
+    assert 'class="reveal"' not in app.get("/dlq").text and "log in to reveal" in app.get("/dlq").text
+    logged_in(app)
+    assert 'class="reveal"' in app.get("/dlq").text
