@@ -119,6 +119,7 @@ LONGEST_FILES = (
     "tests/integration/runtime/test_key_order.py",
     "tests/integration/spark/test_end_to_end.py",
     "tests/integration/console/test_console_browser.py",
+    "tests/integration/console/test_console_hostile_records.py",
     "tests/integration/share/test_share_consumer.py",
     "tests/integration/spark/test_audit.py",
     "tests/integration/test_cli_runtime.py",

@@ -19,7 +19,7 @@ from retrytopics.connectors.config import KafkaConfig
 from retrytopics.core.errors import ConfigError
 from retrytopics.operator.config import AppSettings
 
-__all__ = ["app_renderer", "console_token", "serve"]
+__all__ = ["app_renderer", "console_token", "keep_action_log", "serve"]
 
 
 def console_token(path: str | None, environ: Mapping[str, str]) -> str | None:
@@ -52,6 +52,12 @@ def app_renderer(app: Any, topic: str) -> Callable[[Any], Any]:
     return render
 
 
+def keep_action_log() -> None:
+    """The action log (`retrytopics.console.actions`, INFO) passes whatever the log level (`retrytopics demo`
+    logs at WARNING): it is the console's audit trail, not chatter."""
+    logging.getLogger("retrytopics.console.actions").setLevel(logging.INFO)
+
+
 def serve(
     kafka: KafkaConfig,
     pipeline: AppSettings,
@@ -71,6 +77,7 @@ def serve(
     reader = PipelineReader(kafka=kafka, pipeline=pipeline, topics=pipeline_topics(pipeline), grace_ms=grace_ms)
     reader.bounds(reader.topics.dlq)  # a missing pipeline fails now, naming the topic, not on the first page
     reader.start_tally()
+    keep_action_log()
     app = create_app(options, reader)
     config = uvicorn.Config(
         app, host=options.host, port=port, log_level="warning", access_log=False, server_header=False, log_config=None

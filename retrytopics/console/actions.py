@@ -13,6 +13,11 @@ small enough to need no Spark:
   value is only a reference to a too-large record, or that lost its user headers (`too_many_headers`), is
   skipped (`skipped_reference_only`, `skipped_headers_dropped`): its content is not the record's;
 - records replayed `max_replays` times are skipped, or parked in `<dlq>.parked`;
+- idempotent per DLQ record across selections: a replay's `started` ledger entry lists the source records it
+  is about to write, and a source record listed by another console replay is skipped
+  (`skipped_replayed_before`, naming that replay id) whatever else is selected: the DLQ record itself never
+  changes (its replay count stays what it was), so without this a second, overlapping selection would write
+  it again;
 - idempotent per replay id through the replay ledger (`retrytopics.spark.ledger`): the first run records the
   destinations' high watermarks and a random nonce before writing, and marks each record it writes
   (`retry.replay_mark`, keyed by the nonce); a rerun skips what that id wrote since, counting only records
@@ -29,8 +34,9 @@ import hashlib
 import json
 import secrets
 import shlex
+import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -63,6 +69,7 @@ __all__ = [
     "ReplayRequest",
     "plan_replay",
     "replay_headers",
+    "console_replays",
     "replay_id_for",
     "run_replay",
     "spark_replay_command",
@@ -78,6 +85,9 @@ REPLAY_ORIGINAL: Final = "retry.replay_original"
 #: The ledger's mark header (`retrytopics.spark.ledger.REPLAY_MARK`), held equal by the same unit test.
 REPLAY_MARK: Final = "retry.replay_mark"
 _INT32: Final = 2**31 - 1
+#: Console replays that write run one at a time: each reads the ledger's listed records, then lists its own,
+#: so two overlapping selections cannot both find a record unlisted.
+_WRITING: Final = threading.Lock()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -141,6 +151,8 @@ class ReplayPlan:
     writes: tuple[tuple[Entry, str], ...]
     counts: dict[str, int] = field(default_factory=dict)
     problems: dict[str, str] = field(default_factory=dict)
+    #: DLQ coordinates → the other console replay that already lists the record's source record
+    replayed_before: dict[str, str] = field(default_factory=dict)
 
 
 def _problem(entry: Entry, source_partitions: int, header_keys: HeaderKeys | None) -> str | None:
@@ -168,8 +180,11 @@ def plan_replay(
     request: ReplayRequest,
     source_partitions: int,
     header_keys: HeaderKeys | None = None,
+    replayed: Mapping[str, str] | None = None,
 ) -> ReplayPlan:
-    """Which of `entries` (DLQ records) to write where, by the rules in the module docstring."""
+    """Which of `entries` (DLQ records) to write where, by the rules in the module docstring. `replayed`:
+    source record → the console replay id that listed it (`console_replays`); a record listed by another id
+    than this request's is skipped."""
     counts = dict.fromkeys(
         (
             "selected",
@@ -179,6 +194,7 @@ def plan_replay(
             "skipped_reference_only",
             "skipped_headers_dropped",
             "skipped_max_replays",
+            "skipped_replayed_before",
             "parked",
         ),
         0,
@@ -206,7 +222,13 @@ def plan_replay(
         _refuse_key_ordered_sequences(usable.values())
     target = topics.source if request.destination == "original" else topics.tiers[0].topic
     writes = []
+    replayed_before: dict[str, str] = {}
     for entry in sorted(usable.values(), key=_source_order):
+        earlier = (replayed or {}).get(entry.source_record or "")
+        if earlier is not None and earlier != request.replay_id:
+            counts["skipped_replayed_before"] += 1
+            replayed_before[entry.coordinates] = earlier
+            continue
         incomplete = _incomplete(entry)
         if incomplete is not None:
             counts[incomplete] += 1
@@ -219,7 +241,7 @@ def plan_replay(
             writes.append((entry, f"{topics.dlq}.parked"))
         else:
             writes.append((entry, target))
-    return ReplayPlan(writes=tuple(writes), counts=counts, problems=problems)
+    return ReplayPlan(writes=tuple(writes), counts=counts, problems=problems, replayed_before=replayed_before)
 
 
 def _source_order(entry: Entry) -> tuple[str, int, int]:
@@ -347,6 +369,37 @@ def _written_before(
     return done
 
 
+def console_replays(kafka: KafkaConfig, dlq: str) -> dict[str, str]:
+    """Source record → the console replay id whose `started` ledger entry listed it (the first one). The
+    ledger is read whole: it holds one small entry per replay run."""
+    consumer = range_reader(kafka)
+    listed: dict[str, str] = {}
+    try:
+        ledger_topic = f"{dlq}.replays"
+        for partition, (low, high) in (partition_bounds(consumer, ledger_topic) or {}).items():
+            for start in range(low, high, 2000):
+                for message in read_range(consumer, ledger_topic, partition, start, min(high, start + 2000)):
+                    for source_record, replay_id in _listed(message.value()):
+                        listed.setdefault(source_record, replay_id)
+    finally:
+        consumer.close()
+    return listed
+
+
+def _listed(value: bytes | None) -> list[tuple[str, str]]:
+    """(source record, replay id) of a console replay's `started` entry; nothing for any other entry."""
+    try:
+        entry = json.loads(value or b"")
+    except ValueError:
+        return []
+    if not isinstance(entry, dict) or entry.get("event") != "started":
+        return []
+    replay_id, records = entry.get("replay_id"), entry.get("records")
+    if not isinstance(replay_id, str) or not replay_id.startswith("console-") or not isinstance(records, list):
+        return []
+    return [(r, replay_id) for r in records if isinstance(r, str)]
+
+
 def run_replay(
     kafka: KafkaConfig,
     topics: TopicSet,
@@ -364,8 +417,30 @@ def run_replay(
     partitions = ledger.partition_counts(kafka, sorted({topics.source, target}))
     for topic in sorted({topics.source, target} - set(partitions)):
         raise ConfigError("topic", topic, "does not exist: a replay writes only to existing pipeline topics")
+    with _WRITING:
+        return _replay(kafka, topics, entries, request, partitions, header_keys=header_keys, dry_run=dry_run)
+
+
+def _replay(
+    kafka: KafkaConfig,
+    topics: TopicSet,
+    entries: Sequence[Entry],
+    request: ReplayRequest,
+    partitions: dict[str, int],
+    *,
+    header_keys: HeaderKeys | None,
+    dry_run: bool,
+) -> dict[str, Any]:
+    from retrytopics.spark import ledger
+
+    target = topics.source if request.destination == "original" else topics.tiers[0].topic
     plan = plan_replay(
-        entries, topics=topics, request=request, source_partitions=partitions[topics.source], header_keys=header_keys
+        entries,
+        topics=topics,
+        request=request,
+        source_partitions=partitions[topics.source],
+        header_keys=header_keys,
+        replayed=console_replays(kafka, topics.dlq),
     )
     result: dict[str, Any] = {
         "replay_id": request.replay_id,
@@ -374,6 +449,7 @@ def run_replay(
         **plan.counts,
         "to_write": len(plan.writes),
         "problems": plan.problems,
+        "replayed_before": plan.replayed_before,
         "sample": [{"record": e.coordinates, "origin_id": e.origin_id, "to": t} for e, t in plan.writes[:20]],
     }
     if dry_run:
@@ -386,7 +462,13 @@ def run_replay(
     else:
         nonce = secrets.token_bytes(32)
         marks = ledger.watermarks(kafka, sorted({target, f"{topics.dlq}.parked"}))
-        ledger.append(kafka, topics.dlq, request.replay_id, {"event": "started", "marks": marks, "nonce": nonce.hex()})
+        listed = sorted({e.source_record or "" for e, _ in plan.writes})
+        ledger.append(
+            kafka,
+            topics.dlq,
+            request.replay_id,
+            {"event": "started", "marks": marks, "nonce": nonce.hex(), "records": listed},
+        )
         keys = mark_keys(nonce, header_keys)
     todo = [
         (e, t)
@@ -399,7 +481,10 @@ def run_replay(
         kafka,
         topics.dlq,
         request.replay_id,
-        {"event": "finished", **{k: v for k, v in result.items() if k not in ("sample", "problems")}},
+        {
+            "event": "finished",
+            **{k: v for k, v in result.items() if k not in ("sample", "problems", "replayed_before")},
+        },
     )
     return result
 

@@ -21,6 +21,10 @@ __all__ = ["VALUE_KEEP_BYTES", "Entry", "entry_of", "header_text"]
 VALUE_KEEP_BYTES: Final = 16 * 1024
 #: Bytes of a key or header value kept.
 _SMALL_KEEP_BYTES: Final = 1024
+#: Headers of one record kept, and their bytes in all (a hostile record may carry thousands): the rest is
+#: counted in `headers_cut`, and a header filter does not see it.
+_KEEP_HEADERS: Final = 128
+_KEEP_HEADER_BYTES: Final = 32 * 1024
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,6 +43,8 @@ class Entry:
     retry: RetryHeaders | None
     lineage: Lineage
     header_error: str | None
+    #: headers not kept (see `_KEEP_HEADERS`); 0 for an entry read whole
+    headers_cut: int = 0
 
     @property
     def coordinates(self) -> str:
@@ -81,7 +87,7 @@ def entry_of(
     except HeaderDecodeError as exc:
         error = str(exc) if error is None else f"{error}; {exc}"
     small, large = (None, None) if whole else (_SMALL_KEEP_BYTES, VALUE_KEEP_BYTES)
-    kept = tuple((name, _kept(data, small)) for name, data in headers)
+    kept = tuple((name, _kept(data, small)) for name, data in (headers if whole else _bounded(headers)))
     return Entry(
         topic=topic,
         partition=partition,
@@ -94,7 +100,17 @@ def entry_of(
         retry=retry,
         lineage=decode_lineage(list(headers)),
         header_error=error,
+        headers_cut=len(headers) - len(kept),
     )
+
+
+def _bounded(headers: Sequence[Header]) -> Sequence[Header]:
+    total = 0
+    for count, (name, data) in enumerate(headers[:_KEEP_HEADERS]):
+        total += len(name) + min(len(data or b""), _SMALL_KEEP_BYTES)
+        if total > _KEEP_HEADER_BYTES:
+            return headers[:count]
+    return headers[:_KEEP_HEADERS]
 
 
 def header_text(entry: Entry, name: str) -> list[str]:

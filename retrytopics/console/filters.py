@@ -134,7 +134,12 @@ class Cursor:
         before: dict[int, int] = {}
         for part in text.split(","):
             partition, colon, offset = part.partition(":")
-            if not colon or not partition.isdigit() or not offset.isdigit() or len(partition) > 6 or len(offset) > 19:
+            digits = partition.isascii() and offset.isascii()  # `isdigit` alone takes superscripts `int` refuses
+            if (
+                not (colon and digits and partition.isdigit() and offset.isdigit())
+                or len(partition) > 6
+                or len(offset) > 19
+            ):
                 raise ConfigError("after", text[:64], "expected PARTITION:OFFSET,... as the page links give it")
             if int(partition) >= _MAX_PARTITIONS or int(partition) in before:
                 raise ConfigError("after", text[:64], "a partition out of range or named twice")

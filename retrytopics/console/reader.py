@@ -50,6 +50,29 @@ def entry_from(message: Any, *, whole: bool = False, read: tuple[list[Header], A
     )
 
 
+#: Bytes of whole records one read may hold before they are cut to entries: a read spans as many offsets as
+#: the largest record seen so far allows, between 1 and `_MAX_READ_SPAN` (a page; 2,000 for a scan), starting at `_FIRST_READ_SPAN`.
+_READ_BYTES = 8 * 1024 * 1024
+_FIRST_READ_SPAN = 8
+_MAX_READ_SPAN = 128
+
+
+def _messages(
+    consumer: Any, topic: str, partition: int, start: int, end: int, span: list[int], *, most: int = _MAX_READ_SPAN
+) -> Iterator[Any]:
+    """The records at offsets `[start, end)`, read in spans sized from the records seen (`span`: the current
+    span, one element, updated as records are read), so that records of a megabyte are held a few at a time,
+    never a block of hundreds whole."""
+    while start < end:
+        stop = min(end, start + span[0])
+        batch = read_range(consumer, topic, partition, start, stop)
+        largest = max((len(m.value() or b"") + len(m.key() or b"") for m in batch), default=0)
+        span[0] = max(1, min(most, _READ_BYTES // max(largest, 1)))
+        while batch:  # handed out one by one, each dropped once the caller has it
+            yield batch.pop(0)
+        start = stop
+
+
 #: Offsets one read of `records_at` may span: nearby records are read in one go, far ones apart (a span's
 #: records are all held while it is read, whole).
 _RUN_SPAN = 100
@@ -118,8 +141,11 @@ class PipelineReader:
         try:
             bounds = partition_bounds(consumer, self.topics.dlq) or {}
 
+            spans = {p: [_FIRST_READ_SPAN] for p in bounds}
+
             def block(partition: int, start: int, end: int) -> list[Entry]:
-                return [entry_from(m) for m in read_range(consumer, self.topics.dlq, partition, start, end)]
+                spanned = _messages(consumer, self.topics.dlq, partition, start, end, spans[partition])
+                return [entry_from(m) for m in spanned]
 
             return read_page(
                 bounds=bounds,
@@ -192,11 +218,7 @@ class PipelineReader:
         """Every record of `topic` (of the source: from `starts`, nothing without them), block by block."""
         for partition, (low, high) in (partition_bounds(consumer, topic) or {}).items():
             start = low if starts is None else max(low, starts.get(partition, high))
-            while start < high:
-                end = min(high, start + 2000)
-                block = read_range(consumer, topic, partition, start, end)
-                yield from block
-                start = end
+            yield from _messages(consumer, topic, partition, start, high, [_FIRST_READ_SPAN], most=2000)
 
     def _replay_starts(self, consumer: Any) -> dict[int, int]:
         """Per source partition, the lowest high watermark a replay recorded before writing (its `started`

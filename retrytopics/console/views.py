@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 from retrytopics.console.entries import Entry
@@ -23,11 +24,14 @@ from retrytopics.operator.ops import PartitionState, printable
 
 __all__ = [
     "SHOWN_BYTES",
+    "SHOWN_HEADERS",
+    "RecordView",
     "chart_geometry",
     "instant",
     "lineage_hops",
     "pipeline_view",
     "record_view",
+    "safe_record_view",
     "value_text",
 ]
 
@@ -78,37 +82,100 @@ def _shown(name: str, data: bytes | None) -> str | None:
     return None if text is None else redact_header(name, text)
 
 
-def record_view(entry: Entry, *, reveal: bool = False, render: Render | None = None) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecordView:
+    """One DLQ record as a page shows it: every field but the coordinates optional, so a record missing any
+    of them still renders. `parse_error`: why the record could not be shown field by field (then only its
+    coordinates, its raw headers and that reason are); `header_error`: why its retry headers do not decode."""
+
+    coordinates: str
+    partition: int
+    offset: int
+    time: str = ""
+    key: str | None = None
+    value_size: int = 0
+    headers: tuple[tuple[str, str | None], ...] = ()
+    retry_headers: tuple[tuple[str, str | None], ...] = ()
+    headers_not_shown: int = 0
+    header_error: str | None = None
+    parse_error: str | None = None
+    value: str | None = None
+    replay_count: int | None = None
+    replay_id: str | None = None
+    reason: str | None = None
+    attempts: int | None = None
+    origin_id: str | None = None
+    original: str | None = None
+    exception_type: str | None = None
+    exception_message: str | None = None
+    exception_trace: str | None = None
+    first_failed: str = ""
+    last_failed: str = ""
+
+
+#: Headers a page shows of one record (a hostile record may carry thousands; the count of the rest is shown).
+SHOWN_HEADERS: Final = 100
+
+
+def _shown_headers(pairs: Sequence[tuple[str, bytes | None]]) -> tuple[tuple[str, str | None], ...]:
+    return tuple((printable(name.encode("utf-8", "replace"), 200) or "", _shown(name, data)) for name, data in pairs)
+
+
+def record_view(entry: Entry, *, reveal: bool = False, render: Render | None = None) -> RecordView:
     """One DLQ record for the browser: coordinates, decoded retry headers, user headers, redacted
     exception and trace, and the value only when `reveal`."""
     retry = entry.retry
-    view: dict[str, Any] = {
-        "coordinates": entry.coordinates,
-        "partition": entry.partition,
-        "offset": entry.offset,
-        "time": instant(entry.timestamp_ms),
-        "key": printable(entry.key),
-        "value_size": entry.value_size,
-        "headers": [(name, _shown(name, data)) for name, data in user_headers(list(entry.headers))],
-        "retry_headers": [(name, _shown(name, data)) for name, data in entry.headers if name.startswith(RETRY_PREFIX)],
-        "header_error": entry.header_error,
-        "value": _rendered(entry, render) if reveal else None,
-        "replay_count": entry.lineage.replay_count,
-        "replay_id": entry.lineage.replay_id,
-    }
+    every = list(entry.headers)
+    user = user_headers(every)
+    own = [(name, data) for name, data in every if name.startswith(RETRY_PREFIX)]
+    decoded: dict[str, Any] = {}
     if retry is not None:
-        view.update(
-            reason=retry.dlq_reason.value if retry.dlq_reason else None,
-            attempts=retry.reconsume_times,
-            origin_id=retry.origin_message_id,
-            original=f"{retry.original_topic}[{retry.original_partition}]@{retry.original_offset}",
-            exception_type=retry.exception_type,
-            exception_message=redact(retry.exception_message),
-            exception_trace=redact(retry.exception_trace),
-            first_failed=instant(retry.first_failed_at),
-            last_failed=instant(retry.last_failed_at),
+        decoded = {
+            "reason": retry.dlq_reason.value if retry.dlq_reason else None,
+            "attempts": retry.reconsume_times,
+            "origin_id": retry.origin_message_id,
+            "original": f"{retry.original_topic}[{retry.original_partition}]@{retry.original_offset}",
+            "exception_type": retry.exception_type,
+            "exception_message": redact(retry.exception_message),
+            "exception_trace": redact(retry.exception_trace),
+            "first_failed": instant(retry.first_failed_at),
+            "last_failed": instant(retry.last_failed_at),
+        }
+    return RecordView(
+        coordinates=entry.coordinates,
+        partition=entry.partition,
+        offset=entry.offset,
+        time=instant(entry.timestamp_ms),
+        key=printable(entry.key),
+        value_size=entry.value_size,
+        headers=_shown_headers(user[:SHOWN_HEADERS]),
+        retry_headers=_shown_headers(own[:SHOWN_HEADERS]),
+        headers_not_shown=max(0, len(user) - SHOWN_HEADERS) + max(0, len(own) - SHOWN_HEADERS) + entry.headers_cut,
+        header_error=entry.header_error,
+        value=_rendered(entry, render) if reveal else None,
+        replay_count=entry.lineage.replay_count,
+        replay_id=entry.lineage.replay_id,
+        **decoded,
+    )
+
+
+def safe_record_view(entry: Entry, *, reveal: bool = False, render: Render | None = None) -> RecordView:
+    """`record_view`, or when anything in the record makes it fail, a view of what surely shows: the
+    coordinates, the raw headers (printable, bounded, redacted) and why (one record never fails a page)."""
+    try:
+        return record_view(entry, reveal=reveal, render=render)
+    except Exception as exc:  # noqa: BLE001 - any record's bytes must not take the page down
+        try:
+            raw = _shown_headers(list(entry.headers)[:SHOWN_HEADERS])
+        except Exception:  # noqa: BLE001 - not even the headers show
+            raw = ()
+        return RecordView(
+            coordinates=entry.coordinates,
+            partition=entry.partition,
+            offset=entry.offset,
+            retry_headers=raw,
+            parse_error=f"{type(exc).__name__}: {str(exc)[:200]}",
         )
-    return view
 
 
 def pipeline_view(

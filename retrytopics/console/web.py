@@ -6,8 +6,11 @@ Pages: `/` (pipeline, refreshed by /static/console.js from `/api/pipeline`), `/d
 `/lineage` (one origin id), `/login` and `/actions/replay` (only with actions enabled). Safety, for pages
 showing bytes that anyone with WRITE on a topic chose: templates autoescape everything; a strict
 Content-Security-Policy allows scripts, styles and images from the console itself only (no inline script or
-style); values are shown only on an explicit reveal; actions need a session (the console's token, never
-sent to the browser) and the session's CSRF token, and are logged with who, what and when.
+style); values are shown only on an explicit reveal (behind the session when actions are on); actions need a
+session (the console's token, never sent to the browser) and the session's CSRF token, checked before the
+body is read, and are logged with who, what and when; every request first passes `guard.Guard` (the Host
+check, the body limits, the headers); a record that cannot be shown field by field still shows and can be
+selected (`views.safe_record_view`).
 
 Past 300 lines as one module on purpose: every route shares the page renderer, the session lookup and the
 action log of one `create_app` call; split by page, each part would take all three as arguments.
@@ -15,21 +18,20 @@ action log of one `create_app` call; split by page, each part would take all thr
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.resources import files
-from typing import Any
+from typing import Any, Final
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData
-from starlette.middleware import Middleware
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
@@ -38,6 +40,7 @@ from starlette.staticfiles import StaticFiles
 from retrytopics.console import actions, views
 from retrytopics.console.entries import Entry
 from retrytopics.console.filters import PARAMETERS, Cursor, DlqFilter
+from retrytopics.console.guard import CONTENT_SECURITY_POLICY, MAX_BODY_BYTES, Guard, is_loopback
 from retrytopics.console.jobs import SparkJobs, SparkReplay, spark_replay_id
 from retrytopics.console.reader import PipelineReader
 from retrytopics.console.sessions import Session, Sessions
@@ -45,24 +48,14 @@ from retrytopics.core.errors import ConfigError, RetryTopicsError
 from retrytopics.core.headers import DlqReason
 from retrytopics.core.signing import HeaderKeys
 
-__all__ = ["CONTENT_SECURITY_POLICY", "ConsoleOptions", "create_app"]
+__all__ = ["CONTENT_SECURITY_POLICY", "MAX_BODY_BYTES", "ConsoleOptions", "create_app", "is_loopback"]
 
 log = logging.getLogger("retrytopics.console")
 actions_log = logging.getLogger("retrytopics.console.actions")
 
-CONTENT_SECURITY_POLICY = (
-    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
-    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
-)
-_SECURITY_HEADERS = [
-    (b"content-security-policy", CONTENT_SECURITY_POLICY.encode()),
-    (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"same-origin"),
-    (b"x-frame-options", b"DENY"),
-    (b"cache-control", b"no-store"),
-]
 _COOKIE = "retrytopics_console"
-_LOOPBACK_NAMES = ["127.0.0.1", "localhost", "::1", "[::1]"]
+#: DLQ pages and lineage scans read at once; more wait (each holds up to a block of records per partition).
+MAX_CONCURRENT_READS: Final = 2
 Render = Callable[[Entry], Any]
 
 
@@ -87,19 +80,15 @@ class ConsoleOptions:
             raise ConfigError("console.page_size", self.page_size, "1 to 500")
 
 
-class _SecurityHeaders:
-    """Adds the CSP and companion headers to every response."""
+class _Console(Starlette):
+    """Starlette with `Guard` outside its error handling, so that a 500 carries the headers too."""
 
-    def __init__(self, app: Callable[..., Awaitable[None]]) -> None:
-        self.app = app
+    def __init__(self, *, loopback: bool, **kwargs: Any) -> None:
+        self._loopback = loopback
+        super().__init__(**kwargs)
 
-    async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
-        async def send_with_headers(message: MutableMapping[str, Any]) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), *_SECURITY_HEADERS]
-            await send(message)
-
-        await self.app(scope, receive, send_with_headers)
+    def build_middleware_stack(self) -> Any:
+        return Guard(super().build_middleware_stack(), loopback=self._loopback)
 
 
 def _templates() -> Environment:
@@ -113,10 +102,15 @@ def _coordinates(values: list[str]) -> tuple[tuple[int, int], ...]:
     out = []
     for value in values:
         partition, colon, offset = value.partition(":")
-        if not colon or not partition.isdigit() or not offset.isdigit() or len(value) > 30:
+        if not colon or not _digits(partition) or not _digits(offset) or len(value) > 30:
             raise ConfigError("records", value[:32], "expected PARTITION:OFFSET")
         out.append((int(partition), int(offset)))
     return tuple(dict.fromkeys(out))
+
+
+def _digits(text: str) -> bool:
+    """ASCII digits only: `str.isdigit` also takes superscripts, which `int` refuses."""
+    return text.isascii() and text.isdigit()
 
 
 def _pipeline_flags(reader: PipelineReader) -> list[str]:
@@ -129,6 +123,7 @@ def create_app(options: ConsoleOptions, reader: PipelineReader) -> Starlette:
     """The console as an ASGI app over `reader`'s pipeline (the reader's tally is started by the caller)."""
     env = _templates()
     sessions = Sessions(options.token, clock=time.monotonic) if options.actions and options.token else None
+    reads = asyncio.Semaphore(MAX_CONCURRENT_READS)
     spark_jobs = None
     if sessions is not None and importlib.util.find_spec("pyspark") is not None:
         spark_jobs = SparkJobs(reader.kafka, reader.topics, options.header_keys)
@@ -181,15 +176,18 @@ def create_app(options: ConsoleOptions, reader: PipelineReader) -> Starlette:
 
     async def dlq(request: Request) -> Response:
         query = {name: request.query_params.getlist(name) for name in PARAMETERS}
+        session = session_of(request)
+        reveal = request.query_params.get("reveal")
+        if reveal and sessions is not None and session is None:  # on an actions console, values need a login
+            return page(request, "error.html", 403, message="log in to reveal a value: nothing was shown")
         try:
             chosen = DlqFilter.from_query(query)
             cursor = Cursor.parse(request.query_params.get("after"))
-            reveal = request.query_params.get("reveal")
-            found = await run_in_threadpool(reader.dlq_page, chosen, cursor, size=options.page_size)
+            async with reads:
+                found = await run_in_threadpool(reader.dlq_page, chosen, cursor, size=options.page_size)
         except RetryTopicsError as exc:
             return failure(request, exc)
         if reveal:
-            session = session_of(request)
             actions_log.info(
                 "console action %s",
                 json.dumps(
@@ -202,7 +200,9 @@ def create_app(options: ConsoleOptions, reader: PipelineReader) -> Starlette:
                     }
                 ),
             )
-        records = [views.record_view(e, reveal=e.coordinates == reveal, render=options.render) for e in found.entries]
+        records = [
+            views.safe_record_view(e, reveal=e.coordinates == reveal, render=options.render) for e in found.entries
+        ]
         base = chosen.query()
         return page(
             request,
@@ -224,7 +224,8 @@ def create_app(options: ConsoleOptions, reader: PipelineReader) -> Starlette:
             if len(origin_id) > 512:
                 return failure(request, ConfigError("id", origin_id[:64], "longer than an origin id can be"))
             try:
-                origin, found = await run_in_threadpool(reader.lineage, origin_id)
+                async with reads:
+                    origin, found = await run_in_threadpool(reader.lineage, origin_id)
             except RetryTopicsError as exc:
                 return failure(request, exc)
             hops = views.lineage_hops(found, reader.topics)
@@ -233,7 +234,7 @@ def create_app(options: ConsoleOptions, reader: PipelineReader) -> Starlette:
             "lineage.html",
             origin_id=origin_id,
             hops=hops,
-            origin=None if origin is None else views.record_view(origin),
+            origin=None if origin is None else views.safe_record_view(origin),
         )
 
     async def login(request: Request) -> Response:
@@ -241,6 +242,12 @@ def create_app(options: ConsoleOptions, reader: PipelineReader) -> Starlette:
             return page(request, "error.html", 403, message="actions are off: this console is read-only")
         if request.method == "GET":
             return page(request, "login.html", problem=None)
+        wait_s = sessions.login_blocked_for()
+        if wait_s > 0:  # too many wrong tokens lately: refused unread, whatever this one is
+            _log_action(request, None, "login refused", {"why": "too many wrong tokens"})
+            refused = page(request, "login.html", 429, problem=f"too many wrong tokens: try again in {wait_s:.0f} s")
+            refused.headers["retry-after"] = str(max(1, round(wait_s)))
+            return refused
         form = await request.form()
         try:
             session = sessions.login(str(form.get("operator", "")), str(form.get("token", "")))
@@ -254,10 +261,13 @@ def create_app(options: ConsoleOptions, reader: PipelineReader) -> Starlette:
         return response
 
     async def logout(request: Request) -> Response:
-        session = session_of(request)
-        form = await request.form()
-        if sessions is not None and session is not None and session.csrf_ok(str(form.get("csrf", ""))):
-            sessions.logout(session.sid)
+        allowed = await authorized(request)
+        if isinstance(allowed, Response):
+            return allowed
+        session, _ = allowed
+        assert sessions is not None  # authorized: actions are on
+        sessions.logout(session.sid)
+        _log_action(request, session, "logout", {})
         response = RedirectResponse("/", status_code=303)
         response.delete_cookie(_COOKIE, path="/")
         return response
@@ -266,15 +276,18 @@ def create_app(options: ConsoleOptions, reader: PipelineReader) -> Starlette:
         """The session and form of an action POST, or the refusal (logged): actions off, another site's
         request, no session, or not the session's CSRF token."""
         session = session_of(request)
-        if sessions is None:
+        if sessions is None:  # nothing here can act: the body is never read
             _log_action(request, None, "action refused", {"why": "actions are off", "path": request.url.path})
             return page(request, "error.html", 403, message="actions are off: this console is read-only")
-        form = await request.form()
         origin = request.headers.get("origin")
         if origin is not None and origin != f"{request.url.scheme}://{request.url.netloc}":
             _log_action(request, session, "action refused", {"why": f"cross-origin request from {origin[:100]}"})
             return page(request, "error.html", 403, message="a request from another site: nothing was done")
-        if session is None or not session.csrf_ok(str(form.get("csrf", ""))):
+        if session is None:
+            _log_action(request, None, "action refused", {"why": "no session", "path": request.url.path})
+            return page(request, "error.html", 403, message="log in first (or the form was stale): nothing was done")
+        form = await request.form()
+        if not session.csrf_ok(str(form.get("csrf", ""))):
             _log_action(request, session, "action refused", {"why": "no session or bad CSRF token"})
             return page(request, "error.html", 403, message="log in first (or the form was stale): nothing was done")
         return session, form
@@ -308,7 +321,10 @@ def create_app(options: ConsoleOptions, reader: PipelineReader) -> Starlette:
             else:
                 form_records = [str(v) for v in form.getlist("records")]
             coordinates = _coordinates(form_records)
-            replay_id = str(form.get("replay_id", "")) or actions.replay_id_for(destination, coordinates)
+            replay_id = actions.replay_id_for(destination, coordinates)
+            given = str(form.get("replay_id", ""))
+            if given and given != replay_id:  # the id names the selection: a typed one could reuse another's
+                raise ConfigError("replay_id", given[:64], "not the replay id of these records and destination")
             request_ = actions.ReplayRequest(
                 replay_id=replay_id, destination=destination, coordinates=coordinates, park=form.get("park") == "1"
             )
@@ -369,6 +385,8 @@ def create_app(options: ConsoleOptions, reader: PipelineReader) -> Starlette:
         return None if spark_jobs is None else spark_jobs.get(str(request.path_params["job_id"]))
 
     async def job_page(request: Request) -> Response:
+        if session_of(request) is None:
+            return page(request, "error.html", 403, message="log in to follow a job")
         job = job_of(request)
         if job is None:
             return page(request, "error.html", 404, message="no such job")
@@ -382,6 +400,8 @@ def create_app(options: ConsoleOptions, reader: PipelineReader) -> Starlette:
         )
 
     async def job_json(request: Request) -> Response:
+        if session_of(request) is None:
+            return JSONResponse({"error": "log in to follow a job"}, status_code=403)
         job = job_of(request)
         if job is None:
             return JSONResponse({"error": "no such job"}, status_code=404)
@@ -417,8 +437,5 @@ def create_app(options: ConsoleOptions, reader: PipelineReader) -> Starlette:
         Route("/api/jobs/{job_id}", job_json),
         Mount("/static", StaticFiles(packages=[("retrytopics.console", "static")]), name="static"),
     ]
-    loopback = options.host in ("127.0.0.1", "localhost", "::1")
-    middleware = [Middleware(_SecurityHeaders)]
-    if loopback:  # a page of another site, rebinding its name to 127.0.0.1, must not reach the console
-        middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=_LOOPBACK_NAMES))
-    return Starlette(routes=routes, middleware=middleware)
+    # on loopback, a page of another site rebinding its name to 127.0.0.1 must not reach the console
+    return _Console(routes=routes, loopback=is_loopback(options.host))

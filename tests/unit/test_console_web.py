@@ -246,6 +246,7 @@ def test_the_plan_skips_foreign_invalid_duplicate_and_looped_records() -> None:
         "skipped_reference_only": 0,
         "skipped_headers_dropped": 0,
         "skipped_max_replays": 1,
+        "skipped_replayed_before": 0,
         "parked": 0,
     }
     assert plan.problems == {"0:3": "original_partition", "0:5": "headers"}

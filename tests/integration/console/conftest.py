@@ -128,6 +128,7 @@ def pipeline(kafka: KafkaConfig) -> Iterator[Pipeline]:
     evil = RetryHeaders(
         origin_message_id="evil-1", exception_type="<b>evil.Type</b>", exception_message=XSS_MESSAGE, **crafted
     )  # type: ignore[arg-type]
+    crafted["original_offset"] = 10_001  # another source record than evil-1's
     traced = RetryHeaders(
         origin_message_id="traced-1", exception_type="builtins.KeyError", exception_message="k", **crafted
     )  # type: ignore[arg-type]

@@ -36,6 +36,7 @@ from .conftest import (
     Pipeline,
     end_offsets,
     log_in,
+    read_topic,
     shot,
     shown_coordinates,
     wait_until,
@@ -127,7 +128,9 @@ def test_html_and_script_in_a_record_render_as_text_and_run_nothing(
 ) -> None:
     """Key, header, exception type, message, trace and value of a crafted record show as the literal text;
     no dialog opens, no request leaves the console, no element of the payload exists; the secret in the
-    message is hidden; every response carries the strict CSP."""
+    message is hidden; every response carries the strict CSP. (Revealing a value needs a login on a console
+    with actions.)"""
+    log_in(page, console, "ada")
     dialogs: list[str] = []
     foreign: list[str] = []
     page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
@@ -251,3 +254,35 @@ def _answers(base: str) -> bool:
             return bool(response.status == 200)
     except OSError:
         return False
+
+
+def test_an_overlapping_selection_never_replays_a_record_twice(pipeline: Pipeline, console: str, page: Any) -> None:
+    """Replay record A alone, then A with B: the second replay writes B only and names the replay that already
+    wrote A; the source holds exactly one replay of each (the DLQ record's own replay count never changes, so
+    only the replay ledger can tell)."""
+    log_in(page, console, "linus")
+    page.goto(console + "/dlq?origin_id=traced-1")
+    (a,) = shown_coordinates(page)
+    page.goto(console + "/dlq?origin_id=evil-1")
+    (b,) = shown_coordinates(page)
+    page.goto(console + "/dlq")
+    page.check(f"input.pick[value='{a}']")
+    page.click("#preview")
+    page.click("#confirm")
+    page.wait_for_selector("#again")
+    assert page.text_content("[data-count=written]") == "1"
+    first_id = page.text_content("#replay-id")
+    page.goto(console + "/dlq")
+    page.check(f"input.pick[value='{a}']")
+    page.check(f"input.pick[value='{b}']")
+    page.click("#preview")
+    page.wait_for_selector("#confirm")
+    assert page.text_content("[data-count=skipped_replayed_before]") == "1"
+    assert first_id in page.text_content("#replayed-before")
+    page.click("#confirm")
+    page.wait_for_selector("#again")
+    assert page.text_content("[data-count=written]") == "1"
+    replayed = Counter(
+        dict(m.headers() or []).get("retry.replay_origin_id") for m in read_topic(pipeline.kafka, pipeline.source)
+    )
+    assert replayed[b"traced-1"] == 1 and replayed[b"evil-1"] == 1
