@@ -49,7 +49,11 @@ class PrometheusHook:
     wanted_events = PER_BATCH | {Event.LAG_MEASURED}
     summed_events = SUMMED
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, *, failures_by_exception: bool = False) -> None:
+        """`failures_by_exception`: also count failures by exception type (`retrytopics_handler_failures_total`);
+        the loop then builds one `record.failed` event per failed record (the failure path only)."""
+        if failures_by_exception:
+            self.summed_events = SUMMED - {Event.RECORD_FAILED}
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.handled = Counter("retrytopics_records_handled", "Handler calls that returned", ["topic"], registry=r)
@@ -141,23 +145,30 @@ class PrometheusHook:
             ["topic"],
             registry=r,
         )
+        self.failures_by_exception = Counter(
+            "retrytopics_handler_failures",
+            "Handler calls that raised, by exception type (the class name, NonRetryable's and Retry's cause's)",
+            ["topic", "exception"],
+            registry=r,
+        )
         self.partition_lag = Gauge(
             "retrytopics_partition_lag_records",
             "Records after the first unhandled one, per partition, measured by the consumer once a second (true "
             "while the partition is paused)",
-            ["group", "topic", "partition"],
+            ["group", "topic", "partition", "role"],
             registry=r,
         )
         self.partition_lag_seconds = Gauge(
             "retrytopics_partition_lag_seconds",
             "How long ago the first unhandled record of the partition was appended (a tier's includes its delay)",
-            ["group", "topic", "partition"],
+            ["group", "topic", "partition", "role"],
             registry=r,
         )
         self._paused: set[tuple[str, int]] = set()
         self._lock = threading.Lock()
         self._tier_topics: set[str] = set()
-        self._measured: dict[tuple[str, int], tuple[str, int]] = {}  # partition -> (group, lag) last measured
+        #: partition -> (group, lag, role) last measured
+        self._measured: dict[tuple[str, int], tuple[str, int, str]] = {}
         self._due: dict[tuple[str, int], int | None] = {}  # tier partition -> due time of the record it waits on
         self.registry.register(_OldestDue(self))
 
@@ -195,10 +206,8 @@ class PrometheusHook:
             self.failed.labels(topic).inc(_count(data))
             self._first_attempts(topic, _count(data))
             self._observe_latenesses(topic, data)
-        elif event is Event.RECORD_FAILED:
-            self.failed.labels(topic).inc()
-            self._first_attempts(topic, 1)
-            self._observe_lateness(topic, data)
+        elif event is Event.RECORD_FAILED:  # counted in its sum (records.failed): here its exception type only
+            self.failures_by_exception.labels(topic, str(data.get("error", ""))).inc()
         elif event is Event.LAG_MEASURED:
             self._measure(topic, data)
         elif event is Event.CONSUMER_STARTED:
@@ -244,12 +253,15 @@ class PrometheusHook:
     def _measure(self, topic: str, data: Mapping[str, object]) -> None:
         partition, group = _int(data.get("partition")), str(data.get("group", ""))
         lag, lag_s, due_at = _int(data.get("lag")), data.get("lag_s"), data.get("due_at")
-        self.partition_lag.labels(group, topic, str(partition)).set(lag)
-        self.partition_lag_seconds.labels(group, topic, str(partition)).set(lag_s if isinstance(lag_s, float) else 0)
+        role = "tier" if topic in self._tier_topics else "source"
+        self.partition_lag.labels(group, topic, str(partition), role).set(lag)
+        self.partition_lag_seconds.labels(group, topic, str(partition), role).set(
+            lag_s if isinstance(lag_s, float) else 0
+        )
         with self._lock:
-            self._measured[(topic, partition)] = (group, lag)
+            self._measured[(topic, partition)] = (group, lag, role)
             self._due[(topic, partition)] = due_at if isinstance(due_at, int) else None
-            total = sum(lag for (t, _), (_, lag) in self._measured.items() if t == topic)
+            total = sum(lag for (t, _), (_, lag, _) in self._measured.items() if t == topic)
         self.lag.labels(topic).set(total)
 
     def oldest_due_ages_s(self, now_ms: int) -> dict[str, float]:
@@ -277,13 +289,6 @@ class PrometheusHook:
         for ms in lateness if isinstance(lateness, tuple) else ():
             self.lateness.labels(topic).observe(max(0, ms) / 1000)
 
-    def _observe_lateness(self, topic: str, data: Mapping[str, object]) -> None:
-        due_at = data.get("due_at")
-        if isinstance(due_at, int):
-            handled_at = data.get("handled_at")
-            now_ms = handled_at if isinstance(handled_at, int) else int(time.time() * 1000)
-            self.lateness.labels(topic).observe(max(0, now_ms - due_at) / 1000)
-
     def _track_pause(self, event: Event, topic: str, partition: object) -> None:
         if not isinstance(partition, int):
             return
@@ -306,8 +311,9 @@ class PrometheusHook:
                 measured = self._measured.pop(coordinates, None)  # type: ignore[arg-type]
                 self._due.pop(coordinates, None)  # type: ignore[arg-type]
                 if measured is not None:  # its new owner reports it
-                    self.partition_lag.remove(measured[0], str(coordinates[0]), str(coordinates[1]))
-                    self.partition_lag_seconds.remove(measured[0], str(coordinates[0]), str(coordinates[1]))
+                    labels = (measured[0], str(coordinates[0]), str(coordinates[1]), measured[2])
+                    self.partition_lag.remove(*labels)
+                    self.partition_lag_seconds.remove(*labels)
                 if (
                     coordinates[0] is not None
                     and (str(coordinates[0]), str(coordinates[1])) in self.blocked_keys._metrics

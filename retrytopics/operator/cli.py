@@ -226,7 +226,7 @@ def _serve_metrics(app: Any, port: int | None) -> None:
         return
     from retrytopics.observe.metrics import PrometheusHook
 
-    hook = PrometheusHook()
+    hook = PrometheusHook(failures_by_exception=True)  # the dashboard's failures by exception type
     hook.track_health(lambda: bool(app.healthy))
     for key, value in hook.consumer_properties().items():
         app.consumer_overrides.setdefault(key, value)  # the app's own stats_cb, if any, wins

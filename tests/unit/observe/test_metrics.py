@@ -30,6 +30,7 @@ def test_events_become_metrics() -> None:
         lateness_ms=(40,),
     )
     emit(Event.RECORD_FAILED, topic="orders", partition=0, offset=2, attempt=1, error="boom")
+    emit(Event.RECORDS_FAILED, topic="orders", partition=0, count=1, lateness_ms=())
     emit(Event.RETRY_SCHEDULED, topic="orders", partition=0, offset=2, destination="orders.b.retry.1s", due_at=5)
     emit(Event.DLQ_DISPATCHED, topic="orders", partition=0, offset=3, destination="orders.b.dlq", reason="poison")
     emit(Event.PARTITION_PAUSED, topic="orders.b.retry.1s", partition=0, until=10)
@@ -155,8 +156,8 @@ def test_measured_lag_oldest_due_and_first_attempts() -> None:
     emit(Event.LAG_MEASURED, consumer=tier, group=tier, topic=tier, partition=0, lag=4, lag_s=7.5, due_at=due)
     emit(Event.LAG_MEASURED, consumer=tier, group=tier, topic=tier, partition=1, lag=2, lag_s=0.5, due_at=None)
     # then: per-partition lag, the topic's sum, and an oldest due age of at least 5 s
-    assert _value(hook, "retrytopics_partition_lag_records", group=tier, topic=tier, partition="0") == 4
-    assert _value(hook, "retrytopics_partition_lag_seconds", group=tier, topic=tier, partition="0") == 7.5
+    assert _value(hook, "retrytopics_partition_lag_records", group=tier, topic=tier, partition="0", role="tier") == 4
+    assert _value(hook, "retrytopics_partition_lag_seconds", group=tier, topic=tier, partition="0", role="tier") == 7.5
     assert _value(hook, "retrytopics_consumer_lag", topic=tier) == 6
     age = _value(hook, "retrytopics_tier_oldest_due_age_seconds", topic=tier)
     assert age is not None and 5 <= age < 60
@@ -168,5 +169,19 @@ def test_measured_lag_oldest_due_and_first_attempts() -> None:
     assert _value(hook, "retrytopics_first_attempts_total", topic=tier) is None
     # when: the partition is revoked, its series go (its new owner reports it) and the oldest due age is 0
     emit(Event.PARTITIONS_REVOKED, consumer=tier, partitions=[(tier, 0)])
-    assert _value(hook, "retrytopics_partition_lag_records", group=tier, topic=tier, partition="0") is None
+    assert _value(hook, "retrytopics_partition_lag_records", group=tier, topic=tier, partition="0", role="tier") is None
     assert _value(hook, "retrytopics_tier_oldest_due_age_seconds", topic=tier) == 0
+
+
+def test_failures_by_exception_type_when_asked() -> None:
+    lean, by_type = PrometheusHook(), PrometheusHook(failures_by_exception=True)
+    emitter = Emitter([lean, by_type])
+    assert emitter.wants_each(Event.RECORD_FAILED)  # only because `by_type` asked
+    for error in ("TimeoutError", "TimeoutError", "KeyError"):
+        emitter.emit_each(Event.RECORD_FAILED, topic="orders", partition=0, offset=1, attempt=1, error=error)
+    emitter.emit(Event.RECORDS_FAILED, topic="orders", partition=0, count=3, lateness_ms=())
+    for hook in (lean, by_type):
+        assert _value(hook, "retrytopics_records_failed_total", topic="orders") == 3
+    assert _value(by_type, "retrytopics_handler_failures_total", topic="orders", exception="TimeoutError") == 2
+    assert _value(lean, "retrytopics_handler_failures_total", topic="orders", exception="TimeoutError") is None
+    assert not Emitter([lean]).wants_each(Event.RECORD_FAILED)
