@@ -8,19 +8,28 @@ Guarantees:
   data from it: no panel names a metric the app does not export.
 
 The app: a source topic whose handler passes `ok` records, fails `flaky` ones once (handled on the 1 s tier:
-lateness), fails `stuck` ones on every attempt (they end up waiting on the 60 s tier, paused) and dead-letters
+lateness), fails `stuck` ones on every attempt (they end up waiting on the 5 m tier, paused) and dead-letters
 `bad` ones (NonRetryable).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import shutil
+import subprocess
+import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+from urllib.error import URLError
+from urllib.parse import urlencode
+from urllib.request import urlopen
 
 import pytest
 
@@ -33,7 +42,8 @@ from .conftest import Kit, wait_until
 
 pytestmark = pytest.mark.broker
 
-POLICY = RetryPolicy(delays=["1s", "60s"])
+POLICY = RetryPolicy(delays=["1s", "5m"])
+DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
 
 
 class LagRequests:
@@ -75,7 +85,7 @@ def pipeline(kafka: KafkaConfig) -> Iterator[Pipeline]:
     name = f"observe-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     kit = Kit(kafka)
     source = kit.create(f"{name}-orders", 2)
-    metrics, requests = PrometheusHook(), LagRequests()
+    metrics, requests = PrometheusHook(failures_by_exception=True), LagRequests()
     overrides: dict[str, Any] = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
     # librdkafka's own lag, reported every second: the measured lag must win over it
     overrides.update({**metrics.consumer_properties(), "statistics.interval.ms": 1000})
@@ -108,9 +118,9 @@ def _value(metrics: PrometheusHook, name: str, **labels: str) -> float | None:
 
 
 def test_a_paused_tier_partitions_lag_moves_when_records_are_added_behind_its_head(pipeline: Pipeline) -> None:
-    # setup: the stuck record waits on the 60 s tier, its partition paused, its lag 1
+    # setup: the stuck record waits on the 5 m tier, its partition paused, its lag 1
     metrics, tier = pipeline.metrics, pipeline.slow_tier
-    wait_until(lambda: _value(metrics, "retrytopics_paused_partitions", topic=tier) == 1, 60, "the 60 s tier paused")
+    wait_until(lambda: _value(metrics, "retrytopics_paused_partitions", topic=tier) == 1, 60, "the 5 m tier paused")
     wait_until(lambda: _value(metrics, "retrytopics_consumer_lag", topic=tier) == 1, 30, "the tier's lag is 1")
 
     # when: three records are appended to each partition, so behind the paused head (those of the other partition
@@ -128,3 +138,87 @@ def test_a_paused_tier_partitions_lag_moves_when_records_are_added_behind_its_he
         answers = {consumer: len(times) for consumer, times in pipeline.requests.measured_at.items()}
     assert len(answers) == 3, answers  # the main consumer and both tiers measure
     assert all(count <= elapsed_s + 1 for count in answers.values()), (answers, elapsed_s)
+
+
+@pytest.fixture(scope="module")
+def prometheus(pipeline: Pipeline) -> Iterator[str]:
+    """Debian's Prometheus (scripts/setup.sh), a plain process on a free loopback port, scraping the app every
+    second and loading deploy/alerts.yml; its HTTP API's base address."""
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.fail("prometheus not found: run scripts/setup.sh (it installs Debian's prometheus)")
+    port = _free_port()
+    with tempfile.TemporaryDirectory(prefix="retrytopics-prometheus-") as home:
+        config = Path(home, "prometheus.yml")
+        config.write_text(
+            "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+            f"rule_files: [{json.dumps(str(DEPLOY / 'alerts.yml'))}]\n"
+            "scrape_configs:\n"
+            f"  - {{job_name: billing, static_configs: [{{targets: ['127.0.0.1:{pipeline.port}']}}]}}\n"
+        )
+        process = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={Path(home, 'data')}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            base = f"http://127.0.0.1:{port}"
+            wait_until(lambda: _ready(base, process), 60, "Prometheus ready")
+            yield base
+        finally:
+            process.terminate()
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def _ready(base: str, process: subprocess.Popen[bytes]) -> bool:
+    if process.poll() is not None:
+        raise AssertionError(f"Prometheus exited: {process.stderr.read().decode() if process.stderr else ''}")
+    try:
+        with urlopen(f"{base}/-/ready", timeout=2) as answer:
+            return bool(answer.status == 200)
+    except (URLError, OSError):
+        return False
+
+
+def _query(base: str, expr: str) -> list[Any]:
+    with urlopen(f"{base}/api/v1/query?{urlencode({'query': expr})}", timeout=10) as answer:
+        body = json.loads(answer.read())
+    assert body["status"] == "success", (expr, body)
+    return list(body["data"]["result"])
+
+
+def _concrete(expr: str) -> str:
+    """A dashboard query as Grafana sends it with every variable at All (.*) and a 1 m rate window; a variable's
+    `label_values(metric, label)` as the PromQL that lists those values."""
+    found = re.fullmatch(r"label_values\((.*), (\w+)\)", expr)
+    if found:
+        expr = f"count by ({found[2]}) ({found[1]})"
+    return re.sub(r"\$(job|group|topic)\b", ".*", expr.replace("$__rate_interval", "1m"))
+
+
+def test_prometheus_scrapes_the_app_and_every_dashboard_query_returns_data(pipeline: Pipeline, prometheus: str) -> None:
+    dashboard = json.loads((DEPLOY / "grafana" / "retrytopics.json").read_text())
+    queries = [t["expr"] for panel in dashboard["panels"] for t in panel.get("targets", [])]
+    queries += [v["query"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
+    assert len(queries) == 15
+    # every query answers with at least one series once the app's events have been scraped twice or more
+    pending = {_concrete(q) for q in queries}
+
+    def answered() -> bool:
+        pending.difference_update({q for q in pending if _query(prometheus, q)})
+        return not pending
+
+    wait_until(answered, 90, f"every dashboard query answered: {pending}", interval_s=1)
+    # and the alert rules loaded into a running Prometheus
+    with urlopen(f"{prometheus}/api/v1/rules", timeout=10) as answer:
+        rules = json.loads(answer.read())["data"]["groups"][0]["rules"]
+    assert len(rules) == 7 and all(rule["health"] == "ok" for rule in rules), rules
