@@ -269,6 +269,8 @@ class PrometheusHook:
         with self._lock:
             ages = dict.fromkeys(self._tier_topics, 0.0)
             for (topic, _), due_at in self._due.items():
+                if topic not in ages:
+                    continue  # a source partition: it waits on no due time
                 age = 0.0 if due_at is None else max(0, now_ms - due_at) / 1000
                 ages[topic] = max(ages.get(topic, 0.0), age)
         return ages

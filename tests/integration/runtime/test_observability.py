@@ -5,7 +5,7 @@ Guarantees:
   (librdkafka's own lag freezes while a partition is paused; the consumers measure it, runtime/lag.py), and a
   consumer asks its end offsets at most once a second;
 - Debian's Prometheus scrapes the app's `/metrics`, and every query of the dashboard (deploy/grafana/) returns
-  data from it: no panel names a metric the app does not export.
+  data from it: no panel names a metric the app does not export; the alert rules load into it.
 
 The app: a source topic whose handler passes `ok` records, fails `flaky` ones once (handled on the 1 s tier:
 lateness), fails `stuck` ones on every attempt (they end up waiting on the 5 m tier, paused) and dead-letters
@@ -14,6 +14,7 @@ lateness), fails `stuck` ones on every attempt (they end up waiting on the 5 m t
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -197,12 +198,19 @@ def _query(base: str, expr: str) -> list[Any]:
 
 
 def _concrete(expr: str) -> str:
-    """A dashboard query as Grafana sends it with every variable at All (.*) and a 1 m rate window; a variable's
-    `label_values(metric, label)` as the PromQL that lists those values."""
+    """A dashboard query as Grafana sends it with every variable at All and a 1 m rate window (deploy/grafana/
+    render.py's translation, the one its pictures use); a variable's `label_values(metric, label)` as the PromQL
+    that lists those values."""
     found = re.fullmatch(r"label_values\((.*), (\w+)\)", expr)
-    if found:
-        expr = f"count by ({found[2]}) ({found[1]})"
-    return re.sub(r"\$(job|group|topic)\b", ".*", expr.replace("$__rate_interval", "1m"))
+    return f"count by ({found[2]}) ({found[1]})" if found else str(_render().concrete(expr))
+
+
+def _render() -> Any:
+    spec = importlib.util.spec_from_file_location("retrytopics_render", DEPLOY / "grafana" / "render.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_prometheus_scrapes_the_app_and_every_dashboard_query_returns_data(pipeline: Pipeline, prometheus: str) -> None:

@@ -161,6 +161,12 @@ def test_measured_lag_oldest_due_and_first_attempts() -> None:
     assert _value(hook, "retrytopics_consumer_lag", topic=tier) == 6
     age = _value(hook, "retrytopics_tier_oldest_due_age_seconds", topic=tier)
     assert age is not None and 5 <= age < 60
+    # and a source partition measured beside it has lag but no oldest due age
+    emit(Event.LAG_MEASURED, consumer="m", group="b", topic="orders", partition=0, lag=1, lag_s=0.1, due_at=None)
+    assert (
+        _value(hook, "retrytopics_partition_lag_records", group="b", topic="orders", partition="0", role="source") == 1
+    )
+    assert _value(hook, "retrytopics_tier_oldest_due_age_seconds", topic="orders") is None
     # when: calls on the source and on the tier
     emit(Event.RECORDS_HANDLED, topic="orders", partition=0, count=3, first_offset=1, last_offset=3, lateness_ms=())
     emit(Event.RECORDS_FAILED, topic=tier, partition=0, count=2, lateness_ms=(1, 2))
