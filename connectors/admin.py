@@ -7,10 +7,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from types import MappingProxyType
+from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, ConfigResource
+from confluent_kafka.admin._listoffsets import OffsetSpec
 from confluent_kafka.admin._resource import ResourceType
 from confluent_kafka.cimpl import NewTopic
 
@@ -282,6 +284,38 @@ def end_offsets(admin_or_consumer: object, topic: str, partitions: int, *, timeo
             )
             result[p] = high
     return result
+
+
+class ListedEndOffsets:
+    """One ListOffsets request in flight (`list_end_offsets`); `done()` never waits."""
+
+    def __init__(self, futures: Mapping[TopicPartition, Any]) -> None:
+        self._futures = futures
+
+    def done(self) -> bool:
+        return all(future.done() for future in self._futures.values())
+
+    def result(self) -> dict[tuple[str, int], int]:
+        with map_kafka_errors():
+            return {(tp.topic, tp.partition): future.result().offset for tp, future in self._futures.items()}
+
+
+class AdminEndOffsets:
+    """End offsets through an admin client: one batched, asynchronous ListOffsets per `request`
+    (`core.ports.EndOffsetsPort`), read_committed (the last stable offset)."""
+
+    def __init__(self, admin: AdminClient, *, timeout_s: float = 10.0) -> None:
+        self._admin = admin
+        self._timeout_s = timeout_s
+
+    def request(self, tps: Sequence[tuple[str, int]]) -> ListedEndOffsets:
+        with map_kafka_errors():
+            futures = self._admin.list_offsets(
+                {TopicPartition(topic, partition): OffsetSpec.latest() for topic, partition in tps},  # type: ignore[no-untyped-call]
+                isolation_level=IsolationLevel.READ_COMMITTED,
+                request_timeout=self._timeout_s,
+            )
+        return ListedEndOffsets(futures)
 
 
 def committed_offsets(

@@ -415,6 +415,7 @@ class RetryApp:
             clock=clients.clock,
             key_state_reader=clients.read_to_end,
             key_state_feed=clients.key_state_feed,
+            end_offsets=clients.end_offsets,
         )
 
     def _share_loop(self, settings: LoopSettings, bindings: Mapping[str, Binding], clients: ClientFactory) -> Loop:

@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from retrytopics.connectors.admin import (
+    AdminEndOffsets,
     ProvisionOutcome,
     ShareGroupConfig,
     TopicDurability,
@@ -54,6 +55,7 @@ from retrytopics.core.ports import (
     AckType,
     ConsumerPort,
     DeliveryCallback,
+    EndOffsetsPort,
     Message,
     PartitionsCallback,
     ProducerPort,
@@ -110,6 +112,9 @@ class ClientFactory(Protocol):
     def partition_count(self, topic: str, timeout_s: float) -> int | None:
         """Partitions of `topic`, or None when it does not exist."""
 
+    def end_offsets(self) -> EndOffsetsPort:
+        """Asks end offsets without waiting (a consumer's lag while its partitions are paused: runtime/lag.py)."""
+
     def ensure_topics(self, specs: Sequence[TopicSpec], timeout_s: float) -> dict[str, ProvisionOutcome]:
         """Create the missing topics; an existing one with another partition count is a `TopicMismatchError`."""
 
@@ -159,6 +164,9 @@ class KafkaClientFactory:
 
     def partition_count(self, topic: str, timeout_s: float) -> int | None:
         return partition_count(self._admin_client(), topic, timeout_s=timeout_s)
+
+    def end_offsets(self) -> EndOffsetsPort:
+        return AdminEndOffsets(self._admin_client())
 
     def ensure_topics(self, specs: Sequence[TopicSpec], timeout_s: float) -> dict[str, ProvisionOutcome]:
         return ensure_topics(self._admin_client(), specs, timeout_s=timeout_s)
@@ -264,6 +272,9 @@ class MemoryClientFactory:
 
     def key_state_feed(self) -> KeyStateFeedPort:
         return _MemoryFeed(self)
+
+    def end_offsets(self) -> EndOffsetsPort:
+        return _MemoryEndOffsets(self)
 
     def partition_count(self, topic: str, timeout_s: float) -> int | None:
         with self.lock:
@@ -494,3 +505,26 @@ class _LockedProducer:
                 self._producer.abort_transaction(timeout_s)
             finally:
                 self._written.notify_all()
+
+
+class _MemoryEndOffsets:
+    """End offsets of the memory broker, answered at once."""
+
+    def __init__(self, factory: MemoryClientFactory) -> None:
+        self._factory = factory
+
+    def request(self, tps: Sequence[TopicPartition]) -> _Answered:
+        with self._factory.lock:
+            ends = {topic: self._factory.broker.end_offsets(topic) for topic in {topic for topic, _ in tps}}
+        return _Answered({(topic, partition): ends[topic][partition] for topic, partition in tps})
+
+
+class _Answered:
+    def __init__(self, offsets: dict[TopicPartition, int]) -> None:
+        self._offsets = offsets
+
+    def done(self) -> bool:
+        return True
+
+    def result(self) -> dict[TopicPartition, int]:
+        return dict(self._offsets)

@@ -48,6 +48,13 @@ if ! command -v chromium >/dev/null; then
     { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null; } \
         || echo "setup: could not install chromium: tests/integration/console will fail until it is installed"
 fi
+if ! command -v promtool >/dev/null; then
+    # Debian's prometheus (and its promtool): the alert rules' unit tests and the scrape test (tests/integration/observe)
+    echo "setup: promtool not found; installing Debian's prometheus (for the alert rules' tests)"
+    if [ "$(id -u)" -eq 0 ]; then sudo=""; else sudo="sudo"; fi
+    { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends prometheus >/dev/null; } \
+        || echo "setup: could not install prometheus: tests/integration/observe will fail until it is installed"
+fi
 if ! command -v mvn >/dev/null; then
     echo "setup: Maven not found; installing it (Apache Kafka's jars come through it)"
     if [ "$(id -u)" -eq 0 ]; then sudo=""; else sudo="sudo"; fi

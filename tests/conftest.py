@@ -130,6 +130,7 @@ LONGEST_FILES = (
     "tests/integration/runtime/test_ambiguous_produce.py",
     "tests/integration/runtime/test_too_large.py",
     "tests/integration/runtime/test_wait_in_memory.py",
+    "tests/integration/runtime/test_observability.py",
 )
 
 

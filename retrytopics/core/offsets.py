@@ -150,6 +150,13 @@ class OffsetTracker:
         part = self._partitions.get(tp)
         return len(part.in_flight) if part else 0
 
+    def unhandled_from(self, tp: TopicPartition) -> int | None:
+        """The first offset of `tp` not finished: the oldest in flight, else the position (None: unknown)."""
+        part = self._partitions.get(tp)
+        if part is None:
+            return None
+        return part.in_flight[0] if part.in_flight else part.position
+
     def commit_positions(self, tps: list[TopicPartition] | None = None) -> dict[TopicPartition, int]:
         """Positions (of `tps`, default all) that moved since they were last handed to `mark_committed`."""
         return {

@@ -29,8 +29,10 @@ __all__ = [
     "AcknowledgedCallback",
     "ConsumerPort",
     "DeliveryCallback",
+    "EndOffsetsPort",
     "Message",
     "PartitionsCallback",
+    "PendingEndOffsets",
     "Polled",
     "ProducerPort",
     "RunsConsumerPort",
@@ -221,6 +223,25 @@ class ProducerPort(Protocol):
     def commit_transaction(self, timeout_s: float) -> None: ...
 
     def abort_transaction(self, timeout_s: float) -> None: ...
+
+
+class PendingEndOffsets(Protocol):
+    """One end-offsets request on its way (`EndOffsetsPort.request`)."""
+
+    def done(self) -> bool:
+        """Whether the answer came (never waits)."""
+        ...
+
+    def result(self) -> dict[TopicPartition, int]:
+        """The end offset of each partition asked (once `done`): the last stable offset, as a read_committed
+        consumer sees it. A failed request is a `KafkaClientError`."""
+        ...
+
+
+class EndOffsetsPort(Protocol):
+    """Asks partitions' end offsets without waiting for the answer (one batched ListOffsets request)."""
+
+    def request(self, tps: Sequence[TopicPartition]) -> PendingEndOffsets: ...
 
 
 class AckType(enum.Enum):

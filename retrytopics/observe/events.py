@@ -33,7 +33,7 @@ class Event(StrEnum):
     """What happened, in the past tense (`data` keys in brackets)."""
 
     CONSUMER_STARTED = "consumer.started"
-    """A consumer loop started [consumer, group, topics]."""
+    """A consumer loop started [consumer, group, topics, tier_topics (those of `topics` that are retry tiers)]."""
     CONSUMER_STOPPED = "consumer.stopped"
     """A consumer loop closed after draining and committing [consumer, group]."""
     PARTITIONS_ASSIGNED = "partitions.assigned"
@@ -103,6 +103,11 @@ class Event(StrEnum):
     """A tier read a follower whose predecessor's fate nothing here proves (a forged record, a lost key-state
     topic, a chain forgotten past `max_tracked_records`): dead-lettered as ``blocked_by_key``, never handled out
     of order [consumer, topic, partition, offset]."""
+    LAG_MEASURED = "lag.measured"
+    """A consumer measured a partition's lag from the end offset it asked (runtime/lag.py; at most once a
+    second, only while a hook wants it: it is not in `PER_BATCH`) [consumer, group, topic, partition, lag
+    (records after the first unhandled one), lag_s (how long ago that record was appended), due_at (the due
+    time of the record the partition waits on; None when it waits on none), measured_at]."""
     KEY_ORDER_BOUND_REACHED = "key_order.bound_reached"
     """A source partition paused at a key-order bound, once per episode: `max_blocked_keys` open chains
     (`bound="blocked_keys"`) or 1,000 records parked behind unacknowledged hops (`bound="parked"`) [consumer,
@@ -130,8 +135,9 @@ class Hook(Protocol):
     def on_event(self, event: Event, data: Mapping[str, object]) -> None: ...
 
 
-#: Every event but the per-record success: what the built-in hooks want.
-PER_BATCH: frozenset[Event] = frozenset(Event) - {Event.RECORD_HANDLED}
+#: Every event but the per-record success and the lag measurements: what the built-in hooks want (a hook that
+#: wants `LAG_MEASURED` too, the Prometheus hook, makes each consumer ask its end offsets once a second).
+PER_BATCH: frozenset[Event] = frozenset(Event) - {Event.RECORD_HANDLED, Event.LAG_MEASURED}
 
 #: The per-record failure events that also come summed (`records.failed`, `retries.scheduled`): what the
 #: built-in hooks count from the sums (`Hook`'s `summed_events`).

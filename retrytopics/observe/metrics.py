@@ -20,9 +20,10 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from retrytopics.observe.events import PER_BATCH, SUMMED, Event
 
@@ -45,10 +46,14 @@ class PrometheusHook:
     """Counts records handled, failed, retried and dead-lettered per topic (and tier, reason), observes
     lateness, and tracks paused partitions and publish failures."""
 
-    wanted_events = PER_BATCH
+    wanted_events = PER_BATCH | {Event.LAG_MEASURED}
     summed_events = SUMMED
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, *, failures_by_exception: bool = False) -> None:
+        """`failures_by_exception`: also count failures by exception type (`retrytopics_handler_failures_total`);
+        the loop then builds one `record.failed` event per failed record (the failure path only)."""
+        if failures_by_exception:
+            self.summed_events = SUMMED - {Event.RECORD_FAILED}
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.handled = Counter("retrytopics_records_handled", "Handler calls that returned", ["topic"], registry=r)
@@ -139,8 +144,39 @@ class PrometheusHook:
             ["topic", "reason"],
             registry=r,
         )
+        self.first_attempts = Counter(
+            "retrytopics_first_attempts",
+            "Handler calls on a source topic (a record's first attempt): retry amplification is every handler call "
+            "(handled + failed) over these",
+            ["topic"],
+            registry=r,
+        )
+        self.failures_by_exception = Counter(
+            "retrytopics_handler_failures",
+            "Handler calls that raised, by exception type (the class name, NonRetryable's and Retry's cause's)",
+            ["topic", "exception"],
+            registry=r,
+        )
+        self.partition_lag = Gauge(
+            "retrytopics_partition_lag_records",
+            "Records after the first unhandled one, per partition, measured by the consumer once a second (true "
+            "while the partition is paused)",
+            ["group", "topic", "partition", "role"],
+            registry=r,
+        )
+        self.partition_lag_seconds = Gauge(
+            "retrytopics_partition_lag_seconds",
+            "How long ago the first unhandled record of the partition was appended (a tier's includes its delay)",
+            ["group", "topic", "partition", "role"],
+            registry=r,
+        )
         self._paused: set[tuple[str, int]] = set()
         self._lock = threading.Lock()
+        self._tier_topics: set[str] = set()
+        #: partition -> (group, lag, role) last measured
+        self._measured: dict[tuple[str, int], tuple[str, int, str]] = {}
+        self._due: dict[tuple[str, int], int | None] = {}  # tier partition -> due time of the record it waits on
+        self.registry.register(_OldestDue(self))
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         """Expose `/metrics` over HTTP on `port` (a daemon thread)."""
@@ -155,9 +191,13 @@ class PrometheusHook:
         return {"statistics.interval.ms": STATISTICS_INTERVAL_MS, "stats_cb": self.on_statistics}
 
     def on_statistics(self, stats_json: str) -> None:
-        """librdkafka's stats_cb: set the lag of each topic this consumer has partitions of."""
+        """librdkafka's stats_cb: set the lag of each topic this consumer has partitions of, unless the consumers
+        measure it (`lag.measured`: librdkafka's freezes while a partition is paused)."""
         try:
             for topic, lag in consumer_lag(json.loads(stats_json)).items():
+                with self._lock:
+                    if any(t == topic for t, _ in self._measured):
+                        continue
                 self.lag.labels(topic).set(lag)
         except (ValueError, TypeError, AttributeError):  # a malformed report must not break the consumer
             log.debug("unreadable librdkafka statistics", exc_info=True)
@@ -166,13 +206,18 @@ class PrometheusHook:
         topic = str(data.get("topic", ""))
         if event is Event.RECORDS_HANDLED:
             self.handled.labels(topic).inc(_count(data))
+            self._first_attempts(topic, _count(data))
             self._observe_latenesses(topic, data)
         elif event is Event.RECORDS_FAILED:
             self.failed.labels(topic).inc(_count(data))
+            self._first_attempts(topic, _count(data))
             self._observe_latenesses(topic, data)
-        elif event is Event.RECORD_FAILED:
-            self.failed.labels(topic).inc()
-            self._observe_lateness(topic, data)
+        elif event is Event.RECORD_FAILED:  # counted in its sum (records.failed): here its exception type only
+            self.failures_by_exception.labels(topic, str(data.get("error", ""))).inc()
+        elif event is Event.LAG_MEASURED:
+            self._measure(topic, data)
+        elif event is Event.CONSUMER_STARTED:
+            self._learn_tiers(data.get("tier_topics"))
         elif event in (Event.RETRIES_SCHEDULED, Event.RETRY_SCHEDULED):
             self.retried.labels(topic, str(data.get("destination", ""))).inc(_count(data))
         elif event is Event.DLQ_DISPATCHED:
@@ -205,6 +250,40 @@ class PrometheusHook:
         elif event in (Event.PARTITIONS_REVOKED, Event.PARTITIONS_LOST):
             self._forget(data.get("partitions"))
 
+    def _learn_tiers(self, tiers: object) -> None:
+        if isinstance(tiers, list):
+            with self._lock:
+                self._tier_topics.update(t for t in tiers if isinstance(t, str))
+
+    def _first_attempts(self, topic: str, count: int) -> None:
+        if topic not in self._tier_topics:
+            self.first_attempts.labels(topic).inc(count)
+
+    def _measure(self, topic: str, data: Mapping[str, object]) -> None:
+        partition, group = _int(data.get("partition")), str(data.get("group", ""))
+        lag, lag_s, due_at = _int(data.get("lag")), data.get("lag_s"), data.get("due_at")
+        role = "tier" if topic in self._tier_topics else "source"
+        self.partition_lag.labels(group, topic, str(partition), role).set(lag)
+        self.partition_lag_seconds.labels(group, topic, str(partition), role).set(
+            lag_s if isinstance(lag_s, float) else 0
+        )
+        with self._lock:
+            self._measured[(topic, partition)] = (group, lag, role)
+            self._due[(topic, partition)] = due_at if isinstance(due_at, int) else None
+            total = sum(lag for (t, _), (_, lag, _) in self._measured.items() if t == topic)
+        self.lag.labels(topic).set(total)
+
+    def oldest_due_ages_s(self, now_ms: int) -> dict[str, float]:
+        """Per tier topic: how long the oldest record that is due but unhandled has been due (0: none)."""
+        with self._lock:
+            ages = dict.fromkeys(self._tier_topics, 0.0)
+            for (topic, _), due_at in self._due.items():
+                if topic not in ages:
+                    continue  # a source partition: it waits on no due time
+                age = 0.0 if due_at is None else max(0, now_ms - due_at) / 1000
+                ages[topic] = max(ages.get(topic, 0.0), age)
+        return ages
+
     def _observe_acknowledged(self, consumer: str, data: Mapping[str, object]) -> None:
         for kind in ("accepted", "released", "rejected", "renewed"):
             count = data.get(kind)
@@ -220,13 +299,6 @@ class PrometheusHook:
         lateness = data.get("lateness_ms")
         for ms in lateness if isinstance(lateness, tuple) else ():
             self.lateness.labels(topic).observe(max(0, ms) / 1000)
-
-    def _observe_lateness(self, topic: str, data: Mapping[str, object]) -> None:
-        due_at = data.get("due_at")
-        if isinstance(due_at, int):
-            handled_at = data.get("handled_at")
-            now_ms = handled_at if isinstance(handled_at, int) else int(time.time() * 1000)
-            self.lateness.labels(topic).observe(max(0, now_ms - due_at) / 1000)
 
     def _track_pause(self, event: Event, topic: str, partition: object) -> None:
         if not isinstance(partition, int):
@@ -247,6 +319,12 @@ class PrometheusHook:
                 if isinstance(item, tuple) and len(item) == 2:
                     coordinates = item
                 self._paused.discard(coordinates)
+                measured = self._measured.pop(coordinates, None)  # type: ignore[arg-type]
+                self._due.pop(coordinates, None)  # type: ignore[arg-type]
+                if measured is not None:  # its new owner reports it
+                    labels = (measured[0], str(coordinates[0]), str(coordinates[1]), measured[2])
+                    self.partition_lag.remove(*labels)
+                    self.partition_lag_seconds.remove(*labels)
                 if (
                     coordinates[0] is not None
                     and (str(coordinates[0]), str(coordinates[1])) in self.blocked_keys._metrics
@@ -263,6 +341,24 @@ class PrometheusHook:
                 self.paused.labels(*labels).set(0)
         for topic, count in per_topic.items():
             self.paused.labels(topic).set(count)
+
+
+class _OldestDue:
+    """`retrytopics_tier_oldest_due_age_seconds`, computed at each scrape from the due times last measured: it
+    keeps growing while a stuck consumer measures nothing more."""
+
+    def __init__(self, hook: PrometheusHook) -> None:
+        self._hook = hook
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "retrytopics_tier_oldest_due_age_seconds",
+            "How long the oldest tier record that is due but not handled has been due (0: none), per tier topic",
+            labels=["topic"],
+        )
+        for topic, age in sorted(self._hook.oldest_due_ages_s(int(time.time() * 1000)).items()):
+            family.add_metric([topic], age)
+        yield family
 
 
 def _count(data: Mapping[str, object]) -> int:

@@ -226,7 +226,7 @@ def _serve_metrics(app: Any, port: int | None) -> None:
         return
     from retrytopics.observe.metrics import PrometheusHook
 
-    hook = PrometheusHook()
+    hook = PrometheusHook(failures_by_exception=True)  # the dashboard's failures by exception type
     hook.track_health(lambda: bool(app.healthy))
     for key, value in hook.consumer_properties().items():
         app.consumer_overrides.setdefault(key, value)  # the app's own stats_cb, if any, wins
@@ -276,6 +276,8 @@ def _print_demo(summary: dict[str, Any]) -> None:
     print(f"\nretrytopics demo on {on}  (source {summary['topics']['source']})")
     for label, value in rows:
         print(f"  {label:<28} {value}")
+    if summary.get("metrics"):
+        print(f"  {'metrics (Prometheus)':<28} {summary['metrics']}  (deploy/grafana/retrytopics.json: the dashboard)")
     audit = summary.get("audit")
     if audit and audit.get("table"):
         print("\nSpark audit of the pipeline:\n" + audit["table"])
@@ -295,6 +297,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         broker=args.broker,
         spark=not args.no_spark,
         timeout_s=args.timeout,
+        metrics_port=args.metrics_port,
     )
     if args.console:
         preflight.require_extra("console", True, "starlette", "console")
@@ -534,6 +537,12 @@ def _add_demo(commands: Any) -> None:
         "--console",
         action="store_true",
         help="then serve the console on the demo's pipeline (read-only, port 8765) until Ctrl-C",
+    )
+    demo.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve the demo app's Prometheus metrics on 127.0.0.1:PORT/metrics (printed; with --console, kept up)",
     )
     demo.add_argument("--timeout", type=_duration_ms, default="5m", metavar="DURATION", help="give up after this long")
     demo.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])

@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from retrytopics.app import RetryApp
 from retrytopics.connectors.admin import TopicSpec, ensure_topics
@@ -46,6 +46,9 @@ from retrytopics.core.record import Record
 from retrytopics.observe.events import PER_BATCH, Event
 from retrytopics.operator.progress import ProgressBoard, Stage
 from retrytopics.schemas import schema_text
+
+if TYPE_CHECKING:
+    from retrytopics.observe.metrics import PrometheusHook
 
 __all__ = ["DemoOptions", "Fate", "HandlerCall", "assign_fates", "run_demo", "summarize"]
 
@@ -89,6 +92,8 @@ class DemoOptions:
     broker: str = "tansu"
     spark: bool = True
     timeout_s: float = 300.0
+    #: serve the demo app's Prometheus metrics on this loopback port (None: not served)
+    metrics_port: int | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.records <= 10_000_000:
@@ -98,6 +103,8 @@ class DemoOptions:
         RetryPolicy(delays=self.delays)  # validates the delays, naming the field
         if self.broker not in BROKER_NAMES:
             raise ConfigError("broker", self.broker, f"expected one of {', '.join(BROKER_NAMES)}")
+        if self.metrics_port is not None and not 0 < self.metrics_port < 65536:
+            raise ConfigError("metrics_port", self.metrics_port, "expected a TCP port, 1 to 65535")
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,14 +312,17 @@ def _run(options: DemoOptions, kafka: KafkaConfig, progress_out: TextIO | None, 
     source = f"demo-orders-{uuid.uuid4().hex[:6]}"
     ensure_topics(make_admin(kafka), [TopicSpec(name=source, partitions=options.partitions)])
     counter = _StageCounter()
+    hooks, metrics_url = _metrics(options.metrics_port)
     app = RetryApp(
         kafka=kafka,
         group="demo",
         id_header=ID_HEADER,
-        hooks=[counter],
+        hooks=[counter, *hooks],
         # short sessions: a demo's group joins and rebalances should take seconds, not tens of seconds
         consumer_overrides={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500},
     )
+    for hook in hooks:
+        hook.track_health(lambda: bool(app.healthy))
     fates = assign_fates(options.records, options.seed)
     handler = FlakyHandler({_order_id(i): fate for i, fate in enumerate(fates)})  # known before the first call
     policy = RetryPolicy(delays=options.delays, non_retryable=(ValueError,))
@@ -350,9 +360,23 @@ def _run(options: DemoOptions, kafka: KafkaConfig, progress_out: TextIO | None, 
         "dlq": app.topics(source).dlq,
     }
     summary["bootstrap"] = kafka.bootstrap
+    if metrics_url is not None:
+        summary["metrics"] = metrics_url
     if options.spark:
         summary["audit"] = _spark_audit(kafka, app.topics(source))
     return summary
+
+
+def _metrics(port: int | None) -> tuple[list[PrometheusHook], str | None]:
+    """The Prometheus hook serving the demo's metrics on loopback `port` (it keeps serving while the process
+    lives: with --console, the final counts), and its address."""
+    if port is None:
+        return [], None
+    from retrytopics.observe.metrics import PrometheusHook  # the metrics extra: only when asked
+
+    hook = PrometheusHook(failures_by_exception=True)
+    hook.serve(port, addr="127.0.0.1")
+    return [hook], f"http://127.0.0.1:{port}/metrics"
 
 
 def _wait_until_joined(app: RetryApp, source: str, counter: _StageCounter, options: DemoOptions) -> None:

@@ -78,6 +78,7 @@ class PauseController:
         self._stopped: set[TopicPartition] = set()  # queued partitions not fetching (queue full or far tail)
         self._client_paused: set[TopicPartition] = set()  # what the consumer was told
         self._first_seen: dict[TopicPartition, dict[int, int]] = {}  # partition -> offset -> first seen not due
+        self._heads: dict[TopicPartition, tuple[int, int]] = {}  # paused in Kafka -> (head offset, its due time)
 
     @property
     def paused(self) -> frozenset[TopicPartition]:
@@ -150,6 +151,7 @@ class PauseController:
         of what it brings happen before the head is due, and the head then waits in memory for its time."""
         self.schedule.pause_until(tp, due_ms=due_ms - self.ahead_ms // 2)
         self._park(tp, offset)
+        self._heads[tp] = (offset, due_ms)
         log.debug("%s: paused %s[%d] at offset %d until %d", self._name, tp[0], tp[1], offset, due_ms)
         self._emitter.emit(Event.PARTITION_PAUSED, consumer=self._name, topic=tp[0], partition=tp[1], until=due_ms)
 
@@ -312,6 +314,22 @@ class PauseController:
 
     # -- both --------------------------------------------------------------------------------------------
 
+    def unhandled_from(self, tp: TopicPartition) -> int | None:
+        """Where a waiting `tp` is read again from (its queue's head, else the offset it was sought back to);
+        None when it does not wait."""
+        queue = self._queues.get(tp)
+        if queue is not None:
+            return queue[0][0].offset if queue else self._next[tp]
+        return self._awaiting.get(tp)
+
+    def head_due_ms(self, tp: TopicPartition) -> int | None:
+        """The due time of the record `tp` waits on, in memory or in Kafka (None: it waits on none)."""
+        queue = self._queues.get(tp)
+        if queue:
+            return queue[0][1]
+        head = self._heads.get(tp)
+        return head[1] if head is not None and self._awaiting.get(tp) == head[0] else None
+
     def drop(self, tps: list[TopicPartition]) -> None:
         """Forget revoked partitions: their timers never fire, their queues are dropped (not committed, so
         the next owner reads them again), and a new assignment starts unpaused."""
@@ -321,6 +339,7 @@ class PauseController:
             self._forget_queue(tp)
             self._client_paused.discard(tp)
             self._first_seen.pop(tp, None)
+            self._heads.pop(tp, None)
 
     def wait_ms(self, now_ms: int, cap_ms: int) -> int:
         wait = self.schedule.wait_ms(now_ms, cap_ms)

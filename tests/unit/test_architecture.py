@@ -176,7 +176,8 @@ RUNTIME_MAY_IMPORT = {
     "waiting": {"records.outcome"},
     "records": {"records", "waiting", "clock", "bounded"},
     "handoff": {"handoff", "records.outcome", "clock", "bounded"},
-    "consumer": {"consumer", "records", "waiting", "handoff", "clock", "bounded"},
+    "lag": {"clock"},
+    "consumer": {"consumer", "records", "waiting", "handoff", "clock", "bounded", "lag"},
 }
 
 

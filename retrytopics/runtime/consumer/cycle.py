@@ -22,6 +22,7 @@ from retrytopics.core.ports import ConsumerPort, Message, Polled, consume_runs, 
 from retrytopics.runtime.clock import Clock
 from retrytopics.runtime.handoff.base import HandOff
 from retrytopics.runtime.handoff.ordered import KeyWrites
+from retrytopics.runtime.lag import LagProbe
 from retrytopics.runtime.records.calls import Run
 from retrytopics.runtime.records.ordering import KeyOrder, TierOrder
 from retrytopics.runtime.records.outcome import Abandoned, Held, Outcome, Waiting
@@ -56,8 +57,10 @@ class PollCycle:
         stop: threading.Event,
         clock: Clock,
         key_order: tuple[KeyOrder | TierOrder, KeyWrites] | None = None,
+        lag: LagProbe | None = None,
     ) -> None:
         self._consumer = consumer
+        self._lag = lag
         self._key_order = key_order
         self._stage = stage
         self._waiting = waiting
@@ -76,6 +79,8 @@ class PollCycle:
         """Serve acknowledgements, consume one batch, act on it, end it (report and commit)."""
         handoff, waiting, ownership = self._handoff, self._waiting, self._ownership
         handoff.serve()
+        if self._lag is not None:
+            self._lag.tick()  # never waits: an answer is read when it came
         if self._key_order is not None:
             self._learn_key_state(*self._key_order)
         self._update_holds()

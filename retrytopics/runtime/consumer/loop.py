@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from retrytopics.core.dedupe import DuplicateAudit
 from retrytopics.core.errors import ConfigError
 from retrytopics.core.offsets import OffsetTracker, TopicPartition
-from retrytopics.core.ports import ConsumerPort, ProducerPort
+from retrytopics.core.ports import ConsumerPort, EndOffsetsPort, ProducerPort
 from retrytopics.core.transactions import CALL_TIMEOUT_MS
 from retrytopics.observe.events import Emitter
 from retrytopics.runtime.bounded import BoundedCalls, BoundedCommits
@@ -35,6 +35,7 @@ from retrytopics.runtime.handoff.at_least_once import AtLeastOnce
 from retrytopics.runtime.handoff.base import DeadLetterCallback, HandOff
 from retrytopics.runtime.handoff.exactly_once import ExactlyOnce
 from retrytopics.runtime.handoff.ordered import KeyWrites, OrderedHandOffs
+from retrytopics.runtime.lag import LagProbe
 from retrytopics.runtime.records.calls import Binding
 from retrytopics.runtime.records.duplicates import DuplicateCheck, TailReader
 from retrytopics.runtime.records.key_state import KeyStateReader
@@ -68,8 +69,10 @@ class ConsumerLoop(LoopRun):
         clock: Clock = SYSTEM_CLOCK,
         key_state_reader: KeyStateReader | None = None,
         key_state_feed: Callable[[], KeyStateFeed] | None = None,
+        end_offsets: Callable[[], EndOffsetsPort] | None = None,
     ) -> None:
         super().__init__(settings, emitter, stop)
+        self._end_offsets = end_offsets  # the lag measured while partitions are paused (runtime/lag.py)
         self._clock = clock
         self._bindings = dict(bindings)
         self._consumer_factory = consumer_factory
@@ -114,6 +117,9 @@ class ConsumerLoop(LoopRun):
     def _start(self) -> Callable[[], None]:
         self._join.started()
         return self._start_clients().run_once
+
+    def _tier_topics(self) -> list[str]:
+        return sorted(t for t, binding in self._bindings.items() if binding.topic != t)
 
     def _crashed(self, cause: BaseException) -> None:
         if self._handoff is not None:
@@ -195,6 +201,27 @@ class ConsumerLoop(LoopRun):
             stop=stop,
             clock=clock,
             key_order=key_order,
+            lag=self._lag_probe(waiting),
+        )
+
+    def _lag_probe(self, waiting: PauseController) -> LagProbe | None:
+        if self._end_offsets is None:
+            return None
+        tracker = self._tracker
+
+        def unhandled_from(tp: TopicPartition) -> int | None:
+            start = waiting.unhandled_from(tp)
+            return tracker.unhandled_from(tp) if start is None else start
+
+        return LagProbe(
+            self._end_offsets,
+            self._emitter,
+            consumer_name=self.settings.name,
+            group_id=self.settings.group_id,
+            assigned=self._assigned,
+            unhandled_from=unhandled_from,
+            head_due_ms=waiting.head_due_ms,
+            clock=self._clock,
         )
 
     def _make_key_order(self) -> KeyOrder | TierOrder | None:

@@ -86,7 +86,12 @@ class LoopRun:
         self.running = True
         try:
             run_once = self._start()
-            self._emit(Event.CONSUMER_STARTED, group=self.settings.group_id, topics=list(self.settings.topics))
+            self._emit(
+                Event.CONSUMER_STARTED,
+                group=self.settings.group_id,
+                topics=list(self.settings.topics),
+                tier_topics=self._tier_topics(),
+            )
             while not self._stop.is_set():
                 run_once()
         except BaseException as exc:
@@ -99,6 +104,10 @@ class LoopRun:
             self._crashed(exc)
         finally:
             self._shutdown()
+
+    def _tier_topics(self) -> list[str]:
+        """The tier topics among those consumed (a handler's retries, not its first attempts)."""
+        return []
 
     def _emit(self, event: Event, **data: object) -> None:
         self._emitter.emit(event, consumer=self.settings.name, **data)

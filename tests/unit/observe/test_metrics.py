@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import urllib.request
 
 from retrytopics.connectors.embedded import free_port
@@ -29,6 +30,7 @@ def test_events_become_metrics() -> None:
         lateness_ms=(40,),
     )
     emit(Event.RECORD_FAILED, topic="orders", partition=0, offset=2, attempt=1, error="boom")
+    emit(Event.RECORDS_FAILED, topic="orders", partition=0, count=1, lateness_ms=())
     emit(Event.RETRY_SCHEDULED, topic="orders", partition=0, offset=2, destination="orders.b.retry.1s", due_at=5)
     emit(Event.DLQ_DISPATCHED, topic="orders", partition=0, offset=3, destination="orders.b.dlq", reason="poison")
     emit(Event.PARTITION_PAUSED, topic="orders.b.retry.1s", partition=0, until=10)
@@ -142,3 +144,50 @@ def test_failure_sums_become_the_same_metrics() -> None:
     assert _value(hook, "retrytopics_records_retried_total", topic="orders", tier_topic="orders.b.retry.1s") == 5
     assert _value(hook, "retrytopics_lateness_seconds_count", topic="orders.b.retry.1s") == 2
     assert _value(hook, "retrytopics_lateness_seconds_bucket", topic="orders.b.retry.1s", le="0.025") == 1
+
+
+def test_measured_lag_oldest_due_and_first_attempts() -> None:
+    # setup: a tier consumer started; its partition 0 waits on a record due 5 s ago, partition 1 on none
+    hook = PrometheusHook()
+    emit = Emitter([hook]).emit
+    tier = "orders.b.retry.1s"
+    emit(Event.CONSUMER_STARTED, consumer=tier, group=tier, topics=[tier], tier_topics=[tier])
+    due = int(time.time() * 1000) - 5_000
+    emit(Event.LAG_MEASURED, consumer=tier, group=tier, topic=tier, partition=0, lag=4, lag_s=7.5, due_at=due)
+    emit(Event.LAG_MEASURED, consumer=tier, group=tier, topic=tier, partition=1, lag=2, lag_s=0.5, due_at=None)
+    # then: per-partition lag, the topic's sum, and an oldest due age of at least 5 s
+    assert _value(hook, "retrytopics_partition_lag_records", group=tier, topic=tier, partition="0", role="tier") == 4
+    assert _value(hook, "retrytopics_partition_lag_seconds", group=tier, topic=tier, partition="0", role="tier") == 7.5
+    assert _value(hook, "retrytopics_consumer_lag", topic=tier) == 6
+    age = _value(hook, "retrytopics_tier_oldest_due_age_seconds", topic=tier)
+    assert age is not None and 5 <= age < 60
+    # and a source partition measured beside it has lag but no oldest due age
+    emit(Event.LAG_MEASURED, consumer="m", group="b", topic="orders", partition=0, lag=1, lag_s=0.1, due_at=None)
+    assert (
+        _value(hook, "retrytopics_partition_lag_records", group="b", topic="orders", partition="0", role="source") == 1
+    )
+    assert _value(hook, "retrytopics_tier_oldest_due_age_seconds", topic="orders") is None
+    # when: calls on the source and on the tier
+    emit(Event.RECORDS_HANDLED, topic="orders", partition=0, count=3, first_offset=1, last_offset=3, lateness_ms=())
+    emit(Event.RECORDS_FAILED, topic=tier, partition=0, count=2, lateness_ms=(1, 2))
+    # then: only the source's are first attempts (amplification: 5 calls over 3 first attempts)
+    assert _value(hook, "retrytopics_first_attempts_total", topic="orders") == 3
+    assert _value(hook, "retrytopics_first_attempts_total", topic=tier) is None
+    # when: the partition is revoked, its series go (its new owner reports it) and the oldest due age is 0
+    emit(Event.PARTITIONS_REVOKED, consumer=tier, partitions=[(tier, 0)])
+    assert _value(hook, "retrytopics_partition_lag_records", group=tier, topic=tier, partition="0", role="tier") is None
+    assert _value(hook, "retrytopics_tier_oldest_due_age_seconds", topic=tier) == 0
+
+
+def test_failures_by_exception_type_when_asked() -> None:
+    lean, by_type = PrometheusHook(), PrometheusHook(failures_by_exception=True)
+    emitter = Emitter([lean, by_type])
+    assert emitter.wants_each(Event.RECORD_FAILED)  # only because `by_type` asked
+    for error in ("TimeoutError", "TimeoutError", "KeyError"):
+        emitter.emit_each(Event.RECORD_FAILED, topic="orders", partition=0, offset=1, attempt=1, error=error)
+    emitter.emit(Event.RECORDS_FAILED, topic="orders", partition=0, count=3, lateness_ms=())
+    for hook in (lean, by_type):
+        assert _value(hook, "retrytopics_records_failed_total", topic="orders") == 3
+    assert _value(by_type, "retrytopics_handler_failures_total", topic="orders", exception="TimeoutError") == 2
+    assert _value(lean, "retrytopics_handler_failures_total", topic="orders", exception="TimeoutError") is None
+    assert not Emitter([lean]).wants_each(Event.RECORD_FAILED)
