@@ -23,12 +23,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 
 from retrytopics import NonRetryable, Record, RetryApp, RetryPolicy
 from retrytopics.connectors.admin import TopicSpec, committed_offsets, end_offsets, ensure_topics
 from retrytopics.connectors.cluster import KafkaCluster
 from retrytopics.connectors.kafka import make_admin, make_consumer, make_producer
+from retrytopics.core.errors import KafkaClientError
 from retrytopics.core.headers import HeaderDecodeError, decode
 
 __all__ = [
@@ -230,8 +231,17 @@ def freeze_partition_leader(frozen_s: float = 20.0) -> Fault:
     return fault
 
 
-def _partitions(cluster: KafkaCluster, topic: str) -> int:
-    return len(make_admin(cluster.kafka_config()).list_topics(topic, timeout=10).topics[topic].partitions)
+def _partitions(cluster: KafkaCluster, topic: str, timeout_s: float = 60.0) -> int:
+    """`topic`'s partition count, asked again until `timeout_s`: on a loaded machine one metadata request
+    may time out although every node is up."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return len(make_admin(cluster.kafka_config()).list_topics(topic, timeout=10).topics[topic].partitions)
+        except (KafkaException, KeyError):  # the deadline bounds the loop, then the last error is raised
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(0.5)
 
 
 def kill_active_controller(restart_after_s: float = 10.0) -> Fault:
@@ -392,7 +402,10 @@ def _await_accounted(
 def _await_committed(kafka: Any, group: str, source: str, topics: Any, plan: DrillPlan, deadline: float) -> list[str]:
     groups = [(source, group), *[(t.topic, t.topic) for t in topics.tiers]]
     while True:
-        behind = [where for t, g in groups for where in _not_committed_to_end(kafka, g, t, plan)]
+        try:
+            behind = [where for t, g in groups for where in _not_committed_to_end(kafka, g, t, plan)]
+        except KafkaClientError as exc:  # a node just restarted may not answer yet: ask again, within the deadline
+            behind = [f"offsets not read: {exc}"]
         if not behind or time.monotonic() > deadline:
             return behind
         time.sleep(0.5)
