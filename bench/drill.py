@@ -23,13 +23,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 
 from retrytopics import NonRetryable, Record, RetryApp, RetryPolicy
 from retrytopics.connectors.admin import TopicSpec, committed_offsets, end_offsets, ensure_topics
 from retrytopics.connectors.cluster import KafkaCluster
 from retrytopics.connectors.kafka import make_admin, make_consumer, make_producer
+from retrytopics.core.errors import KafkaClientError
 from retrytopics.core.headers import HeaderDecodeError, decode
+from retrytopics.runtime.handoff.transactional import TransactionOutcomeUnknown
 
 __all__ = [
     "DrillPlan",
@@ -100,6 +102,8 @@ class Outcome:
     max_tier_lateness_s: float
     coordinator_killed: bool | None
     app_error: str | None = None  # what stopped the app, or that it would not stop
+    #: times the app was started again after a transaction of unknown outcome (`_Operated`)
+    app_restarts: int = 0
 
     def summary(self) -> str:
         return (
@@ -109,7 +113,7 @@ class Outcome:
             f"duplicate dead letters {sum(self.duplicate_dead_letters.values())}, unplanned dead letters "
             f"{len(self.unplanned_dead_letters)}, committed tier duplicates {sum(self.committed_tier_duplicates.values())}, "
             f"extra handler calls {self.extra_calls}, partitions behind while running {self.uncommitted_while_running} "
-            f"and after the stop {self.uncommitted}, app error: {self.app_error}, "
+            f"and after the stop {self.uncommitted}, app error: {self.app_error}, app restarts: {self.app_restarts}, "
             f"group coordinator killed: {self.coordinator_killed}"
         )
 
@@ -230,8 +234,17 @@ def freeze_partition_leader(frozen_s: float = 20.0) -> Fault:
     return fault
 
 
-def _partitions(cluster: KafkaCluster, topic: str) -> int:
-    return len(make_admin(cluster.kafka_config()).list_topics(topic, timeout=10).topics[topic].partitions)
+def _partitions(cluster: KafkaCluster, topic: str, timeout_s: float = 60.0) -> int:
+    """`topic`'s partition count, asked again until `timeout_s`: on a loaded machine one metadata request
+    may time out although every node is up."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return len(make_admin(cluster.kafka_config()).list_topics(topic, timeout=10).topics[topic].partitions)
+        except (KafkaException, KeyError):  # the deadline bounds the loop, then the last error is raised
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(0.5)
 
 
 def kill_active_controller(restart_after_s: float = 10.0) -> Fault:
@@ -264,31 +277,63 @@ def rolling_restart() -> Fault:
     return fault
 
 
+class _Operated:
+    """The drill's RetryApp as an operator runs it: an app that stopped on a transaction of unknown outcome
+    (exactly-once: a commit given up at its bound; docs/operations.md, "Bounds") is started again under the
+    same instance id, which fences its predecessor's producer, and reads on from the committed offsets. Any
+    other error stops the drill, as before."""
+
+    #: more restarts than this end the drill with the app's error
+    MAX_RESTARTS = 3
+
+    def __init__(self, kafka: Any, group: str, source: str, plan: DrillPlan, ledger: _Ledger) -> None:
+        self._kafka, self._group, self._source, self._plan, self._ledger = kafka, group, source, plan, ledger
+        self.restarts = 0
+        self.current = self._build(plan.app_options.get("instance_id"))
+
+    def _build(self, instance_id: str | None) -> RetryApp:
+        options = {k: v for k, v in self._plan.app_options.items() if k != "instance_id"}
+        app = RetryApp(
+            kafka=self._kafka,
+            group=self._group,
+            exactly_once=self._plan.exactly_once,
+            consumer_overrides=self._plan.consumer_overrides,
+            instance_id=instance_id,
+            **options,
+        )
+        app.handler(
+            self._source, policy=RetryPolicy(delays=list(self._plan.delays)), value_deserializer=lambda d, c: int(d)
+        )(self._ledger.handle)
+        return app
+
+    def restart_if_outcome_unknown(self) -> bool:
+        """Start the app again if it stopped on a transaction of unknown outcome; True if it did."""
+        if not isinstance(self.current.error, TransactionOutcomeUnknown) or self.restarts >= self.MAX_RESTARTS:
+            return False
+        if not self.current.stop(timeout=30):
+            return False
+        self.current = self._build(self.current.instance_id)
+        self.current.start(main=True, tiers="all")
+        self.restarts += 1
+        return True
+
+
 def run_drill(cluster: KafkaCluster, plan: DrillPlan, fault: Fault, *, name: Callable[[str], str]) -> Outcome:
     """Run one drill on `cluster` (left running, every node up, when this returns). `name(stem)` makes the
     topic and group names unique."""
     kafka = cluster.kafka_config()
     source, group = name("drill"), name("drill-app")
     ensure_topics(make_admin(kafka), [TopicSpec(name=source, partitions=plan.partitions)])
-    app = RetryApp(
-        kafka=kafka,
-        group=group,
-        exactly_once=plan.exactly_once,
-        consumer_overrides=plan.consumer_overrides,
-        **plan.app_options,
-    )
     ledger = _Ledger()
-    app.handler(source, policy=RetryPolicy(delays=list(plan.delays)), value_deserializer=lambda d, c: int(d))(
-        ledger.handle
-    )
-    app.provision(partitions=plan.partitions)
-    topics = app.topics(source)
+    app = _Operated(kafka, group, source, plan, ledger)
+    app.current.provision(partitions=plan.partitions)
+    topics = app.current.topics(source)
     dead_letters = _DeadLetters(kafka, topics.dlq, plan.partitions)
     started = threading.Event()
     producer = threading.Thread(target=_produce, args=(kafka, source, plan, ledger, started), daemon=True)
-    app.start(main=True, tiers="all")
+    app.current.start(main=True, tiers="all")
     try:
-        _await_assignment(app, kafka, group, source, plan)
+        _await_assignment(app.current, kafka, group, source, plan)
         producer.start()
         started.wait(30)
         time.sleep(plan.fault_at_s)
@@ -300,10 +345,14 @@ def run_drill(cluster: KafkaCluster, plan: DrillPlan, fault: Fault, *, name: Cal
         producer.join(plan.timeout_s)
         running_behind = _await_accounted(ledger, dead_letters, plan, kafka, group, source, topics, app)
     finally:
-        stopped = app.stop(timeout=30)
+        stopped = app.current.stop(timeout=30)
         dead_letters.close()
     error = (
-        repr(app.error) if app.error is not None else None if stopped else f"did not stop within 30 s: {_stuck(group)}"
+        repr(app.current.error)
+        if app.current.error is not None
+        else None
+        if stopped
+        else f"did not stop within 30 s: {_stuck(group)}"
     )
     uncommitted = _await_committed(kafka, group, source, topics, plan, time.monotonic() + 15)
     tier_copies = _tier_copies(kafka, [t.topic for t in topics.tiers], plan.partitions) if plan.exactly_once else {}
@@ -317,7 +366,7 @@ def run_drill(cluster: KafkaCluster, plan: DrillPlan, fault: Fault, *, name: Cal
         (running_behind, uncommitted),
         None if coordinator is None or killed is None else coordinator == killed,
     )
-    return dataclasses.replace(outcome, app_error=error)
+    return dataclasses.replace(outcome, app_error=error, app_restarts=app.restarts)
 
 
 def _stuck(group: str) -> str:
@@ -374,16 +423,19 @@ def _await_accounted(
     group: str,
     source: str,
     topics: Any,
-    app: RetryApp,
+    app: _Operated,
 ) -> list[str]:
-    """Wait until every id is handled or dead-lettered, then (20 s at most) until every running consumer
-    committed to the end of its topic; returns the partitions still behind."""
+    """Wait until every id is handled or dead-lettered (starting the app again after a transaction of unknown
+    outcome, as an operator does), then (20 s at most) until every running consumer committed to the end of
+    its topic; returns the partitions still behind."""
     planned_dlq = {i for i in range(plan.records) if fate(i) in (NON_RETRYABLE, ALWAYS_FAIL)}
     planned_ok = set(range(plan.records)) - planned_dlq
     deadline = time.monotonic() + plan.timeout_s
     while not (planned_ok <= ledger.succeeded and planned_dlq <= set(dead_letters.copies)):
-        if time.monotonic() > deadline or app.error is not None:
-            return []  # the outcome names what is missing
+        if app.current.error is not None and not app.restart_if_outcome_unknown():
+            return []  # the outcome names what is missing, and the app's error
+        if time.monotonic() > deadline:
+            return []
         time.sleep(0.2)
     # a duplicate still on its way would show up before every offset is committed
     return _await_committed(kafka, group, source, topics, plan, min(deadline, time.monotonic() + 20))
@@ -392,7 +444,10 @@ def _await_accounted(
 def _await_committed(kafka: Any, group: str, source: str, topics: Any, plan: DrillPlan, deadline: float) -> list[str]:
     groups = [(source, group), *[(t.topic, t.topic) for t in topics.tiers]]
     while True:
-        behind = [where for t, g in groups for where in _not_committed_to_end(kafka, g, t, plan)]
+        try:
+            behind = [where for t, g in groups for where in _not_committed_to_end(kafka, g, t, plan)]
+        except KafkaClientError as exc:  # a node just restarted may not answer yet: ask again, within the deadline
+            behind = [f"offsets not read: {exc}"]
         if not behind or time.monotonic() > deadline:
             return behind
         time.sleep(0.5)

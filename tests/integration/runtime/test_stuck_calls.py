@@ -46,14 +46,26 @@ CONSUMER = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
 CALL_BOUND_S = 6.0
 
 
-@pytest.fixture
-def own_broker() -> Iterator[ApacheKafkaBroker]:
+@pytest.fixture(scope="module")
+def module_broker() -> Iterator[ApacheKafkaBroker]:
     with ApacheKafkaBroker() as started:
         try:
             yield started
         finally:
             if started.pid is not None:
                 os.kill(started.pid, signal.SIGCONT)  # a frozen broker would not stop
+
+
+@pytest.fixture
+def own_broker(module_broker: ApacheKafkaBroker) -> Iterator[ApacheKafkaBroker]:
+    """The module's broker, which each test may freeze or kill: one JVM start for the module, not one per
+    test; each test leaves it running and thawed (names are unique per test, so nothing of one test's
+    topics, groups or transactional ids meets another's)."""
+    yield module_broker
+    if module_broker.pid is None:
+        module_broker.start()
+    else:
+        os.kill(module_broker.pid, signal.SIGCONT)
 
 
 class Events:
@@ -67,19 +79,22 @@ class Events:
         return [at for at, e, _ in self.seen if e is event and at >= after]
 
 
-def test_a_frozen_broker_never_holds_an_exactly_once_commit_past_the_call_bound(own_broker: ApacheKafkaBroker) -> None:
+def test_a_frozen_broker_never_holds_an_exactly_once_commit_past_the_call_bound(
+    own_broker: ApacheKafkaBroker, unique_name: Any
+) -> None:
     # setup: exactly-once main consumer; every record fails (to the tier: a first hand-off reads the tier's
     # metadata, so that b's commit is the first call to meet the frozen broker); b's handler waits for the freeze
     kafka = own_broker.kafka_config()
     kit = Kit(kafka)
-    source = kit.create("orders", 1)
+    source = kit.create(unique_name("orders"), 1)
+    group = unique_name("billing")
     events = Events()
     frozen, handled = threading.Event(), threading.Event()
 
     def exactly_once_app() -> RetryApp:
         app = RetryApp(
             kafka=kafka,
-            group="billing",
+            group=group,
             consumer_overrides=CONSUMER,
             exactly_once=True,
             instance_id="replica-1",
@@ -101,7 +116,7 @@ def test_a_frozen_broker_never_holds_an_exactly_once_commit_past_the_call_bound(
     kit.produce(source, [(None, b"a", [])])
     app.start(main=True)
     try:
-        wait_until(lambda: kit.committed("billing", source, 1) == {0: 1}, 60, "record a committed")
+        wait_until(lambda: kit.committed(group, source, 1) == {0: 1}, 60, "record a committed")
         assert app.healthy
         kit.produce(source, [(None, b"b", [])])
         assert handled.wait(30)
@@ -135,7 +150,7 @@ def test_a_frozen_broker_never_holds_an_exactly_once_commit_past_the_call_bound(
             assert app.stop(30)
             app = exactly_once_app()
             app.start(main=True)
-        wait_until(lambda: kit.committed("billing", source, 1) == {0: 2}, 90, "record b's batch committed")
+        wait_until(lambda: kit.committed(group, source, 1) == {0: 2}, 90, "record b's batch committed")
         wait_until(lambda: app.healthy, 30, "the app healthy again")
     finally:
         os.kill(own_broker.pid or 0, signal.SIGCONT)
@@ -146,16 +161,17 @@ def test_a_frozen_broker_never_holds_an_exactly_once_commit_past_the_call_bound(
 
 
 def test_a_frozen_broker_never_holds_the_ownership_question_past_the_call_bound(
-    own_broker: ApacheKafkaBroker,
+    own_broker: ApacheKafkaBroker, unique_name: Any
 ) -> None:
     # setup: at-least-once; record "slow"'s call lasts longer than half the session (3 s), so that the loop
     # then asks the group coordinator (a synchronous commit) whether it still owns the partition
     kafka = own_broker.kafka_config()
     kit = Kit(kafka)
-    source = kit.create("orders", 1)
+    source = kit.create(unique_name("orders"), 1)
+    group = unique_name("billing")
     events = Events()
     frozen, entered = threading.Event(), threading.Event()
-    app = RetryApp(kafka=kafka, group="billing", consumer_overrides=CONSUMER, hooks=[events])
+    app = RetryApp(kafka=kafka, group=group, consumer_overrides=CONSUMER, hooks=[events])
 
     @app.handler(source)
     def handle(record: Record[bytes]) -> None:
@@ -169,7 +185,7 @@ def test_a_frozen_broker_never_holds_the_ownership_question_past_the_call_bound(
     kit.produce(source, [(None, b"a", [])])
     app.start(main=True)
     try:
-        wait_until(lambda: kit.committed("billing", source, 1) == {0: 1}, 60, "record a committed")
+        wait_until(lambda: kit.committed(group, source, 1) == {0: 1}, 60, "record a committed")
         kit.produce(source, [(None, b"slow", [])])
         assert entered.wait(30)
 
@@ -187,23 +203,24 @@ def test_a_frozen_broker_never_holds_the_ownership_question_past_the_call_bound(
 
         # when: the broker wakes up; then: slow's offset is committed
         os.kill(own_broker.pid, signal.SIGCONT)
-        wait_until(lambda: kit.committed("billing", source, 1) == {0: 2}, 90, "record slow committed")
+        wait_until(lambda: kit.committed(group, source, 1) == {0: 2}, 90, "record slow committed")
     finally:
         os.kill(own_broker.pid or 0, signal.SIGCONT)
         assert app.stop(30)
 
 
-def test_a_dead_broker_turns_health_false_until_it_is_back(own_broker: ApacheKafkaBroker) -> None:
+def test_a_dead_broker_turns_health_false_until_it_is_back(own_broker: ApacheKafkaBroker, unique_name: Any) -> None:
     kafka = own_broker.kafka_config()
     kit = Kit(kafka)
-    source = kit.create("orders", 1)
-    app = RetryApp(kafka=kafka, group="billing", consumer_overrides=CONSUMER)
+    source = kit.create(unique_name("orders"), 1)
+    group = unique_name("billing")
+    app = RetryApp(kafka=kafka, group=group, consumer_overrides=CONSUMER)
     app.handler(source)(lambda record: None)
     app.provision()
     kit.produce(source, [(None, b"a", [])])
     app.start(main=True)
     try:
-        wait_until(lambda: kit.committed("billing", source, 1) == {0: 1}, 60, "record a committed")
+        wait_until(lambda: kit.committed(group, source, 1) == {0: 1}, 60, "record a committed")
         assert app.healthy
 
         # when: the broker dies; then: unhealthy once the client reports the assignment lost
@@ -215,7 +232,7 @@ def test_a_dead_broker_turns_health_false_until_it_is_back(own_broker: ApacheKaf
         wait_until(lambda: app.healthy, 60, "the app healthy again")
         kit = Kit(own_broker.kafka_config())
         kit.produce(source, [(None, b"b", [])])
-        wait_until(lambda: kit.committed("billing", source, 1) == {0: 2}, 60, "record b committed")
+        wait_until(lambda: kit.committed(group, source, 1) == {0: 2}, 60, "record b committed")
     finally:
         assert app.stop(30)
 

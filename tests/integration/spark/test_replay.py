@@ -147,15 +147,19 @@ class KilledReplay:
     done: threading.Event = field(default_factory=threading.Event)
 
 
+#: how long the replay's own cold Spark driver may take to write its first records, on a loaded machine
+_FIRST_WRITES_S = 420
+
+
 def _kill_midway(kafka: KafkaConfig, proc: subprocess.Popen[bytes], run: KilledReplay) -> None:
     try:
-        deadline = time.monotonic() + 150
+        deadline = time.monotonic() + _FIRST_WRITES_S
         while len(_replayed(kafka, run.topics.source, "crash")) < run.kill_after:
             if proc.poll() is not None:
                 run.problem = f"the replay ended (status {proc.returncode}) before it could be killed; lower --rate"
                 return
             if time.monotonic() > deadline:
-                run.problem = "the replay wrote nothing in 150 s"
+                run.problem = f"the replay wrote nothing in {_FIRST_WRITES_S} s"
                 return
             time.sleep(0.3)
     finally:
@@ -194,12 +198,13 @@ def killed_replay(kafka: KafkaConfig, tmp_path_factory: pytest.TempPathFactory) 
     watcher.join(30)
 
 
+@pytest.mark.timeout(_FIRST_WRITES_S + 300)  # the driver's boot, then the rerun's job, on a loaded machine
 def test_a_replay_killed_midway_then_rerun_writes_every_record_exactly_once(
     spark: SparkSession, kafka: KafkaConfig, killed_replay: KilledReplay
 ) -> None:
     # setup: the replay process was SIGKILLed after some of its records, and before all of them
     run = killed_replay
-    assert run.done.wait(180), "the killed replay never reached its kill point"
+    assert run.done.wait(_FIRST_WRITES_S + 30), "the killed replay never reached its kill point"
     assert run.problem is None, run.problem
     assert run.written_when_killed is not None and run.kill_after <= run.written_when_killed < run.records
 
