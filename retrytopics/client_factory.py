@@ -131,6 +131,7 @@ class KafkaClientFactory:
     def __init__(self, kafka: KafkaConfig) -> None:
         self.kafka = kafka
         self._admin: Any = None  # confluent-kafka's AdminClient (only connectors/ names its types); on first use
+        self._admin_lock = threading.Lock()  # each consumer thread asks it for its end offsets (runtime/lag.py)
 
     def consumer(self, group_id: str, overrides: Mapping[str, Any]) -> ConsumerPort:
         return KafkaConsumer(self.kafka, group_id=group_id, overrides=overrides)
@@ -175,9 +176,10 @@ class KafkaClientFactory:
         return topic_durability(self._admin_client(), topics, timeout_s=timeout_s)
 
     def _admin_client(self) -> Any:
-        if self._admin is None:
-            self._admin = make_admin(self.kafka)
-        return self._admin
+        with self._admin_lock:
+            if self._admin is None:
+                self._admin = make_admin(self.kafka)
+            return self._admin
 
 
 class MemoryClientFactory:

@@ -144,7 +144,7 @@ def test_a_paused_tier_partitions_lag_moves_when_records_are_added_behind_its_he
 @pytest.fixture(scope="module")
 def prometheus(pipeline: Pipeline) -> Iterator[str]:
     """Debian's Prometheus (scripts/setup.sh), a plain process on a free loopback port, scraping the app every
-    second and loading deploy/alerts.yml; its HTTP API's base address."""
+    3 s and loading deploy/alerts.yml; its HTTP API's base address."""
     binary = shutil.which("prometheus")
     if binary is None:
         pytest.fail("prometheus not found: run scripts/setup.sh (it installs Debian's prometheus)")
@@ -152,7 +152,8 @@ def prometheus(pipeline: Pipeline) -> Iterator[str]:
     with tempfile.TemporaryDirectory(prefix="retrytopics-prometheus-") as home:
         config = Path(home, "prometheus.yml")
         config.write_text(
-            "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+            # a scrape may take seconds on a loaded machine: its timeout is its interval
+            "global: {scrape_interval: 3s, scrape_timeout: 3s, evaluation_interval: 3s}\n"
             f"rule_files: [{json.dumps(str(DEPLOY / 'alerts.yml'))}]\n"
             "scrape_configs:\n"
             f"  - {{job_name: billing, static_configs: [{{targets: ['127.0.0.1:{pipeline.port}']}}]}}\n"
@@ -202,7 +203,7 @@ def _concrete(expr: str) -> str:
     render.py's translation, the one its pictures use); a variable's `label_values(metric, label)` as the PromQL
     that lists those values."""
     found = re.fullmatch(r"label_values\((.*), (\w+)\)", expr)
-    return f"count by ({found[2]}) ({found[1]})" if found else str(_render().concrete(expr))
+    return str(_render().concrete(f"count by ({found[2]}) ({found[1]})" if found else expr))
 
 
 def _render() -> Any:
@@ -225,7 +226,11 @@ def test_prometheus_scrapes_the_app_and_every_dashboard_query_returns_data(pipel
         pending.difference_update({q for q in pending if _query(prometheus, q)})
         return not pending
 
-    wait_until(answered, 90, f"every dashboard query answered: {pending}", interval_s=1)
+    try:
+        wait_until(answered, 90, "every dashboard query answered", interval_s=1)
+    except AssertionError:
+        with urlopen(f"{prometheus}/api/v1/targets", timeout=10) as answer:
+            raise AssertionError(f"unanswered: {sorted(pending)}; targets: {answer.read()[:2000]!r}") from None
     # and the alert rules loaded into a running Prometheus
     with urlopen(f"{prometheus}/api/v1/rules", timeout=10) as answer:
         rules = json.loads(answer.read())["data"]["groups"][0]["rules"]
