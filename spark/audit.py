@@ -16,8 +16,12 @@ What Kafka tells, and so what the numbers mean (docs/spark.md, "Audit definition
 - *Attempts* of a recovered episode = its failures + 1 (the try that succeeded). *Time to recover* =
   last hop's `due_at` − `first_failed_at`: the earliest start of the successful try, a lower bound that is
   tight when tier consumers keep up.
-- A DLQ record is *replayed* when a record on the source or a tier carries `retry.replay_origin_id` equal
-  to its origin id (the replay job writes it).
+- A DLQ record is *replayed* when a record on the source or a tier is proven to be the replay job's copy of
+  it: its `retry.replay_original` names the DLQ record's source record and its `retry.replay_mark` verifies
+  with the keys of its `retry.replay_id` in the replay ledger (spark/ledger.py; with header keys, derived
+  from them too). A lineage header alone (`retry.replay_origin_id`) proves nothing: any writer on the source
+  can set it. A replay id whose ledger entry has no nonce (a release before marks) is trusted without keys,
+  as a rerun trusts it.
 - A key-ordered pipeline (its key-state topic exists) gets a `key_order` section: blocked keys, followers
   and the longest wait behind a head (`retrytopics.spark.key_order`); followers' hops are no episode.
 - With `broker_dlq` (a share group's broker-written DLQ, KIP-1191), its records are dead letters too, of
@@ -47,8 +51,9 @@ from retrytopics.core.naming import TopicSet
 from retrytopics.core.signing import HeaderKeys
 from retrytopics.operator.progress import finish, note, rate
 from retrytopics.spark.broker_dlq import BROKER_KIND, broker_summary, mark_duplicates, with_broker_columns
-from retrytopics.spark.columns import with_retry_columns
+from retrytopics.spark.columns import header_text, with_retry_columns
 from retrytopics.spark.key_order import FOLLOWER_COLUMNS, key_order_lines, key_order_summary, with_follower_columns
+from retrytopics.spark.ledger import REPLAY_ORIGINAL, attributed, replay_mark_keys
 from retrytopics.spark.session import job_step
 
 __all__ = [
@@ -187,13 +192,22 @@ def _counts(facts: list[Row], column: str, *, where: Callable[[Row], bool]) -> d
     return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
+def _with_replay_proof(df: DataFrame, keys_by_id: Mapping[str, tuple[bytes, ...] | None]) -> DataFrame:
+    """`df` (with `headers`, `topic` and `replay_id`) plus `replay_original` (the source record a replayed
+    record stands for) and `replay_proven` (its mark verifies: the module docstring)."""
+    df = df.withColumn("replay_original", header_text(REPLAY_ORIGINAL))
+    proven = attributed(keys_by_id, F.col("replay_id"), F.col("topic"), F.col("replay_original"))
+    return df.withColumn("replay_proven", proven)
+
+
 def _dlq(records: DataFrame, facts: list[Row], topics: TopicSet, broker_dlq: str | None) -> dict[str, Any]:
     in_dlq: Callable[[Row], bool] = lambda r: r.topic in (topics.dlq, broker_dlq)  # noqa: E731
-    dlq = records.where(F.col("kind").isin(*_DEAD))
-    replay_marks = records.where(~F.col("kind").isin(*_DEAD) & F.col("replay_origin_id").isNotNull()).select(
-        F.col("replay_origin_id").alias("origin_message_id")
-    )
-    replayed = dlq.join(replay_marks.distinct(), "origin_message_id", "left_semi").count()
+    partition, offset = F.col("original_partition").cast("string"), F.col("original_offset").cast("string")
+    source_record = F.concat(F.col("original_topic"), F.lit("-"), partition, F.lit("-"), offset)  # as the replay
+    dlq = records.where(F.col("kind").isin(*_DEAD)).withColumn("source_record", source_record)
+    copies = records.where(~F.col("kind").isin(*_DEAD) & F.col("replay_proven"))
+    proven = copies.select(F.col("replay_original").alias("source_record")).distinct()
+    replayed = dlq.join(proven, "source_record", "left_semi").count()
     total = sum(r.records for r in facts if not r.coarse and in_dlq(r))
     return {
         "records": total,
@@ -315,7 +329,8 @@ def audit(
     read = pipeline_records(
         spark, kafka, topics, now_ms=now_ms, grace_ms=grace_ms, kafka_format=kafka_format, broker_dlq=broker_dlq
     )
-    read = with_follower_columns(read).drop("key", "value", "headers").cache()
+    read = _with_replay_proof(with_follower_columns(read), replay_mark_keys(kafka, topics.dlq, header_keys))
+    read = read.drop("key", "value", "headers").cache()
     every = mark_duplicates(read).cache() if broker_dlq else read.withColumn("duplicate_of", F.lit(None).cast("string"))
     records = every.where(F.col("duplicate_of").isNull())
     eps = episodes(records)

@@ -37,19 +37,21 @@ from retrytopics.connectors.admin import TopicSpec, ensure_topics
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.kafka import make_admin, make_consumer, make_producer, map_kafka_errors
 from retrytopics.connectors.spark_kafka import kafka_options, read_kafka
-from retrytopics.core.errors import KafkaClientError, PublishError
+from retrytopics.core.errors import ConfigError, KafkaClientError, PublishError
 from retrytopics.core.headers import REPLAY_ID
-from retrytopics.core.signing import mark_verifies, replay_mark
+from retrytopics.core.signing import HeaderKeys, mark_verifies, replay_mark, started_mark_keys
 from retrytopics.spark.columns import header_text
 
 __all__ = [
     "REPLAY_MARK",
     "REPLAY_ORIGINAL",
     "append",
+    "attributed",
     "ledger_topic",
     "mark_header",
     "partition_counts",
     "read_entries",
+    "replay_mark_keys",
     "watermarks",
     "written_by",
 ]
@@ -176,10 +178,54 @@ def append(kafka: KafkaConfig, dlq: str, replay_id: str, entry: Mapping[str, Any
 
 def read_entries(kafka: KafkaConfig, dlq: str, replay_id: str, *, timeout_s: float = 30.0) -> list[dict[str, Any]]:
     """Every ledger entry of `replay_id`, oldest first (read to the end of the log)."""
+    return [entry for key, entry in _read_ledger(kafka, dlq, timeout_s) if key == replay_id.encode()]
+
+
+def replay_mark_keys(
+    kafka: KafkaConfig, dlq: str, header_keys: HeaderKeys | None, *, timeout_s: float = 30.0
+) -> dict[str, tuple[bytes, ...] | None]:
+    """Per replay id of the ledger, the keys its marks verify with (`started_mark_keys` of its first `started`
+    entry; None: a release before marks, trusted as a rerun trusts it). A replay id whose entry cannot be
+    checked with `header_keys` (no nonce, or a malformed one) is left out: none of its marks is proven."""
+    first: dict[str, dict[str, Any]] = {}
+    for key, entry in _read_ledger(kafka, dlq, timeout_s):
+        if entry.get("event") == "started":
+            first.setdefault(key.decode("utf-8", "replace"), entry)
+    out: dict[str, tuple[bytes, ...] | None] = {}
+    for replay_id, entry in first.items():
+        try:
+            out[replay_id] = started_mark_keys(entry, header_keys)
+        except ConfigError:
+            continue
+    return out
+
+
+def attributed(
+    keys_by_id: Mapping[str, tuple[bytes, ...] | None], replay_id: Column, topic: Column, source_record: Column
+) -> Column:
+    """True when the record's `retry.replay_mark` attributes it to `replay_id` writing `source_record` on `topic`
+    (`keys_by_id`: `replay_mark_keys`); never NULL. The keys travel inside the function, never as literals."""
+    keys = dict(keys_by_id)
+
+    def check(replay_id: Any, topic: Any, source_record: Any, mark: Any) -> bool:
+        if replay_id is None or source_record is None or replay_id not in keys:
+            return False
+        known = keys[replay_id]
+        if known is None:
+            return True
+        given = None if mark is None else str(mark).encode("utf-8", "surrogatepass")
+        return mark_verifies(known, str(replay_id), str(topic), str(source_record), given)
+
+    mark = header_text(REPLAY_MARK)
+    return F.udf(check, BooleanType(), useArrow=False)(replay_id, topic, source_record, mark)
+
+
+def _read_ledger(kafka: KafkaConfig, dlq: str, timeout_s: float) -> list[tuple[bytes, dict[str, Any]]]:
+    """Every ledger entry with its key (a replay id), oldest first (read to the end of the log)."""
     topic = ledger_topic(dlq)
     # A short fetch wait: the end of the log is signalled by an empty fetch, which otherwise takes 500 ms.
     consumer = make_consumer(kafka, group_id=None, overrides={"enable.partition.eof": True, "fetch.wait.max.ms": 10})
-    entries: list[dict[str, Any]] = []
+    entries: list[tuple[bytes, dict[str, Any]]] = []
     try:
         with map_kafka_errors():
             if topic not in consumer.list_topics(timeout=timeout_s).topics:
@@ -195,9 +241,14 @@ def read_entries(kafka: KafkaConfig, dlq: str, replay_id: str, *, timeout_s: flo
                 if error.code() == KafkaError._PARTITION_EOF:
                     return entries
                 raise KafkaClientError(f"reading {topic}: {error}", code=error.name())
-            value = message.value()
-            if message.key() == replay_id.encode() and value is not None:
-                entries.append(json.loads(value))
+            key, value = message.key(), message.value()
+            if key is not None and value is not None:
+                try:
+                    entry = json.loads(value)
+                except ValueError:
+                    continue  # not ours: nothing in it is trusted
+                if isinstance(entry, dict):
+                    entries.append((key, entry))
         raise KafkaClientError(f"reading {topic}: no end of log within {timeout_s}s", code="TIMED_OUT")
     finally:
         consumer.close()

@@ -69,7 +69,8 @@ def commit(kafka: KafkaConfig, group: str, topic: str, offset: int) -> None:
 
 def build_pipeline(kafka: KafkaConfig, source: str) -> TopicSet:
     """Episodes (origin offsets): 0 recovered in tier 0; 1 recovered in tier 1; 2 exhausted to the DLQ;
-    3 non-retryable straight to the DLQ, then replayed (source offset 6); 4 stuck in tier 0 (overdue);
+    3 non-retryable straight to the DLQ, then claimed replayed by source offset 6, whose lineage headers a
+    plain producer wrote (no ledger entry, no `retry.replay_mark`: not proven); 4 stuck in tier 0 (overdue);
     5 in flight in tier 1 (not due yet)."""
     topics = topics_for(source, "billing", (1_000, 10_000))
     t0, t1 = topics.tiers
