@@ -196,6 +196,8 @@ def _with_replay_proof(df: DataFrame, keys_by_id: Mapping[str, tuple[bytes, ...]
     """`df` (with `headers`, `topic` and `replay_id`) plus `replay_original` (the source record a replayed
     record stands for) and `replay_proven` (its mark verifies: the module docstring)."""
     df = df.withColumn("replay_original", header_text(REPLAY_ORIGINAL))
+    if not keys_by_id:  # no replay ever started: nothing to prove, and no Python function over every record
+        return df.withColumn("replay_proven", F.lit(False))
     proven = attributed(keys_by_id, F.col("replay_id"), F.col("topic"), F.col("replay_original"))
     return df.withColumn("replay_proven", proven)
 
