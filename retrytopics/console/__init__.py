@@ -71,7 +71,7 @@ def serve(
     import uvicorn
 
     from retrytopics.console.reader import PipelineReader
-    from retrytopics.console.web import create_app
+    from retrytopics.console.web import create_app, is_loopback
     from retrytopics.operator.ops import pipeline_topics
 
     reader = PipelineReader(kafka=kafka, pipeline=pipeline, topics=pipeline_topics(pipeline), grace_ms=grace_ms)
@@ -83,7 +83,7 @@ def serve(
         app, host=options.host, port=port, log_level="warning", access_log=False, server_header=False, log_config=None
     )
     server = uvicorn.Server(config)
-    if options.host not in ("127.0.0.1", "localhost", "::1"):
+    if not is_loopback(options.host):
         logging.getLogger("retrytopics.console").warning(
             "the console listens on %s: whoever reaches that address sees the DLQ's records", options.host
         )
