@@ -53,10 +53,12 @@ class SparkReplay:
 
     def progress(self) -> str:
         """The job's progress line, as `retrytopics replay` draws it on a terminal."""
-        from retrytopics.spark.session import job_status
-
         end = self.finished_s if self.finished_s is not None else time.monotonic()
-        status = job_status() if self.state == "running" else None
+        status = None
+        if self.state == "running":  # imported only once the job's thread has imported Spark: two threads
+            from retrytopics.spark.session import job_status  # importing pyspark at once can see it half-made
+
+            status = job_status()
         return render_status(self.step, end - self.started_s, status)
 
 
