@@ -315,14 +315,33 @@ def delivery_error(err: KafkaError, topic: str) -> PublishError:
     return PublishError(topic, err.str(), code=err.name(), retriable=err.retriable(), fatal=err.fatal())
 
 
-def open_tail(kafka: KafkaConfig, topic: str, partitions: int, *, last: int) -> Consumer:
+#: errors of a watermark query that a partition just created, or whose leader just moved, answers for a moment
+_LEADERSHIP_SETTLING = frozenset(
+    {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART}
+)
+
+
+def open_tail(kafka: KafkaConfig, topic: str, partitions: int, *, last: int, timeout_s: float = 10.0) -> Consumer:
     """An assign()-only consumer (no group, no commits) positioned `last` records before the end of each
-    partition of `topic`."""
+    partition of `topic`. A partition without a known leader yet (just created, or its leader moving) is
+    asked again until `timeout_s`."""
     consumer = make_consumer(kafka, group_id=None)
+    deadline = time.monotonic() + timeout_s
     assignment = []
     with map_kafka_errors():
         for partition in range(partitions):
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10, cached=False)
+            low, high = _watermarks_once_led(consumer, TopicPartition(topic, partition), deadline)
             assignment.append(TopicPartition(topic, partition, max(low, high - last)))
         consumer.assign(assignment)
     return consumer
+
+
+def _watermarks_once_led(consumer: Consumer, tp: TopicPartition, deadline: float) -> tuple[int, int]:
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(tp, timeout=max(0.1, deadline - time.monotonic()), cached=False)
+            return int(low), int(high)
+        except KafkaException as exc:
+            if exc.args[0].code() not in _LEADERSHIP_SETTLING or time.monotonic() + 0.1 >= deadline:
+                raise
+            time.sleep(0.1)
