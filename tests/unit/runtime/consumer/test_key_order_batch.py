@@ -230,6 +230,12 @@ def test_many_records_of_one_key_in_one_poll_cut_the_call_and_followers_wait_beh
     dead_head=st.sampled_from(["release", "dead_letter"]),
     max_blocked_keys=st.sampled_from([1, 2, 1_000]),
 )
+@example(  # record 9 dead-lettered as blocked_by_key in a tier; 12 handled on the main consumer once committed
+    scenario=([0, None, None, None, None, None, 3, 2, 1, 2, 1, 0, 2, 2], [0, 0, 0, 99, 99, 0, 2, 99, 0, 0, 0, 0, 0, 0]),
+    batch_size=4,
+    dead_head="dead_letter",
+    max_blocked_keys=1,
+)
 def test_a_batch_handler_keeps_every_key_in_source_order_with_exactly_once(
     scenario: tuple[list[int | None], list[int]], batch_size: int, dead_head: str, max_blocked_keys: int
 ) -> None:
