@@ -7,7 +7,9 @@ per record through `BatchFailed`) and dead letters, any batch size, and both `de
 
 - a call never holds two records of one key;
 - for every key, no record is handled before every earlier record of its key is terminal (handled
-  successfully, or in the DLQ);
+  successfully, or committed in the DLQ: what a read_committed reader of the DLQ sees when the call starts,
+  not when `on_dead_letter` runs, which with exactly-once is after the commit, on the thread that committed,
+  while another consumer may already have released the key);
 - every record is accounted for: handled successfully, or in the DLQ once with its reason: `exhausted` for
   those that always fail, `blocked_by_key` only under `dead_letter`, never handled, behind one of its key's
   exhausted records (one that always fails may be either); records with a null key are handled or
@@ -18,6 +20,7 @@ per record through `BatchFailed`) and dead letters, any batch size, and both `de
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from hypothesis import HealthCheck, example, given, settings
@@ -39,13 +42,18 @@ ALWAYS = 99  # a record that always fails: dead-lettered as exhausted after its 
 class CallLedger:
     """Every batch call (the records it held) and every outcome, in the order they happened."""
 
-    def __init__(self, failures: dict[int, int]) -> None:
+    def __init__(self, failures: dict[int, int], committed_dead_letters: Callable[[], set[int]]) -> None:
         self.lock = threading.Lock()
         self.failures = failures  # record number -> how many times its handler fails
+        self.committed_dead_letters = committed_dead_letters  # read_committed, as a reader of the DLQ sees it
         self.attempts: dict[int, int] = {}
         self.calls: list[list[tuple[bytes | None, int]]] = []
-        #: (what, record number): ok, fail or dlq
+        #: (what, record number): ok, fail, or dlq (seen committed in the DLQ before a call)
         self.events: list[tuple[str, int]] = []
+        self.announced: list[int] = []  # `on_dead_letter` calls
+        #: (dead-lettered record, record): its `on_dead_letter` returns once that record was handled
+        self.hold_announcement: tuple[int, int] | None = None
+        self.handled = threading.Condition(self.lock)
         #: the most open chains a partition had (`key_order.blocked` events)
         self.most_blocked = 0
 
@@ -58,6 +66,8 @@ class CallLedger:
     def handle(self, records: list[Record[bytes]]) -> None:
         failed: list[tuple[Record[bytes], BaseException]] = []
         with self.lock:
+            seen = {n for what, n in self.events if what == "dlq"}
+            self.events += [("dlq", n) for n in sorted(self.committed_dead_letters() - seen)]
             self.calls.append([(r.key, int(r.value)) for r in records])
             for r in records:
                 n = int(r.value)
@@ -65,12 +75,17 @@ class CallLedger:
                 if attempt <= self.failures[n]:
                     failed.append((r, RuntimeError(f"record {n} fails ({attempt})")))
                 self.events.append(("fail" if attempt <= self.failures[n] else "ok", n))
+            self.handled.notify_all()
         if failed:
             raise BatchFailed(failed)
 
     def dead_lettered(self, record: Record[bytes], route: Any) -> None:
         with self.lock:
-            self.events.append(("dlq", int(record.value)))
+            n = int(record.value)
+            self.announced.append(n)
+            if self.hold_announcement is not None and self.hold_announcement[0] == n:
+                waited_for = self.hold_announcement[1]
+                self.handled.wait_for(lambda: ("ok", waited_for) in self.events, timeout=30)
 
 
 def dead_letters(broker: MemoryBroker, app: RetryApp) -> dict[int, str]:
@@ -90,11 +105,19 @@ def run_app(
     dead_head: str,
     max_blocked_keys: int = 1_000,
     exactly_once: bool = False,
+    hold_announcement: tuple[int, int] | None = None,
 ) -> tuple[CallLedger, dict[int, str]]:
-    """Records 0..n-1 (`keys[n]`: key `k<keys[n]>`, or none) in one batch-handler app until each is terminal."""
+    """Records 0..n-1 (`keys[n]`: key `k<keys[n]>`, or none) in one batch-handler app until each is terminal;
+    `hold_announcement` (m, n): the `on_dead_letter` call of record m returns only once n was handled."""
     broker = MemoryBroker()
     broker.create_topics(["orders"], PARTITIONS)
-    ledger = CallLedger(dict(enumerate(failures)))
+    app: RetryApp | None = None
+
+    def committed_dead_letters() -> set[int]:
+        return set() if app is None else {int(m.value or b"") for m in broker.records(app.topics("orders").dlq)}
+
+    ledger = CallLedger(dict(enumerate(failures)), committed_dead_letters)
+    ledger.hold_announcement = hold_announcement
     app = RetryApp(
         kafka=KafkaConfig(bootstrap="127.0.0.1:9"),
         group="billing",
@@ -122,7 +145,9 @@ def run_app(
     finally:
         assert app.stop(30)
     assert app.error is None
-    return ledger, dead_letters(broker, app)
+    dlq = dead_letters(broker, app)
+    assert sorted(ledger.announced) == sorted(dlq), "on_dead_letter runs once for each committed dead letter"
+    return ledger, dlq
 
 
 def check(keys: list[int | None], failures: list[int], dead_head: str, ledger: CallLedger, dlq: dict[int, str]) -> None:
@@ -205,6 +230,12 @@ def test_many_records_of_one_key_in_one_poll_cut_the_call_and_followers_wait_beh
     dead_head=st.sampled_from(["release", "dead_letter"]),
     max_blocked_keys=st.sampled_from([1, 2, 1_000]),
 )
+@example(  # record 9 dead-lettered as blocked_by_key in a tier; 12 handled on the main consumer once committed
+    scenario=([0, None, None, None, None, None, 3, 2, 1, 2, 1, 0, 2, 2], [0, 0, 0, 99, 99, 0, 2, 99, 0, 0, 0, 0, 0, 0]),
+    batch_size=4,
+    dead_head="dead_letter",
+    max_blocked_keys=1,
+)
 def test_a_batch_handler_keeps_every_key_in_source_order_with_exactly_once(
     scenario: tuple[list[int | None], list[int]], batch_size: int, dead_head: str, max_blocked_keys: int
 ) -> None:
@@ -214,3 +245,18 @@ def test_a_batch_handler_keeps_every_key_in_source_order_with_exactly_once(
     ledger, dlq = run_app(keys, failures, batch_size, dead_head, max_blocked_keys, exactly_once=True)
     check(keys, failures, dead_head, ledger, dlq)
     assert ledger.most_blocked <= max_blocked_keys
+
+
+def test_with_exactly_once_a_follower_released_by_a_dead_letter_runs_once_it_is_committed_not_announced() -> None:
+    """Key 3's head (record 9) always fails; key 1's record 11 cannot open a second chain (`max_blocked_keys=1`),
+    so partition 1 waits until the tier's dead letter of 9 closes key 3's chain, and the main consumer, which
+    learns that from the committed passage, then handles 11 and 12 itself. 9's `on_dead_letter` runs after the
+    tier's commit, on the tier's thread: here it returns only once 12 was handled, so 12 runs before 9 is
+    announced (a ledger that counted a dead letter terminal at its announcement saw an inversion there), yet
+    after the dead letter was committed, which is what the guarantee is about."""
+    keys: list[int | None] = [0, 0, None, None, 0, 0, None, 0, None, 3, None, 1, 3, None, None, None]
+    failures = [0] * len(keys)
+    failures[9] = ALWAYS
+    ledger, dlq = run_app(keys, failures, 2, "release", 1, exactly_once=True, hold_announcement=(9, 12))
+    check(keys, failures, "release", ledger, dlq)
+    assert ledger.events.index(("dlq", 9)) < ledger.events.index(("ok", 12)), "9 was committed before 12 ran"
