@@ -243,12 +243,14 @@ class KafkaCluster:
 
     # -- who leads ------------------------------------------------------------------------------------------
 
-    def leader_of(self, topic: str, partition: int, *, timeout_s: float = 10.0) -> int:
-        """The node id leading `topic`'s `partition` (asked of the running nodes)."""
+    def leader_of(self, topic: str, partition: int, *, timeout_s: float = 30.0) -> int:
+        """The node id leading `topic`'s `partition` (asked of the running nodes, each ask bounded so that one
+        node still busy after the previous fault cannot use the whole deadline)."""
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                meta = self._admin().list_topics(topic, timeout=timeout_s).topics.get(topic)
+                ask_s = max(0.5, min(3.0, deadline - time.monotonic()))
+                meta = self._admin().list_topics(topic, timeout=ask_s).topics.get(topic)
             except Exception:  # noqa: BLE001 - a node just frozen or restarting may not answer; the deadline bounds it
                 meta = None
             if meta is not None and partition in meta.partitions and meta.partitions[partition].leader > 0:

@@ -1,10 +1,11 @@
-""".ci/run, CI's entry point, runs the README's test command and then the slow failover set, both always, and
-exits non-zero when either failed (pytest's 5, no test collected, counts as a failure); each step is named on
+""".ci/run, CI's entry point, runs the README's test command and then, with RETRYTOPICS_CI_FAILOVER=1, the slow
+failover set, both whatever the other did, and exits non-zero when either failed (pytest's 5, no test collected, counts as a failure); each step is named on
 `ci:` lines with its exit status and time. Run on a copy of the script beside a README whose test command and
 a `.venv/bin/pytest` stand-in exit as told (no broker, no pytest run)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -15,7 +16,9 @@ CI_RUN = Path(__file__).resolve().parents[2] / ".ci" / "run"
 SLOW_COMMAND = ".venv/bin/pytest -q -m slow tests/integration/failover"
 
 
-def _run_ci(tmp_path: Path, test_exit: int, slow_exit: int) -> subprocess.CompletedProcess[str]:
+def _run_ci(
+    tmp_path: Path, test_exit: int, slow_exit: int, *, failover: bool = True
+) -> subprocess.CompletedProcess[str]:
     (tmp_path / ".ci").mkdir()
     shutil.copy(CI_RUN, tmp_path / ".ci" / "run")
     (tmp_path / "README.md").write_text(f"# x\n\n**Test:** `echo the-test-command; exit {test_exit}`\n")
@@ -23,8 +26,11 @@ def _run_ci(tmp_path: Path, test_exit: int, slow_exit: int) -> subprocess.Comple
     pytest_stand_in.parent.mkdir(parents=True)
     pytest_stand_in.write_text(f'#!/usr/bin/env bash\necho "slow set: $*"\nexit {slow_exit}\n')
     pytest_stand_in.chmod(0o755)
+    env = {key: value for key, value in os.environ.items() if key != "RETRYTOPICS_CI_FAILOVER"}
+    if failover:
+        env["RETRYTOPICS_CI_FAILOVER"] = "1"
     return subprocess.run(
-        ["bash", str(tmp_path / ".ci" / "run")], capture_output=True, text=True, timeout=60, check=False
+        ["bash", str(tmp_path / ".ci" / "run")], capture_output=True, text=True, timeout=60, check=False, env=env
     )
 
 
@@ -49,3 +55,12 @@ def test_ci_runs_both_steps_and_fails_when_either_fails(
     assert ci_lines[4].startswith("ci: total time ")
     assert ci_lines[-1] == "ci: passed" or not passed
     assert ("pytest collected no tests" in done.stderr) is (5 in (test_exit, slow_exit))
+
+
+@pytest.mark.parametrize("test_exit", [0, 1])
+def test_without_the_switch_only_the_readme_command_runs_and_decides(tmp_path: Path, test_exit: int) -> None:
+    done = _run_ci(tmp_path, test_exit, slow_exit=1, failover=False)
+
+    assert (done.returncode == 0) is (test_exit == 0), done.stdout + done.stderr
+    assert "slow set:" not in done.stdout
+    assert "ci: failover (slow set, 3-node cluster): not run (RETRYTOPICS_CI_FAILOVER=1 runs it" in done.stdout
