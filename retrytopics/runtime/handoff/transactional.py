@@ -259,15 +259,7 @@ class TransactionalPublisher:
         `init_transactions` ends that transaction (the epoch bump fences it), so that a read_committed read of
         what it wrote (key order's rebuild after an abort) does not wait for the broker to time it out. Not
         started (the broker does not answer): the next transaction tries again."""
-        if self._producer is not None or self._open:
-            return
-        try:
-            self._producer = self._start(self._timeout_s)
-        except KafkaClientError as exc:
-            log.warning(
-                "%s: the new producer did not start (%s); the next transaction tries again", self._consumer, exc
-            )
-            self._failing = exc
+        if self._producer is not None or self._open or not self._start_next():
             return
         self._emitter.emit(Event.PRODUCER_RECREATED, consumer=self._consumer, error=str(self._failing))
 
@@ -396,6 +388,11 @@ class TransactionalPublisher:
         log.error("transactional producer failed (%s); replacing it (its open transaction is aborted)", text)
         self._emitter.emit(Event.PRODUCER_RECREATED, consumer=self._consumer, error=text)
         self._drop_producer()
+        self._start_next()
+
+    def _start_next(self) -> bool:
+        """Start the next producer; False (kept as the failure) when the broker does not answer: the next
+        transaction tries again."""
         try:
             self._producer = self._start(self._timeout_s)
         except KafkaClientError as exc:
@@ -403,6 +400,8 @@ class TransactionalPublisher:
                 "%s: the new producer did not start (%s); the next transaction tries again", self._consumer, exc
             )
             self._failing = exc
+            return False
+        return True
 
     def flush(self, timeout_s: float) -> bool:
         return True
