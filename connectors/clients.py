@@ -63,8 +63,12 @@ def _tps(partitions: Sequence[CKTopicPartition]) -> list[TopicPartition]:
     return [(p.topic, p.partition) for p in partitions]
 
 
-def _ck(offsets: Mapping[TopicPartition, int]) -> list[CKTopicPartition]:
-    return [CKTopicPartition(topic, partition, offset) for (topic, partition), offset in offsets.items()]
+def _ck(
+    offsets: Mapping[TopicPartition, int], marks: Mapping[TopicPartition, str] | None = None
+) -> list[CKTopicPartition]:
+    if not marks:
+        return [CKTopicPartition(topic, partition, offset) for (topic, partition), offset in offsets.items()]
+    return [CKTopicPartition(tp[0], tp[1], offset, marks.get(tp)) for tp, offset in offsets.items()]
 
 
 _new_message = tuple.__new__
@@ -198,6 +202,7 @@ class KafkaConsumer:
         # Without a callback, librdkafka drops the outcome of an asynchronous commit: a zombie's refused
         # commit (its session lapsed and the group moved on) would leave no trace at all.
         self._failed_commits: dict[TopicPartition, int] = {}  # filled by the callback, inside consume()
+        self._marks: dict[TopicPartition, str] = {}  # the metadata of later commits (`mark_commits`)
         with_callback = {"on_commit": self._commit_reported, **(overrides or {})}
         self._consumer: Consumer = make_consumer(kafka, group_id=group_id, overrides=with_callback)
         merged = {**kafka.consumer_config(), **(overrides or {})}
@@ -344,9 +349,9 @@ class KafkaConsumer:
             return
         with map_kafka_errors():
             if asynchronous:
-                self._consumer.commit(offsets=_ck(offsets), asynchronous=True)
+                self._consumer.commit(offsets=_ck(offsets, self._marks), asynchronous=True)
             else:
-                self._consumer.commit(offsets=_ck(offsets), asynchronous=False)
+                self._consumer.commit(offsets=_ck(offsets, self._marks), asynchronous=False)
 
     def _commit_reported(self, err: KafkaError | None, partitions: list[CKTopicPartition]) -> None:
         if _log_failed_commit(err, partitions):
@@ -355,6 +360,14 @@ class KafkaConsumer:
     def failed_commits(self) -> dict[TopicPartition, int]:
         failed, self._failed_commits = self._failed_commits, {}
         return failed
+
+    def committed_metadata(self, tps: Sequence[TopicPartition], timeout_s: float) -> dict[TopicPartition, str]:
+        with map_kafka_errors():
+            found = self._consumer.committed([CKTopicPartition(t, p) for t, p in tps], timeout=timeout_s)
+        return {(p.topic, p.partition): p.metadata or "" for p in found if p.error is None and p.offset >= 0}
+
+    def mark_commits(self, marks: Mapping[TopicPartition, str]) -> None:
+        self._marks.update(marks)
 
     def group_metadata(self) -> object:
         with map_kafka_errors():

@@ -393,6 +393,14 @@ class _LockedConsumer:
         with self._written:
             return self._consumer.failed_commits()
 
+    def committed_metadata(self, tps: Sequence[TopicPartition], timeout_s: float) -> dict[TopicPartition, str]:
+        with self._written:
+            return self._consumer.committed_metadata(tps, timeout_s)
+
+    def mark_commits(self, marks: Mapping[TopicPartition, str]) -> None:
+        with self._written:
+            self._consumer.mark_commits(marks)
+
     def group_metadata(self) -> object:
         with self._written:
             return self._consumer.group_metadata()

@@ -225,6 +225,11 @@ class MemoryBroker:
         """The group's committed offsets (the next offset to read, per partition)."""
         return dict(self._group(group_id).committed)
 
+    def reset_offsets(self, group_id: str, offsets: Mapping[TopicPartition, int]) -> None:
+        """Set the group's committed offsets as an operator's tool does (`kafka-consumer-groups --reset-offsets`,
+        with no metadata); the group should have no members, as the tool requires."""
+        self._group(group_id).store(offsets)
+
     # -- clients -----------------------------------------------------------------------------------------
 
     def consumer(
@@ -414,6 +419,7 @@ class _Group:
         self._broker = broker
         self.group_id = group_id
         self.committed: dict[TopicPartition, int] = {}
+        self.metadata: dict[TopicPartition, str] = {}  # of each committed offset ("" when none was given)
         self.members: dict[str, MemoryConsumer] = {}  # in join order
         self.generation = 0
         self.to_revoke: set[str] = set()
@@ -459,9 +465,10 @@ class _Group:
                 plan[member] += [(topic, p) for p in range(lo, hi)]
         return plan
 
-    def store(self, offsets: Mapping[TopicPartition, int]) -> None:
+    def store(self, offsets: Mapping[TopicPartition, int], marks: Mapping[TopicPartition, str] | None = None) -> None:
         for tp, offset in offsets.items():
             self.committed[tp] = offset
+            self.metadata[tp] = (marks or {}).get(tp, "")
             self._broker.journal.append(("committed", self.group_id, tp[0], tp[1], offset))
 
 
@@ -498,6 +505,7 @@ class MemoryConsumer:
         self._closed = False
         self._rotation = 0
         self._callbacks: tuple[PartitionsCallback, PartitionsCallback, PartitionsCallback] | None = None
+        self._marks: dict[TopicPartition, str] = {}  # the metadata of this member's commits
         self._stale: list[Message] = []
         #: asynchronous commits the group refused (an expelled member's): librdkafka only logs them
         self.refused_commits: list[dict[TopicPartition, int]] = []
@@ -595,12 +603,19 @@ class MemoryConsumer:
             self._failing_commits -= 1
             self._failed_commits.update(offsets)
             return
-        self._group.store(offsets)
+        self._group.store(offsets, self._marks)
 
     def failed_commits(self) -> dict[TopicPartition, int]:
         """The offsets of asynchronous commits that failed since the last call (`ConsumerPort.failed_commits`)."""
         failed, self._failed_commits = self._failed_commits, {}
         return failed
+
+    def committed_metadata(self, tps: Sequence[TopicPartition], timeout_s: float) -> dict[TopicPartition, str]:
+        self._check_open()
+        return {tp: self._group.metadata.get(tp, "") for tp in tps if tp in self._group.committed}
+
+    def mark_commits(self, marks: Mapping[TopicPartition, str]) -> None:
+        self._marks.update(marks)
 
     def group_metadata(self) -> object:
         return GroupMetadata(self._group.group_id, self._member_id or "", self._generation)

@@ -122,11 +122,12 @@ def record_digest(key: bytes | None, value: bytes | None) -> bytes:
 
 class HandOffs:
     """Hops found downstream: the audit keys of the last `capacity` of them (an LRU, as `DuplicateAudit`),
-    each with the digests of the key and value its copies carry (`record_digest`)."""
+    each with the digests of the key and value its copies carry (`record_digest`) and when each copy was
+    written (the latest, for a digest found twice)."""
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         self.capacity = _checked_capacity(capacity)
-        self._hops: OrderedDict[AuditKey, frozenset[bytes]] = OrderedDict()
+        self._hops: OrderedDict[AuditKey, dict[bytes, int]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._hops)
@@ -134,11 +135,16 @@ class HandOffs:
     def __contains__(self, key: AuditKey) -> bool:
         return key in self._hops
 
-    def remember(self, key: AuditKey, digest: bytes) -> None:
-        self._hops[key] = self._hops.pop(key, frozenset()) | {digest}
+    def remember(self, key: AuditKey, digest: bytes, written_ms: int = -1) -> None:
+        """A hop with `key`, carrying `digest`, written at `written_ms` (-1: its timestamp is unknown)."""
+        copies = self._hops.pop(key, None) or {}
+        copies[digest] = max(written_ms, copies.get(digest, -1))
+        self._hops[key] = copies
         while len(self._hops) > self.capacity:
             self._hops.popitem(last=False)
 
-    def carries(self, key: AuditKey, digest: bytes) -> bool:
-        """Whether a hop with `key` carrying the key and value of `digest` was found."""
-        return digest in self._hops.get(key, ())
+    def carries(self, key: AuditKey, digest: bytes, since_ms: int = 0) -> bool:
+        """Whether a hop with `key` carrying the key and value of `digest` was found, written at `since_ms`
+        or later (`since_ms` 0: whenever it was written, its timestamp known or not)."""
+        written = self._hops.get(key, {}).get(digest)
+        return written is not None and (since_ms <= 0 or written >= since_ms)

@@ -104,6 +104,13 @@ class ConsumerPort(Protocol):
         """The offsets of asynchronous commits that failed since the last call (the client reports them
         later, served in `consume`), for the caller to commit again."""
 
+    def committed_metadata(self, tps: Sequence[TopicPartition], timeout_s: float) -> dict[TopicPartition, str]:
+        """The metadata of the group's committed offset of each of `tps` that has one ("" when it carries
+        none); a partition with no committed offset is left out."""
+
+    def mark_commits(self, marks: Mapping[TopicPartition, str]) -> None:
+        """The metadata every later commit of these partitions carries (core/commit_marks.py)."""
+
     def group_metadata(self) -> object: ...
 
     def close(self) -> None: ...

@@ -159,6 +159,12 @@ class BoundedCommits:
     def failed_commits(self) -> dict[TopicPartition, int]:
         return self._consumer.failed_commits()
 
+    def committed_metadata(self, tps: Sequence[TopicPartition], timeout_s: float) -> dict[TopicPartition, str]:
+        return self._consumer.committed_metadata(tps, timeout_s)
+
+    def mark_commits(self, marks: Mapping[TopicPartition, str]) -> None:
+        self._consumer.mark_commits(marks)
+
     def group_metadata(self) -> object:
         return self._consumer.group_metadata()
 

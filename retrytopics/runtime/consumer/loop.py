@@ -162,7 +162,12 @@ class ConsumerLoop(LoopRun):
         check = OwnershipCheck(consumer, self._tracker, committed_only=handoff.commits_in_transactions)
         ownership = self._guard = OwnershipGuard(check, emit, name=s.name, stop=stop, monotonic=clock.monotonic)
         duplicates = DuplicateCheck(
-            self._bindings, tail_reader=self._tail_reader, seed_last=s.seed_last, seed_timeout_s=s.seed_timeout_s
+            self._bindings,
+            tail_reader=self._tail_reader,
+            seed_last=s.seed_last,
+            seed_timeout_s=s.seed_timeout_s,
+            marks=consumer,
+            clock=clock,
         )
         stage = RecordStage(
             self._bindings,

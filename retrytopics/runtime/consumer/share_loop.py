@@ -159,6 +159,12 @@ class _NoPartitions:
     def failed_commits(self) -> dict[TopicPartition, int]:
         return {}
 
+    def committed_metadata(self, tps: Sequence[TopicPartition], timeout_s: float) -> dict[TopicPartition, str]:
+        self._refuse()
+
+    def mark_commits(self, marks: Mapping[TopicPartition, str]) -> None:
+        self._refuse()
+
     def group_metadata(self) -> object:
         self._refuse()
 

@@ -16,6 +16,13 @@ assign()-only and read_committed, and remembers their keys with a digest of thei
 (`dedupe.HandOffs`); a record whose hand-off is among them, carrying its own key and value (or the
 `too_large` reference it would make), is suppressed, neither handled nor handed off.
 
+**An operator's reset.** Seeding must not suppress records an operator sent the group back to on purpose
+(`kafka-consumer-groups --reset-offsets`): their earlier hops are downstream, and would make every one of them
+look handed off. Every offset this library commits carries its mark (core/commit_marks.py); at assignment the
+loop reads the metadata of each partition's committed offset, and where someone else committed it, hops
+written before that moment are not recognised for that partition's records (its seed floor), now or by any
+later owner (the floor rides on every later commit of the partition).
+
 Cost per assignment: at most `seed_last` x (tiers + 1) x partitions-per-destination records read, inside the
 rebalance callback (so before any record of the assigned partitions), and never longer than `seed_timeout_s`.
 A hand-off older than that tail is not recognised: the record is handled again (at-least-once, never lost).
@@ -32,7 +39,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Protocol
 
+from retrytopics.core.commit_marks import MARK_PREFIX, commit_mark, seed_floor
 from retrytopics.core.dedupe import HandOffs, audit_key, hand_off_key, record_digest
 from retrytopics.core.errors import HeaderDecodeError, KafkaClientError
 from retrytopics.core.headers import RetryHeaders, decode, decode_lineage
@@ -40,10 +49,11 @@ from retrytopics.core.offsets import TopicPartition
 from retrytopics.core.ports import Message
 from retrytopics.core.router import origin_message_id, too_large_reference_record
 from retrytopics.core.signing import HeaderKeys, verify
+from retrytopics.runtime.clock import SYSTEM_CLOCK, Clock
 from retrytopics.runtime.records.calls import Binding
 from retrytopics.runtime.records.outcome import Duplicate
 
-__all__ = ["DuplicateCheck", "TailReader", "destinations", "seed", "verified_tails"]
+__all__ = ["CommitMarks", "DuplicateCheck", "TailReader", "destinations", "seed", "seed_floors", "verified_tails"]
 
 log = logging.getLogger("retrytopics.runtime")
 
@@ -101,35 +111,90 @@ def seed(hand_offs: HandOffs, read: TailReader, topics: Sequence[str], *, last: 
         return 0
     for msg in tail:
         try:
-            hand_offs.remember(audit_key(decode(list(msg.headers))), record_digest(msg.key, msg.value))
+            hand_offs.remember(
+                audit_key(decode(list(msg.headers))), record_digest(msg.key, msg.value), msg.timestamp_ms
+            )
         except HeaderDecodeError:
             continue  # not a hop this library wrote
     log.debug("seeded the hand-off audit from %d records of %s", len(tail), topics)
     return len(tail)
 
 
+class CommitMarks(Protocol):
+    """The consumer's side of the commit marks (core/ports.py, `ConsumerPort`)."""
+
+    def committed_metadata(self, tps: Sequence[TopicPartition], timeout_s: float) -> dict[TopicPartition, str]: ...
+
+    def mark_commits(self, marks: Mapping[TopicPartition, str]) -> None: ...
+
+
+def seed_floors(
+    marks: CommitMarks, tps: Sequence[TopicPartition], *, now_ms: int, timeout_s: float
+) -> dict[TopicPartition, int]:
+    """Each partition's seed floor, read from the metadata of its committed offset, and marked on the
+    consumer for its later commits. A failed read takes `now_ms` for every partition: hops found are not
+    trusted, so their records are handled again (at-least-once) rather than maybe skipped after a reset."""
+    try:
+        committed: Mapping[TopicPartition, str | None] = marks.committed_metadata(tps, timeout_s)
+    except KafkaClientError as exc:
+        log.warning(
+            "could not read the committed offsets of %s (%s): hand-offs found downstream are not trusted for "
+            "their records, which are handled again",
+            tps,
+            exc,
+        )
+        committed = dict.fromkeys(tps, "")
+    floors = {tp: seed_floor(committed.get(tp), now_ms) for tp in tps}
+    marks.mark_commits({tp: commit_mark(floor) for tp, floor in floors.items()})
+    for tp, floor in floors.items():
+        if floor and not (committed.get(tp) or "").startswith(MARK_PREFIX):  # found now, not carried by a mark
+            log.info(
+                "%s[%d]: its committed offset was set outside this library (an offset reset?): hand-offs written "
+                "before %d are not taken for those of its records",
+                tp[0],
+                tp[1],
+                floor,
+            )
+    return floors
+
+
 class DuplicateCheck:
     """The hand-offs found downstream of one loop's partitions at assignment, and the `Duplicate` outcomes."""
 
     def __init__(
-        self, bindings: Mapping[str, Binding], *, tail_reader: TailReader | None, seed_last: int, seed_timeout_s: float
+        self,
+        bindings: Mapping[str, Binding],
+        *,
+        tail_reader: TailReader | None,
+        seed_last: int,
+        seed_timeout_s: float,
+        marks: CommitMarks | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._bindings = bindings
         self._tail_reader = tail_reader  # None: no seeding (module docstring)
         self._seed_last = seed_last
         self._seed_timeout_s = seed_timeout_s
+        self._marks = marks  # None: every hop found counts (no group offsets to read)
+        self._clock = clock
+        self._floors: dict[TopicPartition, int] = {}
         self._handed_off = HandOffs()
 
     def seed(self, tps: list[TopicPartition]) -> None:
         """Partitions were assigned: remember the hand-offs already downstream of them."""
-        if self._tail_reader is not None:
-            seed(
-                self._handed_off,
-                self._tail_reader,
-                destinations(self._bindings, tps),
-                last=self._seed_last,
-                timeout_s=self._seed_timeout_s,
+        if self._tail_reader is None:
+            return
+        if self._marks is not None and tps:
+            self._floors.update(
+                seed_floors(self._marks, tps, now_ms=self._clock.now_ms(), timeout_s=self._seed_timeout_s)
             )
+        seed(
+            self._handed_off,
+            self._tail_reader,
+            destinations(self._bindings, tps),
+            last=self._seed_last,
+            timeout_s=self._seed_timeout_s,
+        )
 
     @property
     def seeded(self) -> bool:
@@ -147,11 +212,12 @@ class DuplicateCheck:
             return False
         if msg.key is not None and self._bindings[msg.topic].ordering is not None:
             return False  # key order must see what became of it: handled again (see the module docstring)
-        if self._handed_off.carries(key, record_digest(msg.key, msg.value)):
+        floor = self._floors.get(msg.tp, 0)
+        if self._handed_off.carries(key, record_digest(msg.key, msg.value), floor):
             return True
         # a hop refused as too large even without exception details carries a reference instead of the record
         reference = too_large_reference_record(msg.topic, msg.partition, msg.offset, msg.key, msg.value)
-        return self._handed_off.carries(key, record_digest(*reference))
+        return self._handed_off.carries(key, record_digest(*reference), floor)
 
     def duplicate(self, msg: Message, state: RetryHeaders | None, *, downstream: bool) -> Duplicate:
         if state is None:

@@ -10,6 +10,10 @@ Guarantees:
 - without it, the behaviour docs/operations.md states holds (WRITE on the DLQ is WRITE on the app's fate):
   offset 4 is taken for handed off and finished without a call, counted as a suppressed duplicate;
 - `retrytopics topics create` says so on stderr, and says when no header_key is set.
+
+An operator's offset reset is not a forgery but looks like one to the seeding: the group is sent back over
+records whose hops are downstream. Every record from the reset on is handled again, none suppressed
+(core/commit_marks.py).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 
 from retrytopics import Record, RetryApp, RetryPolicy
 from retrytopics.connectors.config import KafkaConfig
@@ -101,6 +106,51 @@ def test_a_forged_dlq_record_and_the_source_record_it_names(
     else:  # the documented behaviour without a key: offset 4 is taken for handed off, never handled
         assert sorted(handled) == [0, 1, 2, 3, 5]
         assert app.stats.duplicates_suppressed == 1
+
+
+def test_after_an_operator_resets_the_group_every_record_is_handled_again_none_suppressed(
+    kafka: KafkaConfig,
+    kit: Kit,
+    unique_name: Callable[[str], str],
+    consumer_overrides: dict[str, Any],
+    apps: list[RetryApp],
+) -> None:
+    # setup: six source records; the first run fails the odd offsets (hops to the tier) and commits them all
+    source = kit.create(unique_name("orders"), 1)
+    group = unique_name("billing")
+    handled: list[tuple[int, int]] = []
+    lock = threading.Lock()
+
+    def run(number: int) -> RetryApp:
+        app = RetryApp(kafka=kafka, group=group, consumer_overrides=consumer_overrides)
+        apps.append(app)
+
+        @app.handler(source, policy=RetryPolicy(delays=["1h"]))
+        def handle(record: Record[bytes]) -> None:
+            with lock:
+                handled.append((number, record.offset))
+            if number == 1 and record.offset % 2:
+                raise RuntimeError("the first run fails the odd offsets")
+
+        app.provision()
+        app.start(main=True)
+        wait_until(lambda: kit.committed(group, source, 1) == {0: RECORDS}, 60, f"run {number} committed all")
+        assert app.stop()
+        return app
+
+    kit.produce(source, [(None, f"v{i}".encode(), []) for i in range(RECORDS)])
+    first = run(1)
+    assert len(kit.read_all(first.topics(source).tiers[0].topic)) == RECORDS // 2
+
+    # when: the operator sends the group back to the start, as kafka-consumer-groups --reset-offsets does
+    admin = kit.admin
+    reset = admin.alter_consumer_group_offsets([ConsumerGroupTopicPartitions(group, [TopicPartition(source, 0, 0)])])
+    reset[group].result(30)
+    second = run(2)
+
+    # then: every record is handled again, the ones handed off before the reset too
+    assert sorted(offset for number, offset in handled if number == 2) == list(range(RECORDS))
+    assert second.stats.duplicates_suppressed == 0
 
 
 def test_topics_create_says_who_may_write_the_tiers_and_the_dlq(

@@ -9,10 +9,14 @@ failed read seeds nothing rather than stopping the consumer.
 from __future__ import annotations
 
 import json
+import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+
+import pytest
 
 from retrytopics.connectors.serde import bytes_value
+from retrytopics.core.commit_marks import commit_mark
 from retrytopics.core.dedupe import HandOffs, audit_key, hand_off_key, record_digest
 from retrytopics.core.errors import KafkaClientError, NonRetryable
 from retrytopics.core.headers import decode
@@ -23,7 +27,7 @@ from retrytopics.core.ports import Message
 from retrytopics.core.router import InboundRecord, RouteContext, route
 from retrytopics.runtime.handoff.publish import PublishJob, too_large_fallback
 from retrytopics.runtime.records.calls import Binding
-from retrytopics.runtime.records.duplicates import DuplicateCheck, destinations, seed
+from retrytopics.runtime.records.duplicates import DuplicateCheck, destinations, seed, seed_floors
 
 POLICY = RetryPolicy(delays=["1s", "5s"])
 CTX = RouteContext(policy=POLICY, topics=topics_for("orders", "billing", POLICY.tier_delays_ms), group="billing")
@@ -173,3 +177,46 @@ def test_a_keyed_record_of_a_key_ordered_handler_is_never_suppressed_as_found_do
     ordered = check(KeyOrdering())
     assert not ordered.was_handed_off(source, None, None)
     assert ordered.was_handed_off(Message("orders", 0, 43, NOW, None, b"w", ()), None, None)
+
+
+def test_a_hop_written_before_a_partitions_seed_floor_is_not_taken_for_its_records_hop() -> None:
+    hand_offs = HandOffs()
+    key = ("orders", 0, 7, NOW, 0, 1)
+    hand_offs.remember(key, b"d", NOW - 10)
+    assert hand_offs.carries(key, b"d") and hand_offs.carries(key, b"d", NOW - 10)
+    assert not hand_offs.carries(key, b"d", NOW)  # written before the reset: the record is handled again
+    hand_offs.remember(key, b"d", NOW + 5)  # a second copy, written after it
+    assert hand_offs.carries(key, b"d", NOW)
+    hand_offs.remember(("orders", 0, 8, NOW, 0, 1), b"d")  # no timestamp: only counts without a floor
+    assert hand_offs.carries(("orders", 0, 8, NOW, 0, 1), b"d")
+    assert not hand_offs.carries(("orders", 0, 8, NOW, 0, 1), b"d", NOW)
+
+
+class _Marks:
+    def __init__(self, committed: dict[tuple[str, int], str] | None) -> None:
+        self.committed, self.marked = committed, {}
+
+    def committed_metadata(self, tps: Sequence[tuple[str, int]], timeout_s: float) -> dict[tuple[str, int], str]:
+        if self.committed is None:
+            raise KafkaClientError("coordinator gone", code="_TRANSPORT")
+        return {tp: m for tp, m in self.committed.items() if tp in tps}
+
+    def mark_commits(self, marks: Mapping[tuple[str, int], str]) -> None:
+        self.marked.update(marks)
+
+
+def test_seed_floors_read_the_committed_metadata_and_mark_later_commits() -> None:
+    ours, reset, fresh = ("orders", 0), ("orders", 1), ("orders", 2)
+    marks = _Marks({ours: commit_mark(0), reset: ""})  # partition 2 has no committed offset
+    floors = seed_floors(marks, [ours, reset, fresh], now_ms=NOW, timeout_s=1.0)
+    assert floors == {ours: 0, reset: NOW, fresh: 0}
+    assert marks.marked == {ours: commit_mark(0), reset: commit_mark(NOW), fresh: commit_mark(0)}
+    # a later owner reads the floor the reset set, whenever it starts
+    assert seed_floors(_Marks({reset: commit_mark(NOW)}), [reset], now_ms=NOW + 99, timeout_s=1.0) == {reset: NOW}
+
+
+def test_when_the_committed_offsets_cannot_be_read_no_hop_found_is_trusted(caplog: pytest.LogCaptureFixture) -> None:
+    marks = _Marks(None)
+    with caplog.at_level(logging.WARNING):
+        assert seed_floors(marks, [("orders", 0)], now_ms=NOW, timeout_s=1.0) == {("orders", 0): NOW}
+    assert "could not read the committed offsets" in caplog.text
