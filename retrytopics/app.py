@@ -106,7 +106,7 @@ class RetryApp:
     (docs/headers.md, *Trust*). The key never appears in a repr, log line or error.
     `clients` is where every consumer, producer, tail read and `provision()` step comes from (default: Kafka
     clients for `kafka`, made at each `start`/`provision`); `clients=MemoryClientFactory(broker)` runs the
-    whole app on the in-memory broker, for fast tests (retrytopics/client_factory.py).
+    whole app on the in-memory broker, for fast tests (`retrytopics.testing`).
     `consumer="share"` makes the main consumer a member of a share group named `group` (Kafka queues, KIP-932:
     any number of consumers on one partition, each record acknowledged on its own; docs/share-groups.md), for
     every handled topic: one app, one main consumer, and Kafka keeps a group id to one kind of group. Tier

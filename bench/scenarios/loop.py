@@ -1,5 +1,5 @@
 """0. The runtime's own cost per record, without a broker: the consumer loop on the in-memory broker
-(`retrytopics/memory.py`) against a plain loop over the same in-memory consumer, in this process.
+(`retrytopics/testing/broker.py`) against a plain loop over the same in-memory consumer, in this process.
 
 A broker run mixes the runtime's CPU with the client's fetches and the broker sharing two cores; this one
 measures only what retrytopics adds per record, so that a change to the loop shows as a change here. Both
@@ -23,11 +23,11 @@ from retrytopics.core.naming import topics_for
 from retrytopics.core.policy import RetryPolicy
 from retrytopics.core.record import Record
 from retrytopics.core.router import RouteContext
-from retrytopics.memory import MemoryBroker
 from retrytopics.observe.events import Emitter, Event, LoggingHook, StatsCollector
 from retrytopics.runtime.consumer.loop import ConsumerLoop
 from retrytopics.runtime.consumer.settings import LoopSettings
 from retrytopics.runtime.records.calls import Binding
+from retrytopics.testing import MemoryBroker
 
 NAME = "0.loop"
 BATCH = 500

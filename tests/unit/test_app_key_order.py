@@ -7,11 +7,10 @@ from typing import Any
 import pytest
 
 from retrytopics import ConfigError, DeadHeadPolicy, KafkaConfig, KeyOrdering, Record, RetryApp, RetryPolicy
-from retrytopics.client_factory import MemoryClientFactory
 from retrytopics.connectors.admin import ProvisionOutcome, TopicSpec
-from retrytopics.memory import MemoryBroker
 from retrytopics.operator.config import load_settings
 from retrytopics.operator.preflight import app_pipeline
+from retrytopics.testing import MemoryBroker, MemoryClientFactory
 
 POLICY = RetryPolicy(delays=["5s", "30s"])
 

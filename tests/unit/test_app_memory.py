@@ -19,14 +19,13 @@ from typing import Any
 import pytest
 
 from retrytopics import RetryApp, RetryPolicy
-from retrytopics.client_factory import MemoryClientFactory
 from retrytopics.connectors.admin import ProvisionOutcome
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.core.headers import DlqReason, RetryHeaders, decode
 from retrytopics.core.ports import Message, TopicPartition
 from retrytopics.core.record import Record
-from retrytopics.memory import MemoryBroker
 from retrytopics.observe.events import Event
+from retrytopics.testing import MemoryBroker, MemoryClientFactory
 
 IDS = [f"id-{i:02d}" for i in range(40)]
 FLAKY = {"id-03", "id-10", "id-17", "id-28", "id-35"}  # fail on their first call only

@@ -2,7 +2,8 @@
 
 - `core/` (the pure core) imports only the standard library and the core;
 - `observe/` imports the standard library, the core and itself (and its metrics library, the `metrics` extra);
-- the in-memory broker (`memory.py`) is as pure as the core it stands behind the ports of;
+- the in-memory broker (`testing/broker.py`) is as pure as the core it stands behind the ports of;
+- no layer imports `testing/` (the in-memory broker and test helpers): the product never runs on its fakes;
 - the runtime may add tenacity and the I/O ports, never a Kafka client, and nothing of the operator's side;
 - only the operator's side (`operator/`, `console/`, and the Spark jobs the operator's commands run and whose
   progress lines and reports are the operator's) imports `operator/` or `console/`;
@@ -29,8 +30,10 @@ INSTALLED_AS = {
     "spark": "retrytopics.spark",
     "pyspark_retrytopics": "pyspark_retrytopics",
 }
-ROOT_MODULES = {"__init__", "app", "errors", "registry", "client_factory", "memory", "testing"}
-LAYERS = {"core", "observe", "operator", "runtime", "console"}
+ROOT_MODULES = {"__init__", "app", "errors", "registry", "client_factory"}
+LAYERS = {"core", "observe", "operator", "runtime", "console", "testing"}
+#: the in-memory broker: what it imports, the core may
+MEMORY_BROKER = ("testing/broker.py",)
 OPERATOR_SIDE = {"retrytopics.operator", "retrytopics.console"}
 CLIENT_LIBRARIES = {"confluent_kafka", "fastavro", "pyspark"}
 METRICS_LIBRARY = "prometheus_client"
@@ -89,9 +92,17 @@ def test_observe_imports_only_the_standard_library_the_core_and_itself(path: Pat
         )
 
 
-def test_the_in_memory_broker_is_as_pure_as_the_core() -> None:
-    for module in _imports(PACKAGE / "memory.py"):
-        assert module.split(".")[0] in STDLIB or _in(module, {"retrytopics.core"}), f"memory.py imports {module}"
+@pytest.mark.parametrize("name", MEMORY_BROKER)
+def test_the_in_memory_broker_is_as_pure_as_the_core(name: str) -> None:
+    for module in _imports(PACKAGE / name):
+        assert module.split(".")[0] in STDLIB or _in(module, {"retrytopics.core"}), f"{name} imports {module}"
+
+
+@pytest.mark.parametrize("layer", sorted(LAYERS - {"testing"}))
+def test_no_layer_imports_the_in_memory_broker_or_the_test_helpers(layer: str) -> None:
+    for path in _layer(layer):
+        imported = {m for m in _imports(path) if _in(m, {"retrytopics.testing"})}
+        assert not imported, f"{path.relative_to(ROOT)} imports {imported}"
 
 
 def test_runtime_imports_no_client_library_and_nothing_of_the_operator_side() -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from retrytopics.core.errors import KafkaClientError, PublishError
 from retrytopics.core.ports import TopicPartition
-from retrytopics.memory import MemoryBroker, MemoryConsumer
+from retrytopics.testing import MemoryBroker, MemoryConsumer
 
 TP: TopicPartition = ("orders", 0)
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from retrytopics.core.errors import KafkaClientError
 from retrytopics.core.ports import AckType, Message
-from retrytopics.memory import MemoryBroker, ShareRecordState
+from retrytopics.testing import MemoryBroker, ShareRecordState
 
 TOPIC = "orders"
 

@@ -36,6 +36,18 @@ def test_wheel_maps_the_repository_folders_into_the_namespace(wheel: zipfile.Zip
     assert not any(n.startswith(("connectors/", "spark/", "schemas/", "tests/")) for n in names)
 
 
+def test_wheel_ships_every_package_of_the_repository(wheel: zipfile.ZipFile) -> None:
+    """pyproject.toml lists the packages one by one: a new folder left off the list installs without its
+    modules, and the app fails to import from the wheel alone."""
+    installed_as = {"retrytopics": "retrytopics", "connectors": "retrytopics/connectors", "spark": "retrytopics/spark"}
+    installed_as["pyspark_retrytopics"] = "pyspark_retrytopics"
+    names = set(wheel.namelist())
+    for folder, prefix in installed_as.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            inside = init.relative_to(ROOT / folder).as_posix()
+            assert f"{prefix}/{inside}" in names, f"{folder}/{inside}: add its package to pyproject.toml"
+
+
 def test_wheel_ships_every_avro_schema(wheel: zipfile.ZipFile) -> None:
     in_repo = {p.name for p in (ROOT / "schemas").glob("*.avsc")}
     in_wheel = {Path(n).name for n in wheel.namelist() if n.startswith("retrytopics/schemas/") and n.endswith(".avsc")}

@@ -1,4 +1,4 @@
-"""The in-memory broker (`retrytopics/memory.py`) and Apache Kafka agree on what the runtime relies on.
+"""The in-memory broker (`retrytopics/testing/broker.py`) and Apache Kafka agree on what the runtime relies on.
 
 One set of scenarios, run on both through the ports (`MemoryConsumer`/`MemoryProducer` and
 `KafkaConsumer`/`KafkaProducer`), asserting the same observable outcomes:
@@ -34,8 +34,8 @@ from retrytopics.core.policy import RetryPolicy
 from retrytopics.core.ports import ConsumerPort, Message, ProducerPort, TopicPartition, consume_runs, message_of
 from retrytopics.core.record import Record
 from retrytopics.core.router import RouteContext
-from retrytopics.memory import MemoryBroker
 from retrytopics.runtime.records.calls import Binding, build_record
+from retrytopics.testing import MemoryBroker
 
 from .conftest import Kit
 

@@ -1,4 +1,4 @@
-"""The in-memory share group (`retrytopics/memory.py`) and Apache Kafka 4.4.0 agree on what the share-group
+"""The in-memory share group (`retrytopics/testing/broker.py`) and Apache Kafka 4.4.0 agree on what the share-group
 consumer relies on. The same scenarios run on both through `ShareConsumerPort` (`MemoryShareConsumer` and
 `connectors.share.KafkaShareConsumer`) and must observe the same outcome:
 
@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from retrytopics.core.ports import AckType, Message, ShareConsumerPort
-from retrytopics.memory import MemoryBroker
+from retrytopics.testing import MemoryBroker
 
 from .conftest import ShareKit
 

@@ -14,7 +14,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from retrytopics import ConfigError, KafkaConfig, RetryApp
-from retrytopics.client_factory import MemoryClientFactory
 from retrytopics.core.ports import ProducerPort
 from retrytopics.core.transactions import (
     CALL_TIMEOUT_MS,
@@ -22,7 +21,7 @@ from retrytopics.core.transactions import (
     default_instance_id,
     transaction_timeout_ms,
 )
-from retrytopics.memory import MemoryBroker
+from retrytopics.testing import MemoryBroker, MemoryClientFactory
 
 KAFKA = KafkaConfig(bootstrap="127.0.0.1:9")
 

@@ -20,7 +20,6 @@ import pytest
 import tenacity
 
 from retrytopics import KafkaConfig, RetryApp
-from retrytopics.client_factory import MemoryClientFactory
 from retrytopics.connectors.serde import bytes_value
 from retrytopics.core.dedupe import DuplicateAudit
 from retrytopics.core.headers import RetryHeaders, decode
@@ -29,13 +28,13 @@ from retrytopics.core.policy import RetryPolicy
 from retrytopics.core.ports import ConsumerPort, Message
 from retrytopics.core.record import Record
 from retrytopics.core.router import InboundRecord, RouteContext, route
-from retrytopics.memory import MemoryBroker, MemoryConsumer
 from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.consumer.loop import ConsumerLoop
 from retrytopics.runtime.consumer.settings import LoopSettings
 from retrytopics.runtime.handoff import base
 from retrytopics.runtime.handoff.publish import Publisher
 from retrytopics.runtime.records.calls import Binding
+from retrytopics.testing import MemoryBroker, MemoryClientFactory, MemoryConsumer
 
 POLICY = RetryPolicy(delays=["5s"])
 GROUP = "billing"

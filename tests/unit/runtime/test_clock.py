@@ -12,8 +12,8 @@ from retrytopics.core.headers import decode
 from retrytopics.core.naming import topics_for
 from retrytopics.core.policy import RetryPolicy
 from retrytopics.core.router import RouteContext
-from retrytopics.memory import MemoryBroker
 from retrytopics.observe.events import Event
+from retrytopics.testing import MemoryBroker
 
 from .kit import GROUP, Ledger, StopWhen, build_loop, committed_all, fill, new_broker, run, tier_record
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from retrytopics.core.offsets import TopicPartition
-from retrytopics.memory import MemoryClock
 from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.lag import LagProbe
+from retrytopics.testing import MemoryClock
 
 
 class Pending:

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections import Counter
 
 from retrytopics.core.headers import decode
-from retrytopics.memory import MemoryBroker
 from retrytopics.observe.events import Event
+from retrytopics.testing import MemoryBroker
 
 from ..kit import DLQ, TIER, Ledger, StopWhen, build_loop, committed_all, hand_offs, new_broker, run, tier_record
 

@@ -27,10 +27,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from retrytopics import BatchFailed, KafkaConfig, KeyOrdering, Record, RetryApp, RetryPolicy
-from retrytopics.client_factory import MemoryClientFactory
 from retrytopics.core.headers import decode
-from retrytopics.memory import MemoryBroker
 from retrytopics.observe.events import Event
+from retrytopics.testing import MemoryBroker, MemoryClientFactory
 
 from ..kit import eventually
 

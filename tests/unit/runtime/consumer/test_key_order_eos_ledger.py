@@ -19,11 +19,10 @@ from typing import Any
 import pytest
 
 from retrytopics import KafkaConfig, KeyOrdering, NonRetryable, Record, RetryApp
-from retrytopics.client_factory import MemoryClientFactory
 from retrytopics.core.headers import decode
 from retrytopics.core.key_order import decode_follower
-from retrytopics.memory import MemoryBroker
 from retrytopics.observe.events import Event
+from retrytopics.testing import MemoryBroker, MemoryClientFactory
 
 from ..kit import eventually
 from .test_key_order_ledger import (

@@ -18,11 +18,10 @@ from typing import Any
 import pytest
 
 from retrytopics import KafkaConfig, KeyOrdering, Record, RetryApp, RetryPolicy
-from retrytopics.client_factory import MemoryClientFactory
 from retrytopics.core.headers import decode
-from retrytopics.memory import MemoryBroker
 from retrytopics.observe.events import Event
 from retrytopics.observe.metrics import PrometheusHook
+from retrytopics.testing import MemoryBroker, MemoryClientFactory
 
 from ..kit import eventually
 

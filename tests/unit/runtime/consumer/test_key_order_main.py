@@ -25,7 +25,6 @@ from collections.abc import Callable
 from typing import Any
 
 from retrytopics import BatchFailed
-from retrytopics.client_factory import MemoryClientFactory
 from retrytopics.connectors.serde import bytes_value
 from retrytopics.core.dedupe import DuplicateAudit
 from retrytopics.core.errors import KafkaClientError
@@ -43,7 +42,6 @@ from retrytopics.core.key_order import (
 )
 from retrytopics.core.ports import Message
 from retrytopics.core.record import Record
-from retrytopics.memory import MemoryBroker
 from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.consumer.loop import ConsumerLoop
 from retrytopics.runtime.consumer.settings import LoopSettings
@@ -51,6 +49,7 @@ from retrytopics.runtime.records.calls import Binding
 from retrytopics.runtime.records.key_state import KeyStateReader
 from retrytopics.runtime.records.ordering import PARKED_PER_PARTITION
 from retrytopics.runtime.records.ownership import OwnershipGuard
+from retrytopics.testing import MemoryBroker, MemoryClientFactory
 
 from ..kit import CTX, DLQ, GROUP, TIER, StopWhen, run
 

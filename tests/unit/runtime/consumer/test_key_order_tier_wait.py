@@ -16,10 +16,9 @@ from collections import Counter
 import pytest
 
 from retrytopics import KafkaConfig, KeyOrdering, Record, RetryApp, RetryPolicy
-from retrytopics.client_factory import MemoryClientFactory
 from retrytopics.core.offsets import TopicPartition
 from retrytopics.core.ports import Message
-from retrytopics.memory import MemoryBroker, MemoryConsumer
+from retrytopics.testing import MemoryBroker, MemoryClientFactory, MemoryConsumer
 
 from ..kit import eventually
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from retrytopics.memory import MemoryBroker
 from retrytopics.runtime.consumer import lifecycle
+from retrytopics.testing import MemoryBroker
 
 from ..kit import stuck_app
 

@@ -1,4 +1,4 @@
-"""The consumer loop's own logic, on the in-memory broker (`retrytopics/memory.py`).
+"""The consumer loop's own logic, on the in-memory broker (`retrytopics/testing/broker.py`).
 
 Guarantees, each asserted on topic contents, decoded retry headers, committed offsets and a per-id ledger:
 

@@ -25,7 +25,6 @@ from typing import Any
 import pytest
 
 from retrytopics import KafkaConfig, RetryApp
-from retrytopics.client_factory import MemoryClientFactory
 from retrytopics.connectors.serde import json_value
 from retrytopics.core.dedupe import DuplicateAudit
 from retrytopics.core.errors import ConfigError
@@ -33,11 +32,11 @@ from retrytopics.core.headers import DlqReason
 from retrytopics.core.naming import topics_for
 from retrytopics.core.record import Record
 from retrytopics.core.router import RouteContext
-from retrytopics.memory import MemoryBroker, MemoryShareConsumer, ShareRecordState
 from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.consumer.settings import LoopSettings
 from retrytopics.runtime.consumer.share_loop import ShareConsumerLoop, handling_order
 from retrytopics.runtime.records.calls import Binding
+from retrytopics.testing import MemoryBroker, MemoryClientFactory, MemoryShareConsumer, ShareRecordState
 
 from ..kit import CTX, DLQ, GROUP, TIER, Ledger, StopWhen, eventually, hand_offs, new_broker
 

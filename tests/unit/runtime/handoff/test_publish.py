@@ -15,10 +15,10 @@ from retrytopics.core.headers import DlqReason, Header
 from retrytopics.core.naming import topics_for
 from retrytopics.core.policy import RetryPolicy
 from retrytopics.core.router import InboundRecord, RouteContext, RouteKind, route
-from retrytopics.memory import MemoryBroker
 from retrytopics.observe.events import Emitter
 from retrytopics.runtime.handoff.publish import Publisher, PublishJob, too_large_fallback
 from retrytopics.runtime.handoff.transactional import TransactionalPublisher
+from retrytopics.testing import MemoryBroker
 
 CTX = RouteContext(policy=RetryPolicy(delays=["5s"]), topics=topics_for("orders", "billing", (5_000,)), group="billing")
 T0 = 1_700_000_000_000

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from retrytopics.core.errors import KafkaClientError
-from retrytopics.memory import MemoryBroker
 from retrytopics.observe.events import Emitter
 from retrytopics.runtime.bounded import CallAbandoned
 from retrytopics.runtime.handoff.transactional import TransactionalPublisher, TransactionOutcomeUnknown
+from retrytopics.testing import MemoryBroker
 
 
 class _StuckOn:

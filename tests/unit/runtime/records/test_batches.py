@@ -23,12 +23,12 @@ from retrytopics.core.policy import InProcessRetry, RetryPolicy
 from retrytopics.core.ports import Message, Polled, split_runs
 from retrytopics.core.record import Record
 from retrytopics.core.router import RouteContext, route
-from retrytopics.memory import DEFAULT_MAX_POLL_INTERVAL_MS, MemoryBroker, MemoryConsumer
 from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.consumer.loop import ConsumerLoop
 from retrytopics.runtime.consumer.settings import LoopSettings
 from retrytopics.runtime.records.calls import Binding
 from retrytopics.runtime.records.duplicates import TailReader
+from retrytopics.testing.broker import DEFAULT_MAX_POLL_INTERVAL_MS, MemoryBroker, MemoryConsumer
 
 from ..kit import StopWhen
 

@@ -13,7 +13,6 @@ import logging
 
 import pytest
 
-from retrytopics.client_factory import MemoryClientFactory
 from retrytopics.core.errors import KafkaClientError
 from retrytopics.core.key_order import (
     Admit,
@@ -31,8 +30,8 @@ from retrytopics.core.key_order import (
     key_id,
 )
 from retrytopics.core.signing import HeaderKeys, sign_state
-from retrytopics.memory import MemoryBroker
 from retrytopics.runtime.records.key_state import Skipped, decode_message, read_key_state
+from retrytopics.testing import MemoryBroker, MemoryClientFactory
 
 TOPIC = "orders.billing.keys"
 SECRET_KEY = b"acct-secret-7"  # a record key that must never reach a log line

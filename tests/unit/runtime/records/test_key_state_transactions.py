@@ -16,7 +16,6 @@ import threading
 
 import pytest
 
-from retrytopics.client_factory import MemoryClientFactory
 from retrytopics.core.errors import KafkaClientError
 from retrytopics.core.key_order import (
     Admission,
@@ -31,8 +30,8 @@ from retrytopics.core.key_order import (
     encode_record,
     key_id,
 )
-from retrytopics.memory import MemoryBroker, MemoryProducer
 from retrytopics.runtime.records.key_state import read_key_state
+from retrytopics.testing import MemoryBroker, MemoryClientFactory, MemoryProducer
 
 TOPIC = "orders.billing.keys"
 KEY = key_id(b"acct-7")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 
-from retrytopics.memory import MemoryBroker
+from retrytopics.testing import MemoryBroker
 
 from ..kit import eventually, stuck_app
 

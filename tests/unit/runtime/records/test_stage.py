@@ -39,7 +39,6 @@ from retrytopics.core.ports import Message, Polled, split_runs
 from retrytopics.core.record import Record
 from retrytopics.core.router import RouteKind
 from retrytopics.core.step import Action
-from retrytopics.memory import DEFAULT_MAX_POLL_INTERVAL_MS, MemoryBroker, MemoryConsumer
 from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.consumer.loop import ConsumerLoop
 from retrytopics.runtime.consumer.settings import LoopSettings
@@ -59,6 +58,7 @@ from retrytopics.runtime.records.outcome import (
 from retrytopics.runtime.records.ownership import OwnershipCheck, OwnershipGuard
 from retrytopics.runtime.records.stage import RecordStage
 from retrytopics.runtime.waiting import PauseController
+from retrytopics.testing.broker import DEFAULT_MAX_POLL_INTERVAL_MS, MemoryBroker, MemoryConsumer
 
 from ..kit import (
     CTX,
