@@ -178,3 +178,38 @@ def test_every_record_ends_once_when_the_whole_app_runs_on_the_memory_broker(
     stats = app.stats
     assert (stats.duplicates_suppressed, stats.transactions_aborted, stats.publish_failures) == (0, 0, 0)
     assert dict(stats.dead_lettered) == {"exhausted": 1, "non_retryable": 1}
+
+
+def test_after_an_offset_reset_the_records_handed_off_before_it_are_handled_again() -> None:
+    """The seeded duplicate check (runtime/records/duplicates.py) finds the first run's hops in the tier, but
+    the group's offsets were reset by an operator since (no commit mark): every record is handled again."""
+    broker = MemoryBroker()
+    broker.create_topic("orders", partitions=1)
+    for i in range(6):
+        broker.append("orders", f"{i}".encode())
+    clients = MemoryClientFactory(broker)
+    calls: list[tuple[int, int]] = []
+
+    def run(number: int) -> RetryApp:
+        app = RetryApp(kafka=KafkaConfig(bootstrap="127.0.0.1:9092"), group="billing", clients=clients)
+
+        @app.handler("orders", policy=RetryPolicy(delays=["1h"]))
+        def handle(record: Record[bytes]) -> None:
+            calls.append((number, record.offset))
+            if number == 1 and record.offset % 2:
+                raise RuntimeError("the first run fails the odd offsets")
+
+        app.provision()
+        app.start(main=True)
+        try:
+            assert wait_until(lambda: broker.committed("billing") == {("orders", 0): 6}, DEADLINE_S)
+        finally:
+            assert app.stop(timeout=10)
+        return app
+
+    run(1)
+    with clients.lock:
+        broker.reset_offsets("billing", {("orders", 0): 0})
+    second = run(2)
+    assert sorted(offset for number, offset in calls if number == 2) == list(range(6))
+    assert second.stats.duplicates_suppressed == 0
