@@ -46,7 +46,7 @@ from retrytopics.connectors.serde import Deserializer, bytes_value
 from retrytopics.core.dedupe import DEFAULT_CAPACITY, DuplicateAudit
 from retrytopics.core.durations import DurationLike, parse_duration
 from retrytopics.core.errors import ConfigError, KafkaClientError
-from retrytopics.core.key_order import KeyOrdering
+from retrytopics.core.keyorder.config import KeyOrdering
 from retrytopics.core.naming import NamingStrategy, TopicSet, validate_topic_name
 from retrytopics.core.policy import RetryPolicy
 from retrytopics.core.redaction import Redactor

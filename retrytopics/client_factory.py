@@ -65,7 +65,7 @@ from retrytopics.core.ports import (
 from retrytopics.core.transactions import CALL_TIMEOUT_MS
 from retrytopics.memory import MemoryBroker, MemoryConsumer, MemoryProducer, MemoryShareConsumer
 from retrytopics.runtime.clock import SYSTEM_CLOCK, Clock
-from retrytopics.runtime.records.ordering import KeyStateFeed as KeyStateFeedPort
+from retrytopics.runtime.keyorder.ordering import KeyStateFeed as KeyStateFeedPort
 
 __all__ = ["ClientFactory", "KafkaClientFactory", "MemoryClientFactory"]
 

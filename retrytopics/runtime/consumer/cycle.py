@@ -22,9 +22,9 @@ from retrytopics.core.ports import ConsumerPort, Message, Polled, consume_runs, 
 from retrytopics.runtime.clock import Clock
 from retrytopics.runtime.handoff.base import HandOff
 from retrytopics.runtime.handoff.ordered import KeyWrites
+from retrytopics.runtime.keyorder.ordering import KeyOrder, TierOrder
 from retrytopics.runtime.lag import LagProbe
 from retrytopics.runtime.records.calls import Run
-from retrytopics.runtime.records.ordering import KeyOrder, TierOrder
 from retrytopics.runtime.records.outcome import Abandoned, Held, Outcome, Waiting
 from retrytopics.runtime.records.ownership import OwnershipGuard
 from retrytopics.runtime.records.stage import RecordStage

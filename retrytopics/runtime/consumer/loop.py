@@ -35,11 +35,11 @@ from retrytopics.runtime.handoff.at_least_once import AtLeastOnce
 from retrytopics.runtime.handoff.base import DeadLetterCallback, HandOff
 from retrytopics.runtime.handoff.exactly_once import ExactlyOnce
 from retrytopics.runtime.handoff.ordered import KeyWrites, OrderedHandOffs
+from retrytopics.runtime.keyorder.key_state import KeyStateReader
+from retrytopics.runtime.keyorder.ordering import PARKED_PER_PARTITION, KeyOrder, KeyStateFeed, TierOrder
 from retrytopics.runtime.lag import LagProbe
 from retrytopics.runtime.records.calls import Binding
 from retrytopics.runtime.records.duplicates import DuplicateCheck, TailReader
-from retrytopics.runtime.records.key_state import KeyStateReader
-from retrytopics.runtime.records.ordering import PARKED_PER_PARTITION, KeyOrder, KeyStateFeed, TierOrder
 from retrytopics.runtime.records.ownership import OwnershipCheck, OwnershipGuard
 from retrytopics.runtime.records.stage import RecordStage
 from retrytopics.runtime.waiting import PauseController

@@ -16,8 +16,8 @@ from retrytopics.core.offsets import OffsetTracker, TopicPartition
 from retrytopics.observe.events import Event
 from retrytopics.runtime.handoff.base import HandOff
 from retrytopics.runtime.handoff.ordered import KeyWrites
+from retrytopics.runtime.keyorder.ordering import KeyOrder, TierOrder
 from retrytopics.runtime.records.duplicates import DuplicateCheck
-from retrytopics.runtime.records.ordering import KeyOrder, TierOrder
 from retrytopics.runtime.waiting import PauseController
 
 __all__ = ["GroupJoin", "RebalanceListener"]

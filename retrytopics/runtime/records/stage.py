@@ -35,18 +35,20 @@ from retrytopics.connectors.serde import bytes_value
 from retrytopics.core.dedupe import AuditKey, DuplicateAudit, audit_key
 from retrytopics.core.errors import HeaderDecodeError
 from retrytopics.core.headers import RetryHeaders
-from retrytopics.core.key_hops import blocked_by_key_route, read_follower, source_follower
-from retrytopics.core.key_order import Admit, BlockedByKey, Follower, Step
+from retrytopics.core.keyorder.follower import Follower
+from retrytopics.core.keyorder.hops import BlockedByKey, blocked_by_key_route, read_follower, source_follower
+from retrytopics.core.keyorder.source_chains import Admit
+from retrytopics.core.keyorder.tier_passages import Step
 from retrytopics.core.offsets import TopicPartition
 from retrytopics.core.ports import Message, Polled, message_of
 from retrytopics.core.record import Record
 from retrytopics.core.router import origin_message_id, read_retry_state, route
 from retrytopics.core.step import Action, decide
 from retrytopics.runtime.clock import Clock
+from retrytopics.runtime.keyorder.ordering import KeyOrder, TierOrder
 from retrytopics.runtime.records.batches import BatchCalls, Deferred
 from retrytopics.runtime.records.calls import Binding, Invoker, Run, build_record
 from retrytopics.runtime.records.duplicates import DuplicateCheck
-from retrytopics.runtime.records.ordering import KeyOrder, TierOrder
 from retrytopics.runtime.records.outcome import (
     Abandoned,
     Duplicate,

@@ -21,7 +21,7 @@ import pytest
 from retrytopics import KafkaConfig, KeyOrdering, NonRetryable, Record, RetryApp
 from retrytopics.client_factory import MemoryClientFactory
 from retrytopics.core.headers import decode
-from retrytopics.core.key_order import decode_follower
+from retrytopics.core.keyorder.follower import decode_follower
 from retrytopics.memory import MemoryBroker
 from retrytopics.observe.events import Event
 

@@ -1,7 +1,7 @@
 """Key order in a consumer loop (docs/key-ordering.md, section 4): which records of a key-ordered handler may be
 handled now, which follow their key's predecessor into a tier, and which stop their partition.
 
-A main consumer (`KeyOrder`) holds one `SourceChains` (retrytopics/core/key_order.py, pure) per assigned source
+A main consumer (`KeyOrder`) holds one `SourceChains` (retrytopics/core/keyorder/source_chains.py, pure) per assigned source
 partition of an ordered handler:
 
 - at assignment (`assigned`, inside the rebalance callback) it is rebuilt from the partition's key-state
@@ -36,27 +36,18 @@ from typing import Protocol
 
 from retrytopics.core.errors import KafkaClientError
 from retrytopics.core.headers import RetryHeaders
-from retrytopics.core.key_hops import Origin
-from retrytopics.core.key_order import (
-    Admission,
-    Admit,
-    Chain,
-    ChainKey,
-    Closed,
-    Follower,
-    KeyStateRecord,
-    SourceChains,
-    Step,
-    TierDecision,
-    TierPassages,
-    key_id,
-)
+from retrytopics.core.keyorder.follower import Follower
+from retrytopics.core.keyorder.hops import Origin
+from retrytopics.core.keyorder.keys import ChainKey, key_id
+from retrytopics.core.keyorder.source_chains import Admission, Admit, SourceChains
+from retrytopics.core.keyorder.state_records import Chain, Closed, KeyStateRecord
+from retrytopics.core.keyorder.tier_passages import Step, TierDecision, TierPassages
 from retrytopics.core.offsets import TopicPartition
 from retrytopics.core.ports import Message
 from retrytopics.core.signing import HeaderKeys
 from retrytopics.observe.events import Emitter, Event
+from retrytopics.runtime.keyorder.key_state import KeyState, KeyStateReader, Skipped, decode_message, read_key_state
 from retrytopics.runtime.records.calls import Binding
-from retrytopics.runtime.records.key_state import KeyState, KeyStateReader, Skipped, decode_message, read_key_state
 
 __all__ = ["KeyOrder", "KeyStateFeed", "TierOrder"]
 
