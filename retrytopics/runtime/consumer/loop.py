@@ -27,7 +27,8 @@ from retrytopics.core.transactions import CALL_TIMEOUT_MS
 from retrytopics.observe.events import Emitter
 from retrytopics.runtime.bounded import BoundedCalls, BoundedCommits
 from retrytopics.runtime.clock import SYSTEM_CLOCK, Clock
-from retrytopics.runtime.consumer.cycle import PollCycle
+from retrytopics.runtime.consumer.cycle import CycleParts, PollCycle
+from retrytopics.runtime.consumer.holds import HoldReason, PublishFailing
 from retrytopics.runtime.consumer.rebalance import GroupJoin, RebalanceListener
 from retrytopics.runtime.consumer.running import LoopRun
 from retrytopics.runtime.consumer.settings import LoopSettings
@@ -35,13 +36,19 @@ from retrytopics.runtime.handoff.at_least_once import AtLeastOnce
 from retrytopics.runtime.handoff.base import DeadLetterCallback, HandOff
 from retrytopics.runtime.handoff.exactly_once import ExactlyOnce
 from retrytopics.runtime.handoff.ordered import KeyWrites, OrderedHandOffs
+from retrytopics.runtime.keyorder.holds import KeyOrderHold
 from retrytopics.runtime.keyorder.key_state import KeyStateReader
+from retrytopics.runtime.keyorder.learning import KeyStateLearning
+from retrytopics.runtime.keyorder.listener import KeyOrderListener
 from retrytopics.runtime.keyorder.ordering import PARKED_PER_PARTITION, KeyOrder, KeyStateFeed, TierOrder
+from retrytopics.runtime.keyorder.stage import OrderedSourceStage, OrderedTierStage
 from retrytopics.runtime.lag import LagProbe
 from retrytopics.runtime.records.calls import Binding
 from retrytopics.runtime.records.duplicates import DuplicateCheck, TailReader
 from retrytopics.runtime.records.ownership import OwnershipCheck, OwnershipGuard
+from retrytopics.runtime.records.source import SourceStage
 from retrytopics.runtime.records.stage import RecordStage
+from retrytopics.runtime.records.tier import TierStage
 from retrytopics.runtime.waiting import PauseController
 
 __all__ = ["ConsumerLoop"]
@@ -139,6 +146,7 @@ class ConsumerLoop(LoopRun):
         )
         shared = (s, consumer, self._tracker, self._audit, self._emitter, self._on_dead_letter, self._producer_factory)
         chains = self._make_key_order()
+        listener: KeyOrderListener | None = chains  # what the hand-off tells key order (runtime/keyorder/listener.py)
         handoff: ExactlyOnce | AtLeastOnce
         writes: KeyWrites | None
         if s.exactly_once:
@@ -147,12 +155,12 @@ class ConsumerLoop(LoopRun):
                 clock=clock,
                 forget_waiting=waiting.drop,
                 assigned=self._assigned,
-                key_chains=chains,
+                key_chains=listener,
                 rebuild_key_state=self._rebuild_key_state,
             )
             writes = handoff.key_writes
         else:
-            hand_offs = None if chains is None else self._ordered_hand_offs(chains)
+            hand_offs = None if listener is None else self._ordered_hand_offs(listener)
             handoff = AtLeastOnce(
                 *shared, clock=clock, alone_producer_factory=self._alone_producer_factory, ordered=hand_offs
             )
@@ -164,17 +172,8 @@ class ConsumerLoop(LoopRun):
         duplicates = DuplicateCheck(
             self._bindings, tail_reader=self._tail_reader, seed_last=s.seed_last, seed_timeout_s=s.seed_timeout_s
         )
-        stage = RecordStage(
-            self._bindings,
-            waiting,
-            self._audit,
-            self._invoker,
-            ownership,
-            duplicates,
-            clock=clock,
-            rng=random.Random(),
-            stop=stop,
-            key_order=None if key_order is None else key_order[0],
+        stage = self._stage(
+            waiting, ownership, duplicates, key_order, failing=lambda tp: handoff.publisher.is_failing(tp)
         )
         rebalance = RebalanceListener(
             self._tracker,
@@ -189,20 +188,59 @@ class ConsumerLoop(LoopRun):
         consumer.subscribe(
             s.topics, on_assign=rebalance.on_assign, on_revoke=rebalance.on_revoke, on_lost=rebalance.on_lost
         )
-        return PollCycle(
-            consumer,
-            stage,
-            waiting,
-            handoff,
-            ownership,
-            batch_size=s.batch_size,
-            max_wait_ms=s.max_wait_ms,
-            assigned=self._assigned,
-            stop=stop,
-            clock=clock,
-            key_order=key_order,
-            lag=self._lag_probe(waiting),
+        holds: list[HoldReason] = [PublishFailing(handoff)]
+        before_poll: list[Callable[[], None]] = []
+        lag = self._lag_probe(waiting)
+        if lag is not None:
+            before_poll.append(lag.tick)  # never waits: an answer is read when it came
+        if key_order is not None:
+            holds.append(KeyOrderHold(key_order[0]))
+            before_poll.append(
+                KeyStateLearning(key_order[0], key_order[1], reading_key_state=handoff.reading_key_state)
+            )
+        parts = CycleParts(
+            consumer=consumer,
+            stage=stage,
+            waiting=waiting,
+            handoff=handoff,
+            ownership=ownership,
+            holds=holds,
+            before_poll=before_poll,
         )
+        return PollCycle(
+            parts, batch_size=s.batch_size, max_wait_ms=s.max_wait_ms, assigned=self._assigned, stop=stop, clock=clock
+        )
+
+    def _stage(
+        self,
+        waiting: PauseController,
+        ownership: OwnershipGuard,
+        duplicates: DuplicateCheck,
+        key_order: tuple[KeyOrder | TierOrder, KeyWrites] | None,
+        *,
+        failing: Callable[[TopicPartition], bool],
+    ) -> RecordStage:
+        """The records stage of this loop's kind, picked once: the source path (a main consumer: source topics
+        only) or the tier path; with key order's admission when a handler is key-ordered."""
+        parts = (self._audit, self._invoker, ownership, duplicates)
+        clock, rng, stop = self._clock, random.Random(), self._stop
+        order = None if key_order is None else key_order[0]
+        if all(topic == b.topic for topic, b in self._bindings.items()):
+            if isinstance(order, KeyOrder):
+                return OrderedSourceStage(
+                    self._bindings,
+                    *parts,
+                    clock=clock,
+                    rng=rng,
+                    stop=stop,
+                    key_order=order,
+                    assigned=self._assigned,
+                    failing=failing,
+                )
+            return SourceStage(self._bindings, *parts, clock=clock, rng=rng, stop=stop)
+        if isinstance(order, TierOrder):
+            return OrderedTierStage(self._bindings, waiting, *parts, clock=clock, rng=rng, stop=stop, tier_order=order)
+        return TierStage(self._bindings, waiting, *parts, clock=clock, rng=rng, stop=stop)
 
     def _lag_probe(self, waiting: PauseController) -> LagProbe | None:
         if self._end_offsets is None:
@@ -251,10 +289,10 @@ class ConsumerLoop(LoopRun):
             self._bindings, read=read, emitter=self._emitter, name=name, now_ms=clock.now_ms, monotonic=clock.monotonic
         )
 
-    def _ordered_hand_offs(self, chains: KeyOrder | TierOrder) -> OrderedHandOffs:
+    def _ordered_hand_offs(self, listener: KeyOrderListener) -> OrderedHandOffs:
         """At-least-once: key order's writes on a producer of their own."""
         return OrderedHandOffs(
-            chains,
+            listener,
             self._producer_factory,
             self._emitter,
             clock=self._clock,
