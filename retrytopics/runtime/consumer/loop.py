@@ -18,6 +18,7 @@ import logging
 import random
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from retrytopics.core.dedupe import DuplicateAudit
 from retrytopics.core.errors import ConfigError
@@ -51,9 +52,26 @@ from retrytopics.runtime.records.stage import RecordStage
 from retrytopics.runtime.records.tier import TierStage
 from retrytopics.runtime.waiting import PauseController
 
-__all__ = ["ConsumerLoop"]
+__all__ = ["ConsumerLoop", "LoopClients"]
 
 log = logging.getLogger("retrytopics.runtime")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoopClients:
+    """How one loop makes and reaches its clients (an app's `ClientFactory`, or a test's broker): its consumer
+    and producer; a producer for a record alone in its batch (runtime/handoff/publish.py; None: the producer);
+    the reader of the tiers' tails that seeds the hand-off audit (runtime/records/duplicates.py); the key-state
+    reads of key-ordered handlers (runtime/keyorder/); the end offsets the lag is measured against
+    (runtime/lag.py)."""
+
+    consumer: Callable[[], ConsumerPort]
+    producer: Callable[[], ProducerPort]
+    alone_producer: Callable[[], ProducerPort] | None = None
+    tail_reader: TailReader | None = None
+    key_state_reader: KeyStateReader | None = None
+    key_state_feed: Callable[[], KeyStateFeed] | None = None
+    end_offsets: Callable[[], EndOffsetsPort] | None = None
 
 
 class ConsumerLoop(LoopRun):
@@ -65,30 +83,24 @@ class ConsumerLoop(LoopRun):
         settings: LoopSettings,
         bindings: Mapping[str, Binding],
         *,
-        consumer_factory: Callable[[], ConsumerPort],
-        producer_factory: Callable[[], ProducerPort],
+        clients: LoopClients,
         emitter: Emitter,
         stop: threading.Event,
         audit: DuplicateAudit,
         on_dead_letter: DeadLetterCallback | None = None,
-        tail_reader: TailReader | None = None,
-        alone_producer_factory: Callable[[], ProducerPort] | None = None,
         clock: Clock = SYSTEM_CLOCK,
-        key_state_reader: KeyStateReader | None = None,
-        key_state_feed: Callable[[], KeyStateFeed] | None = None,
-        end_offsets: Callable[[], EndOffsetsPort] | None = None,
     ) -> None:
         super().__init__(settings, emitter, stop)
-        self._end_offsets = end_offsets  # the lag measured while partitions are paused (runtime/lag.py)
+        self._end_offsets = clients.end_offsets  # the lag measured while partitions are paused (runtime/lag.py)
         self._clock = clock
         self._bindings = dict(bindings)
-        self._consumer_factory = consumer_factory
-        self._producer_factory = producer_factory
-        self._alone_producer_factory = alone_producer_factory  # one record per batch (runtime/handoff/publish.py)
+        self._consumer_factory = clients.consumer
+        self._producer_factory = clients.producer
+        self._alone_producer_factory = clients.alone_producer  # one record per batch (runtime/handoff/publish.py)
         self._audit = audit
         self._on_dead_letter = on_dead_letter
-        self._tail_reader = tail_reader if not settings.exactly_once else None  # runtime/records/duplicates.py
-        self._key_state = (key_state_reader, key_state_feed)  # a main consumer of key-ordered handlers
+        self._tail_reader = clients.tail_reader if not settings.exactly_once else None  # runtime/records/duplicates.py
+        self._key_state = (clients.key_state_reader, clients.key_state_feed)  # a loop of key-ordered handlers
         self._key_order: tuple[KeyOrder | TierOrder, KeyWrites] | None = None
         self._tracker = OffsetTracker()
         self._assigned: set[TopicPartition] = set()

@@ -38,7 +38,7 @@ from retrytopics.core.ports import Message
 from retrytopics.core.record import Record
 from retrytopics.memory import MemoryBroker
 from retrytopics.observe.events import Emitter, Event
-from retrytopics.runtime.consumer.loop import ConsumerLoop
+from retrytopics.runtime.consumer.loop import ConsumerLoop, LoopClients
 from retrytopics.runtime.consumer.settings import LoopSettings
 from retrytopics.runtime.keyorder.key_state import KeyStateReader
 from retrytopics.runtime.keyorder.ordering import PARKED_PER_PARTITION
@@ -108,14 +108,16 @@ def ordered_loop(
             name="orders", group_id=GROUP, topics=("orders",), max_wait_ms=100, commit_every=1, batch_size=batch_size
         ),
         {"orders": binding},
-        consumer_factory=lambda: broker.consumer(GROUP),
-        producer_factory=lambda: broker.producer(),
+        clients=LoopClients(
+            consumer=lambda: broker.consumer(GROUP),
+            producer=lambda: broker.producer(),
+            key_state_reader=read or clients.read_to_end,
+            key_state_feed=clients.key_state_feed,
+        ),
         emitter=Emitter([ledger]),
         stop=stop,
         audit=DuplicateAudit(100),
         clock=broker.clock,
-        key_state_reader=read or clients.read_to_end,
-        key_state_feed=clients.key_state_feed,
     )
 
 

@@ -41,7 +41,7 @@ from retrytopics.core.router import RouteKind
 from retrytopics.core.step import Action
 from retrytopics.memory import DEFAULT_MAX_POLL_INTERVAL_MS, MemoryBroker, MemoryConsumer
 from retrytopics.observe.events import Emitter, Event
-from retrytopics.runtime.consumer.loop import ConsumerLoop
+from retrytopics.runtime.consumer.loop import ConsumerLoop, LoopClients
 from retrytopics.runtime.consumer.settings import LoopSettings
 from retrytopics.runtime.records import tier as stage_module
 from retrytopics.runtime.records.calls import Binding, Invoker
@@ -111,8 +111,7 @@ def json_loop(
     return ConsumerLoop(
         LoopSettings(name="main", group_id=GROUP, topics=("orders",), **options),
         {"orders": binding},
-        consumer_factory=lambda: member,
-        producer_factory=broker.producer,
+        clients=LoopClients(consumer=lambda: member, producer=broker.producer),
         emitter=Emitter([ledger]),
         stop=stop,
         audit=DuplicateAudit(100),
@@ -182,8 +181,7 @@ def test_a_bytes_handler_is_called_with_the_records_its_consumer_built_and_a_fai
     loop = ConsumerLoop(
         LoopSettings(name="main", group_id=GROUP, topics=("orders",), max_wait_ms=100, commit_every=1),
         {"orders": binding},
-        consumer_factory=lambda: consumer,
-        producer_factory=broker.producer,
+        clients=LoopClients(consumer=lambda: consumer, producer=broker.producer),
         emitter=Emitter(),
         stop=stop,
         audit=DuplicateAudit(100),
