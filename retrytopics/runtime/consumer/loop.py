@@ -30,7 +30,7 @@ from retrytopics.runtime.bounded import BoundedCalls, BoundedCommits
 from retrytopics.runtime.clock import SYSTEM_CLOCK, Clock
 from retrytopics.runtime.consumer.cycle import CycleParts, PollCycle
 from retrytopics.runtime.consumer.holds import HoldReason, PublishFailing
-from retrytopics.runtime.consumer.rebalance import GroupJoin, RebalanceListener
+from retrytopics.runtime.consumer.rebalance import AssignmentListener, GroupJoin, RebalanceListener
 from retrytopics.runtime.consumer.running import LoopRun
 from retrytopics.runtime.consumer.settings import LoopSettings
 from retrytopics.runtime.handoff.at_least_once import AtLeastOnce
@@ -187,6 +187,18 @@ class ConsumerLoop(LoopRun):
         stage = self._stage(
             waiting, ownership, duplicates, key_order, failing=lambda tp: handoff.publisher.is_failing(tp)
         )
+        # what a feature adds to the shared path, one entry per seam (docs/architecture.md, Where a new feature goes)
+        holds: list[HoldReason] = [PublishFailing(handoff)]
+        before_poll: list[Callable[[], None]] = []
+        listeners: list[AssignmentListener] = []
+        lag = self._lag_probe(waiting)
+        if lag is not None:
+            before_poll.append(lag.tick)  # never waits: an answer is read when it came
+        if key_order is not None:
+            reads = KeyStateLearning(key_order[0], key_order[1], reading_key_state=handoff.reading_key_state)
+            holds.append(KeyOrderHold(key_order[0]))
+            before_poll.append(reads)
+            listeners.append(reads)
         rebalance = RebalanceListener(
             self._tracker,
             waiting,
@@ -195,21 +207,11 @@ class ConsumerLoop(LoopRun):
             emit,
             assigned=self._assigned,
             join=self._join,
-            key_order=key_order,
+            listeners=listeners,
         )
         consumer.subscribe(
             s.topics, on_assign=rebalance.on_assign, on_revoke=rebalance.on_revoke, on_lost=rebalance.on_lost
         )
-        holds: list[HoldReason] = [PublishFailing(handoff)]
-        before_poll: list[Callable[[], None]] = []
-        lag = self._lag_probe(waiting)
-        if lag is not None:
-            before_poll.append(lag.tick)  # never waits: an answer is read when it came
-        if key_order is not None:
-            holds.append(KeyOrderHold(key_order[0]))
-            before_poll.append(
-                KeyStateLearning(key_order[0], key_order[1], reading_key_state=handoff.reading_key_state)
-            )
         parts = CycleParts(
             consumer=consumer,
             stage=stage,
