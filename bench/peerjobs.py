@@ -29,7 +29,7 @@ from bench.measure import emit
 from retrytopics.app import RetryApp
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.kafka import CONSUMER_DEFAULTS, PRODUCER_DEFAULTS
-from retrytopics.core.key_order import DeadHeadPolicy, KeyOrdering
+from retrytopics.core.keyorder.config import DeadHeadPolicy, KeyOrdering
 from retrytopics.core.policy import RetryPolicy
 from retrytopics.core.record import Record
 from retrytopics.observe.events import Event

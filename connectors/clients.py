@@ -604,7 +604,7 @@ def _high_watermarks(
 class KeyStateFeed:
     """An assign()-only, read_committed reader of key-state partitions as they grow (no group, no commits): a
     main consumer of key-ordered handlers reads the tiers' passages of its partitions with it, every poll
-    (retrytopics/runtime/records/ordering.py). Made on its first assignment."""
+    (retrytopics/runtime/keyorder/ordering.py). Made on its first assignment."""
 
     def __init__(self, kafka: KafkaConfig) -> None:
         self._kafka = kafka

@@ -31,7 +31,7 @@ from retrytopics.core.errors import (
     RetryTopicsError,
 )
 from retrytopics.core.headers import DlqReason, RetryHeaders
-from retrytopics.core.key_order import DeadHeadPolicy, KeyOrdering
+from retrytopics.core.keyorder.config import DeadHeadPolicy, KeyOrdering
 from retrytopics.core.naming import NamingStrategy
 from retrytopics.core.policy import ROCKETMQ_LEVELS, UNLIMITED, Exponential, InProcessRetry, RetryPolicy
 from retrytopics.core.record import Record

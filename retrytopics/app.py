@@ -46,7 +46,7 @@ from retrytopics.connectors.serde import Deserializer, bytes_value
 from retrytopics.core.dedupe import DEFAULT_CAPACITY, DuplicateAudit
 from retrytopics.core.durations import DurationLike, parse_duration
 from retrytopics.core.errors import ConfigError, KafkaClientError
-from retrytopics.core.key_order import KeyOrdering
+from retrytopics.core.keyorder.config import KeyOrdering
 from retrytopics.core.naming import NamingStrategy, TopicSet, validate_topic_name
 from retrytopics.core.policy import RetryPolicy
 from retrytopics.core.redaction import Redactor
@@ -60,7 +60,7 @@ from retrytopics.core.transactions import (
 from retrytopics.observe.events import Emitter, Hook, LoggingHook, Stats, StatsCollector
 from retrytopics.registry import Registration, Registry
 from retrytopics.runtime.consumer.lifecycle import Loop, Runner
-from retrytopics.runtime.consumer.loop import ConsumerLoop
+from retrytopics.runtime.consumer.loop import ConsumerLoop, LoopClients
 from retrytopics.runtime.consumer.settings import TIER_CONSUMER_DEFAULTS, LoopSettings, main_settings, tier_settings
 from retrytopics.runtime.consumer.share_loop import ShareConsumerLoop
 from retrytopics.runtime.handoff.base import DeadLetterCallback
@@ -401,21 +401,24 @@ class RetryApp:
         overrides = {**(TIER_CONSUMER_DEFAULTS if is_tier else {}), **self.consumer_overrides, **self._eos[0]}
         producer_overrides = {**self.producer_overrides, **self._eos[1]}
         transactional_id = _transactional_id(settings, self.instance_id) if self.exactly_once else None
+        loop_clients = LoopClients(
+            consumer=lambda: clients.consumer(settings.group_id, overrides),
+            producer=lambda: clients.producer(transactional_id, producer_overrides),
+            alone_producer=lambda: clients.producer(None, {**self.producer_overrides, **ALONE_OVERRIDES}),
+            tail_reader=verified_tails(clients.read_tails, self._header_keys),
+            key_state_reader=clients.read_to_end,
+            key_state_feed=clients.key_state_feed,
+            end_offsets=clients.end_offsets,
+        )
         return ConsumerLoop(
             settings,
             bindings,
-            consumer_factory=lambda: clients.consumer(settings.group_id, overrides),
-            producer_factory=lambda: clients.producer(transactional_id, producer_overrides),
-            alone_producer_factory=lambda: clients.producer(None, {**self.producer_overrides, **ALONE_OVERRIDES}),
+            clients=loop_clients,
             emitter=self._emitter,
             stop=self._runner.stop_event,
             audit=DuplicateAudit(self._dedupe_capacity),
             on_dead_letter=self.on_dead_letter,
-            tail_reader=verified_tails(clients.read_tails, self._header_keys),
             clock=clients.clock,
-            key_state_reader=clients.read_to_end,
-            key_state_feed=clients.key_state_feed,
-            end_offsets=clients.end_offsets,
         )
 
     def _share_loop(self, settings: LoopSettings, bindings: Mapping[str, Binding], clients: ClientFactory) -> Loop:

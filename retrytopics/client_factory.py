@@ -33,7 +33,7 @@ from retrytopics.connectors.share import KafkaShareConsumer
 from retrytopics.core.ports import ConsumerPort, EndOffsetsPort, Message, ProducerPort, ShareConsumerPort
 from retrytopics.core.transactions import CALL_TIMEOUT_MS
 from retrytopics.runtime.clock import SYSTEM_CLOCK, Clock
-from retrytopics.runtime.records.ordering import KeyStateFeed as KeyStateFeedPort
+from retrytopics.runtime.keyorder.ordering import KeyStateFeed as KeyStateFeedPort
 
 __all__ = ["ClientFactory", "KafkaClientFactory"]
 

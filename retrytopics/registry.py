@@ -15,7 +15,7 @@ from typing import Any
 from retrytopics.connectors.serde import Deserializer
 from retrytopics.core.durations import DurationLike, parse_duration
 from retrytopics.core.errors import ConfigError
-from retrytopics.core.key_order import KeyOrdering
+from retrytopics.core.keyorder.config import KeyOrdering
 from retrytopics.core.naming import NamingStrategy, TopicSet, topics_for, validate_topic_name
 from retrytopics.core.policy import RetryPolicy
 from retrytopics.core.redaction import Redactor

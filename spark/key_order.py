@@ -30,7 +30,7 @@ from retrytopics.connectors.admin import partition_count
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.kafka import make_admin
 from retrytopics.connectors.spark_kafka import kafka_options, read_kafka
-from retrytopics.core.key_order import HELD_AT, KEY_ORDER_AFTER
+from retrytopics.core.keyorder.follower import HELD_AT, KEY_ORDER_AFTER
 from retrytopics.core.naming import TopicSet
 from retrytopics.core.ports import Message
 from retrytopics.core.signing import HeaderKeys
@@ -53,7 +53,7 @@ __all__ = [
 FOLLOWER_COLUMNS: Final = ("key_order_after", "key_order_held_at", "key_digest")
 #: Open chains listed in the summary (oldest first); `blocked_keys` counts them all.
 CHAINS_LISTED: Final = 20
-#: A key-state record's key and value are never longer (core/key_order.py); longer live ones are malformed.
+#: A key-state record's key and value are never longer (core/keyorder/state_records.py); longer live ones are malformed.
 _STATE_BYTES: Final = 512
 _SOURCE_RECORD: Final = ("original_topic", "original_partition", "original_offset")
 

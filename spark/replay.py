@@ -49,7 +49,7 @@ from retrytopics.connectors.kafka import make_admin
 from retrytopics.connectors.spark_kafka import kafka_options, read_kafka, write_kafka
 from retrytopics.core import headers as H
 from retrytopics.core.errors import ConfigError
-from retrytopics.core.key_hops import WAITED_BEHIND
+from retrytopics.core.keyorder.hops import WAITED_BEHIND
 from retrytopics.core.naming import TopicSet
 from retrytopics.core.signing import HeaderKeys, mark_keys, started_mark_keys
 from retrytopics.operator.config import instant_argument

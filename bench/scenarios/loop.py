@@ -24,7 +24,7 @@ from retrytopics.core.policy import RetryPolicy
 from retrytopics.core.record import Record
 from retrytopics.core.router import RouteContext
 from retrytopics.observe.events import Emitter, Event, LoggingHook, StatsCollector
-from retrytopics.runtime.consumer.loop import ConsumerLoop
+from retrytopics.runtime.consumer.loop import ConsumerLoop, LoopClients
 from retrytopics.runtime.consumer.settings import LoopSettings
 from retrytopics.runtime.records.calls import Binding
 from retrytopics.testing import MemoryBroker
@@ -107,8 +107,7 @@ def _app(n: int, handler: Callable[[Any], None], *, batch: bool) -> float:
     loop = ConsumerLoop(
         LoopSettings(name="main", group_id="billing", topics=("orders",), max_wait_ms=100),
         {"orders": binding},
-        consumer_factory=lambda: broker.consumer("billing"),
-        producer_factory=broker.producer,
+        clients=LoopClients(consumer=lambda: broker.consumer("billing"), producer=broker.producer),
         emitter=Emitter([StatsCollector(), LoggingHook(), _Counter(n, stop)]),
         stop=stop,
         audit=DuplicateAudit(),

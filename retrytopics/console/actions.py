@@ -58,7 +58,7 @@ from retrytopics.core.headers import (
     encode,
     user_headers,
 )
-from retrytopics.core.key_hops import waited_behind
+from retrytopics.core.keyorder.hops import waited_behind
 from retrytopics.core.naming import TopicSet
 from retrytopics.core.signing import HeaderKeys, mark_keys, mark_verifies, replay_mark, sign, started_mark_keys, verify
 

@@ -5,7 +5,7 @@
     ├── HeaderDecodeError(field, value, reason)  malformed retry headers on a tier record
     │                                            (the router turns it into DLQ reason `invalid_retry_headers`)
     ├── KeyStateDecodeError(field, value, reason)
-    │                                            a malformed record in a key-state topic (key_order.py)
+    │                                            a malformed record in a key-state topic (keyorder/)
     ├── DeliveryLimitReached(delivery_count, limit)
     │                                            a share group delivered a record to its limit without a
     │                                            hand-off (DLQ reason `delivery_limit`)

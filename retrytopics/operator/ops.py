@@ -33,7 +33,7 @@ from retrytopics.connectors.kafka import make_admin, make_consumer, map_kafka_er
 from retrytopics.connectors.record_headers import read_headers
 from retrytopics.core.errors import ConfigError, HeaderDecodeError, KafkaClientError, KeyStateDecodeError
 from retrytopics.core.headers import decode, user_headers
-from retrytopics.core.key_order import Chain, decode_record
+from retrytopics.core.keyorder.state_records import Chain, decode_record
 from retrytopics.core.naming import TopicSet, topics_for
 from retrytopics.core.policy import RetryPolicy
 from retrytopics.core.ports import Message

@@ -38,7 +38,7 @@ from retrytopics.core.ports import (
     TopicPartition,
 )
 from retrytopics.runtime.clock import SYSTEM_CLOCK, Clock
-from retrytopics.runtime.records.ordering import KeyStateFeed as KeyStateFeedPort
+from retrytopics.runtime.keyorder.ordering import KeyStateFeed as KeyStateFeedPort
 from retrytopics.testing.broker import MemoryBroker, MemoryConsumer, MemoryProducer, MemoryShareConsumer
 
 __all__ = ["MemoryClientFactory"]

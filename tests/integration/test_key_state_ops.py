@@ -21,7 +21,8 @@ import pytest
 from retrytopics import ConfigError, KafkaConfig, KeyOrdering, RetryApp, RetryPolicy
 from retrytopics.connectors.admin import TopicSpec, ensure_topics
 from retrytopics.connectors.kafka import make_admin, make_producer
-from retrytopics.core.key_order import Chain, ChainKey, Closed, Fate, Passage, encode_record, key_id
+from retrytopics.core.keyorder.keys import ChainKey, key_id
+from retrytopics.core.keyorder.state_records import Chain, Closed, Fate, Passage, encode_record
 
 pytestmark = pytest.mark.broker
 CLI = str(Path(sys.executable).with_name("retrytopics"))

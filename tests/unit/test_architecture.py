@@ -179,16 +179,18 @@ def test_facade_exports_are_complete_and_grouped_sorted() -> None:
 
 
 #: inside the runtime, what each part may import of the others (module prefixes under retrytopics.runtime):
-#: the records stage yields outcomes and never imports the hand-off or the consumer; waiting and the
-#: hand-off know the records stage only by its outcome values
+#: the records stage yields outcomes and never imports the hand-off, the consumer or key order; key order
+#: (a feature behind its seams: an admission step, a hold reason, a hand-off listener) builds on the records
+#: stage and is picked by the consumer; waiting and the hand-off know the records stage only by its outcome values
 RUNTIME_MAY_IMPORT = {
     "clock": set(),
     "bounded": {"clock"},
     "waiting": {"records.outcome"},
     "records": {"records", "waiting", "clock", "bounded"},
+    "keyorder": {"keyorder", "records", "waiting", "clock"},
     "handoff": {"handoff", "records.outcome", "clock", "bounded"},
     "lag": {"clock"},
-    "consumer": {"consumer", "records", "waiting", "handoff", "clock", "bounded", "lag"},
+    "consumer": {"consumer", "records", "keyorder", "waiting", "handoff", "clock", "bounded", "lag"},
 }
 
 
@@ -206,3 +208,15 @@ def test_inside_the_runtime_imports_go_one_way() -> None:
             assert any(target == a or target.startswith(a + ".") for a in allowed), (
                 f"{path.relative_to(ROOT)} ({part}) imports {module}"
             )
+
+
+def test_only_the_records_stage_tier_path_asks_waiting_and_no_plain_stage_imports_key_order() -> None:
+    """Of the records stage, only its tier path (records/tier.py) may ask waiting (runtime/waiting.py); the
+    source path, what both share and every other records module know nothing of it. No records module imports
+    key order's runtime (runtime/keyorder/): key order reaches the stage through a stage of its own."""
+    records = ROOT / "retrytopics" / "runtime" / "records"
+    for path in sorted(records.rglob("*.py")):
+        for module in _imports(path):
+            assert not _in(module, {"retrytopics.runtime.keyorder"}), f"records/{path.name} imports {module}"
+            if path.name != "tier.py":
+                assert module != "retrytopics.runtime.waiting", f"records/{path.name} imports {module}"

@@ -101,7 +101,7 @@ FOLLOWER = load("follower_headers.avsc")
 def test_the_follower_schema_is_exactly_the_headers_the_core_writes_and_a_follower_validates() -> None:
     """schemas/follower_headers.avsc has one field per header `encode_follower` writes (its `header` names
     them), named like the `Follower` fields, each documented; a real follower's headers, decoded, validate."""
-    from retrytopics.core.key_order import Follower, encode_follower
+    from retrytopics.core.keyorder.follower import Follower, encode_follower
 
     follower = Follower(
         original_topic="orders",

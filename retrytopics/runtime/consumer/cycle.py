@@ -1,7 +1,9 @@
 """One iteration of a consumer loop, and the one place where outcomes are handed to the part that acts on them.
 
-1. Serve the hand-off's delivery reports; hold partitions whose publish is failing, release the others.
-2. Resume partitions whose head record is due; act on the records waiting in memory that fell due.
+1. Serve the hand-off's delivery reports; run the steps before a poll (the lag probe, key order's reads);
+   hold the partitions some reason holds (runtime/consumer/holds.py), release the others.
+2. Resume partitions whose head record is due; act on the records the stage kept that may go on now, and on
+   the records waiting in memory that fell due.
 3. `consume()` for at most min(next due time, max wait); after a gap in polling long enough to have cost the
    membership, ask before touching a record (runtime/records/ownership.py).
 4. Each record goes to the records stage (runtime/records/stage.py), which yields outcomes; each outcome goes
@@ -15,29 +17,39 @@ The clock is the loop's (runtime/clock.py).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 
 from retrytopics.core.offsets import TopicPartition
 from retrytopics.core.ports import ConsumerPort, Message, Polled, consume_runs, message_of
 from retrytopics.runtime.clock import Clock
+from retrytopics.runtime.consumer.holds import HoldReason
 from retrytopics.runtime.handoff.base import HandOff
-from retrytopics.runtime.handoff.ordered import KeyWrites
-from retrytopics.runtime.lag import LagProbe
 from retrytopics.runtime.records.calls import Run
-from retrytopics.runtime.records.ordering import KeyOrder, TierOrder
 from retrytopics.runtime.records.outcome import Abandoned, Held, Outcome, Waiting
 from retrytopics.runtime.records.ownership import OwnershipGuard
 from retrytopics.runtime.records.stage import RecordStage
 from retrytopics.runtime.waiting import PauseController
 
-__all__ = ["PollCycle"]
+__all__ = ["CycleParts", "PollCycle"]
 
 #: how many records of a batch are read between two checks for records waiting in memory that fell due
 _DUE_CHECK_EVERY = 32
-#: the longest `consume()` wait while a main consumer's key order keeps records parked for an acknowledgement, of a
-#: partition whose publish is not failing: `consume()` does not wake for an acknowledgement (a tier's such records
-#: wait in memory, due one poll later)
-_ACK_AWAITED_WAIT_MS = 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CycleParts:
+    """The parts one loop's cycle hands records and outcomes to, made once by the loop (runtime/consumer/loop.py).
+    `before_poll`: steps run at the start of every iteration (the lag probe's tick, key order's reads), none of
+    which may wait; `holds`: the reasons to hold a partition (runtime/consumer/holds.py)."""
+
+    consumer: ConsumerPort
+    stage: RecordStage
+    waiting: PauseController
+    handoff: HandOff
+    ownership: OwnershipGuard
+    holds: Sequence[HoldReason] = ()
+    before_poll: Sequence[Callable[[], None]] = ()
 
 
 class PollCycle:
@@ -45,55 +57,43 @@ class PollCycle:
 
     def __init__(
         self,
-        consumer: ConsumerPort,
-        stage: RecordStage,
-        waiting: PauseController,
-        handoff: HandOff,
-        ownership: OwnershipGuard,
+        parts: CycleParts,
         *,
         batch_size: int,
         max_wait_ms: int,
         assigned: set[TopicPartition],
         stop: threading.Event,
         clock: Clock,
-        key_order: tuple[KeyOrder | TierOrder, KeyWrites] | None = None,
-        lag: LagProbe | None = None,
     ) -> None:
-        self._consumer = consumer
-        self._lag = lag
-        self._key_order = key_order
-        self._stage = stage
-        self._waiting = waiting
-        self._handoff = handoff
-        self._ownership = ownership
+        self._consumer = parts.consumer
+        self._stage = parts.stage
+        self._waiting = parts.waiting
+        self._handoff = parts.handoff
+        self._ownership = parts.ownership
+        self._holds = tuple(parts.holds)
+        self._before_poll = tuple(parts.before_poll)
         self._batch_size = batch_size
         self._max_wait_ms = max_wait_ms
         self._assigned = assigned
         self._stop = stop
         self._now_ms = clock.now_ms
         self._monotonic = clock.monotonic
-        #: a main consumer's key order: it parks records (`KeyOrder.park`)
-        self._parking = key_order[0] if key_order is not None and isinstance(key_order[0], KeyOrder) else None
+        #: the stage keeps records between polls (key order's parked ones): asked after each run too
+        self._keeps_records = parts.stage.keeps_records
 
     def run_once(self) -> None:
         """Serve acknowledgements, consume one batch, act on it, end it (report and commit)."""
         handoff, waiting, ownership = self._handoff, self._waiting, self._ownership
         handoff.serve()
-        if self._lag is not None:
-            self._lag.tick()  # never waits: an answer is read when it came
-        if self._key_order is not None:
-            self._learn_key_state(*self._key_order)
+        for step in self._before_poll:
+            step()
         self._update_holds()
         now = self._now_ms()
         waiting.resume_due(now)
         if not self._woke_expelled(self._monotonic() - ownership.polled_at, []):
-            self._act_on_parked()
+            self._act_on_released()
             self._act_on_queued(now)
-        wait_ms = handoff.wait_ms(waiting.wait_ms(self._now_ms(), self._max_wait_ms))
-        if self._key_order is not None and any(
-            not handoff.publisher.is_failing(tp) for tp in self._key_order[0].awaiting_acks()
-        ):
-            wait_ms = min(wait_ms, _ACK_AWAITED_WAIT_MS)  # not while their publish fails: no acknowledgement soon
+        wait_ms = self._stage.wait_ms(handoff.wait_ms(waiting.wait_ms(self._now_ms(), self._max_wait_ms)))
         asked = self._monotonic()
         ownership.in_poll = True
         polled = consume_runs(self._consumer, self._batch_size, wait_ms / 1000, self._stage.run_topics)
@@ -137,7 +137,7 @@ class PollCycle:
 
     def _act_on_batch(self, polled: Polled) -> None:
         stage, handoff = self._stage, self._handoff
-        batch, runs = stage.runs_of(polled)
+        batch, runs = stage.runs_of(polled, self._waiting)
         if runs is not None:  # a main consumer: each partition's run in one step, no decision per record
             for i, (binding, run) in enumerate(runs):
                 if not self._act_on(stage.call_run(binding, run)):
@@ -145,7 +145,7 @@ class PollCycle:
                     self._restart_at([_head(later) for _, later in runs[i + 1 :]])
                     return
                 handoff.serve(within_batch=True)
-                if self._parking is not None and not self._act_on_parked():
+                if self._keeps_records and not self._act_on_released():
                     self._restart_at([_head(later) for _, later in runs[i + 1 :]])
                     return
             return
@@ -176,15 +176,11 @@ class PollCycle:
                 self._handoff.serve(within_batch=True)
         return self._act_on(self._stage.settle_deferred())
 
-    def _act_on_parked(self) -> bool:
-        """Key order: act on the parked records whose key's last hop is acknowledged now (`KeyOrder.unpark`),
-        for the partitions whose publish is not failing; False after an `Abandoned`."""
-        parking = self._parking
-        if parking is None or not parking.parks:
-            return True
-        failing, assigned = self._handoff.publisher.is_failing, self._assigned
-        for msg in parking.unpark(lambda tp: tp in assigned and not failing(tp)):
-            if not self._act_on(self._stage.unparked(msg)):
+    def _act_on_released(self) -> bool:
+        """Act on the records the stage kept that may go on now (key order's parked records whose key's last hop
+        is acknowledged); False after an `Abandoned`."""
+        for outcomes in self._stage.released():
+            if not self._act_on(outcomes):
                 return False
         return True
 
@@ -217,25 +213,20 @@ class PollCycle:
             waiting.restart_at(tp, offset)
         return True
 
-    def _learn_key_state(self, key_order: KeyOrder | TierOrder, writes: KeyWrites) -> None:
-        """Key order: read the key state of partitions not started yet, and the tiers' passages; write the
-        tombstones of the chains they close."""
-        if key_order.not_started:
-            self._handoff.reading_key_state()  # the read waits for transactions open in the key state
-        writes.write(key_order.read_pending())
-        writes.write(key_order.learn())
-
     def _update_holds(self) -> None:
-        """Hold the partitions whose publish is failing (no records pile up in memory) or that key order stops,
-        release the others."""
-        publisher, waiting = self._handoff.publisher, self._waiting
-        holds = None if self._key_order is None else self._key_order[0].holds
+        """Hold the partitions some reason holds (a publish failing: no records pile up in memory; key order
+        stopping them; ...), release the others."""
+        reasons, schedule, waiting = self._holds, self._waiting.schedule, self._waiting
         for tp in list(self._assigned):
-            failing, held = publisher.is_failing(tp) or (holds is not None and holds(tp)), waiting.schedule.is_held(tp)
-            if failing and not held:
-                waiting.hold(tp, None)
-            elif held and not failing:
-                waiting.release(tp)
+            held = schedule.is_held(tp)
+            for reason in reasons:
+                if reason.holds(tp):
+                    if not held:
+                        waiting.hold(tp, None)
+                    break
+            else:
+                if held:
+                    waiting.release(tp)
 
 
 def _head(run: Run) -> Message:

@@ -18,6 +18,7 @@ import logging
 import random
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from retrytopics.core.dedupe import DuplicateAudit
 from retrytopics.core.errors import ConfigError
@@ -27,26 +28,50 @@ from retrytopics.core.transactions import CALL_TIMEOUT_MS
 from retrytopics.observe.events import Emitter
 from retrytopics.runtime.bounded import BoundedCalls, BoundedCommits
 from retrytopics.runtime.clock import SYSTEM_CLOCK, Clock
-from retrytopics.runtime.consumer.cycle import PollCycle
-from retrytopics.runtime.consumer.rebalance import GroupJoin, RebalanceListener
+from retrytopics.runtime.consumer.cycle import CycleParts, PollCycle
+from retrytopics.runtime.consumer.holds import HoldReason, PublishFailing
+from retrytopics.runtime.consumer.rebalance import AssignmentListener, GroupJoin, RebalanceListener
 from retrytopics.runtime.consumer.running import LoopRun
 from retrytopics.runtime.consumer.settings import LoopSettings
 from retrytopics.runtime.handoff.at_least_once import AtLeastOnce
 from retrytopics.runtime.handoff.base import DeadLetterCallback, HandOff
 from retrytopics.runtime.handoff.exactly_once import ExactlyOnce
 from retrytopics.runtime.handoff.ordered import KeyWrites, OrderedHandOffs
+from retrytopics.runtime.keyorder.holds import KeyOrderHold
+from retrytopics.runtime.keyorder.key_state import KeyStateReader
+from retrytopics.runtime.keyorder.learning import KeyStateLearning
+from retrytopics.runtime.keyorder.listener import KeyOrderListener
+from retrytopics.runtime.keyorder.ordering import PARKED_PER_PARTITION, KeyOrder, KeyStateFeed, TierOrder
+from retrytopics.runtime.keyorder.stage import OrderedSourceStage, OrderedTierStage
 from retrytopics.runtime.lag import LagProbe
 from retrytopics.runtime.records.calls import Binding
 from retrytopics.runtime.records.duplicates import DuplicateCheck, TailReader
-from retrytopics.runtime.records.key_state import KeyStateReader
-from retrytopics.runtime.records.ordering import PARKED_PER_PARTITION, KeyOrder, KeyStateFeed, TierOrder
 from retrytopics.runtime.records.ownership import OwnershipCheck, OwnershipGuard
+from retrytopics.runtime.records.source import SourceStage
 from retrytopics.runtime.records.stage import RecordStage
+from retrytopics.runtime.records.tier import TierStage
 from retrytopics.runtime.waiting import PauseController
 
-__all__ = ["ConsumerLoop"]
+__all__ = ["ConsumerLoop", "LoopClients"]
 
 log = logging.getLogger("retrytopics.runtime")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoopClients:
+    """How one loop makes and reaches its clients (an app's `ClientFactory`, or a test's broker): its consumer
+    and producer; a producer for a record alone in its batch (runtime/handoff/publish.py; None: the producer);
+    the reader of the tiers' tails that seeds the hand-off audit (runtime/records/duplicates.py); the key-state
+    reads of key-ordered handlers (runtime/keyorder/); the end offsets the lag is measured against
+    (runtime/lag.py)."""
+
+    consumer: Callable[[], ConsumerPort]
+    producer: Callable[[], ProducerPort]
+    alone_producer: Callable[[], ProducerPort] | None = None
+    tail_reader: TailReader | None = None
+    key_state_reader: KeyStateReader | None = None
+    key_state_feed: Callable[[], KeyStateFeed] | None = None
+    end_offsets: Callable[[], EndOffsetsPort] | None = None
 
 
 class ConsumerLoop(LoopRun):
@@ -58,30 +83,24 @@ class ConsumerLoop(LoopRun):
         settings: LoopSettings,
         bindings: Mapping[str, Binding],
         *,
-        consumer_factory: Callable[[], ConsumerPort],
-        producer_factory: Callable[[], ProducerPort],
+        clients: LoopClients,
         emitter: Emitter,
         stop: threading.Event,
         audit: DuplicateAudit,
         on_dead_letter: DeadLetterCallback | None = None,
-        tail_reader: TailReader | None = None,
-        alone_producer_factory: Callable[[], ProducerPort] | None = None,
         clock: Clock = SYSTEM_CLOCK,
-        key_state_reader: KeyStateReader | None = None,
-        key_state_feed: Callable[[], KeyStateFeed] | None = None,
-        end_offsets: Callable[[], EndOffsetsPort] | None = None,
     ) -> None:
         super().__init__(settings, emitter, stop)
-        self._end_offsets = end_offsets  # the lag measured while partitions are paused (runtime/lag.py)
+        self._end_offsets = clients.end_offsets  # the lag measured while partitions are paused (runtime/lag.py)
         self._clock = clock
         self._bindings = dict(bindings)
-        self._consumer_factory = consumer_factory
-        self._producer_factory = producer_factory
-        self._alone_producer_factory = alone_producer_factory  # one record per batch (runtime/handoff/publish.py)
+        self._consumer_factory = clients.consumer
+        self._producer_factory = clients.producer
+        self._alone_producer_factory = clients.alone_producer  # one record per batch (runtime/handoff/publish.py)
         self._audit = audit
         self._on_dead_letter = on_dead_letter
-        self._tail_reader = tail_reader if not settings.exactly_once else None  # runtime/records/duplicates.py
-        self._key_state = (key_state_reader, key_state_feed)  # a main consumer of key-ordered handlers
+        self._tail_reader = clients.tail_reader if not settings.exactly_once else None  # runtime/records/duplicates.py
+        self._key_state = (clients.key_state_reader, clients.key_state_feed)  # a loop of key-ordered handlers
         self._key_order: tuple[KeyOrder | TierOrder, KeyWrites] | None = None
         self._tracker = OffsetTracker()
         self._assigned: set[TopicPartition] = set()
@@ -139,6 +158,7 @@ class ConsumerLoop(LoopRun):
         )
         shared = (s, consumer, self._tracker, self._audit, self._emitter, self._on_dead_letter, self._producer_factory)
         chains = self._make_key_order()
+        listener: KeyOrderListener | None = chains  # what the hand-off tells key order (runtime/keyorder/listener.py)
         handoff: ExactlyOnce | AtLeastOnce
         writes: KeyWrites | None
         if s.exactly_once:
@@ -147,12 +167,12 @@ class ConsumerLoop(LoopRun):
                 clock=clock,
                 forget_waiting=waiting.drop,
                 assigned=self._assigned,
-                key_chains=chains,
+                key_chains=listener,
                 rebuild_key_state=self._rebuild_key_state,
             )
             writes = handoff.key_writes
         else:
-            hand_offs = None if chains is None else self._ordered_hand_offs(chains)
+            hand_offs = None if listener is None else self._ordered_hand_offs(listener)
             handoff = AtLeastOnce(
                 *shared, clock=clock, alone_producer_factory=self._alone_producer_factory, ordered=hand_offs
             )
@@ -169,18 +189,21 @@ class ConsumerLoop(LoopRun):
             marks=consumer,
             clock=clock,
         )
-        stage = RecordStage(
-            self._bindings,
-            waiting,
-            self._audit,
-            self._invoker,
-            ownership,
-            duplicates,
-            clock=clock,
-            rng=random.Random(),
-            stop=stop,
-            key_order=None if key_order is None else key_order[0],
+        stage = self._stage(
+            waiting, ownership, duplicates, key_order, failing=lambda tp: handoff.publisher.is_failing(tp)
         )
+        # what a feature adds to the shared path, one entry per seam (docs/architecture.md, Where a new feature goes)
+        holds: list[HoldReason] = [PublishFailing(handoff)]
+        before_poll: list[Callable[[], None]] = []
+        listeners: list[AssignmentListener] = []
+        lag = self._lag_probe(waiting)
+        if lag is not None:
+            before_poll.append(lag.tick)  # never waits: an answer is read when it came
+        if key_order is not None:
+            reads = KeyStateLearning(key_order[0], key_order[1], reading_key_state=handoff.reading_key_state)
+            holds.append(KeyOrderHold(key_order[0]))
+            before_poll.append(reads)
+            listeners.append(reads)
         rebalance = RebalanceListener(
             self._tracker,
             waiting,
@@ -189,25 +212,54 @@ class ConsumerLoop(LoopRun):
             emit,
             assigned=self._assigned,
             join=self._join,
-            key_order=key_order,
+            listeners=listeners,
         )
         consumer.subscribe(
             s.topics, on_assign=rebalance.on_assign, on_revoke=rebalance.on_revoke, on_lost=rebalance.on_lost
         )
-        return PollCycle(
-            consumer,
-            stage,
-            waiting,
-            handoff,
-            ownership,
-            batch_size=s.batch_size,
-            max_wait_ms=s.max_wait_ms,
-            assigned=self._assigned,
-            stop=stop,
-            clock=clock,
-            key_order=key_order,
-            lag=self._lag_probe(waiting),
+        parts = CycleParts(
+            consumer=consumer,
+            stage=stage,
+            waiting=waiting,
+            handoff=handoff,
+            ownership=ownership,
+            holds=holds,
+            before_poll=before_poll,
         )
+        return PollCycle(
+            parts, batch_size=s.batch_size, max_wait_ms=s.max_wait_ms, assigned=self._assigned, stop=stop, clock=clock
+        )
+
+    def _stage(
+        self,
+        waiting: PauseController,
+        ownership: OwnershipGuard,
+        duplicates: DuplicateCheck,
+        key_order: tuple[KeyOrder | TierOrder, KeyWrites] | None,
+        *,
+        failing: Callable[[TopicPartition], bool],
+    ) -> RecordStage:
+        """The records stage of this loop's kind, picked once: the source path (a main consumer: source topics
+        only) or the tier path; with key order's admission when a handler is key-ordered."""
+        parts = (self._audit, self._invoker, ownership, duplicates)
+        clock, rng, stop = self._clock, random.Random(), self._stop
+        order = None if key_order is None else key_order[0]
+        if all(topic == b.topic for topic, b in self._bindings.items()):
+            if isinstance(order, KeyOrder):
+                return OrderedSourceStage(
+                    self._bindings,
+                    *parts,
+                    clock=clock,
+                    rng=rng,
+                    stop=stop,
+                    key_order=order,
+                    assigned=self._assigned,
+                    failing=failing,
+                )
+            return SourceStage(self._bindings, *parts, clock=clock, rng=rng, stop=stop)
+        if isinstance(order, TierOrder):
+            return OrderedTierStage(self._bindings, waiting, *parts, clock=clock, rng=rng, stop=stop, tier_order=order)
+        return TierStage(self._bindings, waiting, *parts, clock=clock, rng=rng, stop=stop)
 
     def _lag_probe(self, waiting: PauseController) -> LagProbe | None:
         if self._end_offsets is None:
@@ -256,10 +308,10 @@ class ConsumerLoop(LoopRun):
             self._bindings, read=read, emitter=self._emitter, name=name, now_ms=clock.now_ms, monotonic=clock.monotonic
         )
 
-    def _ordered_hand_offs(self, chains: KeyOrder | TierOrder) -> OrderedHandOffs:
+    def _ordered_hand_offs(self, listener: KeyOrderListener) -> OrderedHandOffs:
         """At-least-once: key order's writes on a producer of their own."""
         return OrderedHandOffs(
-            chains,
+            listener,
             self._producer_factory,
             self._emitter,
             clock=self._clock,

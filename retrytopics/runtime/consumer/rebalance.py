@@ -4,25 +4,35 @@ group in time (the loop's health).
 Assigned partitions start afresh, and the hand-offs already downstream of them are read
 (runtime/records/duplicates.py). Revoked ones first commit what is finished; lost ones commit nothing (both
 are the hand-off's, runtime/handoff/). Either is then forgotten: offsets, pauses, queued records, failing
-publishes.
+publishes. A feature that keeps state per partition is told too (`AssignmentListener`: key order's key-state
+reads, runtime/keyorder/learning.py), and names the assigned partitions it holds until it is ready.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
 
 from retrytopics.core.offsets import OffsetTracker, TopicPartition
 from retrytopics.observe.events import Event
 from retrytopics.runtime.handoff.base import HandOff
-from retrytopics.runtime.handoff.ordered import KeyWrites
 from retrytopics.runtime.records.duplicates import DuplicateCheck
-from retrytopics.runtime.records.ordering import KeyOrder, TierOrder
 from retrytopics.runtime.waiting import PauseController
 
-__all__ = ["GroupJoin", "RebalanceListener"]
+__all__ = ["AssignmentListener", "GroupJoin", "RebalanceListener"]
 
 log = logging.getLogger("retrytopics.runtime")
+
+
+class AssignmentListener(Protocol):
+    """A part told of the loop's assignments, inside the rebalance callbacks (so before any record of them)."""
+
+    def assigned(self, tps: list[TopicPartition]) -> Iterable[TopicPartition]:
+        """`tps` are assigned: returns those of them to hold until it lets them go (a hold reason's)."""
+
+    def revoked(self, tps: list[TopicPartition]) -> None:
+        """`tps` are revoked or lost: forget them."""
 
 
 class GroupJoin:
@@ -84,9 +94,9 @@ class RebalanceListener:
         *,
         assigned: set[TopicPartition],
         join: GroupJoin,
-        key_order: tuple[KeyOrder | TierOrder, KeyWrites] | None = None,
+        listeners: Sequence[AssignmentListener] = (),
     ) -> None:
-        self._key_order = key_order
+        self._listeners = tuple(listeners)
         self._tracker = tracker
         self._pauses = pauses
         self._handoff = handoff
@@ -102,14 +112,9 @@ class RebalanceListener:
         self._pauses.drop(tps)
         self._assigned.update(tps)
         self._duplicates.seed(tps)
-        if self._key_order is not None:
-            # before any record of them: a partition whose key state is not read stays unstarted
-            key_order, writes = self._key_order
-            self._handoff.reading_key_state()
-            writes.write(key_order.assigned(tps))
-            for tp in tps:
-                if key_order.holds(tp):
-                    self._pauses.hold(tp, None)
+        for listener in self._listeners:
+            for tp in listener.assigned(tps):
+                self._pauses.hold(tp, None)
         self._emit(Event.PARTITIONS_ASSIGNED, partitions=tps)
 
     def on_revoke(self, tps: list[TopicPartition]) -> None:
@@ -129,5 +134,5 @@ class RebalanceListener:
         self._pauses.drop(tps)
         self._handoff.publisher.forget(tps)
         self._assigned.difference_update(tps)
-        if self._key_order is not None:
-            self._key_order[0].revoked(tps)
+        for listener in self._listeners:
+            listener.revoked(tps)

@@ -2,7 +2,7 @@
 each record is acquired under a lock and acknowledged on its own (docs/share-groups.md).
 
 One iteration: poll a batch (every record acquired, with its delivery count); each record goes to the records
-stage (`RecordStage.read`: a source record, so it is handled at once) and each outcome to the share hand-off
+stage (`SourceStage.read`: a source record, so it is handled at once) and each outcome to the share hand-off
 (runtime/handoff/acknowledge.py), which turns it into an acknowledgement; the batch ends with every record
 acknowledged (the client's rule before the next poll) and the acknowledgements committed.
 
@@ -33,13 +33,11 @@ from __future__ import annotations
 import logging
 import random
 import threading
-from collections.abc import Callable, Container, Iterator, Mapping, Sequence
-from typing import NoReturn
+from collections.abc import Callable, Container, Iterator, Mapping
 
 from retrytopics.core.dedupe import DuplicateAudit
 from retrytopics.core.errors import ConfigError, DeliveryLimitReached
-from retrytopics.core.offsets import TopicPartition
-from retrytopics.core.ports import Message, PartitionsCallback, ProducerPort, ShareConsumerPort
+from retrytopics.core.ports import Message, ProducerPort, ShareConsumerPort
 from retrytopics.core.router import delivery_limit_route, origin_message_id
 from retrytopics.observe.events import Emitter
 from retrytopics.runtime.clock import SYSTEM_CLOCK, Clock
@@ -51,8 +49,7 @@ from retrytopics.runtime.records.calls import Binding, build_record
 from retrytopics.runtime.records.duplicates import DuplicateCheck
 from retrytopics.runtime.records.outcome import Abandoned, Failed, Outcome, Waiting
 from retrytopics.runtime.records.ownership import OwnershipCheck, OwnershipGuard
-from retrytopics.runtime.records.stage import RecordStage
-from retrytopics.runtime.waiting import PauseController
+from retrytopics.runtime.records.source import SourceStage
 
 __all__ = ["DEFAULT_DELIVERY_COUNT_LIMIT", "DEFAULT_LOCK_MS", "ShareConsumerLoop", "ShareLimits", "handling_order"]
 
@@ -119,56 +116,6 @@ class _LockCheck(OwnershipCheck):
     def lost(self, elapsed_s: float, *, unsure_is_lost: bool = False) -> str | None:
         if elapsed_s > self._lock_s:
             return f"took {elapsed_s:.1f}s, past the record lock ({self._lock_s:g}s): it may be another member's now"
-        return None
-
-
-class _NoPartitions:
-    """The consumer behind the records stage's `PauseController`: a share consumer has no partitions to pause
-    or seek, and the stage never asks for a source record (which is never waiting)."""
-
-    max_poll_interval_ms = 0
-
-    def _refuse(self) -> NoReturn:
-        raise TypeError("a share group has no partitions to pause, seek or commit")
-
-    def subscribe(
-        self,
-        topics: Sequence[str],
-        *,
-        on_assign: PartitionsCallback,
-        on_revoke: PartitionsCallback,
-        on_lost: PartitionsCallback,
-    ) -> None:
-        self._refuse()
-
-    def consume(self, max_records: int, timeout_s: float) -> list[Message]:
-        self._refuse()
-
-    def pause(self, tps: Sequence[TopicPartition]) -> None:
-        self._refuse()
-
-    def resume(self, tps: Sequence[TopicPartition]) -> None:
-        self._refuse()
-
-    def seek(self, tp: TopicPartition, offset: int) -> None:
-        self._refuse()
-
-    def commit(self, offsets: Mapping[TopicPartition, int], *, asynchronous: bool) -> None:
-        self._refuse()
-
-    def failed_commits(self) -> dict[TopicPartition, int]:
-        return {}
-
-    def committed_metadata(self, tps: Sequence[TopicPartition], timeout_s: float) -> dict[TopicPartition, str]:
-        self._refuse()
-
-    def mark_commits(self, marks: Mapping[TopicPartition, str]) -> None:
-        self._refuse()
-
-    def group_metadata(self) -> object:
-        self._refuse()
-
-    def close(self) -> None:
         return None
 
 
@@ -254,9 +201,8 @@ class ShareConsumerLoop(LoopRun):
         guard = self._guard = OwnershipGuard(
             _LockCheck(lock_s), self._emit, name=s.name, stop=stop, monotonic=clock.monotonic
         )
-        stage = RecordStage(
+        stage = SourceStage(
             self._bindings,
-            PauseController(_NoPartitions(), self._emitter, consumer_name=s.name),
             self._audit,
             self._invoker,
             guard,

@@ -14,7 +14,7 @@ from typing import Any
 
 from retrytopics.core.dedupe import DuplicateAudit
 from retrytopics.core.errors import KafkaClientError
-from retrytopics.core.key_hops import origin_of
+from retrytopics.core.keyorder.hops import origin_of
 from retrytopics.core.offsets import OffsetTracker, TopicPartition
 from retrytopics.core.ports import ConsumerPort, Message, ProducerPort
 from retrytopics.core.record import Record

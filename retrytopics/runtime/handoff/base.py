@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 from retrytopics.core.dedupe import AuditKey, DuplicateAudit
 from retrytopics.core.headers import DlqReason, RetryHeaders
-from retrytopics.core.key_hops import origin_of
+from retrytopics.core.keyorder.hops import origin_of
 from retrytopics.core.offsets import TopicPartition
 from retrytopics.core.ports import Message, ProducerPort
 from retrytopics.core.record import Record

@@ -22,7 +22,7 @@ from collections.abc import Callable, Collection
 
 from retrytopics.core.dedupe import AuditKey, DuplicateAudit
 from retrytopics.core.errors import KafkaClientError
-from retrytopics.core.key_hops import Origin, origin_of
+from retrytopics.core.keyorder.hops import Origin, origin_of
 from retrytopics.core.offsets import OffsetTracker, TopicPartition
 from retrytopics.core.ports import ConsumerPort, ProducerPort
 from retrytopics.core.router import RouteKind

@@ -26,8 +26,9 @@ from typing import Protocol
 
 from retrytopics.core.errors import KafkaClientError, PublishError
 from retrytopics.core.headers import RETRY_PREFIX, Header, user_headers
-from retrytopics.core.key_hops import Origin, blocked_by_key_route, follower_headers
-from retrytopics.core.key_order import ChainKey, KeyStateRecord, encode_signed, key_id
+from retrytopics.core.keyorder.hops import Origin, blocked_by_key_route, follower_headers
+from retrytopics.core.keyorder.keys import ChainKey, key_id
+from retrytopics.core.keyorder.state_records import KeyStateRecord, encode_signed
 from retrytopics.core.ports import ProducerPort
 from retrytopics.core.record import Record
 from retrytopics.core.router import too_large_reference_record

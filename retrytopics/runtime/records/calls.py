@@ -17,7 +17,7 @@ from retrytopics.connectors.serde import Deserializer, bytes_value, deserialize
 from retrytopics.core.classify import Verdict, classify
 from retrytopics.core.errors import BatchFailed, PoisonRecordError
 from retrytopics.core.headers import RetryHeaders, user_headers
-from retrytopics.core.key_order import KeyOrdering
+from retrytopics.core.keyorder.config import KeyOrdering
 from retrytopics.core.policy import RetryPolicy
 from retrytopics.core.ports import Message
 from retrytopics.core.record import Record

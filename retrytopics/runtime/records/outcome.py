@@ -13,7 +13,7 @@ cycle (runtime/consumer/cycle.py) hands each to the one part that acts on it:
   behind its key's predecessor; `Parked` (its key's last hop is not acknowledged) -> the hand-off, which keeps
   its offset unfinished while key order keeps the record in memory and the partition goes on; `Held` (the
   partition is at its bound of blocked keys or of parked records) -> waiting: the partition stops at that
-  record until key order lets it through (runtime/records/ordering.py).
+  record until key order lets it through (runtime/keyorder/ordering.py).
 
 A consumer model without partitions (a share group: per-record acknowledgement, nothing to pause or commit)
 consumes the same values with its own hand-off: `Succeeded` is an ACCEPT, `Failed` an ACCEPT once its route
@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 from retrytopics.core.dedupe import AuditKey
 from retrytopics.core.headers import RetryHeaders
-from retrytopics.core.key_order import Follower
+from retrytopics.core.keyorder.follower import Follower
 from retrytopics.core.offsets import TopicPartition
 from retrytopics.core.ports import Message
 from retrytopics.core.record import Record
@@ -139,7 +139,7 @@ class Held(NamedTuple):
 
 
 class Parked(NamedTuple):
-    """Key order keeps `msg` in memory until its key's last hop is acknowledged (runtime/records/ordering.py):
+    """Key order keeps `msg` in memory until its key's last hop is acknowledged (runtime/keyorder/ordering.py):
     its offset is tracked now, unfinished, so no commit passes it while later records of other keys go on."""
 
     msg: Message

@@ -36,10 +36,12 @@ from retrytopics.client_factory import KafkaClientFactory
 from retrytopics.connectors.admin import ProvisionOutcome
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.core.errors import KafkaClientError
-from retrytopics.core.key_order import Chain, ChainKey, Closed, Fate, Passage, SourceChains, encode_record, key_id
+from retrytopics.core.keyorder.keys import ChainKey, key_id
+from retrytopics.core.keyorder.source_chains import SourceChains
+from retrytopics.core.keyorder.state_records import Chain, Closed, Fate, Passage, encode_record
 from retrytopics.operator.config import AppSettings
 from retrytopics.operator.ops import provision_pipeline
-from retrytopics.runtime.records.key_state import read_key_state
+from retrytopics.runtime.keyorder.key_state import read_key_state
 
 from .conftest import Kit, wait_until
 

@@ -29,19 +29,11 @@ from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.kafka import make_producer
 from retrytopics.core.errors import KafkaClientError
 from retrytopics.core.headers import Header
-from retrytopics.core.key_order import (
-    Admission,
-    Admit,
-    Chain,
-    ChainKey,
-    Fate,
-    Passage,
-    SourceChains,
-    encode_record,
-    key_id,
-)
+from retrytopics.core.keyorder.keys import ChainKey, key_id
+from retrytopics.core.keyorder.source_chains import Admission, Admit, SourceChains
+from retrytopics.core.keyorder.state_records import Chain, Fate, Passage, encode_record
 from retrytopics.core.ports import DeliveryCallback, Message, ProducerPort
-from retrytopics.runtime.records.key_state import read_key_state
+from retrytopics.runtime.keyorder.key_state import read_key_state
 
 from .conftest import Kit, wait_until
 from .test_key_order import (

@@ -21,7 +21,8 @@ import pytest
 
 from retrytopics import Event, KeyOrdering, Record, RetryApp, RetryPolicy
 from retrytopics.connectors.config import KafkaConfig
-from retrytopics.core.key_order import Chain, ChainKey, Closed, Fate, Passage, encode_record, key_id
+from retrytopics.core.keyorder.keys import ChainKey, key_id
+from retrytopics.core.keyorder.state_records import Chain, Closed, Fate, Passage, encode_record
 from retrytopics.core.signing import HeaderKeys, sign_state, verify_state
 
 from .conftest import Kit, wait_until

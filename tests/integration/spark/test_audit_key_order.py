@@ -24,7 +24,9 @@ from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.kafka import make_admin
 from retrytopics.core import headers as H
 from retrytopics.core.headers import DlqReason, RetryHeaders, encode
-from retrytopics.core.key_order import Chain, ChainKey, Closed, Follower, encode_follower, encode_record, key_id
+from retrytopics.core.keyorder.follower import Follower, encode_follower
+from retrytopics.core.keyorder.keys import ChainKey, key_id
+from retrytopics.core.keyorder.state_records import Chain, Closed, encode_record
 from retrytopics.core.naming import topics_for
 from retrytopics.spark.audit import audit, format_table, pipeline_records
 from retrytopics.spark.key_order import follower_waits, with_follower_columns

@@ -18,30 +18,20 @@ from hypothesis import strategies as st
 
 from retrytopics.core.errors import ConfigError, HeaderDecodeError, KeyStateDecodeError
 from retrytopics.core.headers import RECONSUME_TIMES
-from retrytopics.core.key_order import (
-    KEY_ORDER_AFTER,
-    Admission,
-    Admit,
+from retrytopics.core.keyorder.config import DeadHeadPolicy, KeyOrdering
+from retrytopics.core.keyorder.follower import KEY_ORDER_AFTER, Follower, decode_follower, encode_follower
+from retrytopics.core.keyorder.keys import ChainKey, key_id
+from retrytopics.core.keyorder.source_chains import Admission, Admit, SourceChains, batch_end
+from retrytopics.core.keyorder.state_records import (
     Chain,
-    ChainKey,
     Closed,
-    DeadHeadPolicy,
     Fate,
-    Follower,
-    KeyOrdering,
     KeyStateRecord,
     Passage,
-    SourceChains,
-    Step,
-    TierDecision,
-    TierPassages,
-    batch_end,
-    decode_follower,
     decode_record,
-    encode_follower,
     encode_record,
-    key_id,
 )
+from retrytopics.core.keyorder.tier_passages import Step, TierDecision, TierPassages
 
 SOURCE = "orders"
 TIERS = 2

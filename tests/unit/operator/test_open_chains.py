@@ -6,7 +6,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from retrytopics.core.key_order import Chain, ChainKey, Closed, encode_record, key_id
+from retrytopics.core.keyorder.keys import ChainKey, key_id
+from retrytopics.core.keyorder.state_records import Chain, Closed, encode_record
 from retrytopics.core.ports import Message
 from retrytopics.core.signing import HeaderKeys, sign_state
 from retrytopics.operator.ops import open_chains

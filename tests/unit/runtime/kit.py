@@ -29,7 +29,7 @@ from retrytopics.core.ports import ConsumerPort, Message
 from retrytopics.core.record import Record
 from retrytopics.core.router import InboundRecord, RouteContext, route
 from retrytopics.observe.events import Emitter, Event
-from retrytopics.runtime.consumer.loop import ConsumerLoop
+from retrytopics.runtime.consumer.loop import ConsumerLoop, LoopClients
 from retrytopics.runtime.consumer.settings import LoopSettings
 from retrytopics.runtime.handoff import base
 from retrytopics.runtime.handoff.publish import Publisher
@@ -145,8 +145,10 @@ def build_loop(
             name=topic, group_id=GROUP if topic == "orders" else topic, topics=(topic,), **{**defaults, **settings}
         ),
         {topic: binding},
-        consumer_factory=consumer_factory or (lambda: consumer),
-        producer_factory=lambda: broker.producer(transactional_id=f"{topic}-1" if exactly_once else None),
+        clients=LoopClients(
+            consumer=consumer_factory or (lambda: consumer),
+            producer=lambda: broker.producer(transactional_id=f"{topic}-1" if exactly_once else None),
+        ),
         emitter=Emitter([ledger, *hooks]),
         stop=stop,
         audit=DuplicateAudit(100),

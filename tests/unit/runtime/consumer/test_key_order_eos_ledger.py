@@ -20,7 +20,7 @@ import pytest
 
 from retrytopics import KafkaConfig, KeyOrdering, NonRetryable, Record, RetryApp
 from retrytopics.core.headers import decode
-from retrytopics.core.key_order import decode_follower
+from retrytopics.core.keyorder.follower import decode_follower
 from retrytopics.observe.events import Event
 from retrytopics.testing import MemoryBroker, MemoryClientFactory
 

@@ -1,4 +1,4 @@
-"""Key order on the main consumer (runtime/records/ordering.py, runtime/handoff/ordered.py), on the in-memory
+"""Key order on the main consumer (runtime/keyorder/ordering.py, runtime/handoff/ordered.py), on the in-memory
 broker, with the tier's side written by hand (its passages in the key-state topic), so that what the main
 consumer does is seen alone.
 
@@ -29,25 +29,18 @@ from retrytopics.connectors.serde import bytes_value
 from retrytopics.core.dedupe import DuplicateAudit
 from retrytopics.core.errors import KafkaClientError
 from retrytopics.core.headers import DlqReason, decode
-from retrytopics.core.key_order import (
-    Chain,
-    ChainKey,
-    Fate,
-    KeyOrdering,
-    Passage,
-    decode_follower,
-    decode_record,
-    encode_record,
-    key_id,
-)
+from retrytopics.core.keyorder.config import KeyOrdering
+from retrytopics.core.keyorder.follower import decode_follower
+from retrytopics.core.keyorder.keys import ChainKey, key_id
+from retrytopics.core.keyorder.state_records import Chain, Fate, Passage, decode_record, encode_record
 from retrytopics.core.ports import Message
 from retrytopics.core.record import Record
 from retrytopics.observe.events import Emitter, Event
-from retrytopics.runtime.consumer.loop import ConsumerLoop
+from retrytopics.runtime.consumer.loop import ConsumerLoop, LoopClients
 from retrytopics.runtime.consumer.settings import LoopSettings
+from retrytopics.runtime.keyorder.key_state import KeyStateReader
+from retrytopics.runtime.keyorder.ordering import PARKED_PER_PARTITION
 from retrytopics.runtime.records.calls import Binding
-from retrytopics.runtime.records.key_state import KeyStateReader
-from retrytopics.runtime.records.ordering import PARKED_PER_PARTITION
 from retrytopics.runtime.records.ownership import OwnershipGuard
 from retrytopics.testing import MemoryBroker, MemoryClientFactory
 
@@ -114,14 +107,16 @@ def ordered_loop(
             name="orders", group_id=GROUP, topics=("orders",), max_wait_ms=100, commit_every=1, batch_size=batch_size
         ),
         {"orders": binding},
-        consumer_factory=lambda: broker.consumer(GROUP),
-        producer_factory=lambda: broker.producer(),
+        clients=LoopClients(
+            consumer=lambda: broker.consumer(GROUP),
+            producer=lambda: broker.producer(),
+            key_state_reader=read or clients.read_to_end,
+            key_state_feed=clients.key_state_feed,
+        ),
         emitter=Emitter([ledger]),
         stop=stop,
         audit=DuplicateAudit(100),
         clock=broker.clock,
-        key_state_reader=read or clients.read_to_end,
-        key_state_feed=clients.key_state_feed,
     )
 
 

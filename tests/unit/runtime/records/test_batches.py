@@ -24,7 +24,7 @@ from retrytopics.core.ports import Message, Polled, split_runs
 from retrytopics.core.record import Record
 from retrytopics.core.router import RouteContext, route
 from retrytopics.observe.events import Emitter, Event
-from retrytopics.runtime.consumer.loop import ConsumerLoop
+from retrytopics.runtime.consumer.loop import ConsumerLoop, LoopClients
 from retrytopics.runtime.consumer.settings import LoopSettings
 from retrytopics.runtime.records.calls import Binding
 from retrytopics.runtime.records.duplicates import TailReader
@@ -88,12 +88,10 @@ def run(
     loop = ConsumerLoop(
         LoopSettings(name="main", group_id="billing", topics=("orders",), max_wait_ms=10, commit_on_ack=False),
         {"orders": binding},
-        consumer_factory=lambda: consumer,
-        producer_factory=broker.producer,
+        clients=LoopClients(consumer=lambda: consumer, producer=broker.producer, tail_reader=tail_reader),
         emitter=emitter or Emitter(),
         stop=stop,
         audit=DuplicateAudit(100),
-        tail_reader=tail_reader,
         clock=broker.clock,
     )
     loop.run()

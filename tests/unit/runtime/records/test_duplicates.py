@@ -20,7 +20,7 @@ from retrytopics.core.commit_marks import commit_mark
 from retrytopics.core.dedupe import HandOffs, audit_key, hand_off_key, record_digest
 from retrytopics.core.errors import KafkaClientError, NonRetryable
 from retrytopics.core.headers import decode
-from retrytopics.core.key_order import KeyOrdering
+from retrytopics.core.keyorder.config import KeyOrdering
 from retrytopics.core.naming import topics_for
 from retrytopics.core.policy import RetryPolicy
 from retrytopics.core.ports import Message

@@ -7,7 +7,7 @@ max.poll.interval.ms, and the calls that returned before a handler's BaseExcepti
 In a loop, a record is decided once: one that waits in memory has its retry headers read once, and a second
 copy of a hop read while the first waits is suppressed as a duplicate.
 
-A main consumer's polls go to single-record handlers partition by partition (`RecordStage.call_run`):
+A main consumer's polls go to single-record handlers partition by partition (`SourceStage.call_run`):
 no decision per record, the successes between two failures finished in one step. These tests hold it to
 what the ordinary path guarantees:
 
@@ -40,9 +40,9 @@ from retrytopics.core.record import Record
 from retrytopics.core.router import RouteKind
 from retrytopics.core.step import Action
 from retrytopics.observe.events import Emitter, Event
-from retrytopics.runtime.consumer.loop import ConsumerLoop
+from retrytopics.runtime.consumer.loop import ConsumerLoop, LoopClients
 from retrytopics.runtime.consumer.settings import LoopSettings
-from retrytopics.runtime.records import stage as stage_module
+from retrytopics.runtime.records import tier as stage_module
 from retrytopics.runtime.records.calls import Binding, Invoker
 from retrytopics.runtime.records.duplicates import DuplicateCheck
 from retrytopics.runtime.records.outcome import (
@@ -56,7 +56,8 @@ from retrytopics.runtime.records.outcome import (
     Waiting,
 )
 from retrytopics.runtime.records.ownership import OwnershipCheck, OwnershipGuard
-from retrytopics.runtime.records.stage import RecordStage
+from retrytopics.runtime.records.source import SourceStage
+from retrytopics.runtime.records.tier import TierStage
 from retrytopics.runtime.waiting import PauseController
 from retrytopics.testing.broker import DEFAULT_MAX_POLL_INTERVAL_MS, MemoryBroker, MemoryConsumer
 
@@ -110,8 +111,7 @@ def json_loop(
     return ConsumerLoop(
         LoopSettings(name="main", group_id=GROUP, topics=("orders",), **options),
         {"orders": binding},
-        consumer_factory=lambda: member,
-        producer_factory=broker.producer,
+        clients=LoopClients(consumer=lambda: member, producer=broker.producer),
         emitter=Emitter([ledger]),
         stop=stop,
         audit=DuplicateAudit(100),
@@ -133,7 +133,7 @@ def fill_json(broker: MemoryBroker, ids: dict[int, list[str]], *, poison: dict[i
 
 
 #: a main consumer's runs as the stage builds each Record (a decoding handler) and as the consumer built them
-#: (a bytes handler: `RecordStage.run_topics`)
+#: (a bytes handler: `SourceStage.run_topics`)
 BOTH_RUNS = pytest.mark.parametrize("deserializer", [json_value, bytes_value], ids=["decoded", "built"])
 
 
@@ -181,8 +181,7 @@ def test_a_bytes_handler_is_called_with_the_records_its_consumer_built_and_a_fai
     loop = ConsumerLoop(
         LoopSettings(name="main", group_id=GROUP, topics=("orders",), max_wait_ms=100, commit_every=1),
         {"orders": binding},
-        consumer_factory=lambda: consumer,
-        producer_factory=broker.producer,
+        clients=LoopClients(consumer=lambda: consumer, producer=broker.producer),
         emitter=Emitter(),
         stop=stop,
         audit=DuplicateAudit(100),
@@ -380,20 +379,17 @@ class Stage:
         stop = threading.Event()
         binding = Binding(topic="orders", handler=handler, policy=POLICY, ctx=CTX, value_deserializer=json_value)
         self.audit = DuplicateAudit(10)
-        waiting = PauseController(self.consumer, Emitter(), consumer_name=topic, ahead_ms=2_000)
+        waiting = self.waiting = PauseController(self.consumer, Emitter(), consumer_name=topic, ahead_ms=2_000)
         check = OwnershipCheck(self.consumer, OffsetTracker())
         self.ownership = OwnershipGuard(check, Emitter().emit, name=topic, stop=stop, monotonic=broker.clock.monotonic)
         duplicates = DuplicateCheck({topic: binding}, tail_reader=None, seed_last=0, seed_timeout_s=0)
-        self.stage = RecordStage(
-            {topic: binding},
-            waiting,
-            self.audit,
-            Invoker(stop),
-            self.ownership,
-            duplicates,
-            clock=broker.clock,
-            rng=random.Random(0),
-            stop=stop,
+        parts = (self.audit, Invoker(stop), self.ownership, duplicates)
+        clock, rng = broker.clock, random.Random(0)
+        # the stage of the consumer's kind: the source path for a source topic, else the tier path
+        self.stage: SourceStage | TierStage = (
+            SourceStage({topic: binding}, *parts, clock=clock, rng=rng, stop=stop)
+            if topic == binding.topic
+            else TierStage({topic: binding}, waiting, *parts, clock=clock, rng=rng, stop=stop)
         )
 
     def read(self, msg: Message) -> list[Outcome]:
@@ -473,7 +469,8 @@ def test_a_base_exception_from_a_handler_yields_the_calls_that_returned_before_i
 
     stage = Stage(broker, "orders", handle)
     msgs = broker.records("orders")
-    [(binding, run)] = stage.stage.plain_runs(msgs) or []
+    assert isinstance(stage.stage, SourceStage)
+    [(binding, run)] = stage.stage.plain_runs(msgs, stage.waiting) or []
     outcomes: list[Outcome] = []
     with pytest.raises(KeyboardInterrupt):
         for outcome in stage.stage.call_run(binding, run):

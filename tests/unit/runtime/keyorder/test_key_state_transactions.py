@@ -17,20 +17,11 @@ import threading
 import pytest
 
 from retrytopics.core.errors import KafkaClientError
-from retrytopics.core.key_order import (
-    Admission,
-    Admit,
-    Chain,
-    ChainKey,
-    Fate,
-    KeyOrdering,
-    KeyStateRecord,
-    Passage,
-    SourceChains,
-    encode_record,
-    key_id,
-)
-from retrytopics.runtime.records.key_state import read_key_state
+from retrytopics.core.keyorder.config import KeyOrdering
+from retrytopics.core.keyorder.keys import ChainKey, key_id
+from retrytopics.core.keyorder.source_chains import Admission, Admit, SourceChains
+from retrytopics.core.keyorder.state_records import Chain, Fate, KeyStateRecord, Passage, encode_record
+from retrytopics.runtime.keyorder.key_state import read_key_state
 from retrytopics.testing import MemoryBroker, MemoryClientFactory, MemoryProducer
 
 TOPIC = "orders.billing.keys"

@@ -1,14 +1,15 @@
 """Key order in a consumer loop (docs/key-ordering.md, section 4): which records of a key-ordered handler may be
 handled now, which follow their key's predecessor into a tier, and which stop their partition.
 
-A main consumer (`KeyOrder`) holds one `SourceChains` (retrytopics/core/key_order.py, pure) per assigned source
-partition of an ordered handler:
+A main consumer (`KeyOrder`) holds one `SourceChains` (retrytopics/core/keyorder/source_chains.py, pure) per
+assigned source partition of an ordered handler:
 
 - at assignment (`assigned`, inside the rebalance callback) it is rebuilt from the partition's key-state
   records, read to their end; a partition whose read failed is not started (held, read again each poll,
   unhealthy, one ERROR line) until the read succeeds: starting without it could run a blocked key's record
   before its head;
-- before each handler call (`admit`, asked by the records stage for a record of an ordered handler only);
+- before each handler call (`admit`, asked by the admission step, runtime/keyorder/stage.py, for a record of an
+  ordered handler only);
 - a record whose key's last hop is not acknowledged yet (`Admit.WAIT`) is parked (`park`): kept in memory, its
   offset tracked unfinished by the hand-off, while the partition's records of other keys go on; every later
   record of its key is parked behind it; each poll, the first parked record of each key whose hop is
@@ -36,27 +37,18 @@ from typing import Protocol
 
 from retrytopics.core.errors import KafkaClientError
 from retrytopics.core.headers import RetryHeaders
-from retrytopics.core.key_hops import Origin
-from retrytopics.core.key_order import (
-    Admission,
-    Admit,
-    Chain,
-    ChainKey,
-    Closed,
-    Follower,
-    KeyStateRecord,
-    SourceChains,
-    Step,
-    TierDecision,
-    TierPassages,
-    key_id,
-)
+from retrytopics.core.keyorder.follower import Follower
+from retrytopics.core.keyorder.hops import Origin
+from retrytopics.core.keyorder.keys import ChainKey, key_id
+from retrytopics.core.keyorder.source_chains import Admission, Admit, SourceChains
+from retrytopics.core.keyorder.state_records import Chain, Closed, KeyStateRecord
+from retrytopics.core.keyorder.tier_passages import Step, TierDecision, TierPassages
 from retrytopics.core.offsets import TopicPartition
 from retrytopics.core.ports import Message
 from retrytopics.core.signing import HeaderKeys
 from retrytopics.observe.events import Emitter, Event
+from retrytopics.runtime.keyorder.key_state import KeyState, KeyStateReader, Skipped, decode_message, read_key_state
 from retrytopics.runtime.records.calls import Binding
-from retrytopics.runtime.records.key_state import KeyState, KeyStateReader, Skipped, decode_message, read_key_state
 
 __all__ = ["KeyOrder", "KeyStateFeed", "TierOrder"]
 
@@ -456,7 +448,8 @@ class TierOrder(_Ordering):
         if passages is None or msg.key is None:
             return _T_NOT_STARTED if passages is None else _T_HANDLE
         chain = ChainKey(state.original_topic, state.original_partition, key_id(msg.key))
-        return passages.on_retry(chain)  # WAIT: the record waits in memory, its partition goes on (records stage)
+        # WAIT: the record waits in memory, its partition goes on (runtime/keyorder/stage.py)
+        return passages.on_retry(chain)
 
     def on_follower(self, msg: Message, follower: Follower) -> TierDecision:
         """What to do with follower `msg`."""

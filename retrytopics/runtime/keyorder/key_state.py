@@ -12,7 +12,7 @@ Every record is untrusted input: one that does not decode (`decode_record`), or 
 other than the one it was read from (the writers always write a chain's records to its source partition), is
 skipped and counted, never trusted; one WARNING per read says how many and the first reason, never a value.
 With header keys (`RetryApp(header_key=...)`) every key-state record, tombstones included, carries a
-`retry.signature` (`core.key_order.encode_signed`), and one that is unsigned or does not verify
+`retry.signature` (`core.keyorder.state_records.encode_signed`), and one that is unsigned or does not verify
 is skipped and counted as `forged` the same way, before it is decoded (docs/key-ordering.md, section 9).
 """
 
@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from retrytopics.core.errors import KeyStateDecodeError
-from retrytopics.core.key_order import KeyStateRecord, decode_record
+from retrytopics.core.keyorder.state_records import KeyStateRecord, decode_record
 from retrytopics.core.ports import Message
 from retrytopics.core.signing import HeaderKeys, verify_state
 

@@ -1,4 +1,4 @@
-"""Reading a key-state topic at assignment (runtime/records/key_state.py) on the in-memory broker.
+"""Reading a key-state topic at assignment (runtime/keyorder/key_state.py) on the in-memory broker.
 
 Guarantee: a new owner gets every well-formed key-state record of the partitions it asked for, in log order,
 decoded; malformed records and records written to another partition than their chain's are skipped and
@@ -14,23 +14,21 @@ import logging
 import pytest
 
 from retrytopics.core.errors import KafkaClientError
-from retrytopics.core.key_order import (
-    Admit,
+from retrytopics.core.keyorder.config import KeyOrdering
+from retrytopics.core.keyorder.keys import ChainKey, key_id
+from retrytopics.core.keyorder.source_chains import Admit, SourceChains
+from retrytopics.core.keyorder.state_records import (
     Chain,
-    ChainKey,
     Closed,
     Fate,
-    KeyOrdering,
     KeyStateRecord,
     Passage,
-    SourceChains,
-    TierPassages,
     encode_record,
     encode_signed,
-    key_id,
 )
+from retrytopics.core.keyorder.tier_passages import TierPassages
 from retrytopics.core.signing import HeaderKeys, sign_state
-from retrytopics.runtime.records.key_state import Skipped, decode_message, read_key_state
+from retrytopics.runtime.keyorder.key_state import Skipped, decode_message, read_key_state
 from retrytopics.testing import MemoryBroker, MemoryClientFactory
 
 TOPIC = "orders.billing.keys"

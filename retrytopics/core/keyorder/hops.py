@@ -2,7 +2,7 @@
 follower handed off behind its key's predecessor, and the DLQ route of one dead-lettered unhandled.
 
 A follower has never failed: it carries the record's user headers byte for byte, its replay lineage, the
-follower headers of `key_order.encode_follower` and, with header keys, a signature over all of them (as every
+follower headers of `follower.encode_follower` and, with header keys, a signature over all of them (as every
 hop the router builds).
 """
 
@@ -26,14 +26,17 @@ from retrytopics.core.headers import (
     encode,
     user_headers,
 )
-from retrytopics.core.key_order import BlockedByKey, ChainKey, Follower, decode_follower, encode_follower, key_id
+from retrytopics.core.keyorder.follower import Follower, decode_follower, encode_follower
+from retrytopics.core.keyorder.keys import ChainKey, key_id
 from retrytopics.core.record import Record
 from retrytopics.core.router import Consumed, Route, RouteContext, RouteKind, origin_message_id
 from retrytopics.core.signing import SIGNATURE, sign, verify
 
 __all__ = [
-    "WAITED_BEHIND",
+    "BLOCKED_BY_KEY",
     "BLOCKED_TYPE",
+    "WAITED_BEHIND",
+    "BlockedByKey",
     "Origin",
     "blocked_by_key_route",
     "follower_headers",
@@ -43,8 +46,19 @@ __all__ = [
     "waited_behind",
 ]
 
-#: `retry.exception_type` of a record dead-lettered as ``blocked_by_key``: nothing was raised, it waited
-BLOCKED_TYPE: Final = f"{BlockedByKey.__module__}.{BlockedByKey.__qualname__}"
+#: `retry.dlq_reason` of a follower dead-lettered behind a dead-lettered head (policy `dead_letter`), or one
+#: whose predecessor's fate cannot be proven (see `Step.UNPROVEN`).
+BLOCKED_BY_KEY: Final = "blocked_by_key"
+
+
+class BlockedByKey(Exception):
+    """Why a follower is in the DLQ unhandled (`retry.exception_type` of a ``blocked_by_key`` record): it waited
+    behind a record of its key that was dead-lettered (policy ``dead_letter``), or whose fate nothing proves."""
+
+
+#: `retry.exception_type` of a record dead-lettered as ``blocked_by_key``: nothing was raised, it waited. A wire
+#: value DLQ readers match on, so it keeps the name the class was first written under, whatever its module now.
+BLOCKED_TYPE: Final = "retrytopics.core.key_order.BlockedByKey"
 
 
 class Origin(NamedTuple):

@@ -1,0 +1,259 @@
+"""A main consumer's key order, pure (docs/key-ordering.md, section 4): the open chains of one source partition
+(`SourceChains`), what it says of a source record before its handler runs (`Admission`), and where a
+key-ordered batch handler's call ends (`batch_end`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Final
+
+from retrytopics.core.keyorder.config import KeyOrdering
+from retrytopics.core.keyorder.keys import ChainKey
+from retrytopics.core.keyorder.state_records import Chain, Closed, Fate, KeyStateRecord, Passage
+
+__all__ = ["Admission", "Admit", "SourceChains", "batch_end"]
+
+
+def batch_end(keys: Sequence[bytes | None]) -> int:
+    """How many records, from the start of `keys` (a run of one partition, as `key_id`s; None: no key), one batch
+    call may take: up to the second record of a key already in it, which must wait for the call's outcome (it
+    follows the first if that one fails). Records without a key never end a call::
+
+        batch_end([b"a", b"b", None, None, b"a", b"c"])   # 4
+    """
+    seen: set[bytes] = set()
+    for index, key in enumerate(keys):
+        if key is not None:
+            if key in seen:
+                return index
+            seen.add(key)
+    return len(keys)
+
+
+class Admit(StrEnum):
+    """What the main consumer does with a source record, before any handler runs."""
+
+    HANDLE = "handle"
+    """Its key is not blocked (or it has no key): handle it as usual."""
+    FOLLOW = "follow"
+    """Its key is blocked: hand it off as a follower to `Admission.tier`, waiting behind `Admission.after`."""
+    WAIT = "wait"
+    """The hand-off of its key's last record is not acknowledged yet: stop the partition at this record until
+    it is (a refused hand-off changes where this one must go)."""
+    PAUSE = "pause"
+    """`max_blocked_keys` chains are open and this record could open one more: pause the partition until a
+    chain closes (blocking, counted and logged)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    action: Admit
+    tier: int | None = None
+    after: int | None = None
+
+
+_HANDLE: Final = Admission(Admit.HANDLE)
+_WAIT: Final = Admission(Admit.WAIT)
+_PAUSE: Final = Admission(Admit.PAUSE)
+
+
+@dataclass(slots=True)
+class _Open:
+    head: int
+    frontier: int
+    at_tier: int
+    followers: int
+    since_ms: int
+    pending: int | None = None  # offset of a follower whose hand-off is not acknowledged yet
+    anchor: tuple[int, int] = (0, 0)  # (tier, frontier) as the chain record says: where `_chase` walks from
+
+    def __post_init__(self) -> None:
+        self.anchor = (self.at_tier, self.frontier)
+
+
+class SourceChains:
+    """The open chains of one source partition, held by its main consumer (one instance per assignment).
+
+    Ask it about every source record before its handler (`admit`); tell it of every hand-off (`handed_off`,
+    then `acked` with where the record landed) and of every key-state record of its partition as it is read
+    (`learn`); write what `acked` and `learn` return before committing past the record. `rebuild` makes the
+    state a new owner starts from. Its own chain records are never read back live: this instance is their
+    only writer, and its memory is newer than any of them.
+    """
+
+    def __init__(self, config: KeyOrdering, *, source: str, partition: int) -> None:
+        self.config = config
+        self.source = source
+        self.partition = partition
+        self._open: dict[bytes, _Open] = {}
+        self._passages: dict[bytes, dict[tuple[int, int], Passage]] = {}  # key -> (tier, seen) -> passage
+        self._settled: dict[bytes, int] = {}  # key -> highest offset a passage shows terminal (all below are too)
+        self._starting: dict[bytes, tuple[int, int]] = {}  # key -> (offset, now_ms) of a new head in flight
+
+    @classmethod
+    def rebuild(
+        cls, config: KeyOrdering, records: Iterable[KeyStateRecord], *, source: str, partition: int
+    ) -> tuple[SourceChains, list[Closed]]:
+        """The state a new owner of the partition starts from, from the key-state records of its partition in
+        the order they were read (compacted or not: a later record of a key wins, as compaction keeps it), and
+        the tombstones to write for chains the records show closed."""
+        chains = cls(config, source=source, partition=partition)
+        latest: dict[bytes, Chain | None] = {}
+        for record in records:
+            if not chains._ours(record.chain):
+                continue
+            key = record.chain.key
+            if isinstance(record, Passage):
+                chains._remember(record)
+            elif isinstance(record, Chain):
+                latest[key] = record
+            elif record.tier is None or record.seen is None:
+                latest[key] = None
+                chains._passages.pop(key, None)  # facts about the closed chain's records, as `_close` drops them
+                chains._settled.pop(key, None)
+            else:
+                chains._passages.get(key, {}).pop((record.tier, record.seen), None)
+        closed: list[Closed] = []
+        for key, chain in latest.items():
+            if chain is not None:
+                chains._open[key] = _Open(chain.head, chain.frontier, chain.at_tier, chain.followers, chain.since_ms)
+                if chains._chase(key, chains._open[key]):
+                    closed.append(chains._close(key))
+        for key in [k for k in chains._passages if k not in chains._open]:
+            del chains._passages[key]
+        chains._settled = {k: v for k, v in chains._settled.items() if k in chains._open}
+        return chains, closed
+
+    def blocked(self) -> int:
+        """How many keys of this partition are blocked (open chains)."""
+        return len(self._open)
+
+    def room(self) -> int:
+        """How many more chains may open before `max_blocked_keys` (a head whose hop is in flight counts): a
+        batch call admits its records before any of them fails, so it holds at most this many."""
+        return self.config.max_blocked_keys - len(self._open) - len(self._starting)
+
+    def chain(self, key: bytes) -> Chain | None:
+        """The open chain of `key` (a `key_id`), as it would be written."""
+        state = self._open.get(key)
+        return None if state is None else self._record(key, state)
+
+    def admit(self, key: bytes | None) -> Admission:
+        """What to do with the next source record of key `key` (a `key_id`; None: no key, never ordered)."""
+        if key is None:
+            return _HANDLE
+        state = self._open.get(key)
+        if state is None:
+            if key in self._starting:
+                return _WAIT
+            return _PAUSE if len(self._open) + len(self._starting) >= self.config.max_blocked_keys else _HANDLE
+        if state.pending is not None:
+            return _WAIT
+        return Admission(Admit.FOLLOW, state.at_tier, state.frontier)
+
+    def handed_off(self, key: bytes, offset: int, *, now_ms: int) -> None:
+        """The record at `offset` was produced to a tier or the DLQ: a failed record of an unblocked key (a new
+        head, or dead-lettered at once) or a follower (`Admit.FOLLOW`). Until `acked`, the key's next record
+        waits: it may be handled only once this one is durably where it goes."""
+        state = self._open.get(key)
+        if state is None:
+            self._starting[key] = (offset, now_ms)
+        else:
+            state.pending = offset
+
+    def acked(self, key: bytes, offset: int, *, landed: int | None) -> Chain | Closed | None:
+        """The hand-off of `offset` was acknowledged in tier `landed` (None: in the DLQ, routed there or
+        refused by its tier as too large). Returns the key-state record to write before committing past
+        `offset`, if any."""
+        state = self._open.get(key)
+        if state is None:
+            start = self._starting.get(key)
+            if start is None or start[0] != offset:
+                return None
+            del self._starting[key]
+            if landed is None:  # a head dead-lettered at once is terminal: no chain
+                self._passages.pop(key, None)
+                self._settled.pop(key, None)
+                return None
+            state = self._open[key] = _Open(offset, offset, landed, 0, start[1])
+        elif state.pending != offset:
+            return None
+        else:
+            state.pending = None
+            if landed is not None:
+                state.frontier, state.at_tier, state.followers = offset, landed, state.followers + 1
+                state.anchor = (landed, offset)
+            # else: dropped on its way (in the DLQ unhandled); the next follower waits behind the same record
+        if self._chase(key, state):
+            return self._close(key)
+        if landed is None:
+            return None
+        state.anchor = (state.at_tier, state.frontier)
+        return self._record(key, state)
+
+    def learn(self, record: KeyStateRecord) -> Closed | None:
+        """Apply a key-state record of this partition read live (tiers' passages and their tombstones; chain
+        records are this instance's own). Returns the tombstone to write when the key is no longer blocked."""
+        if isinstance(record, Chain) or not self._ours(record.chain):
+            return None
+        key = record.chain.key
+        state = self._open.get(key)
+        if state is None and key not in self._starting:
+            return None  # about a chain closed already
+        if isinstance(record, Closed):
+            if record.tier is not None and record.seen is not None:
+                self._passages.get(key, {}).pop((record.tier, record.seen), None)
+            return None
+        self._remember(record)
+        return self._close(key) if state is not None and self._chase(key, state) else None
+
+    def _remember(self, passage: Passage) -> None:
+        key = passage.chain.key
+        self._passages.setdefault(key, {})[(passage.tier, passage.seen)] = passage
+        if passage.fate is not Fate.SENT:
+            self._settled[key] = max(passage.seen, self._settled.get(key, -1))
+
+    def _ours(self, chain: ChainKey) -> bool:
+        return chain.source_topic == self.source and chain.source_partition == self.partition
+
+    def _chase(self, key: bytes, state: _Open) -> bool:
+        """Follow the passages of the frontier from where the chain record last put it; True when they show it
+        terminal (and no follower is in flight). A record settled at or after the frontier settles it
+        (everything before a handled record is terminal), whichever tier says so: a tier forgets its passages
+        below one it settled. A record can visit a tier twice, so the walk stops before a position it has been
+        at: any tier on the record's path is a good place to send a follower (that tier forwards it), and
+        walking from the recorded position makes a rebuilt state decide as the live one."""
+        if self._settled.get(key, -1) >= state.anchor[1]:
+            return state.pending is None
+        passages = self._passages.get(key, {})
+        position, visited = state.anchor, {state.anchor}
+        while (passage := passages.get(position)) is not None:
+            if passage.fate is not Fate.SENT or passage.to_tier is None or passage.after is None:
+                return state.pending is None
+            if (passage.to_tier, passage.after) in visited:
+                break
+            position = (passage.to_tier, passage.after)
+            visited.add(position)
+            if self._settled.get(key, -1) >= position[1]:
+                return state.pending is None
+        state.at_tier, state.frontier = position
+        return False
+
+    def _close(self, key: bytes) -> Closed:
+        del self._open[key]
+        self._passages.pop(key, None)
+        self._settled.pop(key, None)
+        return Closed(chain=ChainKey(self.source, self.partition, key))
+
+    def _record(self, key: bytes, state: _Open) -> Chain:
+        return Chain(
+            chain=ChainKey(self.source, self.partition, key),
+            head=state.head,
+            frontier=state.frontier,
+            at_tier=state.at_tier,
+            followers=state.followers,
+            since_ms=state.since_ms,
+        )
