@@ -8,6 +8,7 @@ calls across both processes; each entry names the app's `member`, if the setting
 handed off (by the main consumer, or forwarded by a tier's), the process SIGKILLs itself: a follower hop is then
 in flight, its key-state record not written, its offset not committed (with `"exactly_once": true`: its
 transaction open; `"instance"` names the process, so that a restarted one's producer fences it). With
+`"kill_after": null` it never kills itself (the soak test kills it from outside at random moments). With
 `"kill_delay_s"` it waits that long first, so that what the open transaction holds reaches the broker (an
 exactly-once kill point inside a transaction whose records other readers then wait behind); with `"armed_by"`
 (a path) it counts only the followers handed off once that file exists.
@@ -76,7 +77,9 @@ def build_app(settings: dict[str, Any], *, hooks: tuple[Any, ...] = (), clients:
     )
 
     @app.handler(
-        settings["source"], policy=RetryPolicy(delays=["300ms", "600ms"], max_retries=3), ordering=KeyOrdering()
+        settings["source"],
+        policy=RetryPolicy(delays=["300ms", "600ms"], max_retries=3),
+        ordering=KeyOrdering() if settings.get("ordered", True) else None,
     )
     def handle(record: Record[bytes]) -> None:
         key, seq = (int(part) for part in record.value.decode().split(":"))
@@ -90,8 +93,13 @@ def build_app(settings: dict[str, Any], *, hooks: tuple[Any, ...] = (), clients:
 
 if __name__ == "__main__":
     options = json.loads(sys.argv[1])
-    kill = KillAfter(options["kill_after"], delay_s=options.get("kill_delay_s", 0.0), armed_by=options.get("armed_by"))
-    app = build_app(options, hooks=(kill,))
+    after = options.get("kill_after")  # None: killed from outside only (the soak test)
+    kills = (
+        ()
+        if after is None
+        else (KillAfter(after, delay_s=options.get("kill_delay_s", 0.0), armed_by=options.get("armed_by")),)
+    )
+    app = build_app(options, hooks=kills)
     if options.get("role", "main") == "tiers":
         app.run_tiers()
     else:
