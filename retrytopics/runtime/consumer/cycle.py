@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from retrytopics.core.offsets import TopicPartition
 from retrytopics.core.ports import ConsumerPort, Message, Polled, consume_runs, message_of
 from retrytopics.runtime.clock import Clock
-from retrytopics.runtime.handoff.base import HandOff
+from retrytopics.runtime.handoff.handoff import HandOff
 from retrytopics.runtime.handoff.ordered import KeyWrites
 from retrytopics.runtime.lag import LagProbe
 from retrytopics.runtime.records.calls import Run

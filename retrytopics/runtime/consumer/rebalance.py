@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from retrytopics.core.offsets import OffsetTracker, TopicPartition
 from retrytopics.observe.events import Event
-from retrytopics.runtime.handoff.base import HandOff
+from retrytopics.runtime.handoff.handoff import HandOff
 from retrytopics.runtime.handoff.ordered import KeyWrites
 from retrytopics.runtime.records.duplicates import DuplicateCheck
 from retrytopics.runtime.records.ordering import KeyOrder, TierOrder
