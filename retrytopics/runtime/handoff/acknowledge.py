@@ -81,6 +81,7 @@ class Acknowledgements:
     """Outcomes to acknowledgements for one share consumer (see the module docstring)."""
 
     commits_in_transactions = False
+    finishes_when_sent = False
 
     def __init__(
         self,
@@ -159,8 +160,8 @@ class Acknowledgements:
         for m in msgs:
             self._acknowledge(tp, m.offset, AckType.ACCEPT)
 
-    def sent(self, job: PublishJob) -> bool:
-        return False  # accepted when acknowledged
+    def sent(self, job: PublishJob) -> None:
+        return None  # accepted when acknowledged (`acked`)
 
     def acked(self, tp: TopicPartition, offset: int, epoch: int) -> None:
         coordinates = (tp, offset)

@@ -63,6 +63,7 @@ class OffsetsCommitted:
     """Finished on success or acknowledgement; asynchronous commits of the finished prefix."""
 
     commits_in_transactions = False
+    finishes_when_sent = False
     settle_wait_s = None
 
     def __init__(
@@ -107,8 +108,8 @@ class OffsetsCommitted:
         else:
             self._finished_since_commit += self._tracker.finish_run(tp, [m.offset for m in msgs])
 
-    def sent(self, job: PublishJob) -> bool:
-        return False  # finished when acknowledged
+    def sent(self, job: PublishJob) -> None:
+        return None  # finished when acknowledged (`acked`)
 
     def acked(self, tp: TopicPartition, offset: int, epoch: int) -> None:
         if self._tracker.finish(tp, offset, epoch):

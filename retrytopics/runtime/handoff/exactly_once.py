@@ -74,6 +74,7 @@ class TransactionPerBatch:
     """Republishes and consumed offsets in one transaction per batch (see the module docstring)."""
 
     commits_in_transactions = True
+    finishes_when_sent = True
     settle_wait_s = None
 
     def __init__(
@@ -119,11 +120,10 @@ class TransactionPerBatch:
         for m in msgs:
             self._tracker.finish(tp, m.offset, self.track(tp, m.offset))
 
-    def sent(self, job: PublishJob) -> bool:
+    def sent(self, job: PublishJob) -> None:
         # durable with the transaction that also commits the offset; announced once it commits
         self._tracker.finish(job.source, job.offset, job.epoch)
         self._jobs.append(job)
-        return True
 
     def acked(self, tp: TopicPartition, offset: int, epoch: int) -> None:
         self._tracker.finish(tp, offset, epoch)

@@ -96,6 +96,11 @@ class Finisher(Protocol):
         """Offsets finished in an open transaction must not be committed outside it (ownership.py)."""
 
     @property
+    def finishes_when_sent(self) -> bool:
+        """Whether a hand-off is durable with what finishes it as soon as it is sent (a transaction's): the
+        hand-off then calls `sent`, else `acked` once the publisher acknowledged it."""
+
+    @property
     def settle_wait_s(self) -> float | None:
         """How long a batch's end waits for its publishes to be acknowledged, after which the rest is given
         back (`unacknowledged`); None: a batch's end does not wait for them."""
@@ -115,9 +120,9 @@ class Finisher(Protocol):
     def finish_run(self, tp: TopicPartition, msgs: list[Message] | list[Record[Any]]) -> None:
         """Finish a run of successes (consecutive records of `tp`, increasing offsets)."""
 
-    def sent(self, job: PublishJob) -> bool:
-        """`job` was handed to the publisher: True when it is durable with what finishes it (the open
-        transaction), which then finished it; False: it waits for its acknowledgement (`acked`)."""
+    def sent(self, job: PublishJob) -> None:
+        """`job` was handed to the publisher: with `finishes_when_sent`, it is durable with what finishes it,
+        which finishes it now (the hand-off calls this only then)."""
 
     def acked(self, tp: TopicPartition, offset: int, epoch: int) -> None:
         """Finish a hand-off whose acknowledgement (and key-state write) arrived."""
@@ -200,6 +205,8 @@ class HandOff:
     ) -> None:
         self._settings = settings
         self.finisher = finisher
+        self._track_new = finisher.track  # bound once: a failure's path is hot
+        self._finishes_when_sent = finisher.finishes_when_sent
         self.publisher = publisher
         #: key order's writes (follower hops, key-state records); None: no key-ordered handler
         self.key_writes = key_writes
@@ -249,7 +256,7 @@ class HandOff:
 
     def _succeeded(self, outcome: Succeeded) -> None:
         msg, key, record = outcome
-        writes = self.key_writes
+        tp, writes = msg.tp, self.key_writes
         if (
             writes is not None
             and writes.chains.ordered(msg.topic)
@@ -257,17 +264,21 @@ class HandOff:
             and (passages := writes.chains.succeeded(at))
         ):
             # a tier's passage is written before the offset is finished (write before commit)
-            epoch = self._track(msg.tp, msg.offset)
-            writes.write(passages, functools.partial(self.finisher.acked, msg.tp, msg.offset, epoch))
-        elif self._parked.get(msg.tp):
-            self.finisher.finish(msg.tp, msg.offset, self._track(msg.tp, msg.offset))
+            epoch = self._track(tp, msg.offset)
+            writes.write(passages, functools.partial(self.finisher.acked, tp, msg.offset, epoch))
+        elif self._parked and self._parked.get(tp):
+            self.finisher.finish(tp, msg.offset, self._track(tp, msg.offset))
         else:
-            self.finisher.finish_at_once(msg.tp, msg.offset)
+            self.finisher.finish_at_once(tp, msg.offset)
         if key is not None:
             self.finisher.remember(key)
         state = record.retry
         now = self._now_ms() if state is not None else 0
-        counted = self._count(msg.tp, msg.offset, msg.offset, 1)
+        counted = self._handled.get(tp)
+        if counted is None:
+            counted = self._handled[tp] = _Counted(msg.offset)
+        counted.count += 1
+        counted.last = msg.offset
         if state is not None and state.due_at is not None:
             counted.lateness_ms.append(now - state.due_at)
         if self._each_handled:
@@ -309,7 +320,7 @@ class HandOff:
     def _failed(self, outcome: Failed) -> None:
         msg, key, record, _failure, route, ctx = outcome
         tp = msg.tp
-        epoch = self._track(tp, msg.offset)
+        epoch = self._track(tp, msg.offset) if self._parked else self._track_new(tp, msg.offset)
         if key is not None:
             self.finisher.remember(key)
         writes, at = self.key_writes, None
@@ -358,8 +369,9 @@ class HandOff:
 
     def _send(self, job: PublishJob) -> None:
         self.publisher.send(job)
-        if not self.finisher.sent(job):
+        if not self._finishes_when_sent:
             return  # finished when acknowledged (`_acknowledged`)
+        self.finisher.sent(job)
         writes = self.key_writes
         if writes is not None and job.context is not None and writes.chains.ordered(job.source[0]):
             at = origin_of(job.context)
@@ -413,7 +425,7 @@ class HandOff:
             parked[offset] = self.finisher.track(tp, offset)
 
     def _track(self, tp: TopicPartition, offset: int) -> int:
-        parked = self._parked.get(tp)
+        parked = self._parked.get(tp) if self._parked else None
         if parked:
             epoch = parked.pop(offset, None)
             if epoch is not None:
@@ -533,6 +545,8 @@ class HandOff:
         if keyed:
             assert writes is not None
             writes.serve()
+        elif within_batch and not self.publisher.in_flight:
+            return  # nothing pending: the common case after a success
         if self._serve_now(within_batch):
             self._acknowledged(self.publisher.poll(0))
         elif not keyed:

@@ -246,21 +246,21 @@ class OrderedHandOffs:
             newer_id = self._latest.get((write.topic, write.key), write_id) if write.partition is not None else write_id
             newer = writes.find(newer_id)
             if newer_id == write_id or newer is None:
-                self._produce(write)
+                self._produce(write, writes.producer_for(write))
                 continue
             writes.forget(write_id)
             newer.on_ack = _both(write.on_ack, newer.on_ack)
 
     def _send(self, write: _Write) -> None:
-        self._writes.track(write)
+        producer = self._writes.track(write)
         if write.partition is not None:  # a key-state record: the latest write of its record key
             self._latest[(write.topic, write.key)] = write.record_id
-        self._produce(write)
+        self._produce(write, producer)
 
-    def _produce(self, write: _Write) -> None:
+    def _produce(self, write: _Write, producer: ProducerPort) -> None:
         writes = self._writes
         try:
-            writes.producer_for(write).produce(
+            producer.produce(
                 write.topic,
                 key=write.key,
                 value=write.value,
@@ -275,10 +275,10 @@ class OrderedHandOffs:
     def delivered(self, write: _Write, error: PublishError | None) -> None:
         """The delivery report of `write` (None: acknowledged)."""
         writes = self._writes
-        if not writes.is_current(write):
-            return
         if error is None:
-            writes.acked(write)
+            writes.acked(write)  # unless it is gone (superseded)
+            return
+        if not writes.is_current(write):
             return
         if write.too_large is not None and error.code in TOO_LARGE_CODES:
             # at once, but from `serve`, never from inside this delivery report (runtime/handoff/producer.py)

@@ -81,10 +81,11 @@ class AckedProducer(Generic[T]):
             producer = self._producer = self._make_producer()
         return producer
 
-    def track(self, record: T) -> None:
-        """Put `record` in flight under a new id (its owner produces it next)."""
+    def track(self, record: T) -> ProducerPort:
+        """Put `record` in flight under a new id; returns the producer its owner produces it on next."""
         record_id = record.record_id = next(self._ids)
         self.in_flight[record_id] = record
+        return self.producer_for(record) if record.alone or self._producer is None else self._producer
 
     def producer_for(self, record: T) -> ProducerPort:
         """The producer `record` goes on: the one-record-per-batch producer once it is `alone` (made then),
@@ -120,10 +121,15 @@ class AckedProducer(Generic[T]):
         """The record of `record_id`, in flight or acknowledged and not taken yet."""
         return self.in_flight.get(record_id) or self._done.get(record_id)
 
-    def acked(self, record: T) -> None:
-        """`record` is acknowledged (or settled otherwise by its owner): out of flight, waiting for `take_done`."""
-        del self.in_flight[record.record_id]
-        self._done[record.record_id] = record
+    def acked(self, record: T) -> bool:
+        """`record` is acknowledged (or settled otherwise by its owner): out of flight, waiting for `take_done`;
+        False (nothing changes) when it is not current (`is_current`)."""
+        record_id = record.record_id
+        if self.in_flight.get(record_id) is not record:
+            return False
+        del self.in_flight[record_id]
+        self._done[record_id] = record
+        return True
 
     def take_done(self) -> list[T]:
         """The records acknowledged (or done) since the last call."""

@@ -209,30 +209,28 @@ class Publisher:
     def send(self, job: PublishJob) -> None:
         """Produce `job`; a later `poll()` returns it once the broker acknowledged it."""
         job.publisher = self
-        self._jobs.track(job)
-        self._produce(job)
+        self._produce(job, self._jobs.track(job))
 
-    def _produce(self, job: PublishJob) -> None:
-        jobs = self._jobs
+    def _produce(self, job: PublishJob, producer: ProducerPort) -> None:
         try:
-            produce_job(jobs.producer_for(job), job, job)
+            produce_job(producer, job, job)
         except KafkaClientError as exc:
-            jobs.refused(job, exc)
+            self._jobs.refused(job, exc)
             self.delivered(job, PublishError(job.route.topic, str(exc), code=exc.code, fatal=exc.fatal))
 
     def delivered(self, job: PublishJob, error: PublishError | None) -> None:
         """The delivery report of `job` (None: acknowledged): acknowledged jobs wait for `take_acked`, failed
         ones for their retry."""
         jobs = self._jobs
-        if not jobs.is_current(job):
-            # a report from a replaced producer (the job went out again as a copy), or of a dropped job
-            return
         if error is None:
-            jobs.acked(job)
-            if job.attempt:
+            # not current: a report from a replaced producer (the job went out again as a copy), or of a
+            # dropped job
+            if jobs.acked(job) and job.attempt:
                 self._failing[job.source] -= 1
                 if self._failing[job.source] <= 0:
                     del self._failing[job.source]
+            return
+        if not jobs.is_current(job):
             return
         if error.code in TOO_LARGE_CODES and _sent_again(job):
             # at once (a record alone or smaller is a new record, not a retry), but from `poll`, never from
@@ -274,7 +272,7 @@ class Publisher:
         if self._fatal is not None:
             self._recreate()
         for job in jobs.due(self._clock()):
-            self._produce(job)
+            self._produce(job, jobs.producer_for(job))
 
     def _recreate(self) -> None:
         error, self._fatal = self._fatal, None
