@@ -36,14 +36,8 @@ from retrytopics.core.ports import AckType, Message, ProducerPort, ShareConsumer
 from retrytopics.core.record import Record
 from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.clock import Clock
-from retrytopics.runtime.handoff.handoff import (
-    Commit,
-    CommitSettings,
-    DeadLetterCallback,
-    HandOff,
-    new_publisher,
-    suppressed,
-)
+from retrytopics.runtime.handoff.finisher import Commit, CommitSettings
+from retrytopics.runtime.handoff.handoff import DeadLetterCallback, HandOff, new_publisher, suppressed
 from retrytopics.runtime.handoff.publish import PublishJob
 
 __all__ = ["Acknowledgements", "acknowledging"]

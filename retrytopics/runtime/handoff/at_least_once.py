@@ -19,7 +19,8 @@ from retrytopics.core.ports import ConsumerPort, Message, ProducerPort
 from retrytopics.core.record import Record
 from retrytopics.observe.events import Emitter
 from retrytopics.runtime.clock import Clock
-from retrytopics.runtime.handoff.handoff import Commit, CommitSettings, DeadLetterCallback, HandOff, new_publisher
+from retrytopics.runtime.handoff.finisher import Commit, CommitSettings
+from retrytopics.runtime.handoff.handoff import DeadLetterCallback, HandOff, new_publisher
 from retrytopics.runtime.handoff.ordered import OrderedHandOffs
 from retrytopics.runtime.handoff.publish import PublishJob
 

@@ -28,7 +28,8 @@ from retrytopics.core.ports import ConsumerPort, Message, ProducerPort
 from retrytopics.core.record import Record
 from retrytopics.observe.events import Emitter
 from retrytopics.runtime.clock import Clock
-from retrytopics.runtime.handoff.handoff import Commit, CommitSettings, DeadLetterCallback, HandOff
+from retrytopics.runtime.handoff.finisher import Commit, CommitSettings
+from retrytopics.runtime.handoff.handoff import DeadLetterCallback, HandOff
 from retrytopics.runtime.handoff.ordered import KeyChains, TransactionalKeyWrites
 from retrytopics.runtime.handoff.publish import PublishJob
 from retrytopics.runtime.handoff.transactional import TransactionalPublisher, TransactionOutcomeUnknown

@@ -2,7 +2,8 @@
 only one that commits. A success is finished and counted; a failure is published to its route (a tier or the
 DLQ) and finished once that is durable; a duplicate is finished without a call.
 
-One `HandOff` class, given what finishes a record (a `Finisher`), so that the loop has no mode branches:
+One `HandOff` class, given what finishes a record (a `Finisher`, runtime/handoff/finisher.py), so that the
+loop has no mode branches:
 
 - `OffsetsCommitted` (runtime/handoff/at_least_once.py, the default): a success is finished at once, a
   failure when its republish is acknowledged; commits are asynchronous, by count or time, and as soon as
@@ -27,26 +28,24 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any
 
-from retrytopics.core.dedupe import AuditKey
 from retrytopics.core.headers import DlqReason, RetryHeaders
 from retrytopics.core.key_hops import Origin, origin_of
 from retrytopics.core.offsets import TopicPartition
 from retrytopics.core.ports import Message, ProducerPort
-from retrytopics.core.record import Record
 from retrytopics.core.router import RouteKind
 from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.clock import Clock
+from retrytopics.runtime.handoff.finisher import Commit, CommitSettings, Finisher
 from retrytopics.runtime.handoff.ordered import KeyWrites, too_large_follower_job
 from retrytopics.runtime.handoff.publish import Publisher, PublishJob, too_large_fallback
 from retrytopics.runtime.handoff.transactional import TransactionalPublisher
 from retrytopics.runtime.records.outcome import Duplicate, Failed, Follow, Outcome, Parked, Succeeded, SucceededRun
 
-__all__ = ["Commit", "CommitSettings", "DeadLetterCallback", "Finisher", "HandOff", "new_publisher", "suppressed"]
+__all__ = ["DeadLetterCallback", "HandOff", "new_publisher", "suppressed"]
 
 log = logging.getLogger("retrytopics.runtime")
 
@@ -57,95 +56,6 @@ DeadLetterCallback = Callable[[Any, Any], None]
 #: poll after every record costs more than the rest of a success; acknowledgements then wait at most this
 #: long, or until the batch ends
 _SERVE_SPACING_S = 0.002
-
-
-class CommitSettings(Protocol):
-    """The part of `LoopSettings` a hand-off and its finisher read."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def commit_every(self) -> int: ...
-    @property
-    def commit_interval_ms(self) -> int: ...
-    @property
-    def commit_on_ack(self) -> bool: ...
-    @property
-    def drain_timeout_s(self) -> float: ...
-    @property
-    def revoke_drain_timeout_s(self) -> float: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Commit:
-    """What a finisher committed: the consumed offsets, and the hand-offs the commit made durable (a
-    transaction's), for the hand-off to announce (`offsets.committed` follows their announcements)."""
-
-    offsets: Mapping[TopicPartition, int]
-    synchronous: bool
-    jobs: list[PublishJob]
-
-
-class Finisher(Protocol):
-    """What finishes a record, for the hand-off (see the module docstring): offsets committed, a transaction
-    per batch, or an acknowledgement. A method that commits offsets returns what it committed (`Commit`),
-    None when it committed none."""
-
-    @property
-    def commits_in_transactions(self) -> bool:
-        """Offsets finished in an open transaction must not be committed outside it (ownership.py)."""
-
-    @property
-    def finishes_when_sent(self) -> bool:
-        """Whether a hand-off is durable with what finishes it as soon as it is sent (a transaction's): the
-        hand-off then calls `sent`, else `acked` once the publisher acknowledged it."""
-
-    @property
-    def settle_wait_s(self) -> float | None:
-        """How long a batch's end waits for its publishes to be acknowledged, after which the rest is given
-        back (`unacknowledged`); None: a batch's end does not wait for them."""
-
-    def remember(self, key: AuditKey) -> None:
-        """A record about to be finished was handled (or handed off): its key goes to the duplicate audit."""
-
-    def track(self, tp: TopicPartition, offset: int) -> int:
-        """Start tracking a record about to be handed off; returns the epoch its hand-off carries."""
-
-    def finish(self, tp: TopicPartition, offset: int, epoch: int) -> None:
-        """Finish a tracked record (a duplicate, or a record tracked while key order parked it)."""
-
-    def finish_at_once(self, tp: TopicPartition, offset: int) -> None:
-        """Finish a record as soon as it is read: its handler succeeded."""
-
-    def finish_run(self, tp: TopicPartition, msgs: list[Message] | list[Record[Any]]) -> None:
-        """Finish a run of successes (consecutive records of `tp`, increasing offsets)."""
-
-    def sent(self, job: PublishJob) -> None:
-        """`job` was handed to the publisher: with `finishes_when_sent`, it is durable with what finishes it,
-        which finishes it now (the hand-off calls this only then)."""
-
-    def acked(self, tp: TopicPartition, offset: int, epoch: int) -> None:
-        """Finish a hand-off whose acknowledgement (and key-state write) arrived."""
-
-    def served(self, *, within_batch: bool) -> Commit | None:
-        """Delivery reports were served: commit what they finished, if this finisher does so."""
-
-    def wait_ms(self, wait_ms: int, *, in_flight: bool) -> int:
-        """The longest `consume()` wait, given the one asked for and whether hand-offs are unacknowledged."""
-
-    def unacknowledged(self, jobs: list[PublishJob]) -> None:
-        """`settle_wait_s` passed at a batch's end: `jobs` were dropped unacknowledged; give their records
-        back, and whatever else of the batch is not finished."""
-
-    def end_batch(self) -> Commit | None: ...
-    def revoked(self, tps: list[TopicPartition]) -> Commit | None: ...
-    def reading_key_state(self) -> Commit | None:
-        """Key state is about to be read at an assignment (read_committed, up to every transaction open in it
-        when the read begins): a transaction commits its own open one first."""
-
-    def lost(self, tps: list[TopicPartition]) -> None: ...
-    def crashed(self, cause: BaseException) -> None: ...
-    def shutdown(self) -> Commit | None: ...
 
 
 def new_publisher(
@@ -353,24 +263,29 @@ class HandOff:
         shrink = self._shrinks.get(id(ctx))
         if shrink is None:
             shrink = self._shrinks[id(ctx)] = too_large_fallback(ctx)
-        self._send(
-            PublishJob(
-                route=route,
-                key=msg.key,
-                value=msg.value,
-                source=tp,
-                offset=msg.offset,
-                epoch=epoch,
-                # kept in flight only for `on_dead_letter`, or for key order's acknowledgement (its chain)
-                context=record if self._on_dead_letter is not None or at is not None else None,
-                shrink=shrink,
-            )
+        job = PublishJob(
+            route=route,
+            key=msg.key,
+            value=msg.value,
+            source=tp,
+            offset=msg.offset,
+            epoch=epoch,
+            # kept in flight only for `on_dead_letter`, or for key order's acknowledgement (its chain)
+            context=record if self._on_dead_letter is not None or at is not None else None,
+            shrink=shrink,
         )
+        self.publisher.send(job)  # not `_send`: a failure's path is hot
+        if self._finishes_when_sent:
+            self._sent(job)
 
     def _send(self, job: PublishJob) -> None:
         self.publisher.send(job)
-        if not self._finishes_when_sent:
-            return  # finished when acknowledged (`_acknowledged`)
+        if self._finishes_when_sent:
+            self._sent(job)
+
+    def _sent(self, job: PublishJob) -> None:
+        """A hand-off durable with what finishes it as soon as it is sent (a transaction's): the finisher
+        finishes it, and key order learns where it lands (otherwise both wait for `_acknowledged`)."""
         self.finisher.sent(job)
         writes = self.key_writes
         if writes is not None and job.context is not None and writes.chains.ordered(job.source[0]):
@@ -551,7 +466,8 @@ class HandOff:
             self._acknowledged(self.publisher.poll(0))
         elif not keyed:
             return  # delivery reports free offsets; nothing to serve when none are pending
-        self._committed(self.finisher.served(within_batch=within_batch))
+        if (commit := self.finisher.served(within_batch=within_batch)) is not None:
+            self._committed(commit)
 
     def _serve_now(self, within_batch: bool) -> bool:
         """Whether to poll the producer now: always between batches; within one, only while hand-offs are in
@@ -578,8 +494,10 @@ class HandOff:
         if settle_s is not None:
             self._settle(settle_s)
         self.report_handled()
-        self._before_commit()
-        self._committed(self.finisher.end_batch())
+        if self._dead_letters:
+            self._before_commit()
+        if (commit := self.finisher.end_batch()) is not None:
+            self._committed(commit)
 
     def _settle(self, wait_s: float) -> None:
         """Wait (at most `wait_s`) for the batch's publishes; what is not acknowledged then is dropped and
