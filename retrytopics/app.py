@@ -63,7 +63,7 @@ from retrytopics.runtime.consumer.lifecycle import Loop, Runner
 from retrytopics.runtime.consumer.loop import ConsumerLoop, LoopClients
 from retrytopics.runtime.consumer.settings import TIER_CONSUMER_DEFAULTS, LoopSettings, main_settings, tier_settings
 from retrytopics.runtime.consumer.share_loop import ShareConsumerLoop
-from retrytopics.runtime.handoff.base import DeadLetterCallback
+from retrytopics.runtime.handoff.handoff import DeadLetterCallback
 from retrytopics.runtime.handoff.publish import ALONE_OVERRIDES
 from retrytopics.runtime.records.calls import Binding
 from retrytopics.runtime.records.duplicates import verified_tails

@@ -24,7 +24,7 @@ from retrytopics.core.offsets import TopicPartition
 from retrytopics.core.ports import ConsumerPort, Message, Polled, consume_runs, message_of
 from retrytopics.runtime.clock import Clock
 from retrytopics.runtime.consumer.holds import HoldReason
-from retrytopics.runtime.handoff.base import HandOff
+from retrytopics.runtime.handoff.handoff import HandOff
 from retrytopics.runtime.records.calls import Run
 from retrytopics.runtime.records.outcome import Abandoned, Held, Outcome, Waiting
 from retrytopics.runtime.records.ownership import OwnershipGuard

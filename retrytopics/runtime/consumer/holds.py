@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from retrytopics.core.offsets import TopicPartition
-from retrytopics.runtime.handoff.base import HandOff
+from retrytopics.runtime.handoff.handoff import HandOff
 
 __all__ = ["HoldReason", "PublishFailing"]
 

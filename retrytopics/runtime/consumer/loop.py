@@ -33,9 +33,9 @@ from retrytopics.runtime.consumer.holds import HoldReason, PublishFailing
 from retrytopics.runtime.consumer.rebalance import AssignmentListener, GroupJoin, RebalanceListener
 from retrytopics.runtime.consumer.running import LoopRun
 from retrytopics.runtime.consumer.settings import LoopSettings
-from retrytopics.runtime.handoff.at_least_once import AtLeastOnce
-from retrytopics.runtime.handoff.base import DeadLetterCallback, HandOff
-from retrytopics.runtime.handoff.exactly_once import ExactlyOnce
+from retrytopics.runtime.handoff.at_least_once import at_least_once
+from retrytopics.runtime.handoff.exactly_once import exactly_once
+from retrytopics.runtime.handoff.handoff import DeadLetterCallback, HandOff
 from retrytopics.runtime.handoff.ordered import KeyWrites, OrderedHandOffs
 from retrytopics.runtime.keyorder.holds import KeyOrderHold
 from retrytopics.runtime.keyorder.key_state import KeyStateReader
@@ -159,10 +159,9 @@ class ConsumerLoop(LoopRun):
         shared = (s, consumer, self._tracker, self._audit, self._emitter, self._on_dead_letter, self._producer_factory)
         chains = self._make_key_order()
         listener: KeyOrderListener | None = chains  # what the hand-off tells key order (runtime/keyorder/listener.py)
-        handoff: ExactlyOnce | AtLeastOnce
         writes: KeyWrites | None
         if s.exactly_once:
-            handoff = ExactlyOnce(
+            handoff = exactly_once(
                 *shared,
                 clock=clock,
                 forget_waiting=waiting.drop,
@@ -173,7 +172,7 @@ class ConsumerLoop(LoopRun):
             writes = handoff.key_writes
         else:
             hand_offs = None if listener is None else self._ordered_hand_offs(listener)
-            handoff = AtLeastOnce(
+            handoff = at_least_once(
                 *shared, clock=clock, alone_producer_factory=self._alone_producer_factory, ordered=hand_offs
             )
             writes = hand_offs

@@ -16,7 +16,7 @@ from typing import Protocol
 
 from retrytopics.core.offsets import OffsetTracker, TopicPartition
 from retrytopics.observe.events import Event
-from retrytopics.runtime.handoff.base import HandOff
+from retrytopics.runtime.handoff.handoff import HandOff
 from retrytopics.runtime.records.duplicates import DuplicateCheck
 from retrytopics.runtime.waiting import PauseController
 

@@ -43,8 +43,8 @@ from retrytopics.observe.events import Emitter
 from retrytopics.runtime.clock import SYSTEM_CLOCK, Clock
 from retrytopics.runtime.consumer.running import LoopRun
 from retrytopics.runtime.consumer.settings import LoopSettings
-from retrytopics.runtime.handoff.acknowledge import Acknowledging
-from retrytopics.runtime.handoff.base import DeadLetterCallback
+from retrytopics.runtime.handoff.acknowledge import Acknowledgements, acknowledging
+from retrytopics.runtime.handoff.handoff import DeadLetterCallback, HandOff
 from retrytopics.runtime.records.calls import Binding, build_record
 from retrytopics.runtime.records.duplicates import DuplicateCheck
 from retrytopics.runtime.records.outcome import Abandoned, Failed, Outcome, Waiting
@@ -156,7 +156,8 @@ class ShareConsumerLoop(LoopRun):
         self.limits: ShareLimits | None = None
         # made by `_start`
         self._consumer: ShareConsumerPort | None = None
-        self._handoff: Acknowledging | None = None
+        self._handoff: HandOff | None = None
+        self._acks: Acknowledgements | None = None  # the hand-off's finisher: what is held, handed off, released
 
     # -- state for the app -------------------------------------------------------------------------------
 
@@ -186,7 +187,7 @@ class ShareConsumerLoop(LoopRun):
             limits.lock_ms,
         )
         consumer = self._consumer = self._consumer_factory()
-        handoff = self._handoff = Acknowledging(
+        handoff, acks = self._handoff, self._acks = acknowledging(
             s,
             consumer,
             self._audit,
@@ -211,7 +212,7 @@ class ShareConsumerLoop(LoopRun):
             rng=random.Random(),
             stop=stop,
         )
-        consumer.subscribe(s.topics, on_acknowledged=handoff.on_acknowledged)
+        consumer.subscribe(s.topics, on_acknowledged=acks.on_acknowledged)
         limit, wait_s = limits.delivery_count_limit, s.max_wait_ms / 1000
         batched = frozenset(topic for topic, binding in self._bindings.items() if binding.batch)
 
@@ -222,19 +223,19 @@ class ShareConsumerLoop(LoopRun):
             guard.polled(since=called)  # the locks run from the acquisition, somewhere inside the poll
             if not batch:
                 return
-            handoff.hold(batch)
+            acks.hold(batch)
             owned = True  # no call has outlived the batch's locks
             for msg in handling_order(batch, batched):
                 if stop.is_set():
                     break
                 count = msg.delivery_count or 1
-                if handoff.handed_off(msg):
-                    handoff.accept_duplicate(msg, origin_message_id(self._bindings[msg.topic].ctx, msg))
+                if acks.handed_off(msg):
+                    acks.accept_duplicate(msg, origin_message_id(self._bindings[msg.topic].ctx, msg))
                 elif count >= limit:
                     handoff.apply(self._crash_loop(msg, count, limit))
                 else:
                     if count > 1:
-                        handoff.commit_now()  # what is done must not come back with this record's crash
+                        acks.commit_now()  # what is done must not come back with this record's crash
                     if not self._act_on(stage.read(msg)):
                         owned = False
                         break
@@ -244,7 +245,7 @@ class ShareConsumerLoop(LoopRun):
             if owned:
                 self._act_on(stage.settle_deferred())
             for left in stage.abandon_deferred():
-                handoff.release(left.msg)
+                acks.release(left.msg)
             handoff.end_batch()
 
         return run_once
@@ -252,11 +253,11 @@ class ShareConsumerLoop(LoopRun):
     def _act_on(self, outcomes: Iterator[Outcome]) -> bool:
         """Each outcome to the hand-off; False after an `Abandoned` (released, and so is the rest of the batch
         when it ends: their locks expire together)."""
-        handoff = self._handoff
-        assert handoff is not None
+        handoff, acks = self._handoff, self._acks
+        assert handoff is not None and acks is not None
         for outcome in outcomes:
             if type(outcome) is Abandoned:
-                handoff.release(outcome.msg)
+                acks.release(outcome.msg)
                 return False
             if type(outcome) is Waiting:
                 raise TypeError("a source record never waits")  # the records stage's rule for source topics

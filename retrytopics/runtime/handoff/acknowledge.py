@@ -1,6 +1,7 @@
-"""The share-group hand-off: each record a share consumer acquired ends in one acknowledgement.
+"""The share-group finisher: each record a share consumer acquired ends in one acknowledgement.
 
-The outcomes are the records stage's (runtime/records/outcome.py); what this hand-off does with them:
+The outcomes are the records stage's (runtime/records/outcome.py); the hand-off (runtime/handoff/handoff.py)
+acts on them with this finisher:
 
 - `Succeeded`, `SucceededRun`, `Duplicate`: ACCEPT;
 - `Failed`: publish its route (a tier or the DLQ) with the at-least-once `Publisher`; ACCEPT once the broker
@@ -26,17 +27,20 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable, Mapping
+from typing import Any
 
-from retrytopics.core.dedupe import DuplicateAudit
+from retrytopics.core.dedupe import AuditKey, DuplicateAudit
 from retrytopics.core.errors import KafkaClientError
 from retrytopics.core.offsets import TopicPartition
 from retrytopics.core.ports import AckType, Message, ProducerPort, ShareConsumerPort
+from retrytopics.core.record import Record
 from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.clock import Clock
-from retrytopics.runtime.handoff.base import CommitSettings, DeadLetterCallback, HandOffBase
-from retrytopics.runtime.handoff.publish import Publisher, PublishJob
+from retrytopics.runtime.handoff.finisher import Commit, CommitSettings
+from retrytopics.runtime.handoff.handoff import DeadLetterCallback, HandOff, new_publisher, suppressed
+from retrytopics.runtime.handoff.publish import PublishJob
 
-__all__ = ["Acknowledging"]
+__all__ = ["Acknowledgements", "acknowledging"]
 
 log = logging.getLogger("retrytopics.runtime")
 
@@ -49,10 +53,29 @@ _HANDED_OFF_CAPACITY = 10_000
 _FIELD = {AckType.ACCEPT: "accepted", AckType.RELEASE: "released", AckType.REJECT: "rejected", AckType.RENEW: "renewed"}
 
 
-class Acknowledging(HandOffBase):
+def acknowledging(
+    settings: CommitSettings,
+    consumer: ShareConsumerPort,
+    audit: DuplicateAudit,
+    emitter: Emitter,
+    on_dead_letter: DeadLetterCallback | None,
+    producer_factory: Callable[[], ProducerPort],
+    *,
+    clock: Clock,
+    ack_wait_s: float,
+    alone_producer_factory: Callable[[], ProducerPort] | None = None,
+) -> tuple[HandOff, Acknowledgements]:
+    """The hand-off of a share consumer, and its finisher (what the share loop asks about acquired records)."""
+    acks = Acknowledgements(settings, consumer, audit, emitter, clock=clock, ack_wait_s=ack_wait_s)
+    publisher = new_publisher(settings, producer_factory, alone_producer_factory, emitter, clock)
+    return HandOff(settings, acks, publisher, emitter, on_dead_letter, clock=clock), acks
+
+
+class Acknowledgements:
     """Outcomes to acknowledgements for one share consumer (see the module docstring)."""
 
     commits_in_transactions = False
+    finishes_when_sent = False
 
     def __init__(
         self,
@@ -60,17 +83,15 @@ class Acknowledging(HandOffBase):
         consumer: ShareConsumerPort,
         audit: DuplicateAudit,
         emitter: Emitter,
-        on_dead_letter: DeadLetterCallback | None,
-        producer_factory: Callable[[], ProducerPort],
         *,
         clock: Clock,
         ack_wait_s: float,
-        alone_producer_factory: Callable[[], ProducerPort] | None = None,
     ) -> None:
-        super().__init__(settings, audit, emitter, on_dead_letter, clock=clock)
+        self._settings = settings
         self._consumer = consumer
-        self._ack_wait_s = ack_wait_s
-        self.publisher: Publisher = self._new_publisher(producer_factory, alone_producer_factory)
+        self._audit = audit
+        self._emitter = emitter
+        self.settle_wait_s: float | None = ack_wait_s
         self._held: dict[_Coordinates, Message] = {}  # this batch's records, until acknowledged
         self._acks: Counter[AckType] = Counter()  # this batch's acknowledgements
         self._delivery_counts: Counter[int] = Counter()  # this batch's records by delivery count
@@ -101,7 +122,7 @@ class Acknowledging(HandOffBase):
             msg.offset,
             msg.delivery_count,
         )
-        self._suppressed(msg, origin_message_id, 0)
+        suppressed(self._emitter, self._settings.name, msg, origin_message_id, 0)
 
     def release(self, msg: Message) -> None:
         """Give `msg` back to the group: it is delivered again at once (its delivery count + 1)."""
@@ -115,40 +136,41 @@ class Acknowledging(HandOffBase):
         self._acks[ack] += 1
         self._uncommitted = True
 
-    # -- HandOffBase: finishing is accepting ---------------------------------------------------------------
+    # -- Finisher: finishing is accepting ------------------------------------------------------------------
 
-    def _finish_success(self, tp: TopicPartition, offset: int) -> None:
-        self._acknowledge(tp, offset, AckType.ACCEPT)
+    def remember(self, key: AuditKey) -> None:
+        self._audit.remember(key)
 
-    def _finish_run(self, tp: TopicPartition, offsets: list[int]) -> None:
-        for offset in offsets:
-            self._acknowledge(tp, offset, AckType.ACCEPT)
-
-    def _track(self, tp: TopicPartition, offset: int) -> int:
+    def track(self, tp: TopicPartition, offset: int) -> int:
         return 0  # no assignments, so no epochs: a record is held by this member until acknowledged
 
-    def _finish(self, tp: TopicPartition, offset: int, epoch: int) -> None:
+    def finish(self, tp: TopicPartition, offset: int, epoch: int) -> None:
         self._acknowledge(tp, offset, AckType.ACCEPT)
 
-    def _send(self, job: PublishJob) -> None:
-        self.publisher.send(job)
+    def finish_at_once(self, tp: TopicPartition, offset: int) -> None:
+        self._acknowledge(tp, offset, AckType.ACCEPT)
 
-    def _acknowledged(self, jobs: list[PublishJob]) -> None:
-        for job in jobs:
-            coordinates = (job.source, job.offset)
-            self._handed_off[coordinates] = None
-            if len(self._handed_off) > _HANDED_OFF_CAPACITY:
-                del self._handed_off[next(iter(self._handed_off))]
-            self._acknowledge(job.source, job.offset, AckType.ACCEPT)
-            self._announce(job)
-        self._report_retried()
+    def finish_run(self, tp: TopicPartition, msgs: list[Message] | list[Record[Any]]) -> None:
+        for m in msgs:
+            self._acknowledge(tp, m.offset, AckType.ACCEPT)
+
+    def sent(self, job: PublishJob) -> None:
+        return None  # accepted when acknowledged (`acked`)
+
+    def acked(self, tp: TopicPartition, offset: int, epoch: int) -> None:
+        coordinates = (tp, offset)
+        self._handed_off[coordinates] = None
+        if len(self._handed_off) > _HANDED_OFF_CAPACITY:
+            del self._handed_off[next(iter(self._handed_off))]
+        self._acknowledge(tp, offset, AckType.ACCEPT)
+
+    def served(self, *, within_batch: bool) -> Commit | None:
+        return None  # acknowledgements are committed once per batch
+
+    def wait_ms(self, wait_ms: int, *, in_flight: bool) -> int:
+        return wait_ms
 
     # -- the loop's calls ----------------------------------------------------------------------------------
-
-    def serve(self, *, within_batch: bool = False) -> None:
-        """Serve delivery reports: acknowledged publishes ACCEPT their records (within a batch: spaced)."""
-        if self._serve_now(self.publisher, within_batch):
-            self._acknowledged(self.publisher.poll(0))
 
     def commit_now(self) -> None:
         """Send the acknowledgements made so far and wait for the broker's answer (before a call that may
@@ -156,15 +178,15 @@ class Acknowledging(HandOffBase):
         if self._uncommitted:
             self._commit(asynchronous=False, timeout_s=self._ack_wait_s)
 
-    def end_batch(self) -> None:
-        """Wait (at most `ack_wait_s`) for the batch's publishes; release what is not acknowledged then;
-        count, and commit the acknowledgements asynchronously."""
-        publisher = self.publisher
-        self._acknowledged(publisher.poll(0))
-        deadline = self._monotonic() + self._ack_wait_s
-        while publisher.awaiting_report and self._monotonic() < deadline:
-            self._acknowledged(publisher.poll(0.01))
-        for job in publisher.drop_all():
+    @property
+    def _ack_wait_s(self) -> float:
+        assert self.settle_wait_s is not None
+        return self.settle_wait_s
+
+    def unacknowledged(self, jobs: list[PublishJob]) -> None:
+        """The batch's publishes not acknowledged within `ack_wait_s` are RELEASEd, and so is the rest of the
+        batch: the client requires every record of a batch to be acknowledged before the next poll."""
+        for job in jobs:
             log.warning(
                 "%s: the hand-off of %s[%d]@%d to %s was not acknowledged (%s); the record is released and comes back",
                 self._settings.name,
@@ -177,16 +199,20 @@ class Acknowledging(HandOffBase):
             self._acknowledge(job.source, job.offset, AckType.RELEASE)
         for tp, offset in list(self._held):
             self._acknowledge(tp, offset, AckType.RELEASE)
-        self.report_handled()
+
+    def end_batch(self) -> Commit | None:
+        """Count the batch's acknowledgements, and commit them asynchronously."""
         if self._acks or self._delivery_counts:
-            self._emit(
+            self._emitter.emit(
                 Event.RECORDS_ACKNOWLEDGED,
+                consumer=self._settings.name,
                 **{field: self._acks[ack] for ack, field in _FIELD.items()},
                 delivery_counts=dict(self._delivery_counts),
             )
         self._acks, self._delivery_counts = Counter(), Counter()
         if self._uncommitted:
             self._commit(asynchronous=True, timeout_s=self._ack_wait_s)
+        return None  # acknowledgements are no offsets: no `offsets.committed`
 
     def _commit(self, *, asynchronous: bool, timeout_s: float) -> None:
         self._uncommitted = False
@@ -211,12 +237,23 @@ class Acknowledging(HandOffBase):
             partitions or "some partitions",
             error,
         )
-        self._emit(Event.ACKNOWLEDGEMENT_FAILED, partitions=partitions, error=str(error))
+        self._emitter.emit(
+            Event.ACKNOWLEDGEMENT_FAILED, consumer=self._settings.name, partitions=partitions, error=str(error)
+        )
+
+    def revoked(self, tps: list[TopicPartition]) -> Commit | None:
+        return None  # a share consumer has no assignment
+
+    def reading_key_state(self) -> Commit | None:
+        return None  # no key order on a share consumer
+
+    def lost(self, tps: list[TopicPartition]) -> None:
+        return None  # a share consumer has no assignment
 
     def crashed(self, cause: BaseException) -> None:
         return None  # shutdown settles the batch and commits
 
-    def shutdown(self) -> None:
-        """Settle the batch (its publishes waited for, the rest released), commit synchronously."""
-        self.end_batch()
+    def shutdown(self) -> Commit | None:
+        """The hand-off settled the batch (its publishes waited for, the rest released): commit synchronously."""
         self._commit(asynchronous=False, timeout_s=self._settings.drain_timeout_s)
+        return None

@@ -1,12 +1,12 @@
-"""The exactly-once hand-off (`exactly_once=True`): one transaction per poll batch.
+"""Exactly-once (`exactly_once=True`): a transaction per batch finishes the records.
 
 Republishes and the consumed offsets commit in one transaction per poll batch. A refused commit aborts: the
 batch's audit entries are forgotten and its partitions read again (`rewind`). A revoke commits the open
-transaction with the revoked partitions' offsets; a loss aborts it. The interface is runtime/handoff/base.py;
+transaction with the revoked partitions' offsets; a loss aborts it. The hand-off is runtime/handoff/handoff.py;
 the transactional producer is runtime/handoff/transactional.py.
 
 Key order (docs/key-ordering.md, section 8): follower hops and key-state records go into the same transaction
-(`TransactionalKeyWrites`). A hop to a tier is acknowledged to key order as soon as it is produced (it lands
+(`TransactionalKeyWrites`). The hand-off tells key order: a hop to a tier is acknowledged to key order as soon as it is produced (it lands
 there exactly when the transaction commits, and what a tier landing lets a later record of its key do, follow
 it, calls no handler). A hop to the DLQ is acknowledged just before the commit, in the same transaction: a dead
 letter makes its key's next record runnable, and that record must not run before the dead letter is
@@ -19,35 +19,64 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Collection
+from typing import Any
 
 from retrytopics.core.dedupe import AuditKey, DuplicateAudit
 from retrytopics.core.errors import KafkaClientError
-from retrytopics.core.keyorder.hops import Origin, origin_of
 from retrytopics.core.offsets import OffsetTracker, TopicPartition
-from retrytopics.core.ports import ConsumerPort, ProducerPort
-from retrytopics.core.router import RouteKind
-from retrytopics.observe.events import Emitter, Event
+from retrytopics.core.ports import ConsumerPort, Message, ProducerPort
+from retrytopics.core.record import Record
+from retrytopics.observe.events import Emitter
 from retrytopics.runtime.clock import Clock
-from retrytopics.runtime.handoff.base import CommitSettings, DeadLetterCallback, HandOffBase
-from retrytopics.runtime.handoff.ordered import (
-    KeyChains,
-    TransactionalKeyWrites,
-    follower_origin,
-    too_large_follower_job,
-)
+from retrytopics.runtime.handoff.finisher import Commit, CommitSettings
+from retrytopics.runtime.handoff.handoff import DeadLetterCallback, HandOff
+from retrytopics.runtime.handoff.ordered import KeyChains, TransactionalKeyWrites
 from retrytopics.runtime.handoff.publish import PublishJob
 from retrytopics.runtime.handoff.transactional import TransactionalPublisher, TransactionOutcomeUnknown
-from retrytopics.runtime.records.outcome import Follow
 
-__all__ = ["ExactlyOnce"]
+__all__ = ["TransactionPerBatch", "exactly_once"]
 
 log = logging.getLogger("retrytopics.runtime")
 
 
-class ExactlyOnce(HandOffBase):
+def exactly_once(
+    settings: CommitSettings,
+    consumer: ConsumerPort,
+    tracker: OffsetTracker,
+    audit: DuplicateAudit,
+    emitter: Emitter,
+    on_dead_letter: DeadLetterCallback | None,
+    producer_factory: Callable[[], ProducerPort],
+    *,
+    clock: Clock,
+    forget_waiting: Callable[[list[TopicPartition]], None],
+    assigned: set[TopicPartition],
+    key_chains: KeyChains | None = None,
+    rebuild_key_state: Callable[[list[TopicPartition]], None] | None = None,
+) -> HandOff:
+    """The hand-off of an exactly-once consumer: a transaction per batch; key order's writes (with
+    `key_chains`) go into it too."""
+    publisher = TransactionalPublisher(producer_factory, emitter, consumer=settings.name, monotonic=clock.monotonic)
+    finisher = TransactionPerBatch(
+        settings,
+        consumer,
+        tracker,
+        audit,
+        publisher,
+        forget_waiting=forget_waiting,
+        assigned=assigned,
+        rebuild_key_state=rebuild_key_state,
+    )
+    writes = None if key_chains is None else TransactionalKeyWrites(key_chains, publisher, emitter, name=settings.name)
+    return HandOff(settings, finisher, publisher, emitter, on_dead_letter, clock=clock, key_writes=writes)
+
+
+class TransactionPerBatch:
     """Republishes and consumed offsets in one transaction per batch (see the module docstring)."""
 
     commits_in_transactions = True
+    finishes_when_sent = True
+    settle_wait_s = None
 
     def __init__(
         self,
@@ -55,107 +84,67 @@ class ExactlyOnce(HandOffBase):
         consumer: ConsumerPort,
         tracker: OffsetTracker,
         audit: DuplicateAudit,
-        emitter: Emitter,
-        on_dead_letter: DeadLetterCallback | None,
-        producer_factory: Callable[[], ProducerPort],
+        publisher: TransactionalPublisher,
         *,
-        clock: Clock,
         forget_waiting: Callable[[list[TopicPartition]], None],
         assigned: set[TopicPartition],
-        key_chains: KeyChains | None = None,
         rebuild_key_state: Callable[[list[TopicPartition]], None] | None = None,
     ) -> None:
-        super().__init__(settings, audit, emitter, on_dead_letter, clock=clock)
+        self._settings = settings
         self._consumer = consumer
         self._tracker = tracker
-        self.publisher: TransactionalPublisher = TransactionalPublisher(
-            producer_factory, emitter, consumer=settings.name, monotonic=clock.monotonic
-        )
+        self._audit = audit
+        self._publisher = publisher
         self._forget_waiting = forget_waiting  # a rewound partition's pauses and queue (runtime/waiting.py)
         self._assigned = assigned  # the loop's set of assigned partitions (a rewind seeks only those)
         self._keys: list[AuditKey] = []  # audit entries of the open transaction
         self._jobs: list[PublishJob] = []  # its hand-offs, announced when it commits
         self._tps: set[TopicPartition] = set()  # partitions with offsets in it
-        #: key order's writes, in the transaction (None: no key-ordered handler)
-        self.key_writes = None if key_chains is None else TransactionalKeyWrites(key_chains, self.publisher)
-        self._ordered = self.key_writes
         self._rebuild_key_state = rebuild_key_state  # of these partitions, from the topic (an abort's undo)
-        self._dead_letters: list[Origin] = []  # ordered records dead-lettered in the open transaction
 
-    def _track(self, tp: TopicPartition, offset: int) -> int:
-        self.publisher.begin()
+    def remember(self, key: AuditKey) -> None:
+        self._audit.remember(key)
+        self._keys.append(key)
+
+    def track(self, tp: TopicPartition, offset: int) -> int:
+        self._publisher.begin()
         self._tps.add(tp)
         return self._tracker.track(tp, offset)
 
-    def _finish(self, tp: TopicPartition, offset: int, epoch: int) -> None:
+    def finish(self, tp: TopicPartition, offset: int, epoch: int) -> None:
         self._tracker.finish(tp, offset, epoch)
 
-    def _finish_success(self, tp: TopicPartition, offset: int) -> None:
-        self._finish(tp, offset, self._track(tp, offset))
+    def finish_at_once(self, tp: TopicPartition, offset: int) -> None:
+        self._tracker.finish(tp, offset, self.track(tp, offset))
 
-    def _finish_run(self, tp: TopicPartition, offsets: list[int]) -> None:
-        for offset in offsets:
-            self._finish_success(tp, offset)
+    def finish_run(self, tp: TopicPartition, msgs: list[Message] | list[Record[Any]]) -> None:
+        for m in msgs:
+            self._tracker.finish(tp, m.offset, self.track(tp, m.offset))
 
-    def _remember(self, key: AuditKey) -> None:
-        super()._remember(key)
-        self._keys.append(key)
-
-    def _send(self, job: PublishJob) -> None:
-        # Durable with the transaction that also commits the offset; events wait for the commit.
-        self.publisher.send(job)
-        self._finish(job.source, job.offset, job.epoch)
+    def sent(self, job: PublishJob) -> None:
+        # durable with the transaction that also commits the offset; announced once it commits
+        self._tracker.finish(job.source, job.offset, job.epoch)
         self._jobs.append(job)
-        writes = self.key_writes
-        if writes is not None and writes.chains.ordered(job.source[0]) and job.context is not None:
-            at = origin_of(job.context)
-            # `send` shrank it already if an earlier attempt was refused as too large: its route is final
-            if at is not None and job.route.kind is RouteKind.TIER:
-                writes.write(writes.chains.acked(at, job.route.retry.tier))
-            elif at is not None:
-                self._dead_letters.append(at)  # acknowledged at the commit (see the module docstring)
 
-    def _follow(self, outcome: Follow) -> None:
-        writes = self.key_writes
-        assert writes is not None
-        msg = outcome.msg
-        epoch = self._track(msg.tp, msg.offset)
-        at = follower_origin(outcome)
-        writes.write(writes.chains.sent(at, to_tier=outcome.tier, handled=False, behind=outcome.behind))
-        if not writes.follow(outcome):  # refused as too large alone: to the DLQ unhandled (`_send` tells key order)
-            why = "refused as too large alone in an earlier attempt of its transaction"
-            self._send(too_large_follower_job(outcome, epoch=epoch, error=why, now_ms=self._now_ms()))
-            return
-        self._finish(msg.tp, msg.offset, epoch)
-        writes.write(writes.chains.acked(at, outcome.tier))
-        self._emit(
-            Event.KEY_ORDER_FOLLOWED,
-            topic=msg.topic,
-            partition=msg.partition,
-            offset=msg.offset,
-            destination=outcome.ctx.topics.tiers[outcome.tier].topic,
-        )
+    def acked(self, tp: TopicPartition, offset: int, epoch: int) -> None:
+        self._tracker.finish(tp, offset, epoch)
 
-    def serve(self, *, within_batch: bool = False) -> None:
-        if self._serve_now(self.publisher, within_batch):
-            self.publisher.poll(0)
+    def served(self, *, within_batch: bool) -> Commit | None:
+        return None  # a transaction commits at the batch's end
 
-    def wait_ms(self, wait_ms: int) -> int:
+    def wait_ms(self, wait_ms: int, *, in_flight: bool) -> int:
         return wait_ms
 
-    def end_batch(self) -> None:
-        self.report_handled()
-        self._commit_transaction()
+    def unacknowledged(self, jobs: list[PublishJob]) -> None:
+        return None  # a batch's end does not wait for its publishes (`settle_wait_s` is None)
 
-    def _commit_transaction(self) -> None:
-        writes = self.key_writes
-        if writes is not None:
-            dead_letters, self._dead_letters = self._dead_letters, []
-            for at in dead_letters:
-                writes.write(writes.chains.acked(at, None))
+    def end_batch(self) -> Commit | None:
+        return self._commit_transaction()
+
+    def _commit_transaction(self) -> Commit | None:
         positions = self._tracker.commit_positions()
         try:
-            self.publisher.commit(positions, self._consumer.group_metadata())
+            self._publisher.commit(positions, self._consumer.group_metadata())
         except TransactionOutcomeUnknown:
             raise  # rewinding could handle a committed batch twice, going on could lose an aborted one: stop
         except KafkaClientError as exc:
@@ -163,17 +152,13 @@ class ExactlyOnce(HandOffBase):
                 "%s: transaction failed (%s); rewinding to the last committed offsets", self._settings.name, exc
             )
             self._rewind()
-            return
+            return None
         self._tracker.mark_committed(positions)
         jobs, self._jobs, self._keys, self._tps = self._jobs, [], [], set()
-        for job in jobs:
-            self._announce(job)
-        self._report_retried()
-        if positions:
-            self._emit(Event.OFFSETS_COMMITTED, offsets=dict(positions), synchronous=True)
+        return Commit(positions, synchronous=True, jobs=jobs)
 
     def _abort(self, cause: BaseException, *, keep: Collection[TopicPartition] = (), rebuild: bool = True) -> None:
-        self.publisher.abort(cause)
+        self._publisher.abort(cause)
         self._rewind(keep=keep, rebuild=rebuild)
 
     def _rewind(self, *, keep: Collection[TopicPartition] = (), rebuild: bool = True) -> None:
@@ -190,26 +175,24 @@ class ExactlyOnce(HandOffBase):
                     self._consumer.resume([tp])
                 except KafkaClientError as exc:
                     log.warning("%s: rewind of %s failed: %s", self._settings.name, tp, exc)
-        self._jobs, self._keys, self._tps, self._dead_letters = [], [], set(), []
+        self._jobs, self._keys, self._tps = [], [], set()
         if rebuild and self._rebuild_key_state is not None:
             # the rebuild reads up to every transaction open in the key state: not this one's, left open
-            self.publisher.end_abandoned()
+            self._publisher.end_abandoned()
             self._rebuild_key_state(sorted(self._assigned.difference(keep)))
 
-    def revoked(self, tps: list[TopicPartition]) -> None:
+    def revoked(self, tps: list[TopicPartition]) -> Commit | None:
         """Records waiting in memory are handed off before `consume()`, so their transaction is open when a
         rebalance callback runs in it; once the revoked partitions' offsets were dropped, the batch end
         committed those hand-offs without them and the new owner handled the records again. On revoke the
         member still belongs to its generation, so the transaction commits with every finished offset, the
         revoked ones included (a refusal aborts and rewinds)."""
-        if self._tps:
-            self._commit_transaction()
+        return self._commit_transaction() if self._tps else None
 
-    def reading_key_state(self) -> None:
+    def reading_key_state(self) -> Commit | None:
         """The read waits for every transaction open in the key-state topic, this loop's own too (a tier
         consumer's passages, under an incremental assignment): commit it first, as a revoke does."""
-        if self.publisher.in_flight:
-            self._commit_transaction()
+        return self._commit_transaction() if self._publisher.in_flight else None
 
     def lost(self, tps: list[TopicPartition]) -> None:
         """A lost member's offsets would be refused: its open transaction aborts."""
@@ -220,5 +203,5 @@ class ExactlyOnce(HandOffBase):
     def crashed(self, cause: BaseException) -> None:
         self._abort(cause, rebuild=False)  # the loop stops: nothing reads key state again
 
-    def shutdown(self) -> None:
+    def shutdown(self) -> Commit | None:
         return None  # a batch ends with its commit: nothing is finished outside a committed transaction

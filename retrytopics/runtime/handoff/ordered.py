@@ -8,7 +8,7 @@ a refusal of one is an outage, not a property of the record: it is retried, and 
 stay uncommitted meanwhile. A follower hop refused as too large is the record's own property, not an outage:
 sent again alone (it may have been refused for a neighbour in its batch), and refused alone it is given back to
 the hand-off to dead-letter (docs/key-ordering.md, section 9). The decisions are the records stage's key order
-(runtime/records/ordering.py), seen here through `KeyChains`.
+(runtime/keyorder/ordering.py), seen here through `KeyChains`.
 
 With exactly-once (`TransactionalKeyWrites`) both go into the batch's transaction instead, on the transactional
 producer: no producer of their own, no acknowledgement to wait for (section 8). A follower hop refused as too
@@ -17,8 +17,6 @@ large fails its transaction; the next attempt sends it alone, and refused alone 
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -35,7 +33,8 @@ from retrytopics.core.router import too_large_reference_record
 from retrytopics.core.signing import HeaderKeys
 from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.clock import Clock
-from retrytopics.runtime.handoff.publish import TOO_LARGE_CODES, PublishJob
+from retrytopics.runtime.handoff.producer import TOO_LARGE_CODES, AckedProducer
+from retrytopics.runtime.handoff.publish import PublishJob
 from retrytopics.runtime.handoff.transactional import TransactionalPublisher
 from retrytopics.runtime.records.outcome import Follow
 
@@ -55,7 +54,7 @@ _RETRY_AFTER_S = 0.5
 
 
 class KeyChains(Protocol):
-    """What the hand-off asks of a loop's key order (`runtime.records.ordering`: `KeyOrder` on a main consumer,
+    """What the hand-off asks of a loop's key order (`runtime.keyorder.ordering`: `KeyOrder` on a main consumer,
     `TierOrder` on a tier consumer). Each answer is the key-state records to write."""
 
     def ordered(self, topic: str) -> bool: ...
@@ -84,7 +83,20 @@ class KeyWrites(Protocol):
     @property
     def healthy(self) -> bool: ...
 
-    def write(self, records: Iterable[KeyStateRecord], then: Callable[[], None] | None = None) -> None: ...
+    @property
+    def in_flight(self) -> int:
+        """Writes waiting for their acknowledgement (worth serving promptly)."""
+
+    def write(self, records: Iterable[KeyStateRecord], then: Callable[[], None] | None = None) -> None:
+        """Produce key-state records; `then` once they are durable."""
+
+    def follow(self, outcome: Follow, finish: Callable[[], None], too_large: Callable[[str], None]) -> None:
+        """Hand `outcome.msg` off unhandled behind its key's predecessor; `finish` once the hop is durable;
+        refused as too large by itself, `too_large` (given why) dead-letters it instead."""
+
+    def serve(self) -> None: ...
+
+    def flush(self, timeout_s: float) -> bool: ...
 
 
 def follower_origin(outcome: Follow) -> Origin:
@@ -98,22 +110,31 @@ def follower_origin(outcome: Follow) -> Origin:
 
 @dataclass(slots=True)
 class _Write:
+    """One key-order write in flight (a key-state record or a follower hop): its own delivery callback."""
+
     topic: str
     key: bytes | None
     value: bytes | None
     partition: int | None
     headers: tuple[Header, ...]
     on_ack: Callable[[], None] | None
+    owner: OrderedHandOffs
     attempt: int = 0
     #: a follower hop's: what to do once it is refused as too large alone (given the error); None: a
     #: key-state record, tiny, whose refusal is an outage
     too_large: Callable[[str], None] | None = None
     #: sent on the one-record-per-batch producer: a too-large refusal is then this record's own
     alone: bool = False
+    record_id: int = -1
+
+    def __call__(self, error: PublishError | None) -> None:
+        self.owner.delivered(self, error)
 
 
 class OrderedHandOffs:
-    """Follower hops and key-state writes of one consumer loop (see the module docstring)."""
+    """Follower hops and key-state writes of one consumer loop (see the module docstring), on an
+    `AckedProducer` of their own (runtime/handoff/producer.py), made at the first write: most loops never
+    write one."""
 
     def __init__(
         self,
@@ -126,31 +147,23 @@ class OrderedHandOffs:
         make_alone_producer: Callable[[], ProducerPort] | None = None,
     ) -> None:
         self.chains = chains
-        self._make_producer = make_producer
-        self._producer: ProducerPort | None = None  # made at the first write: most loops never write one
-        # made at the first too-large refusal (publish.ALONE_OVERRIDES); without a factory (a client that does
-        # not batch, as the memory broker's) a refused hop is sent again on the same producer
-        self._make_alone_producer = make_alone_producer
-        self._alone: ProducerPort | None = None
+        self._writes: AckedProducer[_Write] = AckedProducer(make_producer, make_alone_producer=make_alone_producer)
         self._emitter = emitter
         self._monotonic = clock.monotonic
         self._now_ms = clock.now_ms
         self._name = name
-        self._ids = itertools.count()
-        self._writes: dict[int, _Write] = {}  # every unacknowledged write
-        self._retries: list[tuple[float, int]] = []  # (when, write id), a heap
-        self._done: list[int] = []  # acknowledged since the last serve
         #: key-state writes: (topic, record key) -> the id of its latest write not yet acknowledged
         self._latest: dict[tuple[str, bytes | None], int] = {}
 
     @property
     def in_flight(self) -> int:
-        return len(self._writes)
+        """Writes not acknowledged, or whose acknowledgement has not run what waits for it yet."""
+        return self._writes.unsettled
 
     @property
     def healthy(self) -> bool:
         """False while some write has failed and waits to be produced again."""
-        return not any(w.attempt for w in self._writes.values())
+        return not any(w.attempt for w in self._writes.records())
 
     # -- what the hand-off calls ------------------------------------------------------------------------------
 
@@ -167,7 +180,7 @@ class OrderedHandOffs:
             self.acked(at, tier, finish)
 
         headers = follower_headers(ctx, follower, msg, topic)
-        self._produce(_Write(topic, msg.key, msg.value, None, headers, landed, too_large=too_large))
+        self._send(_Write(topic, msg.key, msg.value, None, headers, landed, self, too_large=too_large))
         self._emitter.emit(
             Event.KEY_ORDER_FOLLOWED,
             consumer=self._name,
@@ -201,67 +214,52 @@ class OrderedHandOffs:
             source = record.chain.source_topic
             topic = self.chains.state_topic(source)
             key, value, partition, headers = encode_signed(record, topic, self.chains.state_keys(source))
-            self._produce(_Write(topic, key, value, partition, headers, one_acked))
+            self._send(_Write(topic, key, value, partition, headers, one_acked, self))
 
     # -- serving ----------------------------------------------------------------------------------------------
 
     def serve(self) -> None:
         """Serve delivery reports (running what waited for them) and produce again what is due for a retry."""
-        if self._producer is None or not self._writes:
+        if not self._writes.started or not self._writes.unsettled:
             return
-        self._producer.poll(0)
-        if self._alone is not None:
-            self._alone.poll(0)
+        self._writes.poll(0)
         self._run_done()
         self._retry_due()
 
     def flush(self, timeout_s: float) -> bool:
         """Serve until every write is acknowledged (those the acknowledgements lead to included) or `timeout_s`
         passed; True when none is left."""
+        writes = self._writes
         deadline = self._monotonic() + timeout_s
-        while self._writes and self._monotonic() < deadline:
-            assert self._producer is not None
-            self._producer.poll(min(0.05, max(0.0, deadline - self._monotonic())))
-            if self._alone is not None:
-                self._alone.poll(0)
+        while writes.unsettled and self._monotonic() < deadline:
+            writes.poll(min(0.05, max(0.0, deadline - self._monotonic())))
             self._run_done()
             self._retry_due()
-        return not self._writes
+        return not writes.unsettled
 
     def _retry_due(self) -> None:
         """Produce again the failed writes whose back-off passed. A key-state write that a later write of the
         same record key superseded is not: produced now, it would land behind the newer one, and compaction
         keeps the last; what waited for it waits for the newer one instead."""
-        now = self._monotonic()
-        while self._retries and self._retries[0][0] <= now:
-            _, write_id = heapq.heappop(self._retries)
-            write = self._writes.get(write_id)
-            if write is None:
-                continue
+        writes = self._writes
+        for write in writes.due(self._monotonic()):
+            write_id = write.record_id
             newer_id = self._latest.get((write.topic, write.key), write_id) if write.partition is not None else write_id
-            newer = self._writes.get(newer_id)
+            newer = writes.find(newer_id)
             if newer_id == write_id or newer is None:
-                self._send(write_id, write)
+                self._produce(write, writes.producer_for(write))
                 continue
-            del self._writes[write_id]
+            writes.forget(write_id)
             newer.on_ack = _both(write.on_ack, newer.on_ack)
 
-    def _produce(self, write: _Write) -> None:
-        if self._producer is None:
-            self._producer = self._make_producer()
-        write_id = next(self._ids)
+    def _send(self, write: _Write) -> None:
+        producer = self._writes.track(write)
         if write.partition is not None:  # a key-state record: the latest write of its record key
-            self._latest[(write.topic, write.key)] = write_id
-        self._send(write_id, write)
+            self._latest[(write.topic, write.key)] = write.record_id
+        self._produce(write, producer)
 
-    def _send(self, write_id: int, write: _Write) -> None:
-        self._writes[write_id] = write
-        assert self._producer is not None
-
-        def delivered(error: PublishError | None) -> None:
-            self._delivered(write_id, error)
-
-        producer = self._alone_producer() if write.alone else self._producer
+    def _produce(self, write: _Write, producer: ProducerPort) -> None:
+        writes = self._writes
         try:
             producer.produce(
                 write.topic,
@@ -269,36 +267,29 @@ class OrderedHandOffs:
                 value=write.value,
                 headers=write.headers,
                 partition=write.partition,
-                on_delivery=delivered,
+                on_delivery=write,
             )
         except KafkaClientError as exc:
-            write.alone = write.alone or exc.code in TOO_LARGE_CODES  # the producer judged this record by itself
-            self._delivered(write_id, PublishError(write.topic, str(exc), code=exc.code, fatal=exc.fatal))
+            writes.refused(write, exc)
+            self.delivered(write, PublishError(write.topic, str(exc), code=exc.code, fatal=exc.fatal))
 
-    def _alone_producer(self) -> ProducerPort:
-        if self._make_alone_producer is None:
-            assert self._producer is not None
-            return self._producer
-        if self._alone is None:
-            self._alone = self._make_alone_producer()
-        return self._alone
-
-    def _delivered(self, write_id: int, error: PublishError | None) -> None:
-        write = self._writes.get(write_id)
-        if write is None:
-            return
+    def delivered(self, write: _Write, error: PublishError | None) -> None:
+        """The delivery report of `write` (None: acknowledged)."""
+        writes = self._writes
         if error is None:
-            self._done.append(write_id)
+            writes.acked(write)  # unless it is gone (superseded)
+            return
+        if not writes.is_current(write):
             return
         if write.too_large is not None and error.code in TOO_LARGE_CODES:
-            # at once, but from `serve`, never from inside this delivery report (publish.py says why)
+            # at once, but from `serve`, never from inside this delivery report (runtime/handoff/producer.py)
             if not write.alone:
                 write.alone = True
-                heapq.heappush(self._retries, (self._monotonic(), write_id))
+                writes.retry_at(self._monotonic(), write)
                 return
             refused, reason = write.too_large, str(error)
             write.on_ack = lambda: refused(reason)
-            self._done.append(write_id)
+            writes.acked(write)
             return
         write.attempt += 1
         if write.attempt == 1:
@@ -306,18 +297,15 @@ class OrderedHandOffs:
         self._emitter.emit(
             Event.PUBLISH_FAILED, consumer=self._name, destination=write.topic, error=str(error), attempt=write.attempt
         )
-        heapq.heappush(self._retries, (self._monotonic() + _RETRY_AFTER_S, write_id))
+        writes.retry_at(self._monotonic() + _RETRY_AFTER_S, write)
 
     def _run_done(self) -> None:
         """Run what waited for the writes acknowledged since the last call (outside the delivery callbacks:
         what they run may produce again)."""
-        while self._done:
-            done, self._done = self._done, []
-            for write_id in done:
-                write = self._writes.pop(write_id, None)
-                if write is None:
-                    continue
-                if self._latest.get((write.topic, write.key)) == write_id:
+        writes = self._writes
+        while done := writes.take_done():
+            for write in done:
+                if self._latest.get((write.topic, write.key)) == write.record_id:
                     del self._latest[(write.topic, write.key)]
                 if write.on_ack is not None:
                     write.on_ack()
@@ -330,13 +318,24 @@ class TransactionalKeyWrites:
     fate, so the hand-off tells key order as soon as the hop is produced, and an aborted transaction rebuilds
     the key state from the topic (read_committed) rather than undoing what it told."""
 
-    def __init__(self, chains: KeyChains, publisher: TransactionalPublisher) -> None:
+    #: nothing waits for an acknowledgement
+    in_flight = 0
+
+    def __init__(self, chains: KeyChains, publisher: TransactionalPublisher, emitter: Emitter, *, name: str) -> None:
         self.chains = chains
         self._publisher = publisher
+        self._emitter = emitter
+        self._name = name
 
     @property
     def healthy(self) -> bool:
         return True  # a failed write fails its transaction: `TransactionalPublisher.healthy` says so
+
+    def serve(self) -> None:
+        return None  # the transactional producer's reports are served with the hand-off's publishes
+
+    def flush(self, timeout_s: float) -> bool:
+        return True  # durable with the transaction, which the hand-off's finisher commits
 
     def write(self, records: Iterable[KeyStateRecord], then: Callable[[], None] | None = None) -> None:
         """Produce key-state records into the open transaction (opened by the first one); `then` at once: they
@@ -349,17 +348,30 @@ class TransactionalKeyWrites:
         if then is not None:
             then()
 
-    def follow(self, outcome: Follow) -> bool:
-        """Produce `outcome`'s follower hop into the open transaction; False, producing nothing, when an earlier
-        attempt of it was refused as too large alone: the hand-off dead-letters it instead."""
-        msg, tier, follower, ctx, _behind = outcome
+    def follow(self, outcome: Follow, finish: Callable[[], None], too_large: Callable[[str], None]) -> None:
+        """Produce `outcome`'s follower hop into the open transaction, `finish` it at once and tell key order it
+        landed; when an earlier attempt of it was refused as too large alone, produce nothing and call
+        `too_large` instead (the hand-off dead-letters it, and tells key order once that is sent)."""
+        msg, tier, follower, ctx, behind = outcome
+        at = follower_origin(outcome)
+        self.write(self.chains.sent(at, to_tier=tier, handled=False, behind=behind))
         source = (msg.tp, msg.offset)
         if self._publisher.refused_alone(source):
-            return False
+            too_large("refused as too large alone in an earlier attempt of its transaction")
+            return
         topic = ctx.topics.tiers[tier].topic
         headers = follower_headers(ctx, follower, msg, topic)
         self._publisher.send_record(topic, key=msg.key, value=msg.value, partition=None, headers=headers, source=source)
-        return True
+        finish()
+        self.write(self.chains.acked(at, tier))
+        self._emitter.emit(
+            Event.KEY_ORDER_FOLLOWED,
+            consumer=self._name,
+            topic=msg.topic,
+            partition=msg.partition,
+            offset=msg.offset,
+            destination=topic,
+        )
 
 
 def too_large_follower_job(outcome: Follow, *, epoch: int, error: str, now_ms: int) -> PublishJob:

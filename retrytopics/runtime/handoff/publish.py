@@ -13,8 +13,6 @@ into one transaction. Both publishers send the `PublishJob`s defined here, throu
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
 from collections import Counter
 from collections.abc import Callable
@@ -29,6 +27,7 @@ from retrytopics.core.ports import ProducerPort
 from retrytopics.core.router import Route, RouteContext, too_large_reference_record, too_large_route
 from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.clock import SYSTEM_CLOCK
+from retrytopics.runtime.handoff.producer import ALONE_OVERRIDES, TOO_LARGE_CODES, AckedProducer
 
 __all__ = ["ALONE_OVERRIDES", "TOO_LARGE_CODES", "PublishJob", "Publisher", "produce_job", "too_large_fallback"]
 
@@ -49,16 +48,6 @@ _RESTART_CODES = frozenset(
         "INVALID_PRODUCER_ID_MAPPING",
     }
 )
-
-#: Delivery errors no retry can fix: the record itself is too large for the producer or the broker. Retried,
-#: it wedged its partition forever (never acknowledged, never committed); it goes to the DLQ instead.
-TOO_LARGE_CODES = frozenset({"MSG_SIZE_TOO_LARGE", "RECORD_LIST_TOO_LARGE"})
-
-#: The producer a record refused as too large is sent again on: one record per batch. librdkafka batches the
-#: records of a partition, and the broker refuses a batch as a whole when one record (or the batch) exceeds
-#: the topic's `max.message.bytes`, reporting the error on every record of it: a refusal names the record
-#: only when the record was alone in its batch.
-ALONE_OVERRIDES = {"batch.num.messages": 1}
 
 #: Back-off between attempts to publish a record whose delivery failed (seconds).
 DEFAULT_RETRY_WAIT = tenacity.wait_exponential(multiplier=0.2, max=10.0) + tenacity.wait_random(0, 0.2)
@@ -87,7 +76,7 @@ class PublishJob:
     #: the `Publisher` this job is in flight with (set by `Publisher.send`): the job is its own delivery
     #: callback, so a hand-off in flight is this one object, not a closure per hop
     publisher: Publisher | None = field(default=None, init=False, repr=False, compare=False)
-    job_id: int = field(default=-1, init=False, repr=False, compare=False)
+    record_id: int = field(default=-1, init=False, repr=False, compare=False)
 
     def __call__(self, error: PublishError | None) -> None:
         """The delivery report of this job's latest produce, handed to its publisher."""
@@ -98,7 +87,7 @@ class PublishJob:
         """The same job as a new object, in flight with the same publisher under the same id: a producer that
         is replaced may still report on the old object, which is no longer in flight (`Publisher.delivered`)."""
         again = replace(self)
-        again.partition, again.publisher, again.job_id = self.partition, self.publisher, self.job_id
+        again.partition, again.publisher, again.record_id = self.partition, self.publisher, self.record_id
         return again
 
 
@@ -169,7 +158,8 @@ def _wait_s(wait: tenacity.wait.wait_base, attempt: int) -> float:
 
 
 class Publisher:
-    """At-least-once publishing with retries from the poll loop (see the module docstring)."""
+    """At-least-once publishing with retries from the poll loop (see the module docstring), on an
+    `AckedProducer` (runtime/handoff/producer.py)."""
 
     def __init__(
         self,
@@ -181,22 +171,16 @@ class Publisher:
         clock: Callable[[], float] = SYSTEM_CLOCK.monotonic,
         consumer: str = "",
     ) -> None:
-        self._make_producer = make_producer
-        self._producer = make_producer()
         # made at the first too-large refusal (`ALONE_OVERRIDES`); without a factory (a client that does not
         # batch, as the memory broker's) a refused record is sent again on the main producer
-        self._make_alone_producer = make_alone_producer
-        self._alone: ProducerPort | None = None
+        self._jobs: AckedProducer[PublishJob] = AckedProducer(make_producer, make_alone_producer=make_alone_producer)
+        self._jobs.start()  # at once: a producer that cannot be made fails the loop's start, not its first failure
         self._emitter = emitter
         self._consumer = consumer  # names the consumer loop in events, as for every other event
         self._wait = wait
         self._clock = clock
-        self._ids = itertools.count()
-        self._jobs: dict[int, PublishJob] = {}  # every unacknowledged job
-        self._retries: list[tuple[float, int]] = []  # (when, job id), a heap
         self._failing: Counter[TopicPartition] = Counter()  # source partitions with a failed, unacked job
         self._fatal: KafkaClientError | None = None
-        self._acked: list[PublishJob] = []  # acknowledged since the last poll() returned
 
     @property
     def healthy(self) -> bool:
@@ -208,63 +192,50 @@ class Publisher:
 
     @property
     def in_flight(self) -> int:
-        return len(self._jobs)
+        return len(self._jobs.in_flight)
 
     @property
     def awaiting_report(self) -> bool:
         """Whether some job has had no delivery report yet (neither acknowledged nor failed once)."""
-        return any(not job.attempt for job in self._jobs.values())
+        return any(not job.attempt for job in self._jobs.in_flight.values())
 
     def drop_all(self) -> list[PublishJob]:
         """Stop tracking and retrying every unacknowledged job, and return them: a share consumer gives their
         records back to its group instead (runtime/handoff/acknowledge.py). A copy that is written after all
         is found by the tier's duplicate audit."""
-        dropped = list(self._jobs.values())
-        self._jobs.clear()
-        self._retries.clear()
         self._failing.clear()
-        return dropped
+        return self._jobs.drop_all()
 
     def send(self, job: PublishJob) -> None:
         """Produce `job`; a later `poll()` returns it once the broker acknowledged it."""
-        job.publisher, job.job_id = self, next(self._ids)
-        self._jobs[job.job_id] = job
-        self._produce(job)
+        job.publisher = self
+        self._produce(job, self._jobs.track(job))
 
-    def _produce(self, job: PublishJob) -> None:
+    def _produce(self, job: PublishJob, producer: ProducerPort) -> None:
         try:
-            produce_job(self._alone_producer() if job.alone else self._producer, job, job)
+            produce_job(producer, job, job)
         except KafkaClientError as exc:
-            job.alone = job.alone or exc.code in TOO_LARGE_CODES  # the producer judged this record by itself
+            self._jobs.refused(job, exc)
             self.delivered(job, PublishError(job.route.topic, str(exc), code=exc.code, fatal=exc.fatal))
-
-    def _alone_producer(self) -> ProducerPort:
-        if self._make_alone_producer is None:
-            return self._producer
-        if self._alone is None:
-            self._alone = self._make_alone_producer()
-        return self._alone
 
     def delivered(self, job: PublishJob, error: PublishError | None) -> None:
         """The delivery report of `job` (None: acknowledged): acknowledged jobs wait for `take_acked`, failed
         ones for their retry."""
-        job_id = job.job_id
-        if self._jobs.get(job_id) is not job:
-            # a report from a replaced producer (the job went out again as a copy), or of a dropped job
-            return
-        if error is not None and error.code in TOO_LARGE_CODES and _sent_again(job):
-            # at once (a record alone or smaller is a new record, not a retry), but from `poll`, never from
-            # inside this delivery report: a client call made there (the metadata lookup of a keyless record's
-            # partition) broke confluent-kafka's callback state and aborted the process
-            heapq.heappush(self._retries, (self._clock(), job_id))
-            return
+        jobs = self._jobs
         if error is None:
-            del self._jobs[job_id]
-            if job.attempt:
+            # not current: a report from a replaced producer (the job went out again as a copy), or of a
+            # dropped job
+            if jobs.acked(job) and job.attempt:
                 self._failing[job.source] -= 1
                 if self._failing[job.source] <= 0:
                     del self._failing[job.source]
-            self._acked.append(job)
+            return
+        if not jobs.is_current(job):
+            return
+        if error.code in TOO_LARGE_CODES and _sent_again(job):
+            # at once (a record alone or smaller is a new record, not a retry), but from `poll`, never from
+            # inside this delivery report (runtime/handoff/producer.py)
+            jobs.retry_at(self._clock(), job)
             return
         if not job.attempt:
             self._failing[job.source] += 1
@@ -278,66 +249,47 @@ class Publisher:
         )
         if error.fatal or error.code in _RESTART_CODES:
             self._fatal = error
-        heapq.heappush(self._retries, (self._clock() + _wait_s(self._wait, job.attempt), job_id))
+        jobs.retry_at(self._clock() + _wait_s(self._wait, job.attempt), job)
 
     def poll(self, timeout_s: float = 0.0) -> list[PublishJob]:
         """Serve delivery reports, replace a failed producer, and produce again what is due for a retry;
         returns the jobs acknowledged since the last call (`take_acked`)."""
         self._serve(timeout_s)
-        return self.take_acked()
+        return self._jobs.take_done()
 
     def take_acked(self) -> list[PublishJob]:
         """The jobs acknowledged since the last `poll()` or `take_acked()` (a `flush` keeps them here)."""
-        if not self._acked:
-            return []
-        acked, self._acked = self._acked, []
-        return acked
+        return self._jobs.take_done()
 
     def _serve(self, timeout_s: float) -> None:
+        jobs = self._jobs
         try:
-            self._producer.poll(timeout_s)
-            if self._alone is not None:
-                self._alone.poll(0)
+            jobs.poll(timeout_s)
         except KafkaClientError as exc:  # a producer in a fatal state may raise here rather than report
             if not exc.fatal:
                 raise
             self._fatal = exc
         if self._fatal is not None:
             self._recreate()
-        now = self._clock()
-        while self._retries and self._retries[0][0] <= now:
-            _, job_id = heapq.heappop(self._retries)
-            job = self._jobs.get(job_id)
-            if job is not None:
-                self._produce(job)
+        for job in jobs.due(self._clock()):
+            self._produce(job, jobs.producer_for(job))
 
     def _recreate(self) -> None:
         error, self._fatal = self._fatal, None
-        log.error("producer failed fatally (%s); replacing it and producing %d records again", error, len(self._jobs))
-        for producer in (self._producer, self._alone):
-            try:
-                if producer is not None:
-                    producer.purge()
-            except KafkaClientError:
-                pass  # a dead producer may refuse even this; it is dropped either way
-        self._producer, self._alone = self._make_producer(), None
-        # each job goes out again as a new object: a late report of the old producer finds its job gone
-        self._jobs = {job_id: job.copy() for job_id, job in self._jobs.items()}
-        self._emitter.emit(Event.PRODUCER_RECREATED, consumer=self._consumer, error=str(error))
+        log.error("producer failed fatally (%s); replacing it and producing %d records again", error, self.in_flight)
         # Everything unacknowledged goes out again on the new producer: at once if it had not failed yet,
         # after its back-off otherwise (an outage must not turn into a tight produce loop).
-        now = self._clock()
-        self._retries = [
-            (now + (_wait_s(self._wait, j.attempt) if j.attempt else 0.0), i) for i, j in self._jobs.items()
-        ]
-        heapq.heapify(self._retries)
+        self._jobs.replace(
+            PublishJob.copy, lambda j: _wait_s(self._wait, j.attempt) if j.attempt else 0.0, self._clock()
+        )
+        self._emitter.emit(Event.PRODUCER_RECREATED, consumer=self._consumer, error=str(error))
 
     def forget(self, sources: list[TopicPartition]) -> None:
         """Stop retrying jobs of revoked source partitions: their new owner handles those records again."""
         dropped = set(sources)
-        for job_id, job in list(self._jobs.items()):
+        for record_id, job in list(self._jobs.in_flight.items()):
             if job.source in dropped:
-                del self._jobs[job_id]
+                self._jobs.forget(record_id)
         for tp in dropped:
             self._failing.pop(tp, None)
 
@@ -345,6 +297,6 @@ class Publisher:
         """Wait (polling, retrying) until every job is acknowledged or `timeout_s` passed; True if drained. The
         jobs acknowledged meanwhile wait for `take_acked`."""
         deadline = self._clock() + timeout_s
-        while self._jobs and self._clock() < deadline:
+        while self._jobs.in_flight and self._clock() < deadline:
             self._serve(min(0.1, max(0.0, deadline - self._clock())))
-        return not self._jobs
+        return not self._jobs.in_flight

@@ -1,7 +1,7 @@
 """Exactly-once publishing: the republishes of a poll batch and its consumed offsets commit in one transaction.
 
 `TransactionalPublisher` is the exactly-once counterpart of `Publisher` (runtime/handoff/publish.py): it sends the
-same `PublishJob`s, but inside a transaction the hand-off strategy (`ExactlyOnce`, runtime/handoff/exactly_once.py)
+same `PublishJob`s, but inside a transaction the hand-off's finisher (`TransactionPerBatch`, runtime/handoff/exactly_once.py)
 commits together with the offsets, or aborts. A failed delivery is not retried here: it fails the
 transaction's commit, which aborts it, and the batch is read again.
 
@@ -292,14 +292,16 @@ class TransactionalPublisher:
         """Nonzero while a transaction is open: its delivery reports are worth serving promptly."""
         return int(self._open)
 
-    def poll(self, timeout_s: float = 0.0) -> None:
+    def poll(self, timeout_s: float = 0.0) -> list[PublishJob]:
+        """Serve delivery reports; nothing is acknowledged one by one (a transaction commits its jobs)."""
         if self._producer is None:
-            return
+            return []
         try:
             self._producer.poll(timeout_s)
         except KafkaClientError as exc:  # e.g. fenced: the transaction's commit raises it and replaces the producer
             if self._error is None:
                 self._error = exc
+        return []
 
     def commit(self, offsets: Mapping[TopicPartition, int], group_metadata: object) -> None:
         """Commit the open transaction with `offsets`; raises (after aborting) if anything failed before
@@ -403,8 +405,19 @@ class TransactionalPublisher:
             return False
         return True
 
+    # What the hand-off asks of any publisher: a transaction's jobs are durable when it commits, so none is
+    # acknowledged one by one, waited for, or dropped.
+
+    awaiting_report = False
+
     def flush(self, timeout_s: float) -> bool:
         return True
+
+    def take_acked(self) -> list[PublishJob]:
+        return []
+
+    def drop_all(self) -> list[PublishJob]:
+        return []
 
     def forget(self, sources: list[TopicPartition]) -> None:
         return None

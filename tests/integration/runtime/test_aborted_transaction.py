@@ -6,8 +6,8 @@ transaction: they must not fail the next one, and a transaction whose `commit_tr
 never treated as failed (aborting it then rewinds the consumer over a committed batch, which is handled and
 committed a second time).
 
-The scenario runs the exactly-once hand-off strategy (`ExactlyOnce`) over a real consumer and a real
-transactional producer. The first transaction's offsets are refused (UNKNOWN_MEMBER_ID, injected, as a
+The scenario runs the exactly-once hand-off (`exactly_once`: a `HandOff` with a `TransactionPerBatch`) over a
+real consumer and a real transactional producer. The first transaction's offsets are refused (UNKNOWN_MEMBER_ID, injected, as a
 coordinator answers a member it expelled) while its records still wait in the producer's queue (a long
 `linger.ms` keeps them there), so it aborts and the batch is read again.
 
@@ -36,7 +36,7 @@ from retrytopics.core.router import route
 from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.clock import SYSTEM_CLOCK
 from retrytopics.runtime.consumer.settings import LoopSettings
-from retrytopics.runtime.handoff.exactly_once import ExactlyOnce
+from retrytopics.runtime.handoff.exactly_once import exactly_once
 from retrytopics.runtime.records.calls import build_record
 from retrytopics.runtime.records.outcome import Failed
 from retrytopics.runtime.waiting import PauseController
@@ -101,7 +101,7 @@ def test_purge_reports_of_an_aborted_transaction_do_not_fail_the_next_one(
     tracker, assigned = OffsetTracker(), set[TopicPartition]()
     pauses = PauseController(consumer, emitter, consumer_name=settings.name)
     _RefusesFirstOffsets.refused = False
-    handoff = ExactlyOnce(
+    handoff = exactly_once(
         settings,
         consumer,
         tracker,

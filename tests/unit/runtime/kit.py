@@ -31,7 +31,7 @@ from retrytopics.core.router import InboundRecord, RouteContext, route
 from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.consumer.loop import ConsumerLoop, LoopClients
 from retrytopics.runtime.consumer.settings import LoopSettings
-from retrytopics.runtime.handoff import base
+from retrytopics.runtime.handoff import handoff
 from retrytopics.runtime.handoff.publish import Publisher
 from retrytopics.runtime.records.calls import Binding
 from retrytopics.testing import MemoryBroker, MemoryClientFactory, MemoryConsumer
@@ -116,10 +116,10 @@ def hand_offs(broker: MemoryBroker, topic: str) -> list[tuple[str, RetryHeaders]
 
 
 def short_publish_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The at-least-once publisher (runtime/handoff/base.py makes it, for both the partition-based and the share
+    """The at-least-once publisher (runtime/handoff/handoff.py makes it, for both the partition-based and the share
     hand-off) retries a refused hand-off after a fixed 0.5 s (on the loop's clock), so that a test of refused
     produces needs few polls."""
-    monkeypatch.setattr(base, "Publisher", functools.partial(Publisher, wait=tenacity.wait_fixed(0.5)))
+    monkeypatch.setattr(handoff, "Publisher", functools.partial(Publisher, wait=tenacity.wait_fixed(0.5)))
 
 
 def build_loop(

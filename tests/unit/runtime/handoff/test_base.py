@@ -1,4 +1,4 @@
-"""What every hand-off does with successes (runtime/handoff/base.py), on the in-memory broker: a batch's
+"""What every hand-off does with successes (runtime/handoff/handoff.py), on the in-memory broker: a batch's
 successes are counted per partition in one `records.handled` event (first and last offset, count), their
 offsets finish without being queued, and a per-record `record.handled` reaches only a hook that asks for it.
 """

@@ -1,4 +1,4 @@
-"""What every hand-off tells the hooks about failures (runtime/handoff/base.py), on the in-memory broker: a
+"""What every hand-off tells the hooks about failures (runtime/handoff/handoff.py), on the in-memory broker: a
 batch's failures are summed per partition in one `records.failed`, acknowledged retries per partition and
 tier in `retries.scheduled`; the per-record `record.failed` and `retry.scheduled` are built only for a hook
 that wants them one by one, and such a hook gets every one with all its fields, whatever the built-in hooks
