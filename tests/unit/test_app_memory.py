@@ -178,3 +178,13 @@ def test_every_record_ends_once_when_the_whole_app_runs_on_the_memory_broker(
     stats = app.stats
     assert (stats.duplicates_suppressed, stats.transactions_aborted, stats.publish_failures) == (0, 0, 0)
     assert dict(stats.dead_lettered) == {"exhausted": 1, "non_retryable": 1}
+
+
+def test_the_old_import_path_of_the_memory_client_factory_still_works_and_says_where_it_moved() -> None:
+    import retrytopics.client_factory
+
+    with pytest.warns(DeprecationWarning, match="import it from retrytopics.testing"):
+        moved = retrytopics.client_factory.MemoryClientFactory
+    assert moved is MemoryClientFactory
+    with pytest.raises(AttributeError):
+        retrytopics.client_factory.NoSuchFactory  # noqa: B018
