@@ -98,7 +98,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 #: and every shorter file after them in collection order.
 LONGEST_FILES = (
     "tests/integration/test_readme_tour.py",
-    "tests/integration/spark/test_cli_text.py",
     "tests/integration/spark/test_builtin_parity.py",
     "tests/integration/runtime/test_stuck_calls.py",
     "tests/integration/spark/test_replay_input.py",
@@ -118,6 +117,7 @@ LONGEST_FILES = (
     "tests/integration/runtime/test_key_order_eos.py",
     "tests/integration/runtime/test_key_order.py",
     "tests/integration/spark/test_end_to_end.py",
+    "tests/integration/spark/test_cli_text.py",
     "tests/integration/console/test_console_browser.py",
     "tests/integration/console/test_console_hostile_records.py",
     "tests/integration/share/test_share_consumer.py",

@@ -15,8 +15,11 @@ one `tiers` process per tier charge good orders, send a non-positive amount stra
 (non_retryable), retry a rate-limited order no earlier than its hint and then charge it, and pass an
 always-failing order through the 5s and 30s tiers to the 5m tier; `/metrics` answers; `topics describe`
 and `dlq peek` print the pipeline and the dead letter; `audit --json` counts it all; the replay's dry run
-answers (0 selected: an exhausted record would need the 5 min tier); a SIGTERM drains every consumer with
-exit 0. Run piped, as here, the Spark commands print no progress line on stderr (it is for terminals only).
+answers (0 selected: an exhausted record would need the 5 min tier) in words, no Python repr; a SIGTERM
+drains every consumer with exit 0 once the failing order waits in the 5m tier (the Spark commands run on).
+Run piped, as here, the Spark commands print no progress line on stderr (it is for terminals only), and, cold
+drivers run as a user runs them, no warning or log line (spark/test_cli_text.py runs both commands in-process
+for their text: it relies on this for the cold run's stderr).
 
 Only the tour's second replay line (`retrytopics replay ... --replay-id fix-1234 --reason exhausted`) is
 not run: `...` stands for the flags of the line before, and a real replay is tested in
@@ -51,6 +54,8 @@ from retrytopics.connectors.kafka import make_admin, make_consumer, make_produce
 pytestmark = [pytest.mark.broker, pytest.mark.spark]
 README = Path(__file__).resolve().parents[2] / "README.md"
 CLI = str(Path(sys.executable).with_name("retrytopics"))
+REPRS = re.compile(r"\{'|\['|\bNone\b|\bTrue\b|\bFalse\b")  # a Python repr where text belongs
+WARNINGS = re.compile(r"Warning|\bWARN\b")  # FutureWarning, UserWarning, a log4j WARN line
 
 #: The user's own payment client, which the tour's handler calls (the tour leaves it to the reader).
 GATEWAY = textwrap.dedent(
@@ -223,10 +228,13 @@ def _wait(condition: Callable[[], bool], seconds: float, what: str) -> None:
         time.sleep(0.2)
 
 
-def _no_progress(done: subprocess.CompletedProcess[str]) -> None:
-    """Piped, a Spark command writes no progress line: no redraws, no step or note text."""
+def _quiet(done: subprocess.CompletedProcess[str]) -> None:
+    """Piped, a Spark command writes no progress line (no redraws, no step or note text), and a cold one, as
+    a user runs it, no warning or log line either (pandas' FutureWarning in the Python workers, log4j's WARN
+    lines; not the JVM's own `WARNING:` notice): pytest's filters do not reach a subprocess."""
     assert "\r" not in done.stderr and "\x1b[" not in done.stderr, done.stderr[-2000:]
     assert "Spark session started" not in done.stderr and "records/s" not in done.stderr, done.stderr[-2000:]
+    assert not [line for line in done.stderr.splitlines() if WARNINGS.search(line)], done.stderr[-3000:]
 
 
 @pytest.mark.timeout(900)  # two Spark driver JVMs beside a 35 s walk through two tiers, on a shared machine
@@ -317,21 +325,25 @@ def test_the_readme_tour_works_as_written(
             # the always-failing order went through the 5s and the 30s tier processes to the 5m tier
             _wait(lambda: "o-down" in _keys(kafka, tiers[2]), 240, "o-down in the 5m tier")
 
+            # nothing is left to handle for 5 minutes: the app stops while the Spark commands still run
+            for process in started:
+                process.send_signal(signal.SIGTERM)
+            for process in started:
+                log = tmp_path / f"{process.args[1]}-{process.pid}.log"  # type: ignore[index]
+                assert process.wait(timeout=60) == 0, log.read_text()[-3000:]
+
             audited = audit_run.result()
-            _no_progress(audited)
+            _quiet(audited)
             summary = json.loads(audited.stdout)
             stages = {s["topic"]: s["records"] for s in summary["stages"]}
             assert stages[topic] == len(ORDERS) and stages[tiers[0]] == 2, stages  # o-limited and o-down
             assert summary["dlq"]["by_reason"] == {"non_retryable": 1}
 
             replayed = dry_run_run.result()
-            _no_progress(replayed)
-            assert "nothing written (dry run)" in replayed.stdout and "would write" in replayed.stdout, replayed.stdout
-        for process in started:
-            process.send_signal(signal.SIGTERM)
-        for process in started:
-            log = tmp_path / f"{process.args[1]}-{process.pid}.log"  # type: ignore[index]
-            assert process.wait(timeout=60) == 0, log.read_text()[-3000:]
+            _quiet(replayed)
+            assert not REPRS.search(replayed.stdout), replayed.stdout
+            assert replayed.stdout.splitlines()[0] == "replay fix-1234 to the original topic: nothing written (dry run)"
+            assert re.search(r"^would write +0$", replayed.stdout, re.M), replayed.stdout
     finally:
         for process in started:
             if process.poll() is None:

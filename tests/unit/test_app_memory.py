@@ -213,3 +213,13 @@ def test_after_an_offset_reset_the_records_handed_off_before_it_are_handled_agai
     second = run(2)
     assert sorted(offset for number, offset in calls if number == 2) == list(range(6))
     assert second.stats.duplicates_suppressed == 0
+
+
+def test_the_old_import_path_of_the_memory_client_factory_still_works_and_says_where_it_moved() -> None:
+    import retrytopics.client_factory
+
+    with pytest.warns(DeprecationWarning, match="import it from retrytopics.testing"):
+        moved = retrytopics.client_factory.MemoryClientFactory
+    assert moved is MemoryClientFactory
+    with pytest.raises(AttributeError):
+        retrytopics.client_factory.NoSuchFactory  # noqa: B018

@@ -40,7 +40,7 @@ def spark() -> Iterator[SparkSession]:
         # No generated code: every test query is new to the session, and on a few dozen records compiling
         # it (Janino, then the JIT) costs more than running it interpreted; a job took about a third less
         # time on 2 cores. Results are the same (Spark falls back to the same interpreted path whenever
-        # codegen fails); the CLI tests (`test_cli_text.py`, the replay command, the README tour) still run
+        # codegen fails); the cold CLI runs (the replay command, the killed replay, the README tour) still run
         # the jobs as operators do, with codegen.
         .config("spark.sql.codegen.wholeStage", "false")
         .config("spark.sql.codegen.factoryMode", "NO_CODEGEN")
