@@ -103,10 +103,13 @@ def wait_until(done: Callable[[], bool], timeout_s: float) -> bool:
     return True
 
 
-def _app(broker: MemoryBroker, dependency: Dependency, flood_guard: FloodGuard | None) -> RetryApp:
+def _app(
+    broker: MemoryBroker, dependency: Dependency, flood_guard: FloodGuard | None, *, exactly_once: bool
+) -> RetryApp:
     app = RetryApp(
         kafka=KafkaConfig(bootstrap="127.0.0.1:9092"),
         group="billing",
+        exactly_once=exactly_once,
         clients=MemoryClientFactory(broker),
         on_dead_letter=dependency.on_dead_letter,
         hooks=[dependency],
@@ -116,15 +119,21 @@ def _app(broker: MemoryBroker, dependency: Dependency, flood_guard: FloodGuard |
     return app
 
 
-@pytest.mark.parametrize("guarded", [True, False], ids=["with_the_guard", "without_it"])
-def test_an_outage_dead_letters_no_good_record_with_the_guard_and_many_without(guarded: bool) -> None:
+@pytest.mark.parametrize(
+    ("guarded", "exactly_once"),
+    [(True, False), (True, True), (False, False)],
+    ids=["with_the_guard", "with_the_guard-exactly_once", "without_it"],
+)
+def test_an_outage_dead_letters_no_good_record_with_the_guard_and_many_without(
+    guarded: bool, exactly_once: bool
+) -> None:
     # setup: 60 records over two partitions; the handler's dependency is down from the start
     broker = MemoryBroker()
     broker.create_topic("orders", partitions=2)
     for record_id in IDS:
         broker.append("orders", record_id.encode(), key=record_id.encode())
     dependency = Dependency()
-    app = _app(broker, dependency, GUARD if guarded else None)
+    app = _app(broker, dependency, GUARD if guarded else None, exactly_once=exactly_once)
 
     # when: the app runs through the outage (with the guard: until two probes failed, so the back-off grew;
     # without: until a good record was dead-lettered), then the dependency comes back
