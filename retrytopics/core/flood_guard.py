@@ -56,6 +56,10 @@ class FloodGuard:
 
     Too low a `min_calls` lets a handful of bad records open it on a quiet topic; too high a `failure_ratio`
     lets an outage that fails only part of the calls (one of two database replicas) through.
+
+    A record that runs out of attempts while the guard is not closed is not dead-lettered, at most
+    `max_deferrals` times (then it goes to the DLQ as ever): a bad record alone on a quiet pipeline would
+    otherwise be every probe, fail it, and keep the guard open for good.
     """
 
     failure_ratio: float = 0.5
@@ -68,12 +72,14 @@ class FloodGuard:
     probes: int = 1
     ramp: DurationLike = "10s"
     ramp_start: float = 5.0
+    max_deferrals: int = 5
 
     def __post_init__(self) -> None:
         _ratio("failure_ratio", self.failure_ratio, low_open=True)
         _ratio("jitter", self.jitter, low_open=False, high=0.9)
         _count("min_calls", self.min_calls, 1, 1_000_000)
         _count("probes", self.probes, 1, 1_000)
+        _count("max_deferrals", self.max_deferrals, 1, 1_000)
         if self.dead_letters_per_minute is not None:
             _count("dead_letters_per_minute", self.dead_letters_per_minute, 0, 1_000_000)
         if self.window_ms < _BUCKETS:

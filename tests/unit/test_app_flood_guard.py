@@ -28,7 +28,6 @@ from retrytopics.core.ports import Message
 from retrytopics.core.router import route
 from retrytopics.memory import MemoryBroker
 from retrytopics.observe.events import Emitter, Event
-from retrytopics.runtime.clock import SYSTEM_CLOCK
 from retrytopics.runtime.flood.breaker import HandlerGuard
 from retrytopics.runtime.flood.stage import FloodGuardedStage
 from retrytopics.runtime.records.outcome import Failed, Held, Outcome
@@ -195,9 +194,23 @@ class _FailingStage(RecordStage):
         yield self._make(msg)
 
 
-def test_a_record_out_of_attempts_while_the_guard_is_open_is_held_not_dead_lettered() -> None:
+class _Clock:
+    """A clock the test moves (runtime/clock.py's protocol)."""
+
+    def __init__(self) -> None:
+        self.ms = 1_000_000
+
+    def monotonic(self) -> float:
+        return self.ms / 1000
+
+    def now_ms(self) -> int:
+        return self.ms
+
+
+def test_a_record_out_of_attempts_while_the_guard_is_open_is_held_not_dead_lettered_up_to_a_bound() -> None:
     """The stage's own rule, with a failure routed to the DLQ as `exhausted`: held (read again later) while
-    the guard is open; dead-lettered as ever once it is closed."""
+    the guard is not closed, at most `max_deferrals` times; dead-lettered as ever while it is closed, and
+    after that bound (a bad record alone would otherwise be every probe and keep the guard open for good)."""
     app = RetryApp(kafka=KafkaConfig(bootstrap="127.0.0.1:9"), group="billing")
     app.handler("orders", policy=RetryPolicy(delays=["100ms"]))(lambda record: None)
     binding = app.handlers["orders"]
@@ -211,27 +224,32 @@ def test_a_record_out_of_attempts_while_the_guard_is_open_is_held_not_dead_lette
         assert decided.reason is DlqReason.EXHAUSTED
         return Failed(msg, None, None, ConnectionError("down"), decided, binding.ctx)  # type: ignore[arg-type]
 
-    guard = HandlerGuard(
-        "orders",
-        FloodGuard(min_calls=2, backoff="1h", max_backoff="1h"),
-        emitter=Emitter([]),
-        clock=SYSTEM_CLOCK,
-        rng=random.Random(1),
-    )
+    clock = _Clock()
+    config = FloodGuard(min_calls=2, backoff="1s", max_backoff="1s", jitter=0.0, max_deferrals=2)
+    guard = HandlerGuard("orders", config, emitter=Emitter([]), clock=clock, rng=random.Random(1))
     stage = FloodGuardedStage(
-        _FailingStage(exhausted), {tier: guard}, consumer="tier", emitter=Emitter([]), clock=SYSTEM_CLOCK
+        _FailingStage(exhausted), {tier: guard}, consumer="tier", emitter=Emitter([]), clock=clock
     )
     # closed: a record out of attempts goes to the DLQ as ever (one failure is no outage)
     (outcome,) = stage.read(hop)
     assert type(outcome) is Failed and outcome.route.reason is DlqReason.EXHAUSTED
     assert guard.state is GuardState.CLOSED
     # the failure that opens the guard ran out of attempts as it opened: held, read again later
-    (outcome,) = stage.read(hop._replace(offset=4))
+    again = hop._replace(offset=4)
+    (outcome,) = stage.read(again)
     assert guard.state is GuardState.OPEN
-    assert outcome == Held(hop._replace(offset=4)) and guard.deferred == 1
+    assert outcome == Held(again) and guard.deferred == 1
     # open: the next record is not even called, and not lost: held too
     (outcome,) = stage.read(hop._replace(offset=5))
     assert outcome == Held(hop._replace(offset=5)) and guard.refused == 1 and guard.deferred == 1
+    # after the back-off the held record is the probe, fails again: held a second time, the guard open again
+    clock.ms += 1_000
+    (outcome,) = stage.read(again)
+    assert outcome == Held(again) and guard.deferred == 2 and guard.state is GuardState.OPEN
+    # and a third time it has been spared `max_deferrals` times: the DLQ, as a bad record would
+    clock.ms += 1_000
+    (outcome,) = stage.read(again)
+    assert type(outcome) is Failed and outcome.route.reason is DlqReason.EXHAUSTED and guard.deferred == 2
 
 
 def test_a_guard_is_checked_at_registration_and_refused_where_it_cannot_work_yet() -> None:
@@ -242,6 +260,8 @@ def test_a_guard_is_checked_at_registration_and_refused_where_it_cannot_work_yet
         app.handler("orders", ordering=KeyOrdering(), flood_guard=FloodGuard())(lambda record: None)
     with pytest.raises(ConfigError, match="min_calls"):
         FloodGuard(min_calls=0)
+    with pytest.raises(ConfigError, match="max_deferrals"):
+        FloodGuard(max_deferrals=0)
     share = RetryApp(
         kafka=KafkaConfig(bootstrap="127.0.0.1:9"),
         group="billing",

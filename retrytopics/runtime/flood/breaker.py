@@ -22,6 +22,8 @@ from retrytopics.runtime.clock import Clock
 __all__ = ["HandlerGuard", "outcome_of"]
 
 _SPARED = frozenset({DlqReason.EXHAUSTED, DlqReason.TIMEOUT})
+#: the most records whose deferrals a guard remembers at once
+_SPARED_KEPT = 100_000
 
 
 def outcome_of(route: Route) -> Outcome:
@@ -45,6 +47,9 @@ class HandlerGuard:
         self._lock = threading.Lock()
         self._emitter = emitter
         self._monotonic = clock.monotonic
+        #: how many times each record (topic, partition, offset) was spared the DLQ while the guard was not
+        #: closed: at most `max_deferrals`; forgotten when the guard closes
+        self._spared: dict[tuple[str, int, int], int] = {}
         #: records not dead-lettered because they ran out of attempts while the guard was open
         self.deferred = 0
         #: times the guard opened (a failed probe re-opening it included)
@@ -107,16 +112,23 @@ class HandlerGuard:
         self._emitter.emit(Event.FLOOD_GUARD_PROBED, handler=self.handler, consumer=consumer, succeeded=True)
         self._send(events)
 
-    def failed(self, route: Route, *, probe: bool, consumer: str) -> bool:
-        """A call failed (or a record failed before its call: poison, bad retry headers), routed to `route`.
-        True when the record ran out of attempts while the guard is not closed: it is not to be dead-lettered."""
+    def failed(self, route: Route, *, probe: bool, consumer: str, record: tuple[str, int, int]) -> bool:
+        """A call on `record` (topic, partition, offset) failed (or it failed before its call: poison, bad retry
+        headers), routed to `route`. True when the record ran out of attempts while the guard is not closed,
+        and was spared fewer than `max_deferrals` times before: it is not to be dead-lettered."""
         outcome = outcome_of(route)
         counted_probe = probe and outcome is not Outcome.TERMINAL
         with self._lock:
             events = self._recorded(outcome, probe=probe)
             spared = outcome is Outcome.EXHAUSTED and self._breaker.state is not GuardState.CLOSED
             if spared:
-                self.deferred += 1
+                times = self._spared.get(record, 0)
+                spared = times < self.config.max_deferrals
+                if spared:
+                    if len(self._spared) >= _SPARED_KEPT:
+                        self._spared.clear()  # a bound, not an LRU: a record forgotten may be spared again
+                    self._spared[record] = times + 1
+                    self.deferred += 1
         if counted_probe:
             self._emitter.emit(Event.FLOOD_GUARD_PROBED, handler=self.handler, consumer=consumer, succeeded=False)
         self._send(events)
@@ -137,6 +149,7 @@ class HandlerGuard:
                 data["backoff_ms"] = max(0, breaker.retry_at_ms - transition.at_ms)
                 events.append((Event.FLOOD_GUARD_OPENED, data))
             else:
+                self._spared.clear()
                 data["open_ms"] = 0 if opened_at is None else transition.at_ms - opened_at
                 events.append((Event.FLOOD_GUARD_CLOSED, data))
         return events

@@ -8,7 +8,7 @@ record it asks the handler's guard (runtime/flood/breaker.py), and tells it the 
 - **a probe**: one record at a time; a probe admitted for a record that is then not called (not due, a
   duplicate) is given back;
 - **spared**: a record whose attempts ran out (`exhausted`, `timeout`) while the guard is not closed is not
-  dead-lettered: it is `Held` and read again once calls go through, that attempt not counted, since a
+  dead-lettered (at most `max_deferrals` times: `HandlerGuard.failed`): it is `Held` and read again once calls go through, that attempt not counted, since a
   republish could not carry it (one more failure than the policy allows is refused by the tier that reads
   it; the same count again is its audit key, suppressed as a duplicate). Poison and non-retryable records
   go to the DLQ as ever;
@@ -103,7 +103,7 @@ class FloodGuardedStage(RecordStage):
                 elif kind is Failed:
                     told = True
                     assert isinstance(outcome, Failed)
-                    if guard.failed(outcome.route, probe=probe, consumer=self._consumer):
+                    if guard.failed(outcome.route, probe=probe, consumer=self._consumer, record=_coordinates(outcome.msg)):
                         yield self._spared(guard, outcome)
                         continue
                 yield outcome
@@ -137,7 +137,8 @@ class FloodGuardedStage(RecordStage):
                     elif type(outcome) is Failed:
                         told = True
                         assert isinstance(outcome, Failed)
-                        if guard.failed(outcome.route, probe=probe, consumer=consumer):
+                        coordinates = _coordinates(outcome.msg)
+                        if guard.failed(outcome.route, probe=probe, consumer=consumer, record=coordinates):
                             yield self._spared(guard, outcome)  # read again from it: the rest of the run too
                             return
                         if not guard.free:
@@ -211,6 +212,10 @@ class FloodGuardedStage(RecordStage):
         failure: BaseException,
     ) -> Failed:
         return self._inner.failed(binding, msg, key, record, state, failure)
+
+
+def _coordinates(msg: Message) -> tuple[str, int, int]:
+    return (msg.topic, msg.partition, msg.offset)
 
 
 def _message(item: Message | Record[Any]) -> Message:
