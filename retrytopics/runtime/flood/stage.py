@@ -103,7 +103,9 @@ class FloodGuardedStage(RecordStage):
                 elif kind is Failed:
                     told = True
                     assert isinstance(outcome, Failed)
-                    if guard.failed(outcome.route, probe=probe, consumer=self._consumer, record=_coordinates(outcome.msg)):
+                    if guard.failed(
+                        outcome.route, probe=probe, consumer=self._consumer, record=_coordinates(outcome.msg)
+                    ):
                         yield self._spared(guard, outcome)
                         continue
                 yield outcome
