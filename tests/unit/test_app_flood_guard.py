@@ -184,6 +184,47 @@ def test_an_outage_dead_letters_no_good_record_with_the_guard_and_many_without(
         assert broker.committed(group) == ends, group
 
 
+def test_a_bad_record_among_successes_never_opens_the_guard_and_reaches_the_dlq() -> None:
+    """The dependency up, one record failing retryably on every call (a bad record, not an outage): it goes
+    through both tiers to the DLQ as `exhausted`, every other record is handled once, and the guard never
+    opens (its failures are a small share of the window's calls)."""
+    broker = MemoryBroker()
+    broker.create_topic("orders", partitions=2)
+    for record_id in IDS:
+        broker.append("orders", record_id.encode(), key=record_id.encode())
+    dependency = Dependency()
+    dependency.up = True
+    broken = "id-42"
+
+    def handle(record: Record[bytes]) -> None:
+        if record.value.decode() == broken:
+            raise ConnectionError("this record's account is locked")
+        dependency.handle(record)
+
+    app = RetryApp(
+        kafka=KafkaConfig(bootstrap="127.0.0.1:9092"),
+        group="billing",
+        clients=MemoryClientFactory(broker),
+        on_dead_letter=dependency.on_dead_letter,
+        hooks=[dependency],
+    )
+    app.handler("orders", policy=POLICY, flood_guard=GUARD)(handle)
+    app.provision()
+    app.start(main=True, tiers="all")
+    try:
+        settled = wait_until(
+            lambda: len(dependency.succeeded) == len(IDS) - 2 and sum(dependency.dead_lettered.values()) == 2,
+            DEADLINE_S,
+        )
+    finally:
+        stopped = app.stop(timeout=10)
+    assert settled and stopped and app.error is None, f"{dependency.succeeded=} {dependency.dead_lettered=}"
+    assert dependency.succeeded == Counter(set(IDS) - {POISON, broken})
+    dead = {m.value.decode(): decode(list(m.headers)).dlq_reason for m in broker.records(app.topics("orders").dlq)}
+    assert dead == {broken: DlqReason.EXHAUSTED, POISON: DlqReason.NON_RETRYABLE}
+    assert sum(n for (event, _), n in dependency.events.items() if event is Event.FLOOD_GUARD_OPENED) == 0
+
+
 class _FailingStage(RecordStage):
     """An inner stage whose every record fails with the route `failed` decides (nothing else is asked)."""
 
