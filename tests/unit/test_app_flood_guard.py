@@ -103,12 +103,18 @@ def wait_until(done: Callable[[], bool], timeout_s: float) -> bool:
 
 
 def _app(
-    broker: MemoryBroker, dependency: Dependency, flood_guard: FloodGuard | None, *, exactly_once: bool
+    broker: MemoryBroker,
+    dependency: Dependency,
+    flood_guard: FloodGuard | None,
+    *,
+    exactly_once: bool,
+    wait_in_memory: str,
 ) -> RetryApp:
     app = RetryApp(
         kafka=KafkaConfig(bootstrap="127.0.0.1:9092"),
         group="billing",
         exactly_once=exactly_once,
+        wait_in_memory=wait_in_memory,
         clients=MemoryClientFactory(broker),
         on_dead_letter=dependency.on_dead_letter,
         hooks=[dependency],
@@ -119,12 +125,12 @@ def _app(
 
 
 @pytest.mark.parametrize(
-    ("guarded", "exactly_once"),
-    [(True, False), (True, True), (False, False)],
-    ids=["with_the_guard", "with_the_guard-exactly_once", "without_it"],
+    ("guarded", "exactly_once", "wait_in_memory"),
+    [(True, False, "1s"), (True, False, "0s"), (True, True, "1s"), (False, False, "1s")],
+    ids=["with_the_guard", "with_the_guard-paused_in_the_broker", "with_the_guard-exactly_once", "without_it"],
 )
 def test_an_outage_dead_letters_no_good_record_with_the_guard_and_many_without(
-    guarded: bool, exactly_once: bool
+    guarded: bool, exactly_once: bool, wait_in_memory: str
 ) -> None:
     # setup: 60 records over two partitions; the handler's dependency is down from the start
     broker = MemoryBroker()
@@ -132,7 +138,7 @@ def test_an_outage_dead_letters_no_good_record_with_the_guard_and_many_without(
     for record_id in IDS:
         broker.append("orders", record_id.encode(), key=record_id.encode())
     dependency = Dependency()
-    app = _app(broker, dependency, GUARD if guarded else None, exactly_once=exactly_once)
+    app = _app(broker, dependency, GUARD if guarded else None, exactly_once=exactly_once, wait_in_memory=wait_in_memory)
 
     # when: the app runs through the outage (with the guard: until two probes failed, so the back-off grew;
     # without: until a good record was dead-lettered), then the dependency comes back
