@@ -30,6 +30,7 @@ from retrytopics.core.errors import (
     Retry,
     RetryTopicsError,
 )
+from retrytopics.core.flood_guard import FloodGuard
 from retrytopics.core.headers import DlqReason, RetryHeaders
 from retrytopics.core.keyorder.config import DeadHeadPolicy, KeyOrdering
 from retrytopics.core.naming import NamingStrategy
@@ -52,6 +53,8 @@ __all__ = [
     # Key ordering
     "DeadHeadPolicy",
     "KeyOrdering",
+    # Retry-flood guard
+    "FloodGuard",
     # Control signals (raised by handlers)
     "BatchFailed",
     "NonRetryable",

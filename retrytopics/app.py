@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import re
 import threading
 import uuid
@@ -46,6 +47,7 @@ from retrytopics.connectors.serde import Deserializer, bytes_value
 from retrytopics.core.dedupe import DEFAULT_CAPACITY, DuplicateAudit
 from retrytopics.core.durations import DurationLike, parse_duration
 from retrytopics.core.errors import ConfigError, KafkaClientError
+from retrytopics.core.flood_guard import FloodGuard
 from retrytopics.core.keyorder.config import KeyOrdering
 from retrytopics.core.naming import NamingStrategy, TopicSet, validate_topic_name
 from retrytopics.core.policy import RetryPolicy
@@ -63,6 +65,7 @@ from retrytopics.runtime.consumer.lifecycle import Loop, Runner
 from retrytopics.runtime.consumer.loop import ConsumerLoop, LoopClients
 from retrytopics.runtime.consumer.settings import TIER_CONSUMER_DEFAULTS, LoopSettings, main_settings, tier_settings
 from retrytopics.runtime.consumer.share_loop import ShareConsumerLoop
+from retrytopics.runtime.flood.breaker import HandlerGuard
 from retrytopics.runtime.handoff.handoff import DeadLetterCallback
 from retrytopics.runtime.handoff.publish import ALONE_OVERRIDES
 from retrytopics.runtime.records.calls import Binding
@@ -179,6 +182,8 @@ class RetryApp:
         self._stats = StatsCollector()
         self._emitter = Emitter([self._stats, LoggingHook(), *hooks])
         self._runner = Runner(threading.Event())
+        #: the retry-flood guards of this process's handlers (source topic -> guard), made by `start`
+        self._flood_guards: dict[str, HandlerGuard] = {}
 
     @property
     def consumer(self) -> str:
@@ -209,6 +214,7 @@ class RetryApp:
         dlq: str | None = None,
         handler_budget: DurationLike = "1s",
         ordering: KeyOrdering | None = None,
+        flood_guard: FloodGuard | None = None,
     ) -> Callable[[F], F]:
         """Register a handler for `topic`; returns the function unchanged (still a plain callable).
 
@@ -222,8 +228,22 @@ class RetryApp:
         in both delivery modes. It is checked here, and `start`/`run` refuse it with `consumer="share"` (a
         `ConfigError` naming `ordering`: a share group has no partition order to keep). It needs the
         key-state topic (`provision()`); with `header_key` the key-state records are signed too.
+
+        `flood_guard=FloodGuard(...)` stops calling the handler while its dependency is down (docs/flood-guard.md):
+        its consumers hold its partitions, probe one call at a time after a growing back-off, and a record that
+        runs out of attempts meanwhile is not dead-lettered. One guard per handler per process. Not yet with
+        key `ordering` nor `consumer="share"` (a `ConfigError` naming `flood_guard`).
         """
-        return self._register(topic, policy, value_deserializer, dlq, handler_budget, batch=False, ordering=ordering)
+        return self._register(
+            topic,
+            policy,
+            value_deserializer,
+            dlq,
+            handler_budget,
+            batch=False,
+            ordering=ordering,
+            flood_guard=flood_guard,
+        )
 
     def batch_handler(
         self,
@@ -256,6 +276,7 @@ class RetryApp:
         *,
         batch: bool,
         ordering: KeyOrdering | None,
+        flood_guard: FloodGuard | None = None,
     ) -> Callable[[F], F]:
         wanted = Registration(
             topic=topic,
@@ -265,6 +286,7 @@ class RetryApp:
             handler_budget=handler_budget,
             batch=batch,
             ordering=ordering,
+            flood_guard=flood_guard,
         )
         bind = self._registry.add(wanted, lambda: self.max_poll_interval_ms)
 
@@ -369,6 +391,8 @@ class RetryApp:
         if self._runner.stop_event.is_set():
             raise ConfigError("app", "stopped", "a stopped RetryApp cannot be restarted; build a new one")
         _refuse_key_ordering(self)
+        if self._registry.flood_guards and self.consumer == "share":
+            raise ConfigError("flood_guard", sorted(self._registry.flood_guards), "not with consumer='share' yet")
         self.preflight()
         settings: list[LoopSettings] = []
         if main:
@@ -387,6 +411,11 @@ class RetryApp:
             )
         _claim_transactional_ids(self, settings)
         clients = self._client_factory()
+        # one breaker per guarded handler in this process, shared by its main and tier consumers
+        self._flood_guards = {
+            topic: HandlerGuard(topic, config, emitter=self._emitter, clock=clients.clock, rng=random.Random())
+            for topic, config in self._registry.flood_guards.items()
+        }
         self._runner.start([self._loop(s, clients) for s in settings])
 
     def _client_factory(self) -> ClientFactory:
@@ -419,6 +448,7 @@ class RetryApp:
             audit=DuplicateAudit(self._dedupe_capacity),
             on_dead_letter=self.on_dead_letter,
             clock=clients.clock,
+            flood_guards={t: g for t, g in self._flood_guards.items() if t in {b.topic for b in bindings.values()}},
         )
 
     def _share_loop(self, settings: LoopSettings, bindings: Mapping[str, Binding], clients: ClientFactory) -> Loop:

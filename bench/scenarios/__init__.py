@@ -1,5 +1,5 @@
 """The scenarios in order (throughput, lateness, memory, idle cost, Spark, the console, the peer), then the floors of the ratio targets,
-then a failover (on 3-node clusters of its own), then share groups, then key ordering. Each module has `NAME`
+then a failover (on 3-node clusters of its own), then share groups, then key ordering, then a retry flood. Each module has `NAME`
 and `run(bench) -> list[Result]`."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from bench.scenarios import (
     console,
     failover,
     failure,
+    flood,
     floor,
     growth,
     idle,
@@ -40,4 +41,5 @@ ALL: tuple[ModuleType, ...] = (
     failover,
     share,
     keyorder,
+    flood,
 )

@@ -56,6 +56,10 @@ class FloodGuard:
 
     Too low a `min_calls` lets a handful of bad records open it on a quiet topic; too high a `failure_ratio`
     lets an outage that fails only part of the calls (one of two database replicas) through.
+
+    A record that runs out of attempts while the guard is not closed is not dead-lettered, at most
+    `max_deferrals` times (then it goes to the DLQ as ever): a bad record alone on a quiet pipeline would
+    otherwise be every probe, fail it, and keep the guard open for good.
     """
 
     failure_ratio: float = 0.5
@@ -68,12 +72,14 @@ class FloodGuard:
     probes: int = 1
     ramp: DurationLike = "10s"
     ramp_start: float = 5.0
+    max_deferrals: int = 5
 
     def __post_init__(self) -> None:
         _ratio("failure_ratio", self.failure_ratio, low_open=True)
         _ratio("jitter", self.jitter, low_open=False, high=0.9)
         _count("min_calls", self.min_calls, 1, 1_000_000)
         _count("probes", self.probes, 1, 1_000)
+        _count("max_deferrals", self.max_deferrals, 1, 1_000)
         if self.dead_letters_per_minute is not None:
             _count("dead_letters_per_minute", self.dead_letters_per_minute, 0, 1_000_000)
         if self.window_ms < _BUCKETS:
@@ -176,10 +182,31 @@ class FloodBreaker:
         self._closed_at_ms: int | None = None
         self._ramp_tokens = 0.0
         self._ramp_seen_ms = 0
+        self._ramp_refused_until_ms = 0
         #: calls refused since the breaker was made: the calls an outage did not get
         self.refused = 0
 
     # -- asked before a call ---------------------------------------------------------------------------------
+
+    @property
+    def free(self) -> bool:
+        """Closed and past the ramp: every call is admitted, and `admit` changes nothing."""
+        return self.state is GuardState.CLOSED and self._closed_at_ms is None
+
+    @property
+    def retry_at_ms(self) -> int:
+        """When an open guard admits its next probe (meaningless when closed)."""
+        return self._retry_at_ms
+
+    def refusing(self, now_ms: int) -> bool:
+        """Whether `admit(now_ms)` would refuse, asked without changing anything (a consumer holds the
+        partitions of a guarded handler while it does): open before its back-off passed (or opened by hand),
+        half-open with a probe out, or ramping until the refused call's time."""
+        if self.state is GuardState.OPEN:
+            return self.forced or now_ms < self._retry_at_ms
+        if self.state is GuardState.HALF_OPEN:
+            return self._probe_out
+        return self._closed_at_ms is not None and now_ms < self._ramp_refused_until_ms
 
     def admit(self, now_ms: int) -> Admission:
         """Whether a call may go now. An answer with `call=True` must be followed by `record` of its
@@ -217,7 +244,9 @@ class FloodBreaker:
             self._ramp_tokens -= 1.0
             return _GO
         self.refused += 1
-        return Admission(call=False, retry_at_ms=now_ms + max(1, math.ceil((1.0 - self._ramp_tokens) * 1000 / rate)))
+        retry_at = now_ms + max(1, math.ceil((1.0 - self._ramp_tokens) * 1000 / rate))
+        self._ramp_refused_until_ms = retry_at
+        return Admission(call=False, retry_at_ms=retry_at)
 
     # -- told after a call -----------------------------------------------------------------------------------
 
@@ -238,6 +267,19 @@ class FloodBreaker:
         reason = self._tripped(now_ms)
         # opened again while ramping: the dependency had not recovered, so the back-off goes on growing
         return [] if reason is None else [self._open(now_ms, reason, longer=self._closed_at_ms is not None)]
+
+    def record_successes(self, count: int, now_ms: int) -> list[Transition]:
+        """Count `count` calls that returned, none of them a probe: one step for a run of successes."""
+        if count <= 0:
+            return []
+        bucket = now_ms // self._bucket_ms
+        calls = self._calls
+        if calls and calls[-1][0] == bucket:
+            _, n, f = calls[-1]
+            calls[-1] = (bucket, n + count, f)
+        else:
+            calls.append((bucket, count, 0))
+        return []
 
     def _probed(self, failed: bool, now_ms: int) -> list[Transition]:
         self._probe_out = False

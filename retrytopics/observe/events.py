@@ -117,6 +117,22 @@ class Event(StrEnum):
     ones that do not decode, and with `header_key` `forged` ones whose signature is missing or wrong
     (docs/key-ordering.md, section 9) [consumer, topic (the key-state topic), malformed, forged]."""
 
+    FLOOD_GUARD_OPENED = "flood_guard.opened"
+    """A handler's retry-flood guard opened (docs/flood-guard.md): its consumers hold the handler's partitions
+    for `backoff_ms`, then probe [handler, reason (`failure_ratio`, `dead_letters`, `probe_failed`),
+    backoff_ms]."""
+    FLOOD_GUARD_PROBED = "flood_guard.probed"
+    """A half-open guard's probe call ended [handler, consumer, succeeded]."""
+    FLOOD_GUARD_CLOSED = "flood_guard.closed"
+    """A guard closed after its probes succeeded: calls ramp up again [handler, reason, open_ms]."""
+    FLOOD_GUARD_REFUSED = "flood_guard.refused"
+    """A guard refused a call: the record is read again later, its partition held meanwhile [handler,
+    consumer, topic, partition]."""
+    FLOOD_GUARD_DEFERRED = "flood_guard.deferred"
+    """A record ran out of attempts while its handler's guard was open: not dead-lettered but read again from
+    its partition once the guard lets calls through, the attempt not counted [handler, consumer, topic,
+    partition, offset, reason (the DLQ reason it was spared: `exhausted`, `timeout`)]."""
+
 
 @runtime_checkable
 class Hook(Protocol):
@@ -169,9 +185,18 @@ _QUIET = frozenset(
         Event.KEY_ORDER_BLOCKED,
         Event.KEY_ORDER_RELEASED,
         Event.KEY_ORDER_FOLLOWED,
+        Event.FLOOD_GUARD_REFUSED,
     }
 )
-_LOUD = frozenset({Event.PUBLISH_FAILED, Event.PRODUCER_RECREATED, Event.TRANSACTION_ABORTED, Event.KEY_STATE_REFUSED})
+_LOUD = frozenset(
+    {
+        Event.FLOOD_GUARD_OPENED,
+        Event.PUBLISH_FAILED,
+        Event.PRODUCER_RECREATED,
+        Event.TRANSACTION_ABORTED,
+        Event.KEY_STATE_REFUSED,
+    }
+)
 
 
 class LoggingHook:

@@ -42,6 +42,17 @@ LATENESS_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 1
 DELIVERY_COUNT_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10)
 
 
+_GUARD_EVENTS = frozenset(
+    {
+        Event.FLOOD_GUARD_OPENED,
+        Event.FLOOD_GUARD_CLOSED,
+        Event.FLOOD_GUARD_PROBED,
+        Event.FLOOD_GUARD_REFUSED,
+        Event.FLOOD_GUARD_DEFERRED,
+    }
+)
+
+
 class PrometheusHook:
     """Counts records handled, failed, retried and dead-lettered per topic (and tier, reason), observes
     lateness, and tracks paused partitions and publish failures."""
@@ -142,6 +153,33 @@ class PrometheusHook:
             "retrytopics_key_state_refused",
             "Key-state records skipped as malformed or, with header_key, as unsigned or forged",
             ["topic", "reason"],
+            registry=r,
+        )
+        self.guard_state = Gauge(
+            "retrytopics_flood_guard_state",
+            "A guarded handler's retry-flood guard in this process: 1 open or probing, 0 closed",
+            ["handler"],
+            registry=r,
+        )
+        self.guard_openings = Counter(
+            "retrytopics_flood_guard_openings", "Times a retry-flood guard opened", ["handler", "reason"], registry=r
+        )
+        self.guard_probes = Counter(
+            "retrytopics_flood_guard_probes",
+            "Probe calls of a half-open retry-flood guard, by outcome",
+            ["handler", "succeeded"],
+            registry=r,
+        )
+        self.guard_refused = Counter(
+            "retrytopics_flood_guard_refused",
+            "Calls a retry-flood guard refused (the record held, read again later)",
+            ["handler"],
+            registry=r,
+        )
+        self.guard_deferred = Counter(
+            "retrytopics_flood_guard_deferred",
+            "Records out of attempts while their handler's guard was open: not dead-lettered, read again later",
+            ["handler", "reason"],
             registry=r,
         )
         self.first_attempts = Counter(
@@ -245,10 +283,26 @@ class PrometheusHook:
         elif event is Event.KEY_STATE_REFUSED:
             for reason in ("malformed", "forged"):
                 self.key_state_refused.labels(topic, reason).inc(_int(data.get(reason)))
+        elif event in _GUARD_EVENTS:
+            self._count_guard(event, str(data.get("handler", "")), data)
         elif event in (Event.PARTITION_PAUSED, Event.PARTITION_RESUMED):
             self._track_pause(event, topic, data.get("partition"))
         elif event in (Event.PARTITIONS_REVOKED, Event.PARTITIONS_LOST):
             self._forget(data.get("partitions"))
+
+    def _count_guard(self, event: Event, handler: str, data: Mapping[str, object]) -> None:
+        reason = str(data.get("reason", ""))
+        if event is Event.FLOOD_GUARD_OPENED:
+            self.guard_state.labels(handler).set(1)
+            self.guard_openings.labels(handler, reason).inc()
+        elif event is Event.FLOOD_GUARD_CLOSED:
+            self.guard_state.labels(handler).set(0)
+        elif event is Event.FLOOD_GUARD_PROBED:
+            self.guard_probes.labels(handler, str(bool(data.get("succeeded"))).lower()).inc()
+        elif event is Event.FLOOD_GUARD_REFUSED:
+            self.guard_refused.labels(handler).inc()
+        else:
+            self.guard_deferred.labels(handler, reason).inc()
 
     def _learn_tiers(self, tiers: object) -> None:
         if isinstance(tiers, list):

@@ -190,7 +190,8 @@ RUNTIME_MAY_IMPORT = {
     "keyorder": {"keyorder", "records", "waiting", "clock"},
     "handoff": {"handoff", "records.outcome", "clock", "bounded"},
     "lag": {"clock"},
-    "consumer": {"consumer", "records", "keyorder", "waiting", "handoff", "clock", "bounded", "lag"},
+    "flood": {"flood", "records", "clock"},
+    "consumer": {"consumer", "records", "keyorder", "flood", "waiting", "handoff", "clock", "bounded", "lag"},
 }
 
 

@@ -1,8 +1,8 @@
 """Why a consumer loop holds a partition (keeps it paused, nothing read): a list of reasons the poll cycle asks
 each iteration (runtime/consumer/cycle.py); a partition is held while any reason holds it, released when none
 does. A new reason is one class with `why` and `holds` plus one entry in the loop's list
-(runtime/consumer/loop.py): a publish failing (here), key order (runtime/keyorder/holds.py), next handler
-concurrency or a retry-flood guard.
+(runtime/consumer/loop.py): a publish failing (here), key order (runtime/keyorder/holds.py), the retry-flood
+guard (runtime/flood/holds.py), next handler concurrency.
 """
 
 from __future__ import annotations

@@ -33,6 +33,9 @@ from retrytopics.runtime.consumer.holds import HoldReason, PublishFailing
 from retrytopics.runtime.consumer.rebalance import AssignmentListener, GroupJoin, RebalanceListener
 from retrytopics.runtime.consumer.running import LoopRun
 from retrytopics.runtime.consumer.settings import LoopSettings
+from retrytopics.runtime.flood.breaker import HandlerGuard
+from retrytopics.runtime.flood.holds import FloodHold
+from retrytopics.runtime.flood.stage import FloodGuardedStage
 from retrytopics.runtime.handoff.at_least_once import at_least_once
 from retrytopics.runtime.handoff.exactly_once import exactly_once
 from retrytopics.runtime.handoff.handoff import DeadLetterCallback, HandOff
@@ -89,8 +92,12 @@ class ConsumerLoop(LoopRun):
         audit: DuplicateAudit,
         on_dead_letter: DeadLetterCallback | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        flood_guards: Mapping[str, HandlerGuard] | None = None,
     ) -> None:
         super().__init__(settings, emitter, stop)
+        # the retry-flood guards of this loop's handlers (runtime/flood/): topic (source or tier) -> its guard
+        guards = flood_guards or {}
+        self._flood_guards = {t: guards[b.topic] for t, b in bindings.items() if b.topic in guards}
         self._end_offsets = clients.end_offsets  # the lag measured while partitions are paused (runtime/lag.py)
         self._clock = clock
         self._bindings = dict(bindings)
@@ -193,6 +200,9 @@ class ConsumerLoop(LoopRun):
         )
         # what a feature adds to the shared path, one entry per seam (docs/architecture.md, Where a new feature goes)
         holds: list[HoldReason] = [PublishFailing(handoff)]
+        if self._flood_guards:
+            stage = FloodGuardedStage(stage, self._flood_guards, consumer=s.name, emitter=self._emitter, clock=clock)
+            holds.append(FloodHold(self._flood_guards))
         before_poll: list[Callable[[], None]] = []
         listeners: list[AssignmentListener] = []
         lag = self._lag_probe(waiting)

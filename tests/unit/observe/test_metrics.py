@@ -66,6 +66,28 @@ def test_key_order_events_become_metrics() -> None:
     assert _value(hook, "retrytopics_key_order_blocked_keys", topic="orders", partition="1") is None
 
 
+def test_flood_guard_events_become_metrics() -> None:
+    """A guard's state (1 open or probing, 0 closed), openings by reason, probes by outcome, refused calls and
+    records spared the DLQ (docs/flood-guard.md)."""
+    hook = PrometheusHook()
+    emit = Emitter([hook]).emit
+    emit(Event.FLOOD_GUARD_OPENED, handler="orders", reason="failure_ratio", backoff_ms=1000)
+    emit(Event.FLOOD_GUARD_REFUSED, handler="orders", consumer="c", topic="orders", partition=0)
+    emit(
+        Event.FLOOD_GUARD_DEFERRED, handler="orders", consumer="c", topic="t", partition=0, offset=3, reason="exhausted"
+    )
+    emit(Event.FLOOD_GUARD_PROBED, handler="orders", consumer="c", succeeded=False)
+    assert _value(hook, "retrytopics_flood_guard_state", handler="orders") == 1
+    assert _value(hook, "retrytopics_flood_guard_openings_total", handler="orders", reason="failure_ratio") == 1
+    assert _value(hook, "retrytopics_flood_guard_refused_total", handler="orders") == 1
+    assert _value(hook, "retrytopics_flood_guard_deferred_total", handler="orders", reason="exhausted") == 1
+    assert _value(hook, "retrytopics_flood_guard_probes_total", handler="orders", succeeded="false") == 1
+    emit(Event.FLOOD_GUARD_PROBED, handler="orders", consumer="c", succeeded=True)
+    emit(Event.FLOOD_GUARD_CLOSED, handler="orders", reason="probe_succeeded", open_ms=3000)
+    assert _value(hook, "retrytopics_flood_guard_state", handler="orders") == 0
+    assert _value(hook, "retrytopics_flood_guard_probes_total", handler="orders", succeeded="true") == 1
+
+
 def test_metrics_endpoint_serves_the_counters() -> None:
     hook = PrometheusHook()
     port = free_port()

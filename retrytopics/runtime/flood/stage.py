@@ -1,0 +1,224 @@
+"""The retry-flood guard's admission step: a records stage built on the loop's own (the source or the tier
+path), picked once by the loop when one of its handlers is guarded. Before a guarded handler is called on a
+record it asks the handler's guard (runtime/flood/breaker.py), and tells it the outcome after:
+
+- **refused** (open, a probe out, ramping): the record is not called and not lost: a record just read is `Held`
+  (read again from it once the hold reason lets its partition go: runtime/flood/holds.py); a record that
+  waited in memory waits again at its partition's head until the guard's time;
+- **a probe**: one record at a time; a probe admitted for a record that is then not called (not due, a
+  duplicate) is given back;
+- **spared**: a record whose attempts ran out (`exhausted`, `timeout`) while the guard is not closed is not
+  dead-lettered (at most `max_deferrals` times: `HandlerGuard.failed`): it is `Held` and read again once calls go through, that attempt not counted, since a
+  republish could not carry it (one more failure than the policy allows is refused by the tier that reads
+  it; the same count again is its audit key, suppressed as a duplicate). Poison and non-retryable records
+  go to the DLQ as ever;
+- **closed**: a plain run goes to the inner stage whole and its successes are counted in one step; the run is
+  cut after a failure that opened the guard.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
+from typing import Any
+
+from retrytopics.core.dedupe import AuditKey
+from retrytopics.core.flood_guard import Admission
+from retrytopics.core.headers import RetryHeaders
+from retrytopics.core.ports import Message, Polled, message_of
+from retrytopics.core.record import Record
+from retrytopics.observe.events import Emitter, Event
+from retrytopics.runtime.clock import Clock
+from retrytopics.runtime.flood.breaker import HandlerGuard
+from retrytopics.runtime.records.calls import Binding, Run
+from retrytopics.runtime.records.outcome import (
+    Abandoned,
+    Failed,
+    Held,
+    Outcome,
+    Queued,
+    Succeeded,
+    SucceededRun,
+    Waiting,
+)
+from retrytopics.runtime.records.stage import Accepting, RecordStage
+
+__all__ = ["FloodGuardedStage"]
+
+log = logging.getLogger("retrytopics.runtime")
+
+
+class FloodGuardedStage(RecordStage):
+    """The loop's stage (`inner`) behind its guarded handlers' guards (see the module docstring)."""
+
+    def __init__(
+        self, inner: RecordStage, guards: Mapping[str, HandlerGuard], *, consumer: str, emitter: Emitter, clock: Clock
+    ) -> None:
+        # RecordStage.__init__ is not called: every step is the inner stage's, asked through the guards
+        self._inner = inner
+        self._guards = dict(guards)  # topic (a source or a tier) -> its handler's guard
+        self._consumer = consumer
+        self._emitter = emitter
+        self._now_ms = clock.now_ms
+        self.run_topics = inner.run_topics
+        self.keeps_records = inner.keeps_records
+
+    # -- the guarded steps ------------------------------------------------------------------------------------
+
+    def read(self, msg: Message) -> Iterator[Outcome]:
+        guard = self._guards.get(msg.topic)
+        if guard is None:
+            return self._inner.read(msg)
+        return self._guarded(guard, msg, lambda: self._inner.read(msg), lambda _: Held(msg))
+
+    def take_queued(self, msg: Message, queued: Queued) -> Iterator[Outcome]:
+        guard = self._guards.get(msg.topic)
+        if guard is None:
+            return self._inner.take_queued(msg, queued)
+
+        def again(admission: Admission) -> Outcome:
+            # back to its queue's head, due when the guard may admit a call (the loop's wall clock)
+            return Waiting(msg, self._now_ms() + guard.wait_ms(admission), queued)
+
+        return self._guarded(guard, msg, lambda: self._inner.take_queued(msg, queued), again)
+
+    def _guarded(
+        self,
+        guard: HandlerGuard,
+        msg: Message,
+        outcomes: Callable[[], Iterator[Outcome]],
+        refused: Callable[[Admission], Outcome],
+    ) -> Iterator[Outcome]:
+        admission = guard.admit(self._consumer, msg.tp)
+        if not admission.call:
+            yield refused(admission)
+            return
+        probe, told = admission.probe, False
+        try:
+            for outcome in outcomes():
+                kind = type(outcome)
+                if kind is Succeeded:
+                    told = True
+                    guard.succeeded(1, probe=probe, consumer=self._consumer)
+                elif kind is Failed:
+                    told = True
+                    assert isinstance(outcome, Failed)
+                    if guard.failed(
+                        outcome.route, probe=probe, consumer=self._consumer, record=_coordinates(outcome.msg)
+                    ):
+                        yield self._spared(guard, outcome)
+                        continue
+                yield outcome
+        finally:
+            if probe and not told:
+                guard.cancel_probe()
+
+    def call_run(self, binding: Binding, run: Run) -> Iterator[Outcome]:
+        guard = self._guards.get(binding.topic)
+        if guard is None:
+            yield from self._inner.call_run(binding, run)
+            return
+        consumer, start = self._consumer, 0
+        tp = (run[0].topic, run[0].partition)
+        while start < len(run):
+            if guard.free:
+                probe, chunk = False, run if start == 0 else run[start:]
+            else:  # admitted one call at a time
+                admission = guard.admit(consumer, tp)
+                if not admission.call:
+                    yield Held(_message(run[start]))
+                    return
+                probe, chunk = admission.probe, run[start : start + 1]
+            outcomes = self._inner.call_run(binding, chunk)
+            told, cut_after = False, -1
+            try:
+                for outcome in outcomes:
+                    if type(outcome) is SucceededRun:
+                        told = True
+                        guard.succeeded(len(outcome.msgs), probe=probe, consumer=consumer)
+                    elif type(outcome) is Failed:
+                        told = True
+                        assert isinstance(outcome, Failed)
+                        coordinates = _coordinates(outcome.msg)
+                        if guard.failed(outcome.route, probe=probe, consumer=consumer, record=coordinates):
+                            yield self._spared(guard, outcome)  # read again from it: the rest of the run too
+                            return
+                        if not guard.free:
+                            yield outcome
+                            cut_after = outcome.msg.offset
+                            break
+                    yield outcome
+                    if type(outcome) is Abandoned:
+                        return
+            finally:
+                if isinstance(outcomes, Generator):  # cut after a failure: its calls end here, none after
+                    outcomes.close()
+                if probe and not told:
+                    guard.cancel_probe()
+            if not told:
+                return  # the inner stage stopped before calling (the app is stopping)
+            if cut_after < 0:
+                start += len(chunk)
+            else:
+                start = next(i for i in range(start, len(run)) if run[i].offset == cut_after) + 1
+
+    def _spared(self, guard: HandlerGuard, failed: Failed) -> Held:
+        msg = failed.msg
+        reason = str(failed.route.reason)
+        log.info(
+            "%s: %s[%d]@%d ran out of attempts (%s) while the flood guard of %s is %s: read again later, not "
+            "dead-lettered",
+            self._consumer,
+            msg.topic,
+            msg.partition,
+            msg.offset,
+            reason,
+            guard.handler,
+            guard.state,
+        )
+        self._emitter.emit(
+            Event.FLOOD_GUARD_DEFERRED,
+            handler=guard.handler,
+            consumer=self._consumer,
+            topic=msg.topic,
+            partition=msg.partition,
+            offset=msg.offset,
+            reason=reason,
+        )
+        return Held(msg)
+
+    # -- the inner stage's own ----------------------------------------------------------------------------------
+
+    def runs_of(self, polled: Polled, accepting: Accepting) -> tuple[list[Message], list[tuple[Binding, Run]] | None]:
+        return self._inner.runs_of(polled, accepting)
+
+    def released(self) -> Iterable[Iterator[Outcome]]:
+        return self._inner.released()
+
+    def wait_ms(self, wait_ms: int) -> int:
+        return self._inner.wait_ms(wait_ms)
+
+    def abandon_deferred(self) -> list[Abandoned]:
+        return self._inner.abandon_deferred()
+
+    def settle_deferred(self) -> Generator[Outcome, None, bool]:
+        return self._inner.settle_deferred()
+
+    def failed(
+        self,
+        binding: Binding,
+        msg: Message,
+        key: AuditKey | None,
+        record: Record[Any],
+        state: RetryHeaders | None,
+        failure: BaseException,
+    ) -> Failed:
+        return self._inner.failed(binding, msg, key, record, state, failure)
+
+
+def _coordinates(msg: Message) -> tuple[str, int, int]:
+    return (msg.topic, msg.partition, msg.offset)
+
+
+def _message(item: Message | Record[Any]) -> Message:
+    return item if isinstance(item, Message) else message_of(item)

@@ -1,0 +1,141 @@
+"""The retry-flood guard on a real broker (docs/flood-guard.md): a handler whose dependency goes down, then
+comes back, with tiers of 200 ms, 400 ms and 800 ms (1.4 s in all, less than the outage lasts).
+
+Guarantees: the guard opens on the failures, holds the handler's source and tier partitions, probes one call
+at a time after a growing back-off and closes once the dependency is back; no good record is dead-lettered and
+each is handled exactly once; a poison record still reaches the DLQ with its reason; while the dependency is
+down it sees only the calls that opened the guard, at most one call in flight per other consumer, and the
+probes; every group (the app's on the source, each tier's own) commits past every record in its topic.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pytest
+
+from retrytopics import FloodGuard, Record, RetryApp, RetryPolicy
+from retrytopics.connectors.config import KafkaConfig
+from retrytopics.core.headers import DlqReason, decode
+from retrytopics.observe.events import Event
+
+from .conftest import Kit, wait_until
+
+pytestmark = pytest.mark.broker
+
+N = 200
+PARTITIONS = 2
+POISON = 77
+POLICY = RetryPolicy(delays=["200ms", "400ms", "800ms"], non_retryable=(ValueError,))
+GUARD = FloodGuard(
+    failure_ratio=0.5, min_calls=10, window="5s", backoff="500ms", max_backoff="1s", ramp="1s", ramp_start=100.0
+)
+#: consumers of the handler besides the one whose failure opens the guard: main + 3 tiers, less one
+OTHER_CONSUMERS = 3
+
+
+class Dependency:
+    """What the handler calls: down until `recover()`. Counts calls while down, successes, dead letters and the
+    guard's events."""
+
+    wanted_events = frozenset({Event.FLOOD_GUARD_OPENED, Event.FLOOD_GUARD_PROBED, Event.FLOOD_GUARD_CLOSED})
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.up = False
+        self.calls_while_down = 0
+        self.succeeded: Counter[int] = Counter()
+        self.dead_lettered: Counter[int] = Counter()
+        self.events: Counter[tuple[Event, object]] = Counter()
+
+    def handle(self, record: Record[bytes]) -> None:
+        i = int(record.value)
+        if i == POISON:
+            raise ValueError(f"record {i} is malformed")
+        with self.lock:
+            if not self.up:
+                self.calls_while_down += 1
+                raise ConnectionError("the payment gateway is down")
+            self.succeeded[i] += 1
+
+    def recover(self) -> int:
+        with self.lock:
+            self.up = True
+            return self.calls_while_down
+
+    def on_dead_letter(self, record: Any, route: Any) -> None:
+        with self.lock:
+            self.dead_lettered[int(record.value)] += 1
+
+    def on_event(self, event: Event, data: Mapping[str, object]) -> None:
+        with self.lock:
+            self.events[event, data.get("succeeded", data.get("reason"))] += 1
+
+    def count(self, event: Event, detail: object) -> int:
+        with self.lock:
+            return self.events[event, detail]
+
+    def settled(self) -> bool:
+        with self.lock:
+            return len(self.succeeded) == N - 1 and self.dead_lettered[POISON] == 1
+
+
+def test_an_outage_dead_letters_no_good_record_and_the_dependency_sees_only_probes(
+    kafka: KafkaConfig,
+    kit: Kit,
+    unique_name: Callable[[str], str],
+    consumer_overrides: dict[str, Any],
+    apps: list[RetryApp],
+) -> None:
+    # setup: 200 keyed records over two partitions; the dependency is down from the start
+    source = kit.create(unique_name("orders"), PARTITIONS)
+    group = unique_name("billing")
+    dependency = Dependency()
+    app = RetryApp(
+        kafka=kafka,
+        group=group,
+        consumer_overrides=consumer_overrides,
+        on_dead_letter=dependency.on_dead_letter,
+        hooks=[dependency],
+    )
+    apps.append(app)
+    app.handler(source, policy=POLICY, flood_guard=GUARD)(dependency.handle)
+    app.provision()
+    kit.produce(source, [(str(i).encode(), str(i).encode(), []) for i in range(N)])
+
+    # when: the app runs through the outage until the guard opened and two probes failed (the back-off grew
+    # from 0.5 s to 1 s: longer than the tiers' 1.4 s in all), then the dependency comes back
+    app.start(main=True, tiers="all")
+    wait_until(lambda: dependency.count(Event.FLOOD_GUARD_PROBED, False) >= 2, 60, "two failed probes")
+    calls_while_down = dependency.recover()
+    wait_until(dependency.settled, 60, "every record to end")
+
+    # then: every good record handled exactly once and none dead-lettered; the poison one in the DLQ, with its reason
+    topics = app.topics(source)
+    wait_until(lambda: kit.read_all(topics.dlq), 10, "the DLQ record")
+    assert dependency.succeeded == Counter(i for i in range(N) if i != POISON)
+    assert dependency.dead_lettered == Counter([POISON])
+    dead = [(int(r.value or b"-1"), decode(list(r.headers))) for r in kit.read_all(topics.dlq)]
+    assert [(i, h.dlq_reason, h.exception_type) for i, h in dead] == [
+        (POISON, DlqReason.NON_RETRYABLE, "builtins.ValueError")
+    ]
+    # and: the guard opened on the failure ratio, failed probes re-opened it, a probe closed it
+    assert dependency.count(Event.FLOOD_GUARD_OPENED, "failure_ratio") >= 1
+    assert dependency.count(Event.FLOOD_GUARD_OPENED, "probe_failed") >= 2
+    assert dependency.count(Event.FLOOD_GUARD_CLOSED, "probe_succeeded") >= 1
+    # and: while down, the dependency saw the calls that opened the guard, one in flight per other consumer,
+    # and the probes (without the guard: every record three times over; bench/ measures it)
+    probes_failed = dependency.count(Event.FLOOD_GUARD_PROBED, False)
+    assert calls_while_down <= GUARD.min_calls + OTHER_CONSUMERS + probes_failed, (calls_while_down, probes_failed)
+    # and: every group committed past every record in its topic: nothing left behind, nothing lost
+    app.stop()
+    assert app.error is None
+    for topic, group_id in [(source, group), *((t.topic, t.topic) for t in topics.tiers)]:
+        ends: dict[int, int] = {}
+        for r in kit.read_all(topic):
+            ends[r.partition] = max(ends.get(r.partition, 0), r.offset + 1)
+        committed = kit.committed(group_id, topic, PARTITIONS)
+        assert {p: o for p, o in committed.items() if p in ends} == ends, topic
