@@ -131,7 +131,7 @@ class ApacheKafkaBroker(BrokerProcess):
         host: str = "127.0.0.1",
         port: int | None = None,
         advertised_port: int | None = None,
-        startup_timeout_s: float = 60.0,
+        startup_timeout_s: float = 120.0,  # a JVM's start on a busy 2-core machine can take over a minute
         version: str = KAFKA_VERSION,
         heap: str = "512m",
         settings: dict[str, str] | None = None,

@@ -143,7 +143,7 @@ def test_run_drains_on_sigterm_commits_what_it_handled_and_serves_metrics(
         [CLI, "run", "cli_app:app", "--metrics-port", str(port)], env=env, stderr=subprocess.PIPE, text=True
     )
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120  # a bound: a busy machine may take a minute to start the CLI
         while (not log.exists() or len(log.read_text().splitlines()) < 1200) and time.monotonic() < deadline:
             time.sleep(0.1)
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()

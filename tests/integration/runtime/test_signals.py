@@ -90,7 +90,7 @@ def test_sigterm_mid_handler_leaves_the_record_for_the_next_run(
         # when: SIGTERM while the handler of record 3 runs; it fails once the signal was handled
         wait_until(lambda: _started(settings, BLOCKED), 30, "the worker to be inside the handler of record 3")
         os.kill(worker.pid, signal.SIGTERM)
-        wait_until(lambda: "received SIGTERM" in _log(settings), 10, "the worker to handle SIGTERM")
+        wait_until(lambda: "received SIGTERM" in _log(settings), 30, "the worker to handle SIGTERM")
         Path(settings["release"]).touch()
         assert worker.wait(30) == 0, _log(settings)
     finally:
@@ -131,10 +131,10 @@ def test_a_second_sigterm_exits_at_once_when_a_handler_never_returns(
         # when: SIGTERM while the handler of record 3 never returns, then SIGTERM again
         wait_until(lambda: _started(settings, 3), 30, "the worker to be inside the handler of record 3")
         os.kill(worker.pid, signal.SIGTERM)
-        wait_until(lambda: "received SIGTERM" in _log(settings), 10, "the worker to handle SIGTERM")
+        wait_until(lambda: "received SIGTERM" in _log(settings), 30, "the worker to handle SIGTERM")
         os.kill(worker.pid, signal.SIGTERM)
-        # then: it exits at once, cleanly, and says which consumer it left behind
-        assert worker.wait(10) == 0, _log(settings)
+        # then: it exits, cleanly, without waiting for the handler that never returns (a bound, not a speed)
+        assert worker.wait(30) == 0, _log(settings)
     finally:
         if worker.poll() is None:
             worker.kill()
