@@ -85,6 +85,7 @@ class OutageLog:
         self._clock = clock
         self._last_at: float | None = None
         self._causes: set[str] = set()
+        self.last_error: str | None = None
 
     def level(self, err: KafkaError) -> int:
         """The level to log `err` at, updating the outage state."""
@@ -110,6 +111,7 @@ class OutageLog:
 
     def __call__(self, err: KafkaError) -> None:
         _last_error[:] = [err.str()]
+        self.last_error = err.str()
         level = self.level(err)
         if not log.isEnabledFor(level):
             return
@@ -161,10 +163,14 @@ def _outage_log(kafka: KafkaConfig) -> OutageLog:
 _admins: weakref.WeakSet[AdminClient] = weakref.WeakSet()
 
 
-def last_client_error() -> str | None:
-    """The latest error any client of this process reported in the background, if any."""
+def last_client_error(kafka: KafkaConfig | None = None) -> str | None:
+    """The latest error a client reported in the background, if any: a client of `kafka`'s cluster when it
+    is given (a process talking to several clusters must not blame one for another), else any client."""
     for admin in list(_admins):
         admin.poll(0)
+    if kafka is not None:
+        outage = _outages.get(kafka.bootstrap)
+        return outage.last_error if outage else None
     return _last_error[0] if _last_error else None
 
 
