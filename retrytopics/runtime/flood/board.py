@@ -44,6 +44,8 @@ __all__ = ["GuardBoard", "GuardFeed", "process_name"]
 
 log = logging.getLogger("retrytopics.runtime")
 
+_RETRY_S = 0.2
+
 
 def process_name(instance_id: str) -> str:
     """This process in its guards' reports: the app's `instance_id` (the pod name, or random), cut to what a
@@ -105,12 +107,7 @@ class GuardBoard:
         for topic in sorted(set(self._topics.values())):
             records = []
             next_offset = 0
-            try:
-                read = list(self._read(topic, None, timeout_s))
-            except KafkaClientError as exc:
-                fix = "run app.provision() or `retrytopics topics create` with flood_guard = true"
-                raise ConfigError("flood_guard_topic", topic, f"cannot be read ({exc}); {fix}") from exc
-            for msg in read:
+            for msg in self._read_start(topic, timeout_s):
                 next_offset = max(next_offset, msg.offset + 1)
                 record = self._trusted(msg)
                 if record is not None:
@@ -127,6 +124,18 @@ class GuardBoard:
             feed.add(topic, {0: offset})
         self._thread = threading.Thread(target=self._run, args=(feed,), name="retrytopics-flood-guard", daemon=True)
         self._thread.start()
+
+    def _read_start(self, topic: str, timeout_s: float) -> list[Message]:
+        # a topic just provisioned has no leader known everywhere for a moment: asked again, within timeout_s
+        tries = max(1, int(timeout_s / _RETRY_S))
+        for attempt in range(tries):
+            try:
+                return list(self._read(topic, None, timeout_s))
+            except KafkaClientError as exc:
+                if not exc.retriable or attempt == tries - 1 or self._stop.wait(_RETRY_S):
+                    fix = "run app.provision() or `retrytopics topics create` with flood_guard = true"
+                    raise ConfigError("flood_guard_topic", topic, f"cannot be read ({exc}); {fix}") from exc
+        raise AssertionError("unreachable")
 
     def join(self, timeout_s: float | None) -> None:
         if self._thread is not None:

@@ -12,12 +12,15 @@ restarted app handles every record (flood_worker.py runs the killed process).
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -29,6 +32,7 @@ from retrytopics import FloodGuard, Record, RetryApp, RetryPolicy
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.core.headers import DlqReason, decode
 from retrytopics.observe.events import Event
+from retrytopics.operator import cli
 
 from .conftest import Kit, wait_until
 from .fault_worker import read_ledger
@@ -248,3 +252,71 @@ def test_sigkill_while_the_guard_is_open_loses_nothing_and_commits_nothing_early
         for r in kit.read_all(topic):
             ends[r.partition] = max(ends.get(r.partition, 0), r.offset + 1)
         assert {p: o for p, o in kit.committed(group, topic, PARTITIONS).items() if p in ends} == ends, topic
+
+
+def test_an_operator_opens_and_closes_the_guard_from_the_command_line_and_describe_shows_it(
+    kafka: KafkaConfig,
+    kit: Kit,
+    unique_name: Callable[[str], str],
+    consumer_overrides: dict[str, Any],
+    apps: list[RetryApp],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`retrytopics guard open|close` (its main, signed with the app's header key from the environment) reaches the
+    running app through its flood-guard topic: nothing is called between the two commands, every record is
+    handled once after the close, and `topics describe --json` shows the process's guard open by hand."""
+    source = kit.create(unique_name("orders"), PARTITIONS)
+    group = unique_name("billing")
+    header_key = "h" * 32
+    calls: list[tuple[int, int]] = []  # (record, wall-clock ms of the call)
+    opened_by_hand: list[object] = []
+
+    class Opened:
+        wanted_events = frozenset({Event.FLOOD_GUARD_OPENED})
+
+        def on_event(self, event: Event, data: Mapping[str, object]) -> None:
+            if "gateway maintenance" in str(data["reason"]):
+                opened_by_hand.append(data)
+
+    app = RetryApp(
+        kafka=kafka, group=group, consumer_overrides=consumer_overrides, header_key=header_key, hooks=[Opened()]
+    )
+    apps.append(app)
+    app.handler(source, policy=POLICY, flood_guard=GUARD)(
+        lambda record: calls.append((int(record.value), int(time.time() * 1000)))
+    )
+    app.provision()
+    app.start(main=True, tiers="all")
+    pipeline = ["--bootstrap", kafka.bootstrap, "--topic", source, "--group", group, "--delays", "200ms,400ms,800ms"]
+    monkeypatch.setenv("RETRYTOPICS_APP_HEADER_KEY", header_key)
+
+    def run(*args: str) -> str:
+        # the command's own main (a subprocess costs seconds of imports on a loaded machine per call)
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            assert cli.main([*args, *pipeline]) == 0
+        return out.getvalue()
+
+    # when: the operator opens the guard, and records arrive
+    assert "gateway maintenance" in run("guard", "open", "--reason", "gateway maintenance")
+
+    def described() -> dict[str, Any]:
+        return json.loads(run("topics", "describe", "--json"))["flood_guard"]  # type: ignore[no-any-return]
+
+    wait_until(lambda: opened_by_hand, 30, "the guard opened by hand")
+    guard = wait_until(lambda: (d := described())["processes"][0]["by_hand"] and d, 30, "the report of it")
+    assert guard["processes"][0]["state"] == "open" and "gateway maintenance" in guard["processes"][0]["reason"]
+    assert guard["last_command"]["action"] == "open" and guard["untrusted_records"] == 0
+    kit.produce(source, [(str(i).encode(), str(i).encode(), []) for i in range(20)])
+    # and: closes it
+    closed_at = int(time.time() * 1000)
+    run("guard", "close", "--reason", "gateway back")
+
+    # then: nothing was called while it was open, every record once after
+    wait_until(lambda: len(calls) >= 20, 30, "every record handled after the close")
+    assert sorted(i for i, _ in calls) == list(range(20))
+    assert all(at >= closed_at for _, at in calls)
+    app.stop()
+    assert app.error is None
+    # and: the process that stopped left the board (its report's tombstone is the last record)
+    last = kit.read_all(app.topics(source).flood_guard_topic)[-1]
+    assert last.key is not None and last.key.startswith(b"report/") and last.value is None
