@@ -20,6 +20,8 @@ from retrytopics.console.paging import Page
 from retrytopics.console.tally import Tally
 from retrytopics.console.web import CONTENT_SECURITY_POLICY, ConsoleOptions, create_app
 from retrytopics.core.errors import ConfigError
+from retrytopics.core.flood_guard import GuardState
+from retrytopics.core.flood_records import GuardAction, GuardCommand, GuardReport
 from retrytopics.core.headers import (
     ORIGIN_MESSAGE_ID,
     REPLAY_COUNT,
@@ -32,8 +34,6 @@ from retrytopics.core.headers import (
     decode,
     encode,
 )
-from retrytopics.core.flood_guard import GuardState
-from retrytopics.core.flood_records import GuardAction, GuardCommand, GuardReport
 from retrytopics.core.naming import topics_for
 from retrytopics.core.signing import HeaderKeys, sign
 from retrytopics.operator.config import AppSettings
