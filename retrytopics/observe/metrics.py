@@ -428,6 +428,7 @@ def _count(data: Mapping[str, object]) -> int:
     count = data.get("count", 1)
     return count if isinstance(count, int) and not isinstance(count, bool) else 1
 
+
 #: the reasons a guard opens by itself (core/flood_guard.py); any other is an operator's text
 _GUARD_REASONS = frozenset({"failure_ratio", "dead_letters", "probe_failed"})
 
