@@ -7,7 +7,9 @@ each is handled exactly once; a poison record still reaches the DLQ with its rea
 down it sees only the calls that opened the guard, at most one call in flight per other consumer, and the
 probes; every group (the app's on the source, each tier's own) commits past every record in its topic. A
 SIGKILL while the guard is open loses nothing: no group had committed past a record not handed on, and the
-restarted app handles every record (flood_worker.py runs the killed process).
+restarted app handles every record (flood_worker.py runs the killed process). An operator's command
+(`retrytopics guard open|close`) reaches the running app through its flood-guard topic, and `topics describe`
+shows the guard open by hand.
 """
 
 from __future__ import annotations
