@@ -12,13 +12,15 @@ guard or the operator's command does not write.
 from __future__ import annotations
 
 import json
+import random
 import threading
 import time
 from collections.abc import Callable
 
 import pytest
 
-from retrytopics import FloodGuard, KafkaConfig, Record, RetryApp, RetryPolicy
+from retrytopics import ConfigError, FloodGuard, KafkaConfig, Record, RetryApp, RetryPolicy
+from retrytopics.core.errors import KafkaClientError
 from retrytopics.core.flood_guard import GuardState
 from retrytopics.core.flood_records import (
     GuardAction,
@@ -30,7 +32,12 @@ from retrytopics.core.flood_records import (
     decode_guard_record,
     encode_guard_record,
 )
+from retrytopics.core.ports import Message
 from retrytopics.core.signing import HeaderKeys, verify_guard
+from retrytopics.observe.events import Emitter
+from retrytopics.runtime.clock import SYSTEM_CLOCK
+from retrytopics.runtime.flood.board import GuardBoard
+from retrytopics.runtime.flood.breaker import HandlerGuard
 from retrytopics.testing import MemoryBroker, MemoryClientFactory
 
 KEY = b"k" * 32
@@ -198,3 +205,43 @@ def test_the_records_decoder_refuses_what_no_guard_or_operator_writes() -> None:
     for key, value in bad:
         with pytest.raises(GuardRecordError):
             decode_guard_record(key, value)
+
+
+def test_a_guard_topic_just_made_is_read_again_and_a_missing_one_fails_the_start_naming_it() -> None:
+    """A partition just created answers NOT_LEADER_FOR_PARTITION for a moment (seen on Apache Kafka right after
+    `provision()`): the first read is asked again; a missing topic fails at once, naming `flood_guard_topic`."""
+    answers: list[Exception] = [KafkaClientError("no leader yet", code="NOT_LEADER_FOR_PARTITION")] * 2
+
+    def read(topic: str, partitions: object, timeout_s: float) -> list[Message]:
+        if answers:
+            raise answers.pop(0)
+        return []
+
+    def board(reader: Callable[[str, object, float], list[Message]]) -> GuardBoard:
+        guard = HandlerGuard("orders", FloodGuard(), emitter=Emitter([]), clock=SYSTEM_CLOCK, rng=random.Random(1))
+        broker = MemoryBroker()
+        factory = MemoryClientFactory(broker)
+        return GuardBoard(
+            {"orders": guard},
+            {"orders": "orders.billing.guard"},
+            process="p",
+            producer=lambda: factory.producer(None, {}),
+            feed=factory.key_state_feed,
+            read=reader,
+            keys=None,
+            wall_ms=SYSTEM_CLOCK.now_ms,
+            stop=stop,
+        )
+
+    stop = threading.Event()
+    try:
+        board(read).start(5.0)
+        assert answers == []  # asked until it answered
+    finally:
+        stop.set()
+
+    def missing(topic: str, partitions: object, timeout_s: float) -> list[Message]:
+        raise KafkaClientError(f"cannot read {topic}: it does not exist", code="UNKNOWN_TOPIC_OR_PART")
+
+    with pytest.raises(ConfigError, match="flood_guard_topic"):
+        board(missing).start(5.0)

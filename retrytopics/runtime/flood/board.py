@@ -45,6 +45,8 @@ __all__ = ["GuardBoard", "GuardFeed", "process_name"]
 log = logging.getLogger("retrytopics.runtime")
 
 _RETRY_S = 0.2
+#: what a partition just created answers for a moment (a missing topic is UNKNOWN_TOPIC_OR_PART: not asked again)
+_LEADERSHIP_SETTLING = frozenset({"NOT_LEADER_FOR_PARTITION", "LEADER_NOT_AVAILABLE"})
 
 
 def process_name(instance_id: str) -> str:
@@ -132,7 +134,7 @@ class GuardBoard:
             try:
                 return list(self._read(topic, None, timeout_s))
             except KafkaClientError as exc:
-                if not exc.retriable or attempt == tries - 1 or self._stop.wait(_RETRY_S):
+                if exc.code not in _LEADERSHIP_SETTLING or attempt == tries - 1 or self._stop.wait(_RETRY_S):
                     fix = "run app.provision() or `retrytopics topics create` with flood_guard = true"
                     raise ConfigError("flood_guard_topic", topic, f"cannot be read ({exc}); {fix}") from exc
         raise AssertionError("unreachable")
