@@ -65,6 +65,7 @@ from retrytopics.runtime.consumer.lifecycle import Loop, Runner
 from retrytopics.runtime.consumer.loop import ConsumerLoop, LoopClients
 from retrytopics.runtime.consumer.settings import TIER_CONSUMER_DEFAULTS, LoopSettings, main_settings, tier_settings
 from retrytopics.runtime.consumer.share_loop import ShareConsumerLoop
+from retrytopics.runtime.flood.board import GuardBoard, process_name
 from retrytopics.runtime.flood.breaker import HandlerGuard
 from retrytopics.runtime.handoff.handoff import DeadLetterCallback
 from retrytopics.runtime.handoff.publish import ALONE_OVERRIDES
@@ -184,6 +185,7 @@ class RetryApp:
         self._runner = Runner(threading.Event())
         #: the retry-flood guards of this process's handlers (source topic -> guard), made by `start`
         self._flood_guards: dict[str, HandlerGuard] = {}
+        self._guard_board: GuardBoard | None = None
 
     @property
     def consumer(self) -> str:
@@ -353,6 +355,7 @@ class RetryApp:
             replication_factor=replication_factor,
             config=replication_config(min_insync_replicas),
         )
+        specs += _flood_guard_specs(self._registry, replication_factor, min_insync_replicas)
         outcome = clients.ensure_topics([*specs, *share_specs], timeout_s)
         _warn_less_durable(self._registry.bindings, clients, timeout_s)
         if share:
@@ -416,7 +419,26 @@ class RetryApp:
             topic: HandlerGuard(topic, config, emitter=self._emitter, clock=clients.clock, rng=random.Random())
             for topic, config in self._registry.flood_guards.items()
         }
+        if self._flood_guards:
+            self._guard_board = self._flood_guard_board(clients)
         self._runner.start([self._loop(s, clients) for s in settings])
+
+    def _flood_guard_board(self, clients: ClientFactory) -> GuardBoard:
+        """The thread that reports this process's guards and applies an operator's commands to them, started
+        (runtime/flood/board.py); a flood-guard topic it cannot read fails the start."""
+        board = GuardBoard(
+            self._flood_guards,
+            {t: self._registry.bindings[t].ctx.topics.flood_guard_topic for t in self._flood_guards},
+            process=process_name(self.instance_id),
+            producer=lambda: clients.producer(None, self.producer_overrides),
+            feed=clients.key_state_feed,
+            read=clients.read_to_end,
+            keys=self._header_keys,
+            wall_ms=clients.clock.now_ms,
+            stop=self._runner.stop_event,
+        )
+        board.start(CALL_TIMEOUT_MS / 1000)
+        return board
 
     def _client_factory(self) -> ClientFactory:
         # made when used, not when the app is built: the CLI sets `kafka` on a loaded app before running it
@@ -483,11 +505,19 @@ class RetryApp:
 
     def stop(self, timeout: float | None = 30.0) -> bool:
         """Stop every consumer cleanly (finish the current record, drain, commit, leave the group)."""
-        return self._runner.stop(timeout)
+        stopped = self._runner.stop(timeout)
+        if self._guard_board is not None:  # its last reports say this process left
+            self._guard_board.join(timeout)
+        return stopped
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until every consumer has stopped; True if they have."""
         return self._runner.join(timeout)
+
+    @property
+    def flood_guards(self) -> Mapping[str, FloodGuard]:
+        """Source topic -> the retry-flood guard of its handler, for the handlers that have one."""
+        return self._registry.flood_guards
 
     @property
     def error(self) -> BaseException | None:
@@ -576,6 +606,16 @@ def _tier_specs(
         if binding.ordering is not None:
             specs.append(key_state_spec(binding.ctx.topics, count, replication_factor, config))
     return specs
+
+
+def _flood_guard_specs(registry: Registry, replication_factor: int, min_insync_replicas: int | None) -> list[TopicSpec]:
+    """The flood-guard topic of every guarded handler (docs/flood-guard.md): compacted, one partition (a few
+    records per process and handler), the tiers' replication."""
+    config = {**replication_config(min_insync_replicas), "cleanup.policy": "compact"}
+    names = {registry.bindings[t].ctx.topics.flood_guard_topic for t in registry.flood_guards}
+    return [
+        TopicSpec(name=n, partitions=1, replication_factor=replication_factor, config=config) for n in sorted(names)
+    ]
 
 
 def _warn_less_durable(bindings: Mapping[str, Binding], clients: ClientFactory, timeout_s: float) -> None:

@@ -26,6 +26,7 @@ from retrytopics.core.errors import ConfigError, HeaderDecodeError
 from retrytopics.core.headers import ORIGIN_MESSAGE_ID, REPLAY_ORIGIN_ID, Header, decode
 from retrytopics.core.naming import TopicSet
 from retrytopics.operator.config import AppSettings
+from retrytopics.operator.guard import FloodGuardView, describe_flood_guard
 from retrytopics.operator.ops import PartitionState, describe_pipeline
 
 __all__ = ["PipelineReader"]
@@ -110,6 +111,7 @@ class PipelineReader:
     _stop: threading.Event = field(default_factory=threading.Event)
     _cache: tuple[float, list[PartitionState]] | None = None
     _total: tuple[float, int] | None = None
+    _guard_cache: tuple[float, FloodGuardView | None] | None = None
 
     def _reading(self) -> Any:
         return range_reader(self.kafka)
@@ -124,6 +126,18 @@ class PipelineReader:
         with self._lock:
             self._cache = (time.monotonic(), rows)
         return rows
+
+    def flood_guard(self, *, max_age_s: float = 1.0) -> FloodGuardView | None:
+        """What the handler's flood-guard topic says (`retrytopics topics describe`'s section), at most
+        `max_age_s` old; None when the handler has no guard."""
+        with self._lock:
+            cached = self._guard_cache
+        if cached is not None and time.monotonic() - cached[0] < max_age_s:
+            return cached[1]
+        view = describe_flood_guard(self.kafka, self.pipeline)
+        with self._lock:
+            self._guard_cache = (time.monotonic(), view)
+        return view
 
     def bounds(self, topic: str) -> dict[int, tuple[int, int]]:
         consumer = self._reading()

@@ -154,6 +154,8 @@ def create_app(options: ConsoleOptions, reader: PipelineReader) -> Starlette:
         data: dict[str, Any] = reader.snapshot(
             lambda tally: views.pipeline_view(rows, tally, reader.topics, now_ms=now_ms, counted=counted)
         )
+        guard = await run_in_threadpool(reader.flood_guard)
+        data["flood_guard"] = None if guard is None else guard.as_dict(now_ms)
         return data
 
     async def pipeline(request: Request) -> Response:

@@ -121,6 +121,15 @@ class TopicSet:
         prefix = self.group if self.strategy is NamingStrategy.SHARED else f"{self.source}.{self.group}"
         return validate_topic_name(f"{prefix}.keys", field="key_state_topic")
 
+    @property
+    def flood_guard_topic(self) -> str:
+        """The compacted topic of a guarded handler's retry-flood guard (docs/flood-guard.md): each process's
+        guard reports its state there, and an operator's command to open or close it is read from there by every
+        process. ``<topic>.<group>.guard``, or ``<group>.guard`` with `NamingStrategy.SHARED` (the handler is in
+        each record's key). Provisioned only for a handler declared with ``flood_guard=``."""
+        prefix = self.group if self.strategy is NamingStrategy.SHARED else f"{self.source}.{self.group}"
+        return validate_topic_name(f"{prefix}.guard", field="flood_guard_topic")
+
 
 def topics_for(
     source: str,

@@ -42,10 +42,12 @@ __all__ = [
     "mark_verifies",
     "replay_mark",
     "sign",
+    "sign_guard",
     "sign_state",
     "signed_message",
     "started_mark_keys",
     "verify",
+    "verify_guard",
     "verify_state",
 ]
 
@@ -209,6 +211,28 @@ def verify_state(
     if isinstance(expected_mac, str):
         return expected_mac
     if _verifies(keys, _message(_STATE_DOMAIN, topic, key, value, ()), expected_mac):
+        return None
+    return "wrong: does not verify with any configured key (forged, altered, or moved from another topic)"
+
+
+_GUARD_DOMAIN: Final = b"retrytopics/flood_guard/v1"
+
+
+def sign_guard(keys: HeaderKeys, topic: str, key: bytes, value: bytes | None) -> tuple[str, bytes]:
+    """The ``retry.signature`` header of the flood-guard record `key` -> `value` (None: a tombstone) on `topic`
+    (a guard's report or an operator's command: core/flood_records.py)."""
+    return SIGNATURE, _mac(keys.keys[0], _message(_GUARD_DOMAIN, topic, key, value, ())).hex().encode("ascii")
+
+
+def verify_guard(
+    keys: HeaderKeys, topic: str, key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, object]]
+) -> str | None:
+    """None when exactly one ``retry.signature`` of a flood-guard record read from `topic` verifies with one of
+    `keys`; otherwise why not. Its own domain: a signed key-state record or retry header cannot pass for one."""
+    expected_mac = _given_mac(headers, "flood-guard records are signed when header_key is configured")
+    if isinstance(expected_mac, str):
+        return expected_mac
+    if _verifies(keys, _message(_GUARD_DOMAIN, topic, key, value, ()), expected_mac):
         return None
     return "wrong: does not verify with any configured key (forged, altered, or moved from another topic)"
 

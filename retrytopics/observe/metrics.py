@@ -170,6 +170,12 @@ class PrometheusHook:
             ["handler", "succeeded"],
             registry=r,
         )
+        self.guard_open_seconds = Counter(
+            "retrytopics_flood_guard_open_seconds",
+            "Time a retry-flood guard was not closed, counted when it closes",
+            ["handler"],
+            registry=r,
+        )
         self.guard_refused = Counter(
             "retrytopics_flood_guard_refused",
             "Calls a retry-flood guard refused (the record held, read again later)",
@@ -294,9 +300,11 @@ class PrometheusHook:
         reason = str(data.get("reason", ""))
         if event is Event.FLOOD_GUARD_OPENED:
             self.guard_state.labels(handler).set(1)
-            self.guard_openings.labels(handler, reason).inc()
+            # an operator's free text is no label: every change by hand counts as `by_hand`
+            self.guard_openings.labels(handler, reason if reason in _GUARD_REASONS else "by_hand").inc()
         elif event is Event.FLOOD_GUARD_CLOSED:
             self.guard_state.labels(handler).set(0)
+            self.guard_open_seconds.labels(handler).inc(max(0, _int(data.get("open_ms"))) / 1000)
         elif event is Event.FLOOD_GUARD_PROBED:
             self.guard_probes.labels(handler, str(bool(data.get("succeeded"))).lower()).inc()
         elif event is Event.FLOOD_GUARD_REFUSED:
@@ -419,6 +427,10 @@ def _count(data: Mapping[str, object]) -> int:
     """A summed event's `count`; a per-record event counts one."""
     count = data.get("count", 1)
     return count if isinstance(count, int) and not isinstance(count, bool) else 1
+
+
+#: the reasons a guard opens by itself (core/flood_guard.py); any other is an operator's text
+_GUARD_REASONS = frozenset({"failure_ratio", "dead_letters", "probe_failed"})
 
 
 def _int(value: object) -> int:

@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -157,6 +158,7 @@ def _peek_row(record: Any) -> list[Any]:
 
 
 def _cmd_topics_describe(args: argparse.Namespace) -> int:
+    from retrytopics.operator.guard import describe_flood_guard, flood_guard_text
     from retrytopics.operator.ops import (
         SHARE_STATE_UNAVAILABLE,
         describe_key_state,
@@ -169,18 +171,21 @@ def _cmd_topics_describe(args: argparse.Namespace) -> int:
     rows = describe_pipeline(kafka, pipeline, grace_ms=args.grace)
     share = describe_share_group(kafka, pipeline)
     key_state = describe_key_state(kafka, pipeline)
+    flood_guard = describe_flood_guard(kafka, pipeline)
     blocked: dict[int, int] = {}
     if key_state is not None:  # a source partition's state: its blocked keys
         blocked = key_state.blocked_keys(sum(1 for r in rows if r.kind == "source"))
         rows = [replace(r, state=_blocked(blocked.get(r.partition, 0))) if r.kind == "source" else r for r in rows]
     if args.json:
         out: Any = [row.as_dict() for row in rows]
-        if pipeline.consumer == "share" or key_state is not None:
+        if pipeline.consumer == "share" or key_state is not None or flood_guard is not None:
             out = {"partitions": out}
         if pipeline.consumer == "share":
             out["share_group"] = {"configs": share, "state": SHARE_STATE_UNAVAILABLE}
         if key_state is not None:
             out["key_state"] = {**key_state.as_dict(), "blocked_keys": blocked}
+        if flood_guard is not None:
+            out["flood_guard"] = flood_guard.as_dict(int(time.time() * 1000))
         print(json.dumps(out))
         return 0
     columns = ["topic", "kind", "partition", "end", "committed", "lag", "state", "replicas", "isr", "min_isr"]
@@ -214,6 +219,23 @@ def _cmd_topics_describe(args: argparse.Namespace) -> int:
         from retrytopics.operator.reports import key_state_text
 
         print(f"\n{key_state_text(key_state.as_dict())}")
+    if flood_guard is not None:
+        print(f"\n{flood_guard_text(flood_guard.as_dict(int(time.time() * 1000)))}")
+    return 0
+
+
+def _cmd_guard(args: argparse.Namespace) -> int:
+    from retrytopics.core.flood_records import GuardAction
+    from retrytopics.operator.guard import operator_name, send_guard_command
+
+    if args.handler is not None:
+        if args.topic not in (None, args.handler):
+            raise ConfigError("handler", args.handler, f"and --topic {args.topic!r} name two handlers")
+        args.topic = args.handler
+    kafka, pipeline = preflight.pipeline_of(getattr(args, "app", None), _settings(args))
+    command = send_guard_command(kafka, pipeline, GuardAction(args.action), reason=args.reason, by=operator_name())
+    # every process of the app applies it and logs it with the reason; `topics describe` shows their reports
+    print(f"{command.action} sent to the flood guard of {command.handler} by {command.by}: {command.reason}")
     return 0
 
 
@@ -450,6 +472,22 @@ def _add_topics(commands: Any) -> None:
     describe.set_defaults(run=_cmd_topics_describe)
 
 
+def _add_guard(commands: Any) -> None:
+    guard = commands.add_parser(
+        "guard", help="open or close a handler's retry-flood guard by hand, in every process of the app"
+    )
+    actions = guard.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for action, text in (
+        ("open", "open it and keep it open (no call, no probe) until closed by hand"),
+        ("close", "close it (calls ramp up), whether opened by hand or by failures"),
+    ):
+        parser = actions.add_parser(action, help=text)
+        _common(parser, pipeline=True)
+        parser.add_argument("handler", nargs="?", metavar="HANDLER", help="the handler's source topic (or --topic)")
+        parser.add_argument("--reason", required=True, help="why (logged by every process; printable, at most 200)")
+        parser.set_defaults(run=_cmd_guard)
+
+
 def _add_dlq(commands: Any) -> None:
     dlq = commands.add_parser("dlq", help="look at dead-lettered records")
     actions = dlq.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -575,6 +613,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     broker.set_defaults(run=_cmd_broker)
     _add_topics(commands)
+    _add_guard(commands)
     _add_dlq(commands)
     _add_runners(commands)
     _add_spark_jobs(commands)

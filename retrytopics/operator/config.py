@@ -23,6 +23,7 @@ every user of the machine through /proc).
     delays = ["5s", "30s", "5m"]
     consumer = "share"          # run, topics create: a share-group main consumer (default: the app's choice)
     key_ordering = true         # topics create, describe: also the key-state topic of a key-ordered handler
+    flood_guard = true          # topics create: also the flood-guard topic of a guarded handler
     [metrics]
     port = 9102
     [logging]
@@ -86,6 +87,7 @@ _SCHEMA: dict[str, dict[str, type]] = {
         "header_key_file": str,
         "consumer": str,
         "key_ordering": bool,
+        "flood_guard": bool,
     },
     "metrics": {"port": int},
     "logging": {"level": str, "json": bool},
@@ -116,6 +118,9 @@ class AppSettings:
     #: `topics create`: the handler is key-ordered (`ordering=KeyOrdering(...)`), so its compacted key-state
     #: topic is provisioned with the tiers (docs/key-ordering.md)
     key_ordering: bool = False
+    #: `topics create`: the handler has a retry-flood guard (`flood_guard=FloodGuard(...)`), so its compacted
+    #: flood-guard topic is provisioned with the tiers (docs/flood-guard.md)
+    flood_guard: bool = False
 
     def __post_init__(self) -> None:
         if self.consumer not in (None, "group", "share"):

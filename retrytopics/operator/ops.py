@@ -94,6 +94,16 @@ def provision_pipeline(
     ]
     if app.key_ordering:
         specs.append(key_state_spec(topics, partitions, app.replication_factor, config))
+    if app.flood_guard:  # one partition: a few records per process (docs/flood-guard.md)
+        guard_config = {**config, "cleanup.policy": "compact"}
+        specs.append(
+            TopicSpec(
+                name=topics.flood_guard_topic,
+                partitions=1,
+                replication_factor=app.replication_factor,
+                config=guard_config,
+            )
+        )
     share = app.consumer == "share"
     share_specs, share_config = share_group_provisioning(
         topics.group, broker_dlq=share and broker_dlq, replication_factor=app.replication_factor, config=config

@@ -92,6 +92,7 @@ def app_pipeline(app: Any, topic: str | None) -> AppSettings:
         header_keys=app.handlers[topic].ctx.header_keys,
         consumer=app.consumer,
         key_ordering=app.handlers[topic].ordering is not None,
+        flood_guard=topic in app.flood_guards,
     )
 
 

@@ -20,6 +20,8 @@ from retrytopics.console.paging import Page
 from retrytopics.console.tally import Tally
 from retrytopics.console.web import CONTENT_SECURITY_POLICY, ConsoleOptions, create_app
 from retrytopics.core.errors import ConfigError
+from retrytopics.core.flood_guard import GuardState
+from retrytopics.core.flood_records import GuardAction, GuardCommand, GuardReport
 from retrytopics.core.headers import (
     ORIGIN_MESSAGE_ID,
     REPLAY_COUNT,
@@ -35,6 +37,7 @@ from retrytopics.core.headers import (
 from retrytopics.core.naming import topics_for
 from retrytopics.core.signing import HeaderKeys, sign
 from retrytopics.operator.config import AppSettings
+from retrytopics.operator.guard import FloodGuardView
 from retrytopics.operator.ops import PartitionState
 
 TOPICS = topics_for("orders", "billing", [200, 400])
@@ -97,9 +100,13 @@ class FakeReader:
     kafka: Any = None
     topics = TOPICS
 
-    def __init__(self, entries: list[Entry]) -> None:
+    def __init__(self, entries: list[Entry], guard: FloodGuardView | None = None) -> None:
         self.entries = entries
         self.tally = Tally()
+        self.guard = guard
+
+    def flood_guard(self) -> FloodGuardView | None:
+        return self.guard
 
     def partition_states(self) -> list[PartitionState]:
         return [
@@ -483,3 +490,32 @@ def test_a_user_header_named_as_a_secret_never_reaches_the_browser() -> None:
         assert value.decode() not in page, name
         assert f"<code>{name}</code> = <code>[hidden]</code>" in page
     assert "<code>x-region</code> = <code>eu-west-1</code>" in page
+
+
+def test_the_pipeline_page_shows_each_processs_flood_guard_escaped() -> None:
+    """The flood-guard section (docs/console.md): each process's guard from its report, the last command; text
+    from the topic (an operator's reason) is escaped like record content."""
+    report = GuardReport(
+        handler="orders",
+        process="pod-7",
+        state=GuardState.OPEN,
+        forced=True,
+        reason=f"by hand (ops@host): {PAYLOAD}",
+        at_ms=1,
+        changed_at_ms=1,
+        openings=3,
+        probes=4,
+        refused=1234,
+        deferred=2,
+        open_ms=61_500,
+    )
+    command = GuardCommand(handler="orders", action=GuardAction.OPEN, reason=PAYLOAD, by="ops@host", at_ms=1)
+    view = FloodGuardView(topic=TOPICS.flood_guard_topic, command=command, reports=(report,), untrusted=0)
+    reader = FakeReader([dlq_entry()], guard=view)
+    web = TestClient(create_app(ConsoleOptions(), reader), base_url="http://127.0.0.1")  # type: ignore[arg-type]
+    page = web.get("/").text
+    assert "pod-7" in page and "open (by hand)" in page and ">1234<" in page and ">61.5<" in page
+    assert PAYLOAD not in page and "&lt;script&gt;" in page
+    (process,) = web.get("/api/pipeline").json()["flood_guard"]["processes"]
+    assert (process["state"], process["by_hand"], process["openings"], process["probes"]) == ("open", True, 3, 4)
+    assert "flood-guard" not in client().get("/").text  # no guard: no section

@@ -43,6 +43,20 @@ async function refresh() {
   fill(document.querySelector("#by-type tbody"), data.dlq_by_type.map(([k, n]) => [cell(k), cell(n, true)]));
   fill(document.querySelector("#recovery tbody"), data.recovery.map((r) =>
     [cell(r.topic), cell(r.handled, true), cell(r.recovered, true), cell(rate(r.rate), true)]));
+  const guards = document.querySelector("#guards tbody");
+  if (guards && data.flood_guard) {
+    const command = data.flood_guard.last_command;
+    document.getElementById("guard-command").textContent = command
+      ? "last command: " + command.action + " by " + command.by + ": " + command.reason
+      : "no command given by hand";
+    fill(guards, data.flood_guard.processes.map((p) => {
+      const state = cell(p.state + (p.by_hand ? " (by hand)" : ""));
+      if (p.state !== "closed") state.classList.add("bad");
+      return [cell(p.process), state, cell(p.reason), cell(p.openings, true), cell(p.probes, true),
+        cell(p.calls_refused, true), cell(p.deferred, true), cell((p.time_open_ms / 1000).toFixed(1), true),
+        cell(Math.round(p.reported_ms_ago / 1000), true)];
+    }));
+  }
   document.getElementById("chart").src = "/chart.svg?at=" + Date.now();
 }
 

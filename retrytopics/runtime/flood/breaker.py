@@ -10,10 +10,13 @@ DLQ route (non-retryable, poison, invalid retry headers, ...) is about the recor
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
+from collections.abc import Callable
 
-from retrytopics.core.flood_guard import Admission, FloodBreaker, FloodGuard, GuardState, Outcome
+from retrytopics.core.flood_guard import Admission, FloodBreaker, FloodGuard, GuardState, Outcome, Transition
+from retrytopics.core.flood_records import GuardAction, GuardReport
 from retrytopics.core.headers import DlqReason
 from retrytopics.core.router import Route, RouteKind
 from retrytopics.observe.events import Emitter, Event
@@ -21,9 +24,13 @@ from retrytopics.runtime.clock import Clock
 
 __all__ = ["HandlerGuard", "outcome_of"]
 
+log = logging.getLogger("retrytopics.runtime")
+
 _SPARED = frozenset({DlqReason.EXHAUSTED, DlqReason.TIMEOUT})
 #: the most records whose deferrals a guard remembers at once
 _SPARED_KEPT = 100_000
+#: a report's reason is cut to this many characters (an operator's reason is shown with who gave it)
+_REASON_KEPT = 200
 
 
 def outcome_of(route: Route) -> Outcome:
@@ -31,6 +38,10 @@ def outcome_of(route: Route) -> Outcome:
     if route.kind is RouteKind.TIER:
         return Outcome.RETRYABLE
     return Outcome.EXHAUSTED if route.reason in _SPARED else Outcome.TERMINAL
+
+
+def _nothing() -> None:
+    return None
 
 
 class HandlerGuard:
@@ -56,6 +67,14 @@ class HandlerGuard:
         self.openings = 0
         #: probe calls whose outcome came back
         self.probes = 0
+        #: the reason of the last change of state, and its wall-clock time (the process's start before any)
+        self.last_change = "started"
+        self._wall_ms = clock.now_ms
+        self.changed_at_ms = clock.now_ms()
+        #: time spent not closed, in the openings that ended
+        self._open_ms_ended = 0
+        #: called after each change of state, outside the lock (the board writes a report: board.py)
+        self.on_change: Callable[[], None] = _nothing
 
     def _now_ms(self) -> int:
         return int(self._monotonic() * 1000)
@@ -141,19 +160,77 @@ class HandlerGuard:
         transitions = breaker.record(outcome, self._now_ms(), probe=probe)
         if probe and outcome is not Outcome.TERMINAL:
             self.probes += 1
+        return self._changed(transitions, opened_at)
+
+    def _changed(self, transitions: list[Transition], opened_at: int | None) -> list[tuple[Event, dict[str, object]]]:
+        """The events of `transitions` (under the lock), counted; `opened_at`: when the guard opened before."""
+        breaker = self._breaker
         events: list[tuple[Event, dict[str, object]]] = []
         for transition in transitions:
+            self.last_change = transition.reason
+            self.changed_at_ms = self._wall_ms()
             data: dict[str, object] = {"handler": self.handler, "reason": transition.reason}
             if transition.state is GuardState.OPEN:
                 self.openings += 1
-                data["backoff_ms"] = max(0, breaker.retry_at_ms - transition.at_ms)
+                data["backoff_ms"] = 0 if breaker.forced else max(0, breaker.retry_at_ms - transition.at_ms)
                 events.append((Event.FLOOD_GUARD_OPENED, data))
             else:
                 self._spared.clear()
-                data["open_ms"] = 0 if opened_at is None else transition.at_ms - opened_at
+                open_ms = 0 if opened_at is None else transition.at_ms - opened_at
+                self._open_ms_ended += open_ms
+                data["open_ms"] = open_ms
                 events.append((Event.FLOOD_GUARD_CLOSED, data))
         return events
 
     def _send(self, events: list[tuple[Event, dict[str, object]]]) -> None:
         for event, data in events:
             self._emitter.emit(event, **data)
+        if events:
+            self.on_change()
+
+    # -- by hand -------------------------------------------------------------------------------------------------
+
+    def force(self, action: GuardAction, reason: str) -> None:
+        """An operator's command (runtime/flood/board.py): open the guard and keep it open until closed by hand,
+        or close it (calls ramp up) whatever opened it. Closing a closed guard changes nothing."""
+        with self._lock:
+            breaker = self._breaker
+            opened_at = breaker.opened_at_ms
+            if action is GuardAction.OPEN:
+                transitions = [breaker.force_open(self._now_ms(), reason)]
+            elif breaker.state is GuardState.CLOSED:
+                transitions = []
+            else:
+                transitions = [breaker.force_close(self._now_ms(), reason)]
+            events = self._changed(transitions, opened_at)
+        log.warning(
+            "flood guard of %s %s by hand: %s",
+            self.handler,
+            "opened" if action is GuardAction.OPEN else ("closed" if events else "left closed"),
+            reason,
+        )
+        self._send(events)
+
+    def report(self, *, process: str, at_ms: int) -> GuardReport:
+        """What the guard says of itself now, as `process` at `at_ms` (wall clock)."""
+        reason = self.last_change
+        if len(reason) > _REASON_KEPT:
+            reason = reason[: _REASON_KEPT - 1] + "…"
+        with self._lock:
+            breaker = self._breaker
+            opened_at = breaker.opened_at_ms
+            open_now = 0 if opened_at is None else max(0, self._now_ms() - opened_at)
+            return GuardReport(
+                handler=self.handler,
+                process=process,
+                state=breaker.state,
+                forced=breaker.forced,
+                reason=reason,
+                at_ms=at_ms,
+                changed_at_ms=self.changed_at_ms,
+                openings=self.openings,
+                probes=self.probes,
+                refused=breaker.refused,
+                deferred=self.deferred,
+                open_ms=self._open_ms_ended + open_now,
+            )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -26,7 +27,11 @@ from typing import Any
 
 import pytest
 
+from retrytopics.connectors.admin import TopicSpec, ensure_topics
 from retrytopics.connectors.broker_process import free_port
+from retrytopics.connectors.kafka import make_admin, make_producer
+from retrytopics.core.flood_guard import GuardState
+from retrytopics.core.flood_records import GuardReport, encode_guard_record
 from retrytopics.core.headers import DlqReason, decode
 
 from .conftest import (
@@ -286,3 +291,50 @@ def test_an_overlapping_selection_never_replays_a_record_twice(pipeline: Pipelin
         dict(m.headers() or []).get("retry.replay_origin_id") for m in read_topic(pipeline.kafka, pipeline.source)
     )
     assert replayed[b"traced-1"] == 1 and replayed[b"evil-1"] == 1
+
+
+def test_pipeline_page_shows_each_processs_flood_guard_live(pipeline: Pipeline, console: str, page: Any) -> None:
+    """With a flood-guard topic (docs/flood-guard.md), the page shows each process's guard as its latest report
+    says, updated live (no reload) when a process reports again; an operator's reason with HTML in it shows as
+    text and runs nothing."""
+    topic = pipeline.app.topics(pipeline.source).flood_guard_topic
+    ensure_topics(
+        make_admin(pipeline.kafka), [TopicSpec(name=topic, partitions=1, config={"cleanup.policy": "compact"})]
+    )
+    producer = make_producer(pipeline.kafka)
+
+    def report(state: GuardState, reason: str, refused: int) -> None:
+        record = GuardReport(
+            handler=pipeline.source,
+            process="pod-1",
+            state=state,
+            forced=state is GuardState.OPEN,
+            reason=reason,
+            at_ms=int(time.time() * 1000),
+            changed_at_ms=int(time.time() * 1000),
+            openings=1,
+            probes=0,
+            refused=refused,
+            deferred=0,
+            open_ms=2_000,
+        )
+        key, value, _ = encode_guard_record(record, topic, None)
+        producer.produce(topic, key=key, value=value, partition=0)
+        assert producer.flush(30) == 0
+
+    report(GuardState.OPEN, "by hand (ops@host): <img src=x onerror=alert(1)>", 17)
+    dialogs: list[str] = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    page.goto(console + "/")
+    rows = lambda: page.eval_on_selector_all(  # noqa: E731
+        "#guards tbody tr", "rows => rows.map(r => [...r.cells].map(c => c.textContent))"
+    )
+    (row,) = rows()
+    assert row[:4] == ["pod-1", "open (by hand)", "by hand (ops@host): <img src=x onerror=alert(1)>", "1"]
+    assert row[5] == "17"
+    # when: the process reports again, closed
+    report(GuardState.CLOSED, "probe_succeeded", 40)
+    # then: the page shows it without a reload
+    wait_until(lambda: rows()[0][1] == "closed", 15, "the page's script to show the new report")
+    assert rows()[0][5] == "40"
+    assert page.query_selector("main img[src=x]") is None and dialogs == []

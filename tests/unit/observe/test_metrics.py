@@ -86,6 +86,10 @@ def test_flood_guard_events_become_metrics() -> None:
     emit(Event.FLOOD_GUARD_CLOSED, handler="orders", reason="probe_succeeded", open_ms=3000)
     assert _value(hook, "retrytopics_flood_guard_state", handler="orders") == 0
     assert _value(hook, "retrytopics_flood_guard_probes_total", handler="orders", succeeded="true") == 1
+    assert _value(hook, "retrytopics_flood_guard_open_seconds_total", handler="orders") == 3.0
+    # an operator's reason is not a label (its text is free): opened by hand counts as `by_hand`
+    emit(Event.FLOOD_GUARD_OPENED, handler="orders", reason="by hand (ops@host): gateway maintenance", backoff_ms=0)
+    assert _value(hook, "retrytopics_flood_guard_openings_total", handler="orders", reason="by_hand") == 1
 
 
 def test_metrics_endpoint_serves_the_counters() -> None:
