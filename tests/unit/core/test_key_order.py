@@ -28,6 +28,7 @@ from retrytopics.core.keyorder.state_records import (
     Fate,
     KeyStateRecord,
     Passage,
+    Waiting,
     decode_record,
     encode_record,
 )
@@ -80,14 +81,19 @@ class Node:
 
 
 class Sim:
-    def __init__(self, keys: list[bytes], config: KeyOrdering, draw: st.DataObject | None) -> None:
+    def __init__(
+        self, keys: list[bytes], config: KeyOrdering, draw: st.DataObject | None, *, in_source: bool = False
+    ) -> None:
+        self.in_source = in_source
+        self.follower_writes = 0  # followers written to a tier, copies included
+        self.tier_writes = 0  # every record written to a tier
         self.source = list(enumerate(keys))
         self.config = config
         self.draw = draw
         self.tiers: list[list[Hop]] = [[] for _ in range(TIERS)]
         self.dlq: list[Hop] = []
         self.state: list[KeyStateRecord] = []
-        self.main = SourceChains(config, source=SOURCE, partition=0)
+        self.main = SourceChains(config, source=SOURCE, partition=0, followers_in_source=in_source)
         self.passages = [TierPassages(config, tier=t) for t in range(TIERS)]
         self.nodes: dict[str, Node] = {"main": Node(), "t0": Node(), "t1": Node()}
         self.terminal: set[int] = set()
@@ -135,7 +141,7 @@ class Sim:
     def land(self, write: Write) -> int | None:
         """Append `write` where it goes; returns the tier it landed in (None: the DLQ)."""
         if write.dest == "state":
-            assert isinstance(write.payload, Chain | Passage | Closed)
+            assert isinstance(write.payload, Chain | Passage | Waiting | Closed)
             self.state.append(write.payload)
             return None
         hop = write.payload
@@ -143,6 +149,8 @@ class Sim:
         if write.dest == "tier" and not self.too_large(hop):
             assert write.tier is not None
             self.tiers[write.tier].append(hop)
+            self.tier_writes += 1
+            self.follower_writes += hop.after is not None
             return write.tier
         self.dlq.append(hop)
         self.terminal.add(hop.offset)
@@ -156,6 +164,24 @@ class Sim:
         admission = self.main.admit(key_id(self.source[node.pos][1]))
         return None if admission.action in (Admit.WAIT, Admit.PAUSE) else admission
 
+    def release_step(self) -> None:
+        """The main consumer reads a follower kept in the source again and handles it (or dead-letters it
+        unhandled, under `dead_letter` behind a dead-lettered record): it is not one of its node's positions,
+        its offset was committed when it was kept."""
+        release = self.main.releases()[0]
+        self.main.released(release.key, release.offset)
+        offset, key = self.source[release.offset]
+        node = self.nodes["main"]
+        if release.dead_letter:
+            self.hand_off(node, Hop(offset, key, None, 0), None, tier=None)
+            return
+        outcome = self.call(offset, key)
+        if outcome == "ok":
+            for record in self.main.settled(release.key, offset, fate=Fate.SUCCEEDED):
+                self.emit(node, Write("state", record, None))
+        else:
+            self.hand_off(node, Hop(offset, key, None, 1), None, tier=self.choose_tier() if outcome == "fail" else None)
+
     def main_step(self) -> None:
         node, admission = self.nodes["main"], self.main_next()
         assert admission is not None
@@ -164,6 +190,9 @@ class Sim:
         if admission.action is Admit.FOLLOW:
             assert admission.tier is not None
             self.hand_off(node, Hop(offset, key, admission.after, 0), index, tier=admission.tier)
+        elif admission.action is Admit.KEEP:
+            for record in self.main.kept(key_id(key), offset, now_ms=self.now):
+                self.emit(node, Write("state", record, index))
         else:
             outcome = self.call(offset, key)
             if outcome == "fail":
@@ -173,7 +202,7 @@ class Sim:
         node.done.add(index)
         node.pos += 1
 
-    def hand_off(self, node: Node, hop: Hop, index: int, *, tier: int | None) -> None:
+    def hand_off(self, node: Node, hop: Hop, index: int | None, *, tier: int | None) -> None:
         self.main.handed_off(key_id(hop.key), hop.offset, now_ms=self.now)
         dest = "dlq" if tier is None else "tier"
         self.emit(node, Write(dest, hop, index, tier, ack=("main", hop.key, hop.offset)))
@@ -237,8 +266,7 @@ class Sim:
         if write.ack is not None and write.ack[0] == "main":
             _, key, offset = write.ack
             assert isinstance(key, bytes) and isinstance(offset, int)
-            record = self.main.acked(key_id(key), offset, landed=landed)
-            records = [] if record is None else [record]
+            records = self.main.acked(key_id(key), offset, landed=landed)
         elif write.ack is not None:
             _, tier, chain, offset = write.ack
             assert isinstance(tier, int) and isinstance(chain, ChainKey) and isinstance(offset, int)
@@ -263,7 +291,9 @@ class Sim:
         start = node.committed()
         self.nodes[name] = Node(pos=start, done={i for i in node.done if i < start}, state_pos=len(self.state))
         if name == "main":
-            self.main, tombstones = SourceChains.rebuild(self.config, self.state, source=SOURCE, partition=0)
+            self.main, tombstones = SourceChains.rebuild(
+                self.config, self.state, source=SOURCE, partition=0, followers_in_source=self.in_source
+            )
             for tombstone in tombstones:
                 self.emit(self.nodes[name], Write("state", tombstone, None))
         else:
@@ -282,6 +312,8 @@ class Sim:
                 found.append(("learn", name))
         if self.main_next() is not None:
             found.append(("step", "main"))
+        if self.main.releases():
+            found.append(("release", "main"))
         found += [("step", f"t{t}") for t in range(TIERS) if self.tier_decision(t) is not None]
         return found
 
@@ -291,6 +323,8 @@ class Sim:
             self.ack_step(name)
         elif kind == "learn":
             self.learn_step(name)
+        elif kind == "release":
+            self.release_step()
         elif name == "main":
             self.main_step()
         else:
@@ -307,8 +341,10 @@ class Sim:
         raise AssertionError("the simulation did not settle")
 
 
-def explore(data: st.DataObject, keys: list[bytes], config: KeyOrdering, *, crashes: bool) -> Sim:
-    sim = Sim(keys, config, data)
+def explore(
+    data: st.DataObject, keys: list[bytes], config: KeyOrdering, *, crashes: bool, in_source: bool = False
+) -> Sim:
+    sim = Sim(keys, config, data, in_source=in_source)
     for _ in range(data.draw(st.integers(0, 120))):
         found = sim.actions()
         if crashes and data.draw(st.integers(0, 19)) == 0:
@@ -327,45 +363,55 @@ POLICIES = st.sampled_from(list(DeadHeadPolicy))
 
 
 @settings(max_examples=400, deadline=None)
-@given(data=st.data(), keys=KEYS, policy=POLICIES, bound=st.integers(1, 3))
+@given(data=st.data(), keys=KEYS, policy=POLICIES, bound=st.integers(1, 3), in_source=st.booleans())
 def test_any_interleaving_handles_each_key_in_source_order(
-    data: st.DataObject, keys: list[bytes], policy: DeadHeadPolicy, bound: int
+    data: st.DataObject, keys: list[bytes], policy: DeadHeadPolicy, bound: int, in_source: bool
 ) -> None:
     """Whatever the handler outcomes (success, retryable failure to any tier, dead letter), hops refused as too
     large, late acknowledgements and late key-state reads, under both dead-letter policies and any bound on
-    blocked keys: no record is handled before every earlier record of its key is terminal, every record ends
-    terminal (nothing lost, no key stuck), and no follower is ever left unaccounted for (`UNPROVEN`)."""
-    sim = explore(data, keys, KeyOrdering(dead_head=policy, max_blocked_keys=bound), crashes=False)
+    blocked keys, with followers riding the tiers or kept in the source: no record is handled before every
+    earlier record of its key is terminal, every record ends terminal (nothing lost, no key stuck), and no
+    follower is ever left unaccounted for (`UNPROVEN`). Kept in the source, no follower is ever written to a
+    tier: the tiers hold the failures' hops only, as without ordering."""
+    config = KeyOrdering(dead_head=policy, max_blocked_keys=bound)
+    sim = explore(data, keys, config, crashes=False, in_source=in_source)
     assert sim.violations == []
     assert sim.terminal == set(range(len(keys)))
     assert sim.unproven == 0
     assert sim.main.blocked() == 0
+    if in_source:
+        assert sim.follower_writes == 0
 
 
 @settings(max_examples=400, deadline=None)
-@given(data=st.data(), keys=KEYS, policy=POLICIES)
-def test_crashes_at_any_point_keep_the_order(data: st.DataObject, keys: list[bytes], policy: DeadHeadPolicy) -> None:
+@given(data=st.data(), keys=KEYS, policy=POLICIES, in_source=st.booleans())
+def test_crashes_at_any_point_keep_the_order(
+    data: st.DataObject, keys: list[bytes], policy: DeadHeadPolicy, in_source: bool
+) -> None:
     """A consumer (main or tier) killed at any point, with any prefix of its writes in flight reaching the log,
     restarts from its committed position and the key-state topic: handler calls may repeat (at-least-once),
     but none runs before every earlier record of its key is terminal, every record ends terminal, and no key
-    stays blocked."""
-    sim = explore(data, keys, KeyOrdering(dead_head=policy, max_blocked_keys=2), crashes=True)
+    stays blocked; kept in the source, no follower is lost (its offset was committed before it ran)."""
+    config = KeyOrdering(dead_head=policy, max_blocked_keys=2)
+    sim = explore(data, keys, config, crashes=True, in_source=in_source)
     assert sim.violations == []
     assert sim.terminal == set(range(len(keys)))
     assert sim.unproven == 0
     assert sim.main.blocked() == 0
+    if in_source:
+        assert sim.follower_writes == 0
 
 
 @settings(max_examples=300, deadline=None)
-@given(data=st.data(), keys=KEYS, policy=POLICIES)
+@given(data=st.data(), keys=KEYS, policy=POLICIES, in_source=st.booleans())
 def test_a_rebuilt_state_decides_as_the_live_one(
-    data: st.DataObject, keys: list[bytes], policy: DeadHeadPolicy
+    data: st.DataObject, keys: list[bytes], policy: DeadHeadPolicy, in_source: bool
 ) -> None:
     """At any point where a consumer has no write in flight and has read the whole key-state topic, the state
     a new owner rebuilds from that topic takes the same decision as the live one for every record it would
     read next (and, for the main consumer, for every key)."""
     config = KeyOrdering(dead_head=policy, max_blocked_keys=2)
-    sim = Sim(keys, config, data)
+    sim = Sim(keys, config, data, in_source=in_source)
     for _ in range(data.draw(st.integers(0, 120))):
         found = sim.actions()
         if not found:
@@ -375,11 +421,14 @@ def test_a_rebuilt_state_decides_as_the_live_one(
             if node.inflight or (name == "main" and node.state_pos < len(sim.state)):
                 continue
             if name == "main":
-                rebuilt, tombstones = SourceChains.rebuild(config, sim.state, source=SOURCE, partition=0)
+                rebuilt, tombstones = SourceChains.rebuild(
+                    config, sim.state, source=SOURCE, partition=0, followers_in_source=in_source
+                )
                 assert tombstones == []
                 for key in (b"a", b"b", b"c"):
                     assert rebuilt.admit(key_id(key)) == sim.main.admit(key_id(key))
                     assert rebuilt.chain(key_id(key)) == sim.main.chain(key_id(key))
+                assert sorted(rebuilt.releases(), key=repr) == sorted(sim.main.releases(), key=repr)
             else:
                 tier = int(name[1])
                 again, _ = TierPassages.rebuild(config, sim.state, tier=tier)
@@ -416,6 +465,22 @@ def test_the_simulation_catches_a_follower_released_early() -> None:
     assert sim.violations == ["record 1 of b'a' handled before [0]"]
 
 
+@pytest.mark.parametrize(("in_source", "tier_writes"), [(False, 630), (True, 60)])
+def test_a_key_that_always_fails_costs_tier_writes_linear_in_its_records(in_source: bool, tier_writes: int) -> None:
+    """One key, 20 records, every handler call failing until the record is exhausted (3 retries, then the
+    DLQ): kept in the source, the tiers receive each record's own 3 retries and nothing else (60, what they
+    receive without ordering); riding the tiers, every follower trails every front record through every tier
+    it visits (630: 60 plus 3 × (19 + 18 + ... + 1), about n² × retries / 2)."""
+    sim = Sim([b"a"] * 20, KeyOrdering(), None, in_source=in_source)
+    sim.choose = lambda options: "fail" if options == ["ok", "fail", "dead"] else options[0]  # type: ignore[method-assign]
+    sim.drain()
+    assert sim.violations == []
+    assert sim.terminal == set(range(20))
+    assert len(sim.dlq) == 20
+    assert sim.tier_writes == tier_writes
+    assert sim.follower_writes == (0 if in_source else tier_writes - 60)
+
+
 # ------------------------------------------------------------------------------------------------------------
 # Decisions, one by one
 
@@ -442,14 +507,16 @@ def test_a_blocked_key_follows_its_last_record_and_waits_for_its_acknowledgement
     main.handed_off(k, 41, now_ms=1000)
     assert main.admit(k) == Admission(Admit.WAIT)
     opened = main.acked(k, 41, landed=1)
-    assert opened == Chain(chain=ChainKey(SOURCE, 3, k), head=41, frontier=41, at_tier=1, followers=0, since_ms=1000)
+    assert opened == [
+        Chain(chain=ChainKey(SOURCE, 3, k), head=41, frontier=41, at_tier=1, followers=0, since_ms=1000)
+    ]
     assert main.admit(k) == Admission(Admit.FOLLOW, 1, 41)
     main.handed_off(k, 57, now_ms=2000)
-    assert main.acked(k, 57, landed=None) is None  # the follower was refused as too large: dead-lettered
+    assert main.acked(k, 57, landed=None) == []  # the follower was refused as too large: dead-lettered
     assert main.admit(k) == Admission(Admit.FOLLOW, 1, 41)
     other = key_id(b"acct-8")
     main.handed_off(other, 60, now_ms=3000)
-    assert main.acked(other, 60, landed=None) is None
+    assert main.acked(other, 60, landed=None) == []
     assert main.admit(other) == Admission(Admit.HANDLE)
 
 
@@ -621,7 +688,10 @@ RECORDS = st.one_of(
         at_tier=st.integers(0, 99),
         followers=OFFSETS,
         since_ms=st.integers(-1, 2**63 - 1),
+        settled=st.sampled_from([None, Fate.SUCCEEDED, Fate.DEAD_LETTERED]),
     ),
+    st.builds(Waiting, chain=CHAINS, offset=OFFSETS, since_ms=st.integers(-1, 2**63 - 1)),
+    st.builds(Closed, chain=CHAINS, waiting=OFFSETS),
     st.builds(
         Passage,
         tier=st.integers(0, 99),
@@ -662,7 +732,14 @@ def test_malformed_key_state_raises_only_its_error(key: bytes | None, value: byt
     ("key", "value", "field"),
     [
         (b"chain/orders/0/0061", b'{"v":1,"head":5,"frontier":4,"at":0,"followers":0,"since":1}', "frontier"),
-        (b"chain/orders/0/0061", b'{"v":2,"head":5,"frontier":5,"at":0,"followers":0,"since":1}', "v"),
+        (b"chain/orders/0/0061", b'{"v":3,"head":5,"frontier":5,"at":0,"followers":0,"since":1}', "v"),
+        (b"chain/orders/0/0061", b'{"v":2,"head":5,"frontier":5,"at":0,"followers":0,"since":1}', "value"),
+        (b"chain/orders/0/0061", b'{"v":1,"head":5,"frontier":5,"at":0,"followers":0,"since":1,"settled":"succeeded"}', "value"),
+        (b"chain/orders/0/0061", b'{"v":2,"head":5,"frontier":5,"at":0,"followers":0,"since":1,"settled":"sent"}', "settled"),
+        (b"wait/orders/0/0061", b'{"v":1,"since":1}', "key"),
+        (b"wait/orders/0/0061/5", b'{"v":2,"since":1}', "v"),
+        (b"wait/orders/0/0061/5", b'{"v":1,"since":-2}', "since"),
+        (b"wait/orders/0/0061/5", b'{"v":1}', "value"),
         (b"chain/orders/0/0061", b'{"v":1,"head":5,"frontier":5,"at":0,"followers":true,"since":1}', "followers"),
         (b"tier0/orders/0/0061/5", b'{"v":1,"fate":"sent","to":1,"after":6}', "after"),
         (b"tier0/orders/0/0061/5", b'{"v":1,"fate":"succeeded","to":1}', "value"),
