@@ -111,9 +111,7 @@ class SourceChains:
     written the other way (followers in tiers, version 1 chain records) are read and honoured either way.
     """
 
-    def __init__(
-        self, config: KeyOrdering, *, source: str, partition: int, followers_in_source: bool = False
-    ) -> None:
+    def __init__(self, config: KeyOrdering, *, source: str, partition: int, followers_in_source: bool = False) -> None:
         self.config = config
         self.source = source
         self.partition = partition
@@ -158,17 +156,18 @@ class SourceChains:
                 chains._passages.pop(key, None)  # facts about the closed chain's records, as `_close` drops them
                 chains._settled.pop(key, None)
                 chains._settled_fate.pop(key, None)
-            else:
+            elif record.tier is not None and record.seen is not None:
                 chains._passages.get(key, {}).pop((record.tier, record.seen), None)
         closed: list[Closed] = []
         for key, chain in latest.items():
             if chain is None:
                 continue
-            state = chains._open[key] = _Open(chain.head, chain.frontier, chain.at_tier, chain.followers, chain.since_ms)
+            state = chains._open[key] = _Open(
+                chain.head, chain.frontier, chain.at_tier, chain.followers, chain.since_ms
+            )
             kept = waiting.pop(key, {})
             state.waiting = sorted(o for o in kept if o > chain.frontier)
-            closed += [Closed(chain=record_chain, waiting=o) for o in sorted(kept) if o <= chain.frontier
-                       for record_chain in [ChainKey(source, partition, key)]]
+            closed += [Closed(chain=chain.chain, waiting=o) for o in sorted(kept) if o <= chain.frontier]
             if chain.settled is not None:
                 state.settled_here = chain.settled
             if chains._chase(key, state):

@@ -507,9 +507,7 @@ def test_a_blocked_key_follows_its_last_record_and_waits_for_its_acknowledgement
     main.handed_off(k, 41, now_ms=1000)
     assert main.admit(k) == Admission(Admit.WAIT)
     opened = main.acked(k, 41, landed=1)
-    assert opened == [
-        Chain(chain=ChainKey(SOURCE, 3, k), head=41, frontier=41, at_tier=1, followers=0, since_ms=1000)
-    ]
+    assert opened == [Chain(chain=ChainKey(SOURCE, 3, k), head=41, frontier=41, at_tier=1, followers=0, since_ms=1000)]
     assert main.admit(k) == Admission(Admit.FOLLOW, 1, 41)
     main.handed_off(k, 57, now_ms=2000)
     assert main.acked(k, 57, landed=None) == []  # the follower was refused as too large: dead-lettered
@@ -734,8 +732,16 @@ def test_malformed_key_state_raises_only_its_error(key: bytes | None, value: byt
         (b"chain/orders/0/0061", b'{"v":1,"head":5,"frontier":4,"at":0,"followers":0,"since":1}', "frontier"),
         (b"chain/orders/0/0061", b'{"v":3,"head":5,"frontier":5,"at":0,"followers":0,"since":1}', "v"),
         (b"chain/orders/0/0061", b'{"v":2,"head":5,"frontier":5,"at":0,"followers":0,"since":1}', "value"),
-        (b"chain/orders/0/0061", b'{"v":1,"head":5,"frontier":5,"at":0,"followers":0,"since":1,"settled":"succeeded"}', "value"),
-        (b"chain/orders/0/0061", b'{"v":2,"head":5,"frontier":5,"at":0,"followers":0,"since":1,"settled":"sent"}', "settled"),
+        (
+            b"chain/orders/0/0061",
+            b'{"v":1,"head":5,"frontier":5,"at":0,"followers":0,"since":1,"settled":"succeeded"}',
+            "value",
+        ),
+        (
+            b"chain/orders/0/0061",
+            b'{"v":2,"head":5,"frontier":5,"at":0,"followers":0,"since":1,"settled":"sent"}',
+            "settled",
+        ),
         (b"wait/orders/0/0061", b'{"v":1,"since":1}', "key"),
         (b"wait/orders/0/0061/5", b'{"v":2,"since":1}', "v"),
         (b"wait/orders/0/0061/5", b'{"v":1,"since":-2}', "since"),
