@@ -9,7 +9,8 @@ refused hops, late key-state reads and crashes, and checks the guarantee at ever
 
 from __future__ import annotations
 
-from collections import deque
+import random
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 import pytest
@@ -111,8 +112,12 @@ class Sim:
         return 0 if self.draw is None else self.draw.draw(st.integers(0, TIERS - 1))
 
     # --- the guarantee, checked at every handler call
+    def waiting_for(self, key: bytes, offset: int) -> list[int]:
+        """The earlier records of `key` that are not terminal yet."""
+        return [o for o, k in self.source if k == key and o < offset and o not in self.terminal]
+
     def call(self, offset: int, key: bytes) -> str:
-        earlier = [o for o, k in self.source if k == key and o < offset and o not in self.terminal]
+        earlier = self.waiting_for(key, offset)
         if earlier:
             self.violations.append(f"record {offset} of {key!r} handled before {earlier}")
         self.calls.append(offset)
@@ -331,9 +336,9 @@ class Sim:
             self.tier_step(int(name[1]))
         assert self.main.blocked() <= self.config.max_blocked_keys
 
-    def drain(self) -> None:
+    def drain(self, steps: int = 10_000) -> None:
         self.draw = None
-        for _ in range(10_000):
+        for _ in range(steps):
             found = self.actions()
             if not found:
                 return
@@ -479,6 +484,56 @@ def test_a_key_that_always_fails_costs_tier_writes_linear_in_its_records(in_sour
     assert len(sim.dlq) == 20
     assert sim.tier_writes == tier_writes
     assert sim.follower_writes == (0 if in_source else tier_writes - 60)
+
+
+def issue_workload(records: int, keys: int, *, in_source: bool, seed: int = 36) -> Sim:
+    """Issue 36's workload in the simulation: `records` over `keys` keys, 10 % failing once, 1 % always
+    failing (exhausted after `MAX_FAILURES` retries), everything else succeeding; drained in one interleaving."""
+    rng = random.Random(seed)
+    source = [f"k{rng.randrange(keys)}".encode() for _ in range(records)]
+    kind = {
+        o: ("always" if r < 0.01 else "once" if r < 0.11 else "ok") for o, r in enumerate(rng.random() for _ in source)
+    }
+    sim = Sim(source, KeyOrdering(max_blocked_keys=keys), None, in_source=in_source)
+    calls: dict[int, int] = {}
+
+    def call(offset: int, key: bytes) -> str:
+        earlier = [o for o in sim.waiting_for(key, offset)]
+        if earlier:
+            sim.violations.append(f"record {offset} of {key!r} handled before {earlier}")
+        sim.calls.append(offset)
+        calls[offset] = calls.get(offset, 0) + 1
+        fails = kind[offset] == "always" or (kind[offset] == "once" and calls[offset] == 1)
+        if not fails:
+            sim.terminal.add(offset)
+        return "fail" if fails else "ok"
+
+    sim.call = call  # type: ignore[method-assign]
+    sim.drain(steps=10_000_000)
+    return sim
+
+
+@pytest.mark.parametrize("in_source", [False, True])
+def test_on_the_issues_workload_the_tiers_hold_at_most_twice_what_they_hold_without_ordering(in_source: bool) -> None:
+    """600 records over 10 keys, 10 % failing once, 1 % always: without ordering the tiers receive one hop per
+    failure (a record failing once: 1; always: `MAX_FAILURES`). Kept in the source, with ordering they receive
+    exactly that (no follower is a tier record); riding the tiers, many times more. Key order's records on
+    the key-state topic stay bounded per failure and per follower."""
+    sim = issue_workload(600, 10, in_source=in_source)
+    assert sim.violations == []
+    assert sim.terminal == set(range(600))
+    calls = Counter(sim.calls)
+    unordered = sum(n - 1 for n in calls.values()) + len(sim.dlq)  # each failed call's hop (the last to the DLQ)
+    unordered_tiers = unordered - len(sim.dlq)
+    if in_source:
+        assert sim.tier_writes == unordered_tiers
+        followers = sum(isinstance(r, Waiting) for r in sim.state)
+        failures = unordered
+        # per follower: its Waiting record, that record's tombstone and one chain record (or the closing tombstone);
+        # per failure: one passage per tier visited (and its tombstone) and the chain record of a new front
+        assert len(sim.state) <= 3 * followers + 4 * failures + 2 * len(set(sim.source[o][1] for o in calls))
+    else:
+        assert sim.tier_writes > 2 * unordered_tiers
 
 
 # ------------------------------------------------------------------------------------------------------------
