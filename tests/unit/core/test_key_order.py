@@ -522,7 +522,7 @@ def issue_workload(records: int, keys: int, *, in_source: bool, seed: int = 36) 
     calls: dict[int, int] = {}
 
     def call(offset: int, key: bytes) -> str:
-        earlier = [o for o in sim.waiting_for(key, offset)]
+        earlier = sim.waiting_for(key, offset)
         if earlier:
             sim.violations.append(f"record {offset} of {key!r} handled before {earlier}")
         sim.calls.append(offset)
@@ -555,7 +555,7 @@ def test_on_the_issues_workload_the_tiers_hold_at_most_twice_what_they_hold_with
         failures = unordered
         # per follower: its Waiting record, that record's tombstone and one chain record (or the closing tombstone);
         # per failure: one passage per tier visited (and its tombstone) and the chain record of a new front
-        assert len(sim.state) <= 3 * followers + 4 * failures + 2 * len(set(sim.source[o][1] for o in calls))
+        assert len(sim.state) <= 3 * followers + 4 * failures + 2 * len({sim.source[o][1] for o in calls})
     else:
         assert sim.tier_writes > 2 * unordered_tiers
 
