@@ -70,8 +70,7 @@ class Release:
     """A follower kept in the source whose every earlier record is terminal: read the record at source `offset`
     again and handle it as a source record (`dead_letter`: dead-letter it unhandled as ``blocked_by_key``
     instead, the key's `dead_letter` policy behind a dead-lettered record). Then tell `SourceChains` what
-    became of it: `settled` (handled, or dead-lettered unhandled), or `handed_off` and `acked` for a failure's
-    hop."""
+    became of it: `succeeded`, or `handed_off` and `acked` for the hop of a failure or a dead letter."""
 
     key: bytes
     offset: int
@@ -237,15 +236,15 @@ class SourceChains:
         if state is not None and state.waiting and state.waiting[0] == offset:
             state.releasing = offset
 
-    def settled(self, key: bytes, offset: int, *, fate: Fate) -> list[KeyStateRecord]:
-        """Released follower `offset` was handled successfully here (`Fate.SUCCEEDED`; a dead letter goes
-        through `handed_off` and `acked`): returns the records to write (its chain record, or the chain's
-        tombstone, and its waiting record's tombstone)."""
+    def succeeded(self, key: bytes, offset: int) -> list[KeyStateRecord]:
+        """Released follower `offset` was handled successfully here (a failure or a dead letter goes through
+        `handed_off` and `acked`): returns the records to write (its waiting record's tombstone, and its chain
+        record or, when no follower waits any more, the chain's tombstone)."""
         state = self._open.get(key)
         if state is None or state.releasing != offset:
             return []
         state.releasing = None
-        return self._moved_front(key, state, offset, landed=None, fate=fate)
+        return self._moved_front(key, state, offset, landed=None, fate=Fate.SUCCEEDED)
 
     def _moved_front(
         self, key: bytes, state: _Open, offset: int, *, landed: int | None, fate: Fate | None

@@ -182,7 +182,7 @@ class Sim:
             return
         outcome = self.call(offset, key)
         if outcome == "ok":
-            for record in self.main.settled(release.key, offset, fate=Fate.SUCCEEDED):
+            for record in self.main.succeeded(release.key, offset):
                 self.emit(node, Write("state", record, None))
         else:
             self.hand_off(node, Hop(offset, key, None, 1), None, tier=self.choose_tier() if outcome == "fail" else None)
