@@ -22,7 +22,7 @@ from retrytopics.core.headers import RECONSUME_TIMES
 from retrytopics.core.keyorder.config import DeadHeadPolicy, KeyOrdering
 from retrytopics.core.keyorder.follower import KEY_ORDER_AFTER, Follower, decode_follower, encode_follower
 from retrytopics.core.keyorder.keys import ChainKey, key_id
-from retrytopics.core.keyorder.source_chains import Admission, Admit, SourceChains, batch_end
+from retrytopics.core.keyorder.source_chains import Admission, Admit, Release, SourceChains, batch_end
 from retrytopics.core.keyorder.state_records import (
     Chain,
     Closed,
@@ -611,6 +611,70 @@ def test_the_main_consumer_follows_passages_and_closes_a_chain_on_its_frontiers_
     assert main.learn(Passage(tier=1, chain=chain, seen=10, fate=Fate.DEAD_LETTERED)) == Closed(chain=chain)
     assert main.admit(k) == Admission(Admit.HANDLE)
     assert main.blocked() == 0
+
+
+def test_followers_kept_in_the_source_are_released_one_at_a_time_once_the_front_is_terminal() -> None:
+    """Kept in the source, a blocked key's records are written down (`Waiting`), never handed off; once a
+    passage shows the front terminal the first of them is released, and the next only once that one is
+    terminal: settled here (a version 2 chain record), or, failed, the chain's front in a tier; the chain
+    closes when none waits and its front is terminal."""
+    main = SourceChains(KeyOrdering(), source=SOURCE, partition=3, followers_in_source=True)
+    k = key_id(b"k")
+    chain = ChainKey(SOURCE, 3, k)
+    main.handed_off(k, 10, now_ms=0)
+    assert main.admit(k) == Admission(Admit.WAIT)  # the head's hop is not acknowledged yet
+    main.acked(k, 10, landed=0)
+    assert [main.admit(k), main.admit(k)] == [Admission(Admit.KEEP)] * 2
+    assert main.kept(k, 11, now_ms=5) == [Waiting(chain=chain, offset=11, since_ms=5)]
+    assert main.kept(k, 12, now_ms=6) == [Waiting(chain=chain, offset=12, since_ms=6)]
+    assert main.kept(k, 11, now_ms=7) == []  # read again after a restart: waiting already
+    assert main.releases() == []  # the head is in tier 0
+    assert main.learn(Passage(tier=0, chain=chain, seen=10, fate=Fate.SUCCEEDED)) is None  # not closed: 2 wait
+    assert main.releases() == [Release(k, 11, dead_letter=False)]
+    main.released(k, 11)
+    assert main.releases() == []
+    assert main.succeeded(k, 11) == [
+        Chain(chain=chain, head=10, frontier=11, at_tier=0, followers=1, since_ms=0, settled=Fate.SUCCEEDED),
+        Closed(chain=chain, waiting=11),
+    ]
+    assert main.releases() == [Release(k, 12, dead_letter=False)]
+    main.released(k, 12)
+    main.handed_off(k, 12, now_ms=8)  # its handler failed: routed to tier 1 as a first failure
+    assert main.acked(k, 12, landed=1) == [
+        Chain(chain=chain, head=10, frontier=12, at_tier=1, followers=2, since_ms=0),
+        Closed(chain=chain, waiting=12),
+    ]
+    assert main.kept(k, 13, now_ms=9) == [Waiting(chain=chain, offset=13, since_ms=9)]
+    assert main.learn(Passage(tier=1, chain=chain, seen=12, fate=Fate.DEAD_LETTERED)) is None
+    assert main.releases() == [Release(k, 13, dead_letter=False)]  # `release`: the DLQ holds the gap
+    main.released(k, 13)
+    assert main.succeeded(k, 13) == [Closed(chain=chain, waiting=13), Closed(chain=chain)]
+    assert main.blocked() == 0
+    assert main.admit(k) == Admission(Admit.HANDLE)
+
+
+def test_kept_in_the_source_behind_a_dead_lettered_record_followers_are_dead_lettered_under_dead_letter() -> None:
+    """Under `dead_letter`, a follower released behind a dead-lettered record is dead-lettered unhandled, and
+    so is the next one behind it; a rebuilt state, from a version 1 chain record and the `Waiting` records,
+    releases the same."""
+    config = KeyOrdering(dead_head=DeadHeadPolicy.DEAD_LETTER)
+    main = SourceChains(config, source=SOURCE, partition=3, followers_in_source=True)
+    k = key_id(b"k")
+    chain = ChainKey(SOURCE, 3, k)
+    main.handed_off(k, 10, now_ms=0)
+    written: list[KeyStateRecord] = main.acked(k, 10, landed=0)
+    written += main.kept(k, 11, now_ms=1) + main.kept(k, 12, now_ms=2)
+    dead = Passage(tier=0, chain=chain, seen=10, fate=Fate.DEAD_LETTERED)
+    main.learn(dead)
+    assert main.releases() == [Release(k, 11, dead_letter=True)]
+    rebuilt, tombstones = SourceChains.rebuild(
+        config, [*written, dead], source=SOURCE, partition=3, followers_in_source=True
+    )
+    assert tombstones == [] and rebuilt.releases() == main.releases()
+    main.released(k, 11)
+    main.handed_off(k, 11, now_ms=3)
+    main.acked(k, 11, landed=None)  # in the DLQ as blocked_by_key
+    assert main.releases() == [Release(k, 12, dead_letter=True)]
 
 
 def test_a_follower_under_a_dead_lettered_head_is_released_or_dead_lettered_by_policy() -> None:
