@@ -416,7 +416,7 @@ def test_crashes_at_any_point_keep_the_order(
         assert sim.follower_writes == 0
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(data=st.data(), keys=KEYS, policy=POLICIES)
 def test_a_main_consumer_restarted_to_keep_followers_in_the_source_honours_the_chains_written_before(
     data: st.DataObject, keys: list[bytes], policy: DeadHeadPolicy
