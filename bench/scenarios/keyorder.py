@@ -67,7 +67,14 @@ def _results(plain: list[dict[str, Any]], ordered: list[dict[str, Any]]) -> list
             unit="s",
             baseline=median(plain, "end_s"),
             note="first source record to the last id settled; a failing key's records run one after another",
-            extra={"dead_lettered": ordered[-1]["dlq_records"], "handled_ok": ordered[-1]["ok"]},
+            extra={
+                "dead_lettered": ordered[-1]["dlq_records"],
+                "handled_ok": ordered[-1]["ok"],
+                # what key order writes: tier records against the same job without ordering, key-state records
+                "tier_records": median(ordered, "tier_records"),
+                "tier_records_unordered": median(plain, "tier_records"),
+                "key_state_records": median(ordered, "key_state_records"),
+            },
         ),
         Result(
             scenario=f"{NAME}.lateness.p99",

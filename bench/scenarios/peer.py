@@ -77,11 +77,16 @@ def run_side(b: Bench, role: str, *, keys: int | None = None, ordering: str | No
     dlq_ids = _read_ids(b, dlq)
     _account(label, done, dlq_ids)
     done["dlq_records"] = len(dlq_ids)
+    done["tier_records"] = _records_in(b, retry_topics, b.partitions)
+    if role == "app_peer" and ordering is not None:  # key order's records (compaction may have removed some)
+        done["key_state_records"] = _records_in(b, [ts.key_state_topic], b.partitions)
     print(
         f"  {label}: main pass {done['main_rate']:,.0f} records/s ({1e6 * done['main_cpu_s'] / N:.0f} µs of CPU per "
         f"record in its thread), end {done['end_s']:.1f} s, "
         f"lateness p50/p99 {percentile(done['lateness_ms'], 50):.1f}/{percentile(done['lateness_ms'], 99):.1f} ms, "
-        f"{done['ok_calls'] - done['ok']} duplicate OK calls, {done['wall_s']:.0f} s wall",
+        f"{done['ok_calls'] - done['ok']} duplicate OK calls, {done['tier_records']:,} tier records"
+        + (f", {done['key_state_records']:,} key-state records" if "key_state_records" in done else "")
+        + f", {done['wall_s']:.0f} s wall",
         flush=True,
     )
     return done
@@ -107,6 +112,20 @@ def _fill_ids(b: Bench, topic: str, n: int, keys: int | None = None) -> None:
             producer.poll(0)
     if producer.flush(60) or failed:
         raise RuntimeError(f"loading {topic}: {len(failed)} records failed: {failed[:3]}")
+
+
+def _records_in(b: Bench, topics: list[str], partitions: int) -> int:
+    """How many records were written to `topics` (end minus start offsets, each of `partitions` partitions)."""
+    consumer = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "bench-peer-count", "enable.auto.commit": False})
+    try:
+        total = 0
+        for topic in topics:
+            for p in range(partitions):
+                low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                total += high - low
+        return total
+    finally:
+        consumer.close()
 
 
 def _read_ids(b: Bench, topic: str) -> list[int]:

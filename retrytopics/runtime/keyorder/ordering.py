@@ -350,12 +350,13 @@ class KeyOrder(_Ordering):
         chains = self._chains.get(tp)
         if chains is None:
             return []
-        record = chains.acked(at.chain.key, at.offset, landed=landed)
-        if isinstance(record, Closed):
-            self._closed(tp)
-        elif isinstance(record, Chain) and record.head == at.offset:  # a chain opened: its key is blocked
-            self._emit(Event.KEY_ORDER_BLOCKED, topic=tp[0], partition=tp[1], blocked_keys=chains.blocked())
-        return [] if record is None else [record]
+        records = chains.acked(at.chain.key, at.offset, landed=landed)
+        for record in records:
+            if isinstance(record, Closed) and record.closes_chain:
+                self._closed(tp)
+            elif isinstance(record, Chain) and record.head == at.offset:  # a chain opened: its key is blocked
+                self._emit(Event.KEY_ORDER_BLOCKED, topic=tp[0], partition=tp[1], blocked_keys=chains.blocked())
+        return records
 
     def succeeded(self, at: Origin) -> list[KeyStateRecord]:
         return []  # a source record handled here opens nothing

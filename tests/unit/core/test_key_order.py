@@ -9,7 +9,8 @@ refused hops, late key-state reads and crashes, and checks the guarantee at ever
 
 from __future__ import annotations
 
-from collections import deque
+import random
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 import pytest
@@ -21,13 +22,14 @@ from retrytopics.core.headers import RECONSUME_TIMES
 from retrytopics.core.keyorder.config import DeadHeadPolicy, KeyOrdering
 from retrytopics.core.keyorder.follower import KEY_ORDER_AFTER, Follower, decode_follower, encode_follower
 from retrytopics.core.keyorder.keys import ChainKey, key_id
-from retrytopics.core.keyorder.source_chains import Admission, Admit, SourceChains, batch_end
+from retrytopics.core.keyorder.source_chains import Admission, Admit, Release, SourceChains, batch_end
 from retrytopics.core.keyorder.state_records import (
     Chain,
     Closed,
     Fate,
     KeyStateRecord,
     Passage,
+    Waiting,
     decode_record,
     encode_record,
 )
@@ -80,14 +82,19 @@ class Node:
 
 
 class Sim:
-    def __init__(self, keys: list[bytes], config: KeyOrdering, draw: st.DataObject | None) -> None:
+    def __init__(
+        self, keys: list[bytes], config: KeyOrdering, draw: st.DataObject | None, *, in_source: bool = False
+    ) -> None:
+        self.in_source = in_source
+        self.follower_writes = 0  # followers written to a tier, copies included
+        self.tier_writes = 0  # every record written to a tier
         self.source = list(enumerate(keys))
         self.config = config
         self.draw = draw
         self.tiers: list[list[Hop]] = [[] for _ in range(TIERS)]
         self.dlq: list[Hop] = []
         self.state: list[KeyStateRecord] = []
-        self.main = SourceChains(config, source=SOURCE, partition=0)
+        self.main = SourceChains(config, source=SOURCE, partition=0, followers_in_source=in_source)
         self.passages = [TierPassages(config, tier=t) for t in range(TIERS)]
         self.nodes: dict[str, Node] = {"main": Node(), "t0": Node(), "t1": Node()}
         self.terminal: set[int] = set()
@@ -105,8 +112,12 @@ class Sim:
         return 0 if self.draw is None else self.draw.draw(st.integers(0, TIERS - 1))
 
     # --- the guarantee, checked at every handler call
+    def waiting_for(self, key: bytes, offset: int) -> list[int]:
+        """The earlier records of `key` that are not terminal yet."""
+        return [o for o, k in self.source if k == key and o < offset and o not in self.terminal]
+
     def call(self, offset: int, key: bytes) -> str:
-        earlier = [o for o, k in self.source if k == key and o < offset and o not in self.terminal]
+        earlier = self.waiting_for(key, offset)
         if earlier:
             self.violations.append(f"record {offset} of {key!r} handled before {earlier}")
         self.calls.append(offset)
@@ -135,7 +146,7 @@ class Sim:
     def land(self, write: Write) -> int | None:
         """Append `write` where it goes; returns the tier it landed in (None: the DLQ)."""
         if write.dest == "state":
-            assert isinstance(write.payload, Chain | Passage | Closed)
+            assert isinstance(write.payload, Chain | Passage | Waiting | Closed)
             self.state.append(write.payload)
             return None
         hop = write.payload
@@ -143,6 +154,8 @@ class Sim:
         if write.dest == "tier" and not self.too_large(hop):
             assert write.tier is not None
             self.tiers[write.tier].append(hop)
+            self.tier_writes += 1
+            self.follower_writes += hop.after is not None
             return write.tier
         self.dlq.append(hop)
         self.terminal.add(hop.offset)
@@ -156,6 +169,24 @@ class Sim:
         admission = self.main.admit(key_id(self.source[node.pos][1]))
         return None if admission.action in (Admit.WAIT, Admit.PAUSE) else admission
 
+    def release_step(self) -> None:
+        """The main consumer reads a follower kept in the source again and handles it (or dead-letters it
+        unhandled, under `dead_letter` behind a dead-lettered record): it is not one of its node's positions,
+        its offset was committed when it was kept."""
+        release = self.main.releases()[0]
+        self.main.released(release.key, release.offset)
+        offset, key = self.source[release.offset]
+        node = self.nodes["main"]
+        if release.dead_letter:
+            self.hand_off(node, Hop(offset, key, None, 0), None, tier=None)
+            return
+        outcome = self.call(offset, key)
+        if outcome == "ok":
+            for record in self.main.succeeded(release.key, offset):
+                self.emit(node, Write("state", record, None))
+        else:
+            self.hand_off(node, Hop(offset, key, None, 1), None, tier=self.choose_tier() if outcome == "fail" else None)
+
     def main_step(self) -> None:
         node, admission = self.nodes["main"], self.main_next()
         assert admission is not None
@@ -164,6 +195,9 @@ class Sim:
         if admission.action is Admit.FOLLOW:
             assert admission.tier is not None
             self.hand_off(node, Hop(offset, key, admission.after, 0), index, tier=admission.tier)
+        elif admission.action is Admit.KEEP:
+            for record in self.main.kept(key_id(key), offset, now_ms=self.now):
+                self.emit(node, Write("state", record, index))
         else:
             outcome = self.call(offset, key)
             if outcome == "fail":
@@ -173,7 +207,7 @@ class Sim:
         node.done.add(index)
         node.pos += 1
 
-    def hand_off(self, node: Node, hop: Hop, index: int, *, tier: int | None) -> None:
+    def hand_off(self, node: Node, hop: Hop, index: int | None, *, tier: int | None) -> None:
         self.main.handed_off(key_id(hop.key), hop.offset, now_ms=self.now)
         dest = "dlq" if tier is None else "tier"
         self.emit(node, Write(dest, hop, index, tier, ack=("main", hop.key, hop.offset)))
@@ -237,8 +271,7 @@ class Sim:
         if write.ack is not None and write.ack[0] == "main":
             _, key, offset = write.ack
             assert isinstance(key, bytes) and isinstance(offset, int)
-            record = self.main.acked(key_id(key), offset, landed=landed)
-            records = [] if record is None else [record]
+            records = self.main.acked(key_id(key), offset, landed=landed)
         elif write.ack is not None:
             _, tier, chain, offset = write.ack
             assert isinstance(tier, int) and isinstance(chain, ChainKey) and isinstance(offset, int)
@@ -263,7 +296,9 @@ class Sim:
         start = node.committed()
         self.nodes[name] = Node(pos=start, done={i for i in node.done if i < start}, state_pos=len(self.state))
         if name == "main":
-            self.main, tombstones = SourceChains.rebuild(self.config, self.state, source=SOURCE, partition=0)
+            self.main, tombstones = SourceChains.rebuild(
+                self.config, self.state, source=SOURCE, partition=0, followers_in_source=self.in_source
+            )
             for tombstone in tombstones:
                 self.emit(self.nodes[name], Write("state", tombstone, None))
         else:
@@ -282,6 +317,8 @@ class Sim:
                 found.append(("learn", name))
         if self.main_next() is not None:
             found.append(("step", "main"))
+        if self.main.releases():
+            found.append(("release", "main"))
         found += [("step", f"t{t}") for t in range(TIERS) if self.tier_decision(t) is not None]
         return found
 
@@ -291,15 +328,17 @@ class Sim:
             self.ack_step(name)
         elif kind == "learn":
             self.learn_step(name)
+        elif kind == "release":
+            self.release_step()
         elif name == "main":
             self.main_step()
         else:
             self.tier_step(int(name[1]))
         assert self.main.blocked() <= self.config.max_blocked_keys
 
-    def drain(self) -> None:
+    def drain(self, steps: int = 10_000) -> None:
         self.draw = None
-        for _ in range(10_000):
+        for _ in range(steps):
             found = self.actions()
             if not found:
                 return
@@ -307,12 +346,23 @@ class Sim:
         raise AssertionError("the simulation did not settle")
 
 
-def explore(data: st.DataObject, keys: list[bytes], config: KeyOrdering, *, crashes: bool) -> Sim:
-    sim = Sim(keys, config, data)
+def explore(
+    data: st.DataObject,
+    keys: list[bytes],
+    config: KeyOrdering,
+    *,
+    crashes: bool,
+    in_source: bool = False,
+    upgrade: bool = False,
+) -> Sim:
+    """Random steps (and crashes), then drained; `upgrade`: the main consumer restarts keeping followers in
+    the source at its first crash, with the chains and followers the other way in the topics."""
+    sim = Sim(keys, config, data, in_source=in_source)
     for _ in range(data.draw(st.integers(0, 120))):
         found = sim.actions()
         if crashes and data.draw(st.integers(0, 19)) == 0:
             name = data.draw(st.sampled_from(sorted(sim.nodes)))
+            sim.in_source = sim.in_source or (upgrade and name == "main")
             sim.crash(name, data.draw(st.integers(0, len(sim.nodes[name].inflight))))
             continue
         if not found:
@@ -327,29 +377,54 @@ POLICIES = st.sampled_from(list(DeadHeadPolicy))
 
 
 @settings(max_examples=400, deadline=None)
-@given(data=st.data(), keys=KEYS, policy=POLICIES, bound=st.integers(1, 3))
+@given(data=st.data(), keys=KEYS, policy=POLICIES, bound=st.integers(1, 3), in_source=st.booleans())
 def test_any_interleaving_handles_each_key_in_source_order(
-    data: st.DataObject, keys: list[bytes], policy: DeadHeadPolicy, bound: int
+    data: st.DataObject, keys: list[bytes], policy: DeadHeadPolicy, bound: int, in_source: bool
 ) -> None:
     """Whatever the handler outcomes (success, retryable failure to any tier, dead letter), hops refused as too
     large, late acknowledgements and late key-state reads, under both dead-letter policies and any bound on
-    blocked keys: no record is handled before every earlier record of its key is terminal, every record ends
-    terminal (nothing lost, no key stuck), and no follower is ever left unaccounted for (`UNPROVEN`)."""
-    sim = explore(data, keys, KeyOrdering(dead_head=policy, max_blocked_keys=bound), crashes=False)
+    blocked keys, with followers riding the tiers or kept in the source: no record is handled before every
+    earlier record of its key is terminal, every record ends terminal (nothing lost, no key stuck), and no
+    follower is ever left unaccounted for (`UNPROVEN`). Kept in the source, no follower is ever written to a
+    tier: the tiers hold the failures' hops only, as without ordering."""
+    config = KeyOrdering(dead_head=policy, max_blocked_keys=bound)
+    sim = explore(data, keys, config, crashes=False, in_source=in_source)
     assert sim.violations == []
     assert sim.terminal == set(range(len(keys)))
     assert sim.unproven == 0
     assert sim.main.blocked() == 0
+    if in_source:
+        assert sim.follower_writes == 0
 
 
 @settings(max_examples=400, deadline=None)
-@given(data=st.data(), keys=KEYS, policy=POLICIES)
-def test_crashes_at_any_point_keep_the_order(data: st.DataObject, keys: list[bytes], policy: DeadHeadPolicy) -> None:
+@given(data=st.data(), keys=KEYS, policy=POLICIES, in_source=st.booleans())
+def test_crashes_at_any_point_keep_the_order(
+    data: st.DataObject, keys: list[bytes], policy: DeadHeadPolicy, in_source: bool
+) -> None:
     """A consumer (main or tier) killed at any point, with any prefix of its writes in flight reaching the log,
     restarts from its committed position and the key-state topic: handler calls may repeat (at-least-once),
     but none runs before every earlier record of its key is terminal, every record ends terminal, and no key
-    stays blocked."""
-    sim = explore(data, keys, KeyOrdering(dead_head=policy, max_blocked_keys=2), crashes=True)
+    stays blocked; kept in the source, no follower is lost (its offset was committed before it ran)."""
+    config = KeyOrdering(dead_head=policy, max_blocked_keys=2)
+    sim = explore(data, keys, config, crashes=True, in_source=in_source)
+    assert sim.violations == []
+    assert sim.terminal == set(range(len(keys)))
+    assert sim.unproven == 0
+    assert sim.main.blocked() == 0
+    if in_source:
+        assert sim.follower_writes == 0
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), keys=KEYS, policy=POLICIES)
+def test_a_main_consumer_restarted_to_keep_followers_in_the_source_honours_the_chains_written_before(
+    data: st.DataObject, keys: list[bytes], policy: DeadHeadPolicy
+) -> None:
+    """Chains written riding the tiers (version 1 chain records, followers in tiers) are read by a main
+    consumer restarted to keep followers in the source: the tiers settle the followers they hold as before,
+    the new ones wait in the source behind them; order kept, nothing lost or stuck."""
+    sim = explore(data, keys, KeyOrdering(dead_head=policy, max_blocked_keys=2), crashes=True, upgrade=True)
     assert sim.violations == []
     assert sim.terminal == set(range(len(keys)))
     assert sim.unproven == 0
@@ -357,15 +432,15 @@ def test_crashes_at_any_point_keep_the_order(data: st.DataObject, keys: list[byt
 
 
 @settings(max_examples=300, deadline=None)
-@given(data=st.data(), keys=KEYS, policy=POLICIES)
+@given(data=st.data(), keys=KEYS, policy=POLICIES, in_source=st.booleans())
 def test_a_rebuilt_state_decides_as_the_live_one(
-    data: st.DataObject, keys: list[bytes], policy: DeadHeadPolicy
+    data: st.DataObject, keys: list[bytes], policy: DeadHeadPolicy, in_source: bool
 ) -> None:
     """At any point where a consumer has no write in flight and has read the whole key-state topic, the state
     a new owner rebuilds from that topic takes the same decision as the live one for every record it would
     read next (and, for the main consumer, for every key)."""
     config = KeyOrdering(dead_head=policy, max_blocked_keys=2)
-    sim = Sim(keys, config, data)
+    sim = Sim(keys, config, data, in_source=in_source)
     for _ in range(data.draw(st.integers(0, 120))):
         found = sim.actions()
         if not found:
@@ -375,11 +450,14 @@ def test_a_rebuilt_state_decides_as_the_live_one(
             if node.inflight or (name == "main" and node.state_pos < len(sim.state)):
                 continue
             if name == "main":
-                rebuilt, tombstones = SourceChains.rebuild(config, sim.state, source=SOURCE, partition=0)
+                rebuilt, tombstones = SourceChains.rebuild(
+                    config, sim.state, source=SOURCE, partition=0, followers_in_source=in_source
+                )
                 assert tombstones == []
                 for key in (b"a", b"b", b"c"):
                     assert rebuilt.admit(key_id(key)) == sim.main.admit(key_id(key))
                     assert rebuilt.chain(key_id(key)) == sim.main.chain(key_id(key))
+                assert sorted(rebuilt.releases(), key=repr) == sorted(sim.main.releases(), key=repr)
             else:
                 tier = int(name[1])
                 again, _ = TierPassages.rebuild(config, sim.state, tier=tier)
@@ -416,6 +494,72 @@ def test_the_simulation_catches_a_follower_released_early() -> None:
     assert sim.violations == ["record 1 of b'a' handled before [0]"]
 
 
+@pytest.mark.parametrize(("in_source", "tier_writes"), [(False, 630), (True, 60)])
+def test_a_key_that_always_fails_costs_tier_writes_linear_in_its_records(in_source: bool, tier_writes: int) -> None:
+    """One key, 20 records, every handler call failing until the record is exhausted (3 retries, then the
+    DLQ): kept in the source, the tiers receive each record's own 3 retries and nothing else (60, what they
+    receive without ordering); riding the tiers, every follower trails every front record through every tier
+    it visits (630: 60 plus 3 × (19 + 18 + ... + 1), about n² × retries / 2)."""
+    sim = Sim([b"a"] * 20, KeyOrdering(), None, in_source=in_source)
+    sim.choose = lambda options: "fail" if options == ["ok", "fail", "dead"] else options[0]  # type: ignore[method-assign]
+    sim.drain()
+    assert sim.violations == []
+    assert sim.terminal == set(range(20))
+    assert len(sim.dlq) == 20
+    assert sim.tier_writes == tier_writes
+    assert sim.follower_writes == (0 if in_source else tier_writes - 60)
+
+
+def issue_workload(records: int, keys: int, *, in_source: bool, seed: int = 36) -> Sim:
+    """Issue 36's workload in the simulation: `records` over `keys` keys, 10 % failing once, 1 % always
+    failing (exhausted after `MAX_FAILURES` retries), everything else succeeding; drained in one interleaving."""
+    rng = random.Random(seed)
+    source = [f"k{rng.randrange(keys)}".encode() for _ in range(records)]
+    kind = {
+        o: ("always" if r < 0.01 else "once" if r < 0.11 else "ok") for o, r in enumerate(rng.random() for _ in source)
+    }
+    sim = Sim(source, KeyOrdering(max_blocked_keys=keys), None, in_source=in_source)
+    calls: dict[int, int] = {}
+
+    def call(offset: int, key: bytes) -> str:
+        earlier = sim.waiting_for(key, offset)
+        if earlier:
+            sim.violations.append(f"record {offset} of {key!r} handled before {earlier}")
+        sim.calls.append(offset)
+        calls[offset] = calls.get(offset, 0) + 1
+        fails = kind[offset] == "always" or (kind[offset] == "once" and calls[offset] == 1)
+        if not fails:
+            sim.terminal.add(offset)
+        return "fail" if fails else "ok"
+
+    sim.call = call  # type: ignore[method-assign]
+    sim.drain(steps=10_000_000)
+    return sim
+
+
+@pytest.mark.parametrize("in_source", [False, True])
+def test_on_the_issues_workload_the_tiers_hold_at_most_twice_what_they_hold_without_ordering(in_source: bool) -> None:
+    """600 records over 10 keys, 10 % failing once, 1 % always: without ordering the tiers receive one hop per
+    failure (a record failing once: 1; always: `MAX_FAILURES`). Kept in the source, with ordering they receive
+    exactly that (no follower is a tier record); riding the tiers, many times more. Key order's records on
+    the key-state topic stay bounded per failure and per follower."""
+    sim = issue_workload(600, 10, in_source=in_source)
+    assert sim.violations == []
+    assert sim.terminal == set(range(600))
+    calls = Counter(sim.calls)
+    unordered = sum(n - 1 for n in calls.values()) + len(sim.dlq)  # each failed call's hop (the last to the DLQ)
+    unordered_tiers = unordered - len(sim.dlq)
+    if in_source:
+        assert sim.tier_writes == unordered_tiers
+        followers = sum(isinstance(r, Waiting) for r in sim.state)
+        failures = unordered
+        # per follower: its Waiting record, that record's tombstone and one chain record (or the closing tombstone);
+        # per failure: one passage per tier visited (and its tombstone) and the chain record of a new front
+        assert len(sim.state) <= 3 * followers + 4 * failures + 2 * len({sim.source[o][1] for o in calls})
+    else:
+        assert sim.tier_writes > 2 * unordered_tiers
+
+
 # ------------------------------------------------------------------------------------------------------------
 # Decisions, one by one
 
@@ -442,14 +586,14 @@ def test_a_blocked_key_follows_its_last_record_and_waits_for_its_acknowledgement
     main.handed_off(k, 41, now_ms=1000)
     assert main.admit(k) == Admission(Admit.WAIT)
     opened = main.acked(k, 41, landed=1)
-    assert opened == Chain(chain=ChainKey(SOURCE, 3, k), head=41, frontier=41, at_tier=1, followers=0, since_ms=1000)
+    assert opened == [Chain(chain=ChainKey(SOURCE, 3, k), head=41, frontier=41, at_tier=1, followers=0, since_ms=1000)]
     assert main.admit(k) == Admission(Admit.FOLLOW, 1, 41)
     main.handed_off(k, 57, now_ms=2000)
-    assert main.acked(k, 57, landed=None) is None  # the follower was refused as too large: dead-lettered
+    assert main.acked(k, 57, landed=None) == []  # the follower was refused as too large: dead-lettered
     assert main.admit(k) == Admission(Admit.FOLLOW, 1, 41)
     other = key_id(b"acct-8")
     main.handed_off(other, 60, now_ms=3000)
-    assert main.acked(other, 60, landed=None) is None
+    assert main.acked(other, 60, landed=None) == []
     assert main.admit(other) == Admission(Admit.HANDLE)
 
 
@@ -467,6 +611,70 @@ def test_the_main_consumer_follows_passages_and_closes_a_chain_on_its_frontiers_
     assert main.learn(Passage(tier=1, chain=chain, seen=10, fate=Fate.DEAD_LETTERED)) == Closed(chain=chain)
     assert main.admit(k) == Admission(Admit.HANDLE)
     assert main.blocked() == 0
+
+
+def test_followers_kept_in_the_source_are_released_one_at_a_time_once_the_front_is_terminal() -> None:
+    """Kept in the source, a blocked key's records are written down (`Waiting`), never handed off; once a
+    passage shows the front terminal the first of them is released, and the next only once that one is
+    terminal: settled here (a version 2 chain record), or, failed, the chain's front in a tier; the chain
+    closes when none waits and its front is terminal."""
+    main = SourceChains(KeyOrdering(), source=SOURCE, partition=3, followers_in_source=True)
+    k = key_id(b"k")
+    chain = ChainKey(SOURCE, 3, k)
+    main.handed_off(k, 10, now_ms=0)
+    assert main.admit(k) == Admission(Admit.WAIT)  # the head's hop is not acknowledged yet
+    main.acked(k, 10, landed=0)
+    assert [main.admit(k), main.admit(k)] == [Admission(Admit.KEEP)] * 2
+    assert main.kept(k, 11, now_ms=5) == [Waiting(chain=chain, offset=11, since_ms=5)]
+    assert main.kept(k, 12, now_ms=6) == [Waiting(chain=chain, offset=12, since_ms=6)]
+    assert main.kept(k, 11, now_ms=7) == []  # read again after a restart: waiting already
+    assert main.releases() == []  # the head is in tier 0
+    assert main.learn(Passage(tier=0, chain=chain, seen=10, fate=Fate.SUCCEEDED)) is None  # not closed: 2 wait
+    assert main.releases() == [Release(k, 11, dead_letter=False)]
+    main.released(k, 11)
+    assert main.releases() == []
+    assert main.succeeded(k, 11) == [
+        Chain(chain=chain, head=10, frontier=11, at_tier=0, followers=1, since_ms=0, settled=Fate.SUCCEEDED),
+        Closed(chain=chain, waiting=11),
+    ]
+    assert main.releases() == [Release(k, 12, dead_letter=False)]
+    main.released(k, 12)
+    main.handed_off(k, 12, now_ms=8)  # its handler failed: routed to tier 1 as a first failure
+    assert main.acked(k, 12, landed=1) == [
+        Chain(chain=chain, head=10, frontier=12, at_tier=1, followers=2, since_ms=0),
+        Closed(chain=chain, waiting=12),
+    ]
+    assert main.kept(k, 13, now_ms=9) == [Waiting(chain=chain, offset=13, since_ms=9)]
+    assert main.learn(Passage(tier=1, chain=chain, seen=12, fate=Fate.DEAD_LETTERED)) is None
+    assert main.releases() == [Release(k, 13, dead_letter=False)]  # `release`: the DLQ holds the gap
+    main.released(k, 13)
+    assert main.succeeded(k, 13) == [Closed(chain=chain, waiting=13), Closed(chain=chain)]
+    assert main.blocked() == 0
+    assert main.admit(k) == Admission(Admit.HANDLE)
+
+
+def test_kept_in_the_source_behind_a_dead_lettered_record_followers_are_dead_lettered_under_dead_letter() -> None:
+    """Under `dead_letter`, a follower released behind a dead-lettered record is dead-lettered unhandled, and
+    so is the next one behind it; a rebuilt state, from a version 1 chain record and the `Waiting` records,
+    releases the same."""
+    config = KeyOrdering(dead_head=DeadHeadPolicy.DEAD_LETTER)
+    main = SourceChains(config, source=SOURCE, partition=3, followers_in_source=True)
+    k = key_id(b"k")
+    chain = ChainKey(SOURCE, 3, k)
+    main.handed_off(k, 10, now_ms=0)
+    written: list[KeyStateRecord] = main.acked(k, 10, landed=0)
+    written += main.kept(k, 11, now_ms=1) + main.kept(k, 12, now_ms=2)
+    dead = Passage(tier=0, chain=chain, seen=10, fate=Fate.DEAD_LETTERED)
+    main.learn(dead)
+    assert main.releases() == [Release(k, 11, dead_letter=True)]
+    rebuilt, tombstones = SourceChains.rebuild(
+        config, [*written, dead], source=SOURCE, partition=3, followers_in_source=True
+    )
+    assert tombstones == [] and rebuilt.releases() == main.releases()
+    main.released(k, 11)
+    main.handed_off(k, 11, now_ms=3)
+    main.acked(k, 11, landed=None)  # in the DLQ as blocked_by_key
+    assert main.releases() == [Release(k, 12, dead_letter=True)]
 
 
 def test_a_follower_under_a_dead_lettered_head_is_released_or_dead_lettered_by_policy() -> None:
@@ -621,7 +829,10 @@ RECORDS = st.one_of(
         at_tier=st.integers(0, 99),
         followers=OFFSETS,
         since_ms=st.integers(-1, 2**63 - 1),
+        settled=st.sampled_from([None, Fate.SUCCEEDED, Fate.DEAD_LETTERED]),
     ),
+    st.builds(Waiting, chain=CHAINS, offset=OFFSETS, since_ms=st.integers(-1, 2**63 - 1)),
+    st.builds(Closed, chain=CHAINS, waiting=OFFSETS),
     st.builds(
         Passage,
         tier=st.integers(0, 99),
@@ -662,7 +873,22 @@ def test_malformed_key_state_raises_only_its_error(key: bytes | None, value: byt
     ("key", "value", "field"),
     [
         (b"chain/orders/0/0061", b'{"v":1,"head":5,"frontier":4,"at":0,"followers":0,"since":1}', "frontier"),
-        (b"chain/orders/0/0061", b'{"v":2,"head":5,"frontier":5,"at":0,"followers":0,"since":1}', "v"),
+        (b"chain/orders/0/0061", b'{"v":3,"head":5,"frontier":5,"at":0,"followers":0,"since":1}', "v"),
+        (b"chain/orders/0/0061", b'{"v":2,"head":5,"frontier":5,"at":0,"followers":0,"since":1}', "value"),
+        (
+            b"chain/orders/0/0061",
+            b'{"v":1,"head":5,"frontier":5,"at":0,"followers":0,"since":1,"settled":"succeeded"}',
+            "value",
+        ),
+        (
+            b"chain/orders/0/0061",
+            b'{"v":2,"head":5,"frontier":5,"at":0,"followers":0,"since":1,"settled":"sent"}',
+            "settled",
+        ),
+        (b"wait/orders/0/0061", b'{"v":1,"since":1}', "key"),
+        (b"wait/orders/0/0061/5", b'{"v":2,"since":1}', "v"),
+        (b"wait/orders/0/0061/5", b'{"v":1,"since":-2}', "since"),
+        (b"wait/orders/0/0061/5", b'{"v":1}', "value"),
         (b"chain/orders/0/0061", b'{"v":1,"head":5,"frontier":5,"at":0,"followers":true,"since":1}', "followers"),
         (b"tier0/orders/0/0061/5", b'{"v":1,"fate":"sent","to":1,"after":6}', "after"),
         (b"tier0/orders/0/0061/5", b'{"v":1,"fate":"succeeded","to":1}', "value"),
