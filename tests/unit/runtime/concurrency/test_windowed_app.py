@@ -2,7 +2,7 @@
 `concurrency=N`, its main consumer and tier consumers (threads), many keys, some records failing once.
 
 Guarantee, proven by a ledger of every call's start and end: in key order (the default) two records of one key
-are never in flight together and each key's first attempts start in offset order; many calls were in flight at
+are never in flight together on one consumer and each key's first attempts start in offset order; many calls were in flight at
 once; every record is handled (first attempt, or its retry in the tier); no commit ever passes a record whose
 call had not returned; the window bound holds. Sync and async handlers alike."""
 
@@ -47,11 +47,13 @@ class Ledger:
 
     def started(self, record: Record[bytes]) -> bool:
         """Count the call in; whether it fails (each record's first attempt fails for one in ten)."""
-        key = record.key or b""
+        # a retry runs on its tier's consumer, beside later records of its key (no KeyOrdering): not counted
+        key = (record.key or b"") if record.retry is None else b"retry:%d" % record.offset
         with self.lock:
             self.in_flight[key] = self.in_flight.get(key, 0) + 1
             self.overlaps += self.in_flight[key] > 1
-            self.most_in_flight = max(self.most_in_flight, sum(self.in_flight.values()))
+            first = sum(n for k, n in self.in_flight.items() if not k.startswith(b"retry:"))
+            self.most_in_flight = max(self.most_in_flight, first)  # the main consumer's window
             if record.retry is None:
                 self.first_starts.setdefault(key, []).append(record.offset)
             rid = record.value.decode()
@@ -60,7 +62,7 @@ class Ledger:
 
     def ended(self, record: Record[bytes], failed: bool) -> None:
         with self.lock:
-            self.in_flight[record.key or b""] -= 1
+            self.in_flight[(record.key or b"") if record.retry is None else b"retry:%d" % record.offset] -= 1
             if record.retry is None:
                 self.returned.add(record.offset)
             if not failed:
