@@ -167,6 +167,7 @@ class CallWindow:
         """How long the next `consume()` may wait: not at all when outcomes are there; while every window with
         calls in flight is full, until a call returns (at most `wait_ms`); while calls are in flight, briefly."""
         workers = self._workers
+        workers.flush()
         if not workers.done.empty():
             return 0
         busy = [w for w in self._windows.values() if w.in_flight]
@@ -174,8 +175,10 @@ class CallWindow:
             return wait_ms
         if all(w.full for w in busy):
             workers.returned.clear()
+            workers.waiting = True
             if workers.done.empty():
                 workers.returned.wait(wait_ms / 1000)
+            workers.waiting = False
             return 0
         return min(wait_ms, _IN_FLIGHT_WAIT_MS)
 
@@ -222,42 +225,48 @@ class CallWindow:
         self._workers.start(slot, call.binding.handler, call.record, call.binding.policy)
 
     def _returned(self) -> Iterator[Outcome]:
-        done, failed = self._workers.done, self._failed
+        done, failed, workers = self._workers.done, self._failed, self._workers
+        # what returned until now is settled at once: the calls it frees start before its outcomes are acted on
+        settled: list[tuple[Call, BaseException | None]] = []
         while not done.empty():
             token, failure = done.get_nowait()
             assert isinstance(token, Slot)
             slot: Slot[Call] = token
             call = slot.item
-            window = self._by_topic[call.msg.topic][0]
-            current, following = window.settle(slot)
-            if following is not None:
+            current, startable = self._by_topic[call.msg.topic][0].settle(slot)
+            for following in startable:
                 self._start(following)
-            if not current:
-                continue  # its partition was revoked meanwhile: abandoned, read again by its owner
+            if current:  # else its partition was revoked meanwhile: abandoned, read again by its owner
+                settled.append((call, failure))
+        workers.flush()
+        if self._full:
+            for handler in [h for h in self._full if not self._windows[h].full]:
+                self._full.discard(handler)
+        for call, failure in settled:
             if failure is None:
                 yield Succeeded(call.msg, call.key, call.record)
             elif isinstance(failure, Exception):
                 yield failed(call.binding, call.msg, call.key, call.record, call.state, failure)
             else:
                 raise failure  # a BaseException from a handler stops the app, as on the consumer's thread
-        if self._full:
-            for handler in [h for h in self._full if not self._windows[h].full]:
-                self._full.discard(handler)
 
     def _wait(self, done: Callable[[], bool], timeout_s: float, apply: Callable[[Outcome], None]) -> None:
         deadline = self._monotonic() + timeout_s
-        returned = self._workers.returned
+        workers = self._workers
         while True:
             for outcome in self._returned():
                 apply(outcome)
+            workers.flush()
             if done():
                 return
             left = deadline - self._monotonic()
             if left <= 0:
                 return
-            returned.clear()
-            if self._workers.done.empty():
-                returned.wait(min(left, 0.05))
+            workers.returned.clear()
+            workers.waiting = True
+            if workers.done.empty():
+                workers.returned.wait(min(left, 0.05))
+            workers.waiting = False
 
     def _filled(self, handler: str, window: Window[Call]) -> None:
         if handler not in self._full:

@@ -8,8 +8,10 @@ record of a gate is in flight, the later records of that gate wait here in offse
 hands the next one out when the call before it returned: so two records of one gate are never in flight
 together, and they start in the order they were admitted.
 
-The bound counts every admitted record not yet settled, started or waiting: `full` says the consumer should
-stop reading more of the handler's records (the hold reason, runtime/concurrency/holds.py).
+At most `calls` are in flight. The records admitted beyond them (their gate free) wait for a call in admission
+order, up to `calls` more: a call that returns is followed at once by a record read already, rather than by a
+fetch. `full` (that many admitted, or `max_bytes` of them) says the consumer should stop reading the handler's
+records (the hold reason, runtime/concurrency/holds.py).
 
 A partition revoked or lost is `forget`-ten: its waiting records are dropped (they never started, and their
 offsets were never finished, so nothing is committed past them); its calls still in flight count until they
@@ -57,13 +59,15 @@ class Slot(Generic[T]):
 @dataclass(slots=True)
 class _Partition:
     generation: int = 0
-    admitted: int = 0  # admitted and not settled: in flight or waiting behind a gate
-    waiting: int = 0
+    admitted: int = 0  # admitted and not settled: in flight, waiting behind a gate or for a free call
+    waiting: int = 0  # of which not started
 
 
 @dataclass(slots=True)
 class Window(Generic[T]):
-    """The window of one handler in one consumer (see the module docstring)."""
+    """The window of one handler in one consumer (see the module docstring): at most `calls` in flight, and up
+    to as many again admitted ahead of them (`full` from then on, or from `max_bytes`), so that a call that
+    returns is followed at once by a record already read."""
 
     calls: int
     max_bytes: int
@@ -75,13 +79,17 @@ class Window(Generic[T]):
     _partitions: dict[TopicPartition, _Partition] = field(default_factory=dict)
     #: (tp, generation, gate) -> the records of a busy gate waiting for it, in admission order
     _gates: dict[tuple[TopicPartition, int, Hashable], deque[Slot[T]]] = field(default_factory=dict)
+    #: records whose gate is theirs, waiting for a free call, in admission order
+    _ready: deque[Slot[T]] = field(default_factory=deque)
 
     @property
     def full(self) -> bool:
-        return self.records >= self.calls or self.bytes >= self.max_bytes
+        """Read no more of the handler's records until calls return."""
+        return self.records >= 2 * self.calls or self.bytes >= self.max_bytes
 
     def admit(self, slot: Slot[T]) -> bool:
-        """Count `slot` in; True: it starts now; False: it waits for its gate (given back by `settle`)."""
+        """Count `slot` in; True: it starts now; False: it waits for its gate or a free call (given back by
+        `settle`)."""
         part = self._partitions.get(slot.tp)
         if part is None:
             part = self._partitions[slot.tp] = _Partition()
@@ -97,12 +105,16 @@ class Window(Generic[T]):
                 part.waiting += 1
                 return False
             self._gates[at] = deque()
-        self.in_flight += 1
-        return True
+        if self.in_flight < self.calls:
+            self.in_flight += 1
+            return True
+        self._ready.append(slot)
+        part.waiting += 1
+        return False
 
-    def settle(self, slot: Slot[T]) -> tuple[bool, Slot[T] | None]:
+    def settle(self, slot: Slot[T]) -> tuple[bool, list[Slot[T]]]:
         """`slot`'s call returned: (whether its partition is still of this generation, so its outcome counts;
-        the next record of its gate, to start now, or None)."""
+        the records to start now: the next of its gate, if a call is free for it, and those waiting for one)."""
         self.in_flight -= 1
         self.records -= 1
         self.bytes -= slot.size
@@ -112,18 +124,24 @@ class Window(Generic[T]):
             part.admitted -= 1
             if part.admitted == 0 and not current:
                 del self._partitions[slot.tp]
-        if not current or slot.gate is None:
-            return current, None
-        at = (slot.tp, slot.generation, slot.gate)
-        queue = self._gates.get(at)
-        if not queue:
-            self._gates.pop(at, None)
-            return True, None
-        following = queue.popleft()
-        assert part is not None
-        part.waiting -= 1
-        self.in_flight += 1
-        return True, following
+        if current and slot.gate is not None:
+            at = (slot.tp, slot.generation, slot.gate)
+            queue = self._gates.get(at)
+            if queue:
+                self._ready.append(queue.popleft())  # its gate passes to it: it waits for a call now
+            else:
+                self._gates.pop(at, None)
+        return current, self._startable()
+
+    def _startable(self) -> list[Slot[T]]:
+        ready, started = self._ready, []
+        while ready and self.in_flight < self.calls:
+            slot = ready.popleft()
+            part = self._partitions[slot.tp]
+            part.waiting -= 1
+            self.in_flight += 1
+            started.append(slot)
+        return started
 
     def in_flight_of(self, tps: Iterable[TopicPartition]) -> int:
         """The calls of `tps` not returned yet (of their current generation or an older one)."""
@@ -131,26 +149,27 @@ class Window(Generic[T]):
         return sum(p.admitted - p.waiting for tp in tps if (p := parts.get(tp)) is not None)
 
     def drop_waiting(self, tps: Iterable[TopicPartition]) -> list[Slot[T]]:
-        """The records of `tps` waiting behind a gate never start (returned); their calls in flight go on and
-        still count, and what they return counts too."""
+        """The records of `tps` not started never start (returned); their calls in flight go on and still
+        count, and what they return counts too."""
+        tps = set(tps)
         dropped: list[Slot[T]] = []
-        for tp in tps:
-            part = self._partitions.get(tp)
-            if part is None or not part.waiting:
-                continue
-            for at, queue in self._gates.items():
-                if at[0] == tp and queue:
-                    for slot in queue:
-                        self.records -= 1
-                        self.bytes -= slot.size
-                    dropped.extend(queue)
-                    queue.clear()
-            part.admitted -= part.waiting
-            part.waiting = 0
+        for at, queue in self._gates.items():
+            if at[0] in tps and queue:
+                dropped.extend(queue)
+                queue.clear()
+        if any(slot.tp in tps for slot in self._ready):
+            dropped.extend(slot for slot in self._ready if slot.tp in tps)
+            self._ready = deque(slot for slot in self._ready if slot.tp not in tps)
+        for slot in dropped:
+            self.records -= 1
+            self.bytes -= slot.size
+            part = self._partitions[slot.tp]
+            part.admitted -= 1
+            part.waiting -= 1
         return dropped
 
     def forget(self, tps: Iterable[TopicPartition]) -> list[Slot[T]]:
-        """`tps` were revoked or lost: their waiting records are dropped (returned); their calls in flight
+        """`tps` were revoked or lost: their records not started are dropped (returned); their calls in flight
         still count until they return, and what they return is of an older generation."""
         tps = list(tps)
         dropped = self.drop_waiting(tps)

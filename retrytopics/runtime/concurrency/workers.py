@@ -44,21 +44,31 @@ class Workers:
         self._loop_thread: threading.Thread | None = None
         #: the calls that returned, in the order they did
         self.done: queue.SimpleQueue[Done] = queue.SimpleQueue()
-        #: set when a call returned: the consumer's thread may wait on it while its window is full
+        #: set when a call returned while `waiting` (the consumer's thread waits on it while its window is full)
         self.returned = threading.Event()
+        self.waiting = False
+        #: `async def` calls started since the last `flush`, handed to the event loop together
+        self._pending: list[Coroutine[Any, Any, None]] = []
 
     def start(
         self, token: object, handler: Callable[[Record[Any]], Any], record: Record[Any], policy: RetryPolicy
     ) -> None:
-        """Start one call of `handler` on `record`; its outcome comes back on `done` with `token`."""
+        """Start one call of `handler` on `record` (an `async def` one at the next `flush`); its outcome comes
+        back on `done` with `token`."""
         if is_async_handler(handler):
-            loop = self._event_loop()
-            loop.call_soon_threadsafe(_spawn, loop, self._async_call(token, handler, record, policy))
+            self._pending.append(self._async_call(token, handler, record, policy))
         else:
             pool = self._pool
             if pool is None:
                 pool = self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix=f"{self._name}:call")
             pool.submit(self._sync_call, token, handler, record, policy)
+
+    def flush(self) -> None:
+        """Hand the `async def` calls started since the last flush to the event loop, in one wake-up of it."""
+        if self._pending:
+            loop = self._event_loop()
+            pending, self._pending = self._pending, []
+            loop.call_soon_threadsafe(_spawn, loop, pending)
 
     def close(self) -> None:
         """Stop taking calls; calls still running are left to end by themselves (their outcomes are dropped)."""
@@ -115,7 +125,8 @@ class Workers:
 
     def _returned(self, token: object, failure: BaseException | None) -> None:
         self.done.put((token, failure))
-        self.returned.set()
+        if self.waiting:
+            self.returned.set()
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         loop = self._loop
@@ -130,10 +141,11 @@ class Workers:
 _TASKS: set[asyncio.Task[None]] = set()
 
 
-def _spawn(loop: asyncio.AbstractEventLoop, call: Coroutine[Any, Any, None]) -> None:
-    task = loop.create_task(call)
-    _TASKS.add(task)
-    task.add_done_callback(_TASKS.discard)
+def _spawn(loop: asyncio.AbstractEventLoop, calls: list[Coroutine[Any, Any, None]]) -> None:
+    for call in calls:
+        task = loop.create_task(call)
+        _TASKS.add(task)
+        task.add_done_callback(_TASKS.discard)
 
 
 async def _awaited(awaitable: Awaitable[Any]) -> Any:

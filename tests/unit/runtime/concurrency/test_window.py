@@ -24,10 +24,10 @@ def test_a_key_waits_behind_its_record_in_flight_and_other_keys_start() -> None:
     a0, b1, a2, a3 = slot(0, b"a"), slot(1, b"b"), slot(2, b"a"), slot(3, b"a")
     assert [window.admit(s) for s in (a0, b1, a2, a3)] == [True, True, False, False]
     assert (window.records, window.in_flight, window.bytes) == (4, 2, 40)
-    assert window.settle(a0) == (True, a2)
-    assert window.settle(b1) == (True, None)
-    assert window.settle(a2) == (True, a3)
-    assert window.settle(a3) == (True, None)
+    assert window.settle(a0) == (True, [a2])
+    assert window.settle(b1) == (True, [])
+    assert window.settle(a2) == (True, [a3])
+    assert window.settle(a3) == (True, [])
     assert (window.records, window.in_flight, window.bytes) == (0, 0, 0)
 
 
@@ -37,11 +37,21 @@ def test_the_order_modes_gate_by_key_partition_or_nothing() -> None:
     assert gate_of(OrderMode.NONE, b"a") is None
 
 
-def test_full_at_the_record_bound_or_the_byte_bound() -> None:
-    window: Window[int] = Window(calls=2, max_bytes=25)
-    window.admit(slot(0, b"a"))
+def test_calls_beyond_the_bound_wait_for_a_free_call_in_admission_order() -> None:
+    window: Window[int] = Window(calls=2, max_bytes=1000)
+    a, b, c, d = slot(0, b"a"), slot(1, b"b"), slot(2, b"c"), slot(3, b"d")
+    assert [window.admit(s) for s in (a, b, c, d)] == [True, True, False, False]
+    assert window.in_flight == 2 and window.in_flight_of([TP]) == 2
+    assert window.settle(b) == (True, [c])
+    assert window.settle(a) == (True, [d])
+
+
+def test_full_at_twice_the_calls_admitted_or_at_the_byte_bound() -> None:
+    window: Window[int] = Window(calls=2, max_bytes=1000)
+    for offset in range(3):
+        window.admit(slot(offset, b"a"))  # waiting behind its key: counted too
     assert not window.full
-    window.admit(slot(1, b"a"))  # waiting behind its key: counted too
+    window.admit(slot(3, b"b"))
     assert window.full
     bytes_bound: Window[int] = Window(calls=100, max_bytes=25)
     for offset in range(3):
@@ -60,9 +70,9 @@ def test_a_forgotten_partition_drops_its_waiting_records_and_its_late_returns_st
     # assigned again: a new record of the same key starts, not held behind the abandoned call
     again = slot(1, b"a")
     assert window.admit(again)
-    assert window.settle(a0) == (False, None)
-    assert window.settle(again) == (True, None)
-    assert window.settle(other) == (True, None)
+    assert window.settle(a0) == (False, [])
+    assert window.settle(again) == (True, [])
+    assert window.settle(other) == (True, [])
     assert (window.records, window.in_flight, window.bytes) == (0, 0, 0)
 
 
@@ -70,14 +80,16 @@ def test_a_forgotten_partition_drops_its_waiting_records_and_its_late_returns_st
 @given(
     keys=st.lists(st.sampled_from([b"a", b"b", b"c", None]), min_size=1, max_size=60),
     order=st.sampled_from(list(OrderMode)),
+    calls=st.integers(min_value=1, max_value=8),
     picks=st.lists(st.integers(min_value=0, max_value=1000), max_size=200),
 )
 def test_never_two_of_one_gate_in_flight_and_each_gate_starts_in_offset_order(
-    keys: list[bytes | None], order: OrderMode, picks: list[int]
+    keys: list[bytes | None], order: OrderMode, calls: int, picks: list[int]
 ) -> None:
-    """Records admitted in offset order, calls returning in any order: at every moment at most one record of a
-    gate is in flight, each gate's records start in offset order, and everything settles with counts at 0."""
-    window: Window[int] = Window(calls=1000, max_bytes=10**9)
+    """Records admitted in offset order, calls returning in any order: at every moment at most `calls` are in
+    flight and at most one record of a gate, each gate's records start in offset order, and everything settles
+    with counts at 0."""
+    window: Window[int] = Window(calls=calls, max_bytes=10**9)
     running: list[Slot[int]] = []
     started: dict[object, list[int]] = {}
 
@@ -86,6 +98,7 @@ def test_never_two_of_one_gate_in_flight_and_each_gate_starts_in_offset_order(
             assert all(r.gate != s.gate for r in running), f"two of gate {s.gate!r} in flight"
             started.setdefault(s.gate, []).append(s.item)
         running.append(s)
+        assert len(running) == window.in_flight <= calls
 
     for offset, key in enumerate(keys):
         s = slot(offset, key, order)
@@ -95,9 +108,9 @@ def test_never_two_of_one_gate_in_flight_and_each_gate_starts_in_offset_order(
     while running:
         i = pending.popleft() % len(running) if pending else 0
         done = running.pop(i)
-        current, following = window.settle(done)
+        current, startable = window.settle(done)
         assert current
-        if following is not None:
+        for following in startable:
             start(following)
     assert all(offsets == sorted(offsets) for offsets in started.values())
     assert (window.records, window.in_flight, window.bytes) == (0, 0, 0)
