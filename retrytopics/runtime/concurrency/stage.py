@@ -7,8 +7,10 @@ A windowed handler's record is not called on the consumer's thread. It is admitt
 it) and started on the workers (runtime/concurrency/workers.py) now, or when the record of its gate before it
 returned. What each call returned comes back in offset-free order through `released`, as the plain stage's
 outcome values (`Succeeded`, `Failed` with its route, decided here): the hand-off finishes or hands it off as
-any other, so a failure goes to its tier while other calls run. A record read while its window is full is
-`Held`: its partition is read again from it once the window has room (the hold reason, holds.py).
+any other, so a failure goes to its tier while other calls run. The consumer asks Kafka for no more records
+than the window has room for (`batch_size`); a record read while its window is full anyway is `Held`: its
+partition is read again from it; and while the window holds its byte bound its partitions are held (the hold
+reason, holds.py).
 
 - `CallWindow`: the windows of one loop's handlers, their workers, admission and outcomes; what the loop
   asks at a revocation (`settle_before_revoke`) and at shutdown (`drain`).
@@ -113,9 +115,16 @@ class CallWindow:
     # -- what the loop asks ------------------------------------------------------------------------------------
 
     def holds(self, tp: TopicPartition) -> bool:
-        """Whether `tp`'s handler's window is full (the hold reason, holds.py)."""
+        """Whether `tp`'s handler's window holds its byte bound (the hold reason, holds.py)."""
         at = self._by_topic.get(tp[0])
-        return at is not None and at[0].full
+        return at is not None and at[0].over_bytes
+
+    def batch_size(self, batch_size: int) -> int:
+        """No more records from the next poll than the fullest window has room for, counting the calls that
+        returned since (at least one: a record that finds no room is read again later), so that librdkafka
+        keeps the rest fetched ahead."""
+        returned = self._workers.done.qsize()
+        return max(1, min(batch_size, *(w.room + returned for w in self._windows.values())))
 
     @property
     def in_flight(self) -> int:
@@ -137,6 +146,8 @@ class CallWindow:
             yield self._failed(binding, msg, key, record, state, failure)
             return
         window, config = self._by_topic[msg.topic]
+        if window.full and not self._workers.done.empty():
+            yield from self._returned()  # calls returned since: their room is this record's
         if window.full:
             self._filled(binding.topic, window)
             yield Held(msg)
@@ -326,6 +337,9 @@ class WindowedSourceStage(SourceStage):
     def wait_ms(self, wait_ms: int) -> int:
         return self.window.wait_ms(wait_ms)
 
+    def batch_size(self, batch_size: int) -> int:
+        return self.window.batch_size(batch_size)
+
     def _handle(
         self,
         binding: Binding,
@@ -370,6 +384,9 @@ class WindowedTierStage(TierStage):
 
     def wait_ms(self, wait_ms: int) -> int:
         return self.window.wait_ms(wait_ms)
+
+    def batch_size(self, batch_size: int) -> int:
+        return self.window.batch_size(batch_size)
 
     def _handle(
         self,

@@ -10,8 +10,8 @@ together, and they start in the order they were admitted.
 
 At most `calls` are in flight. The records admitted beyond them (their gate free) wait for a call in admission
 order, up to `calls` more: a call that returns is followed at once by a record read already, rather than by a
-fetch. `full` (that many admitted, or `max_bytes` of them) says the consumer should stop reading the handler's
-records (the hold reason, runtime/concurrency/holds.py).
+fetch. `room` is how many more may be admitted (the consumer asks Kafka for no more); `full` (no room, or
+`max_bytes` admitted) says a record read now is not admitted but read again later.
 
 A partition revoked or lost is `forget`-ten: its waiting records are dropped (they never started, and their
 offsets were never finished, so nothing is committed past them); its calls still in flight count until they
@@ -84,8 +84,17 @@ class Window(Generic[T]):
 
     @property
     def full(self) -> bool:
-        """Read no more of the handler's records until calls return."""
+        """Admit no more of the handler's records until calls return."""
         return self.records >= 2 * self.calls or self.bytes >= self.max_bytes
+
+    @property
+    def room(self) -> int:
+        """How many more records may be admitted (by count; `full` also minds the bytes)."""
+        return max(0, 2 * self.calls - self.records)
+
+    @property
+    def over_bytes(self) -> bool:
+        return self.bytes >= self.max_bytes
 
     def admit(self, slot: Slot[T]) -> bool:
         """Count `slot` in; True: it starts now; False: it waits for its gate or a free call (given back by

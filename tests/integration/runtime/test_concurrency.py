@@ -35,7 +35,6 @@ pytestmark = pytest.mark.broker
 KEYS = 20
 PER_KEY = 8
 SLOW_KEY = b"slow"
-SLOW_S = 0.6
 WINDOW = 16
 POLICY = RetryPolicy(delays=["200ms"], max_retries=2)
 
@@ -54,11 +53,13 @@ class Ledger:
         self.most_in_flight: dict[str, int] = dict.fromkeys(topics, 0)
         self.starts: dict[tuple[str, bytes], list[int]] = {}
         self.returned: dict[str, set[int]] = {t: set() for t in topics}
-        self.ended_at: dict[tuple[str, int], float] = {}
         self.ok: dict[str, set[int]] = {t: set() for t in topics}
         self.attempts: dict[tuple[str, int], int] = {}
         self.commits_checked = 0
         self.passed: list[tuple[str, int, int]] = []
+        #: per source topic: set once every first attempt but the slow key's returned
+        self.others_returned = {t: threading.Event() for t in topics}
+        self.others = 0
 
     def start(self, record: Record[bytes]) -> bool:
         first = record.retry is None
@@ -70,22 +71,25 @@ class Ledger:
                 self.starts.setdefault(key, []).append(record.offset)
                 running = sum(n for (t, k), n in self.in_flight.items() if t == record.topic and b"retry:" not in k)
                 self.most_in_flight[record.topic] = max(self.most_in_flight[record.topic], running)
-            i = int(record.value)
-            n = self.attempts[(record.topic, i)] = self.attempts.get((record.topic, i), 0) + 1
+            i, source = int(record.value), self.source_of(record)
+            n = self.attempts[(source, i)] = self.attempts.get((source, i), 0) + 1
         return n == 1 and i % 10 == 3
 
     def end(self, record: Record[bytes], fails: bool) -> None:
         first = record.retry is None
         key = (record.topic, record.key or b"") if first else (record.topic, b"retry:%d" % record.offset)
-        source = record.topic if first else next(t for t in self.topics if record.topic.startswith(t))
+        source = self.source_of(record)
         with self.lock:
             self.in_flight[key] -= 1
             if first:
                 self.returned[record.topic].add(record.offset)
+                if len(self.returned[record.topic]) == self.others:
+                    self.others_returned[record.topic].set()
             if not fails:
                 self.ok[source].add(int(record.value))
-                if first:
-                    self.ended_at[(source, int(record.value))] = time.monotonic()
+
+    def source_of(self, record: Record[bytes]) -> str:
+        return next(t for t in self.topics if record.topic.startswith(t))
 
     def on_event(self, event: Event, data: Mapping[str, Any]) -> None:
         for (topic, _partition), position in dict(data.get("offsets") or {}).items():
@@ -103,8 +107,8 @@ class Ledger:
 
 
 def records() -> list[tuple[bytes, bytes, list[Any]]]:
-    """Ids 0..n-1 interleaved over the keys; the slow key's three records come first."""
-    out = [(SLOW_KEY, str(i).encode(), []) for i in range(3)]
+    """Ids 0..n-1 interleaved over the keys; the slow key's record comes first."""
+    out: list[tuple[bytes, bytes, list[Any]]] = [(SLOW_KEY, b"0", [])]
     for _ in range(PER_KEY):
         for k in range(KEYS):
             out.append((b"k%d" % k, str(len(out)).encode(), []))
@@ -121,6 +125,9 @@ def test_keys_run_side_by_side_in_order_and_commits_never_pass_a_running_call(
     # setup: two source topics of one partition, each with its handler at concurrency=16 (async, plain)
     plain, coroutine = kit.create(unique_name("orders-sync"), 1), kit.create(unique_name("orders-async"), 1)
     ledger = Ledger([plain, coroutine])
+    batch = records()
+    ledger.others = len(batch) - 1
+    stalled: list[str] = []
     app = RetryApp(
         kafka=kafka, group=unique_name("billing"), consumer_overrides=consumer_overrides, hooks=[ledger], commit_every=5
     )
@@ -129,7 +136,11 @@ def test_keys_run_side_by_side_in_order_and_commits_never_pass_a_running_call(
     @app.handler(plain, policy=POLICY, concurrency=WINDOW)
     def handle(record: Record[bytes]) -> None:
         fails = ledger.start(record)
-        time.sleep(SLOW_S if record.key == SLOW_KEY and record.retry is None else 0.01)
+        if record.key == SLOW_KEY:  # the slow call returns once every other record's call did
+            if not ledger.others_returned[record.topic].wait(60):
+                stalled.append(record.topic)
+        else:
+            time.sleep(0.01)
         ledger.end(record, fails)
         if fails:
             raise RuntimeError("fails once")
@@ -137,13 +148,16 @@ def test_keys_run_side_by_side_in_order_and_commits_never_pass_a_running_call(
     @app.handler(coroutine, policy=POLICY, concurrency=WINDOW)
     async def handle_async(record: Record[bytes]) -> None:
         fails = ledger.start(record)
-        await asyncio.sleep(SLOW_S if record.key == SLOW_KEY and record.retry is None else 0.01)
+        if record.key == SLOW_KEY:
+            if not await asyncio.to_thread(ledger.others_returned[record.topic].wait, 60):
+                stalled.append(record.topic)
+        else:
+            await asyncio.sleep(0.01)
         ledger.end(record, fails)
         if fails:
             raise RuntimeError("fails once")
 
     app.provision()
-    batch = records()
     kit.produce(plain, batch)
     kit.produce(coroutine, batch)
 
@@ -161,11 +175,8 @@ def test_keys_run_side_by_side_in_order_and_commits_never_pass_a_running_call(
     inversions = {k: o for k, o in ledger.starts.items() if o != sorted(o)}
     assert not inversions
     assert all(1 < most <= WINDOW for most in ledger.most_in_flight.values()), ledger.most_in_flight
-    # and: the slow key (1.8 s of calls) stalled no other key: every other record ended before its last one
-    for topic in (plain, coroutine):
-        slow_end = ledger.ended_at[(topic, 2)]
-        others = [t for (src, i), t in ledger.ended_at.items() if src == topic and i >= 3]
-        assert max(others) < slow_end, topic
+    # and: the slow key stalled no other key: its call, first in, returned only after all the others had
+    assert not stalled
     # and: the failed ones were retried once, in the tier; no commit passed a call still running
     failing = {i for i in range(len(batch)) if i % 10 == 3}
     assert {i for (t, i), n in ledger.attempts.items() if n == 2 and t == plain} == failing
