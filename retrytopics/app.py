@@ -310,6 +310,12 @@ class RetryApp:
 
         return register
 
+    def set_concurrency(self, concurrency: int | Concurrency, *, topic: str | None = None) -> None:
+        """Set `concurrency` (as `handler(..., concurrency=)`) of `topic`'s handler, or of every handler; before
+        `start`/`run`. `retrytopics run --concurrency N` and `[app] concurrency` call it. Checked as at
+        registration: a `ConfigError` naming `concurrency`."""
+        self._registry.set_concurrency(concurrency, topic=topic)
+
     def add_hook(self, hook: Hook) -> None:
         """Subscribe one more hook to this app's events (e.g. metrics set up after the app was built);
         call it before `start`/`run`."""

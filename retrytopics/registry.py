@@ -7,6 +7,7 @@ in-process retries that would outlast the consumer's `max.poll.interval.ms`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -120,6 +121,25 @@ class Registry:
         if wanted.ordering is not None:
             raise ConfigError("flood_guard", guard, "not with key ordering yet")
         return guard
+
+    def set_concurrency(self, concurrency: int | Concurrency, *, topic: str | None) -> None:
+        """Replace the concurrency of `topic`'s handler (None: every handler's), checked as at registration."""
+        if topic is not None and topic not in self._bindings:
+            raise ConfigError("topic", topic, f"no handler for it; handled: {sorted(self._bindings)}")
+        for name in [topic] if topic is not None else list(self._bindings):
+            binding = self._bindings[name]
+            wanted = Registration(
+                topic=name,
+                policy=binding.policy,
+                value_deserializer=binding.value_deserializer,
+                dlq=None,
+                handler_budget="1s",
+                batch=binding.batch,
+                ordering=binding.ordering,
+                flood_guard=self._flood_guards.get(name),
+                concurrency=concurrency,
+            )
+            self._bindings[name] = dataclasses.replace(binding, concurrency=self._checked_concurrency(wanted))
 
     @staticmethod
     def _checked_concurrency(wanted: Registration) -> Concurrency | None:

@@ -23,6 +23,7 @@ every user of the machine through /proc).
     delays = ["5s", "30s", "5m"]
     consumer = "share"          # run, topics create: a share-group main consumer (default: the app's choice)
     key_ordering = true         # topics create, describe: also the key-state topic of a key-ordered handler
+    concurrency = 200           # run, tiers: handler calls in flight per consumer (`topic`'s handler, else every one)
     [metrics]
     port = 9102
     [logging]
@@ -46,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from retrytopics.connectors.config import KafkaConfig, check_replication
+from retrytopics.core.concurrency import concurrency_of
 from retrytopics.core.durations import parse_duration
 from retrytopics.core.errors import ConfigError
 from retrytopics.core.naming import NamingStrategy, validate_topic_name
@@ -86,6 +88,7 @@ _SCHEMA: dict[str, dict[str, type]] = {
         "header_key_file": str,
         "consumer": str,
         "key_ordering": bool,
+        "concurrency": int,
     },
     "metrics": {"port": int},
     "logging": {"level": str, "json": bool},
@@ -116,6 +119,9 @@ class AppSettings:
     #: `topics create`: the handler is key-ordered (`ordering=KeyOrdering(...)`), so its compacted key-state
     #: topic is provisioned with the tiers (docs/key-ordering.md)
     key_ordering: bool = False
+    #: `run`, `tiers`: calls in flight per consumer (`concurrency=` of `topic`'s handler, else of every handler;
+    #: docs/concurrency.md); None: the app's own
+    concurrency: int | None = None
 
     def __post_init__(self) -> None:
         if self.consumer not in (None, "group", "share"):
@@ -128,6 +134,8 @@ class AppSettings:
             parse_duration(delay, field=f"app.delays[{i}]")
         if self.partitions is not None and self.partitions < 1:
             raise ConfigError("app.partitions", self.partitions, "must be at least 1")
+        if self.concurrency is not None:
+            concurrency_of(self.concurrency, field="app.concurrency")
         check_replication(self.replication_factor, self.min_insync_replicas, field="app")
 
     def require(self, *names: str) -> None:
