@@ -52,7 +52,14 @@ def run(b: Bench) -> list[Result]:
             target=Target(">=", FLOOR_RATIO_TARGET, on="ratio"),
             note=f"concurrency={CALLS}, {HANDLER_MS} ms async handler, 1 partition, {KEYS:,} keys, 10 % failing once;"
             " baseline: hand-written asyncio + confluent-kafka, same limit, key order kept",
-            extra={"app_cpu_us_per_record": best["cpu_us_per_record"], "app_peak_rss_mb": best["peak_rss_mb"]},
+            extra={
+                "app_cpu_us_per_record": best["cpu_us_per_record"],
+                "floor_cpu_us_per_record": best_floor["cpu_us_per_record"],
+                "app_peak_rss_mb": best["peak_rss_mb"],
+                "floor_peak_rss_mb": best_floor["peak_rss_mb"],
+                "rates": ", ".join(f"{r['rate']:.0f}" for r in windowed),
+                "floor_rates": ", ".join(f"{r['rate']:.0f}" for r in floor),
+            },
         ),
         Result(
             scenario=f"{NAME}.serial",

@@ -51,6 +51,9 @@ log = logging.getLogger("retrytopics.runtime")
 #: the longest `consume()` wait while calls are in flight and the window has room: a returned call's outcome
 #: is acted on within about this long (`consume()` does not wake for it)
 _IN_FLIGHT_WAIT_MS = 1
+#: while every window is full, how long the consumer's thread waits for a call to return at the least (even when
+#: the hand-off asks for a prompt poll): a poll then would read a record only to read it again later
+_FULL_WAIT_MS = 5
 #: the in-flight gauge is sampled at most this often (`concurrency.sampled`)
 _SAMPLE_EVERY_S = 1.0
 
@@ -111,13 +114,24 @@ class CallWindow:
         self._sampled_at = 0.0
         #: handlers whose window is full now (a `concurrency.window_full` per episode)
         self._full: set[str] = set()
+        #: partitions a record of which found its window full: held until the window drained by half
+        self._held: set[TopicPartition] = set()
 
     # -- what the loop asks ------------------------------------------------------------------------------------
 
     def holds(self, tp: TopicPartition) -> bool:
-        """Whether `tp`'s handler's window holds its byte bound (the hold reason, holds.py)."""
+        """Whether `tp` is held (the hold reason, holds.py): while its handler's window holds its byte bound,
+        and once a record of it found the window full, until the window has room for half its calls again (a
+        slow handler's partition is paused once per drain, not at every poll)."""
         at = self._by_topic.get(tp[0])
-        return at is not None and at[0].over_bytes
+        if at is None:
+            return False
+        window = at[0]
+        if tp in self._held:
+            if window.room < window.calls // 2 + 1:
+                return True
+            self._held.discard(tp)
+        return window.over_bytes
 
     def batch_size(self, batch_size: int) -> int:
         """No more records from the next poll than the fullest window has room for, counting the calls that
@@ -150,6 +164,7 @@ class CallWindow:
             yield from self._returned()  # calls returned since: their room is this record's
         if window.full:
             self._filled(binding.topic, window)
+            self._held.add(msg.tp)
             yield Held(msg)
             return
         yield Parked(msg)
@@ -176,7 +191,8 @@ class CallWindow:
 
     def wait_ms(self, wait_ms: int) -> int:
         """How long the next `consume()` may wait: not at all when outcomes are there; while every window with
-        calls in flight is full, until a call returns (at most `wait_ms`); while calls are in flight, briefly."""
+        calls in flight is full, until a call returns (at most `wait_ms`, at least `_FULL_WAIT_MS`); while
+        calls are in flight, briefly."""
         workers = self._workers
         workers.flush()
         if not workers.done.empty():
@@ -188,7 +204,7 @@ class CallWindow:
             workers.returned.clear()
             workers.waiting = True
             if workers.done.empty():
-                workers.returned.wait(wait_ms / 1000)
+                workers.returned.wait(max(wait_ms, _FULL_WAIT_MS) / 1000)
             workers.waiting = False
             return 0
         return min(wait_ms, _IN_FLIGHT_WAIT_MS)
@@ -225,6 +241,7 @@ class CallWindow:
         starts, and what their calls still running return is dropped (read again by the new owner)."""
         for window in self._windows.values():
             window.forget(tps)
+        self._held.difference_update(tps)
 
     def close(self) -> None:
         self._workers.close()
