@@ -13,7 +13,6 @@ import inspect
 import queue
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from retrytopics.core.classify import Verdict, classify
@@ -39,7 +38,14 @@ class Workers:
         self._threads = threads
         self._stop = stop
         self._name = name
-        self._pool: ThreadPoolExecutor | None = None
+        #: the plain handlers' calls to run, and the threads that run them (daemons: a call that never returns
+        #: must not keep the process from exiting once the app stopped)
+        self._calls: queue.SimpleQueue[tuple[object, Callable[[Record[Any]], Any], Record[Any], RetryPolicy] | None]
+        self._calls = queue.SimpleQueue()
+        self._pool: list[threading.Thread] = []
+        self._idle = 0  # threads waiting for a call
+        self._queued = 0  # calls put and not taken yet
+        self._idle_lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         #: the calls that returned, in the order they did
@@ -49,19 +55,26 @@ class Workers:
         self.waiting = False
         #: `async def` calls started since the last `flush`, handed to the event loop together
         self._pending: list[Coroutine[Any, Any, None]] = []
+        #: per handler (by identity), whether it is an `async def` one: asked once, not per call
+        self._asynchronous: dict[int, bool] = {}
 
     def start(
         self, token: object, handler: Callable[[Record[Any]], Any], record: Record[Any], policy: RetryPolicy
     ) -> None:
         """Start one call of `handler` on `record` (an `async def` one at the next `flush`); its outcome comes
         back on `done` with `token`."""
-        if is_async_handler(handler):
+        asynchronous = self._asynchronous.get(id(handler))
+        if asynchronous is None:
+            asynchronous = self._asynchronous[id(handler)] = is_async_handler(handler)
+        if asynchronous:
             self._pending.append(self._async_call(token, handler, record, policy))
         else:
-            pool = self._pool
-            if pool is None:
-                pool = self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix=f"{self._name}:call")
-            pool.submit(self._sync_call, token, handler, record, policy)
+            with self._idle_lock:
+                self._queued += 1
+                short = self._queued > self._idle
+            self._calls.put((token, handler, record, policy))
+            if short and len(self._pool) < self._threads:
+                self._add_thread()
 
     def flush(self) -> None:
         """Hand the `async def` calls started since the last flush to the event loop, in one wake-up of it."""
@@ -72,8 +85,8 @@ class Workers:
 
     def close(self) -> None:
         """Stop taking calls; calls still running are left to end by themselves (their outcomes are dropped)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+        for _ in self._pool:
+            self._calls.put(None)
         loop = self._loop
         if loop is not None:
             loop.call_soon_threadsafe(loop.stop)
@@ -81,6 +94,26 @@ class Workers:
             self._loop_thread.join(timeout=1.0)
 
     # -- the calls ---------------------------------------------------------------------------------------------
+
+    def _add_thread(self) -> None:
+        thread = threading.Thread(target=self._serve, name=f"{self._name}:call-{len(self._pool)}", daemon=True)
+        self._pool.append(thread)
+        with self._idle_lock:
+            self._idle += 1
+        thread.start()
+
+    def _serve(self) -> None:
+        calls, lock = self._calls, self._idle_lock
+        while True:
+            call = calls.get()
+            if call is None:
+                return
+            with lock:
+                self._idle -= 1
+                self._queued -= 1
+            self._sync_call(*call)
+            with lock:
+                self._idle += 1
 
     def _sync_call(
         self, token: object, handler: Callable[[Record[Any]], Any], record: Record[Any], policy: RetryPolicy

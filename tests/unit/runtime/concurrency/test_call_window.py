@@ -115,3 +115,32 @@ def test_shutdown_drains_the_calls_in_flight_and_starts_nothing_new() -> None:
     window.drain(10.0, applied.append)
     assert [(o.msg.offset) for o in applied] == [0] and handler.started == [(0, 0)]
     window.close()
+
+
+def test_plain_calls_run_side_by_side_up_to_the_bound_on_daemon_threads() -> None:
+    """Four calls of four keys, each returning only once all four started: the pool runs them together (and a
+    call that never returns would not keep the process from exiting: its threads are daemons)."""
+    handler = Handler()
+    window, binding = window_of(handler)
+    all_started = threading.Barrier(4)
+    for offset in range(4):
+        handler.gate(0, offset)
+    handler_call = handler.__call__
+
+    def call(record: Record[bytes]) -> None:
+        all_started.wait(10)
+        handler_call(record)
+        handler.gate(0, record.offset).set()
+
+    for offset in range(4):
+        handler.gate(0, offset).set()
+    object.__setattr__(binding, "handler", call)
+    for offset in range(4):
+        admit(window, binding, 0, offset, b"k%d" % offset)
+    window.wait_ms(0)
+    eventually(lambda: window._workers.done.qsize() == 4)
+    outcomes = [o for it in window.released() for o in it]
+    assert sorted(o.msg.offset for o in outcomes if type(o) is Succeeded) == [0, 1, 2, 3]
+    calls = [t for t in threading.enumerate() if t.name.startswith("t:call-")]
+    assert calls and all(t.daemon for t in calls)
+    window.close()
