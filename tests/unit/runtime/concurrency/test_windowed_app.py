@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from retrytopics import Concurrency, KafkaConfig, OrderMode, Record, RetryApp, RetryPolicy
+from retrytopics import Concurrency, FloodGuard, KafkaConfig, OrderMode, Record, RetryApp, RetryPolicy
 from retrytopics.core.errors import ConfigError
 from retrytopics.core.keyorder.config import KeyOrdering
 from retrytopics.observe.events import Event
@@ -170,8 +170,9 @@ def test_without_order_calls_of_one_key_overlap() -> None:
         ({}, {"ordering": KeyOrdering()}, "concurrency"),
         ({"exactly_once": True}, {}, "concurrency"),
         ({"consumer": "share"}, {}, "concurrency"),
+        ({}, {"flood_guard": FloodGuard()}, "concurrency"),
     ],
-    ids=["key-ordering", "exactly-once", "share"],
+    ids=["key-ordering", "exactly-once", "share", "flood-guard"],
 )
 def test_combinations_not_made_right_yet_are_refused_at_start_up(
     options: dict[str, Any], handler_options: dict[str, Any], field: str
@@ -181,6 +182,19 @@ def test_combinations_not_made_right_yet_are_refused_at_start_up(
         app.handler("orders", concurrency=8, **handler_options)(lambda record: None)
         app.start()
     assert refused.value.field == field
+
+
+@pytest.mark.parametrize(
+    "other", [{"ordering": KeyOrdering()}, {"flood_guard": FloodGuard()}], ids=["ordered", "guarded"]
+)
+def test_a_windowed_handler_beside_a_key_ordered_or_guarded_one_is_refused_at_start(other: dict[str, Any]) -> None:
+    """One consumer runs every handler of an app: its records stage is one kind, so the app is refused."""
+    app = RetryApp(kafka=KafkaConfig(bootstrap="127.0.0.1:9"), group="billing")
+    app.handler("orders", concurrency=8)(lambda record: None)
+    app.handler("refunds", **other)(lambda record: None)
+    with pytest.raises(ConfigError) as refused:
+        app.start()
+    assert refused.value.field == "concurrency"
 
 
 @pytest.mark.parametrize("bad", [0, -1, 10_001, 2.5, "200"])
