@@ -14,7 +14,7 @@ from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from bench.measure import emit
 from retrytopics.connectors.kafka import CONSUMER_DEFAULTS, PRODUCER_DEFAULTS
 
-__all__ = ["raw_consume", "raw_paused", "raw_produce", "raw_read"]
+__all__ = ["raw_consume", "raw_paused", "raw_produce", "raw_read", "raw_window"]
 
 
 def _noop(msg: Message) -> None:
@@ -148,3 +148,90 @@ def raw_read(args: dict[str, Any]) -> None:
     elapsed = time.monotonic() - start
     emit("done", count=seen, seconds=elapsed, rate=seen / elapsed, bytes=size)
     consumer.close()
+
+
+def raw_window(args: dict[str, Any]) -> None:
+    """The hand-written floor of handler concurrency: asyncio + confluent-kafka, at most `concurrency` calls in
+    flight, one in flight per key (a key's later records wait in offset order), a failing call's record
+    produced to a retry topic, offsets committed up to the contiguous prefix of settled records every 500
+    settles or second. It reads only while the window has room, and no more than that room (librdkafka keeps
+    fetching ahead meanwhile, within its own queue bounds: no pause, no refetch). The handler awaits `handler_ms`; records whose offset % 10 == 3 fail.
+    Done after `n` records settled. Args: bootstrap, topic, retry_topic, group, n, concurrency, handler_ms."""
+    import asyncio
+    import collections
+
+    async def main() -> tuple[int, float]:
+        consumer = Consumer(
+            {
+                **CONSUMER_DEFAULTS,
+                "bootstrap.servers": args["bootstrap"],
+                "group.id": args["group"],
+                **args.get("consumer_overrides", {}),
+            }
+        )
+        producer = Producer({**PRODUCER_DEFAULTS, "bootstrap.servers": args["bootstrap"]})
+        consumer.subscribe([args["topic"]])
+        limit, sleep_s, n = args["concurrency"], args["handler_ms"] / 1000, args["n"]
+        admitted = 0  # in flight or waiting for their key
+        busy: dict[bytes | None, collections.deque[Message]] = {}
+        unsettled: dict[tuple[str, int], collections.deque[int]] = {}  # offsets read, in order
+        settled: set[tuple[str, int, int]] = set()
+        positions: dict[tuple[str, int], int] = {}
+        done, first, since_commit, last_commit = 0, 0.0, 0, time.monotonic()
+        tasks: set[asyncio.Task[None]] = set()
+
+        def start(msg: Message) -> None:
+            task = asyncio.get_running_loop().create_task(call(msg))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+        async def call(msg: Message) -> None:
+            nonlocal admitted, done, since_commit
+            await asyncio.sleep(sleep_s)
+            if msg.offset() % 10 == 3:
+                producer.produce(args["retry_topic"], value=msg.value(), key=msg.key(), headers=msg.headers())
+            tp = (msg.topic(), msg.partition())
+            settled.add((*tp, msg.offset()))
+            order = unsettled[tp]
+            while order and (*tp, order[0]) in settled:
+                settled.discard((*tp, order[0]))
+                positions[tp] = order.popleft() + 1
+            admitted -= 1
+            done += 1
+            since_commit += 1
+            waiting = busy[msg.key()]
+            if waiting:
+                start(waiting.popleft())
+            else:
+                del busy[msg.key()]
+
+        emit("ready")
+        while done < n:
+            producer.poll(0)
+            messages = consumer.consume(min(500, limit - admitted), 0) if admitted < limit else []
+            if messages and not first:
+                first = time.monotonic()
+            for msg in messages:
+                if msg.error() is not None:
+                    continue
+                unsettled.setdefault((msg.topic(), msg.partition()), collections.deque()).append(msg.offset())
+                admitted += 1
+                key = msg.key()
+                if key in busy:
+                    busy[key].append(msg)
+                else:
+                    busy[key] = collections.deque()
+                    start(msg)
+            if since_commit >= 500 or (since_commit and time.monotonic() - last_commit >= 1.0):
+                commit = [TopicPartition(t, p, o) for (t, p), o in positions.items()]
+                if commit:
+                    consumer.commit(offsets=commit, asynchronous=True)
+                since_commit, last_commit = 0, time.monotonic()
+            await asyncio.sleep(0 if messages else 0.001)
+        elapsed = time.monotonic() - first
+        producer.flush(30)
+        consumer.close()
+        return done, elapsed
+
+    count, seconds = asyncio.run(main())
+    emit("done", count=count, seconds=seconds, rate=count / seconds)

@@ -18,7 +18,7 @@ from retrytopics.core.policy import RetryPolicy
 from retrytopics.core.record import Record
 from retrytopics.observe.events import Event
 
-__all__ = ["app_failure", "app_share", "app_success", "app_success_batch", "app_tiers"]
+__all__ = ["app_failure", "app_share", "app_success", "app_success_batch", "app_tiers", "app_window"]
 
 
 class _Finish:
@@ -209,3 +209,28 @@ def _report_paused(app: RetryApp, partitions: int, finish: _Finish, timeout_s: f
             raise TimeoutError(f"only {app.stats.paused_partitions} of {partitions} partitions paused")
         time.sleep(0.1)
     emit("paused", paused=app.stats.paused_partitions)
+
+
+def app_window(args: dict[str, Any]) -> None:
+    """An `async def` handler awaiting `handler_ms`, with `concurrency` calls in flight (its default order: by
+    key); a record whose offset % 10 == 3 fails its first attempt (to the 1 s tier, whose consumer runs too).
+    Done after `n` first attempts returned (the source pass: a failure is handed to its tier meanwhile).
+    Args: bootstrap, topic, group, n, concurrency, handler_ms."""
+    import asyncio
+
+    app, finish = _app(args), _Finish(args["n"])
+    lock = threading.Lock()
+    pause_s = args["handler_ms"] / 1000
+
+    @app.handler(args["topic"], policy=RetryPolicy(delays=["1s"]), concurrency=args["concurrency"])
+    async def handle(record: Record[bytes]) -> None:
+        await asyncio.sleep(pause_s)
+        if record.retry is None:
+            with lock:
+                finish.tick()
+            if record.offset % 10 == 3:
+                raise RuntimeError("fails once")
+
+    app.provision(partitions=args["partitions"])
+    _serve(app, finish, main=True, tiers="all", timeout_s=args.get("timeout_s", 600))
+    finish.report()

@@ -19,6 +19,7 @@ from retrytopics import errors
 from retrytopics.app import RetryApp
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.serde import avro, avro_serializer, bytes_value, json_serializer, json_value, utf8
+from retrytopics.core.concurrency import Concurrency, OrderMode
 from retrytopics.core.errors import (
     BatchFailed,
     ConfigError,
@@ -55,6 +56,9 @@ __all__ = [
     "KeyOrdering",
     # Retry-flood guard
     "FloodGuard",
+    # Handler concurrency
+    "Concurrency",
+    "OrderMode",
     # Control signals (raised by handlers)
     "BatchFailed",
     "NonRetryable",

@@ -44,6 +44,7 @@ from retrytopics.connectors.admin import (
 from retrytopics.connectors.clients import DEFAULT_MAX_POLL_INTERVAL_MS, DEFAULT_SESSION_TIMEOUT_MS
 from retrytopics.connectors.config import KafkaConfig, check_replication, validate_overrides
 from retrytopics.connectors.serde import Deserializer, bytes_value
+from retrytopics.core.concurrency import Concurrency
 from retrytopics.core.dedupe import DEFAULT_CAPACITY, DuplicateAudit
 from retrytopics.core.durations import DurationLike, parse_duration
 from retrytopics.core.errors import ConfigError, KafkaClientError
@@ -217,6 +218,7 @@ class RetryApp:
         handler_budget: DurationLike = "1s",
         ordering: KeyOrdering | None = None,
         flood_guard: FloodGuard | None = None,
+        concurrency: int | Concurrency = 1,
     ) -> Callable[[F], F]:
         """Register a handler for `topic`; returns the function unchanged (still a plain callable).
 
@@ -235,6 +237,15 @@ class RetryApp:
         its consumers hold its partitions, probe one call at a time after a growing back-off, and a record that
         runs out of attempts meanwhile is not dead-lettered. One guard per handler per process. Not yet with
         key `ordering` nor `consumer="share"` (a `ConfigError` naming `flood_guard`).
+
+        `concurrency=200` (or `Concurrency(calls=200, max_bytes=..., order=OrderMode.KEY)`) keeps up to 200
+        calls in flight in each consumer (docs/concurrency.md): `async def` handlers as tasks on an event loop,
+        plain ones on a thread pool of that size. By default two records of one key and partition are never in
+        flight together and start in offset order; `OrderMode.PARTITION` runs one at a time per partition,
+        `OrderMode.NONE` keeps no order. Offsets are committed only below every unfinished record, and a
+        failure goes to its tier while the other calls run. The default 1 is one call at a time on the
+        consumer's thread. Not yet with key `ordering`, a `flood_guard`, `exactly_once` nor
+        `consumer="share"` (a `ConfigError` naming `concurrency`).
         """
         return self._register(
             topic,
@@ -245,6 +256,7 @@ class RetryApp:
             batch=False,
             ordering=ordering,
             flood_guard=flood_guard,
+            concurrency=concurrency,
         )
 
     def batch_handler(
@@ -279,6 +291,7 @@ class RetryApp:
         batch: bool,
         ordering: KeyOrdering | None,
         flood_guard: FloodGuard | None = None,
+        concurrency: int | Concurrency = 1,
     ) -> Callable[[F], F]:
         wanted = Registration(
             topic=topic,
@@ -289,6 +302,7 @@ class RetryApp:
             batch=batch,
             ordering=ordering,
             flood_guard=flood_guard,
+            concurrency=concurrency,
         )
         bind = self._registry.add(wanted, lambda: self.max_poll_interval_ms)
 
@@ -297,6 +311,12 @@ class RetryApp:
             return fn
 
         return register
+
+    def set_concurrency(self, concurrency: int | Concurrency, *, topic: str | None = None) -> None:
+        """Set `concurrency` (as `handler(..., concurrency=)`) of `topic`'s handler, or of every handler; before
+        `start`/`run`. `retrytopics run --concurrency N` and `[app] concurrency` call it. Checked as at
+        registration: a `ConfigError` naming `concurrency`."""
+        self._registry.set_concurrency(concurrency, topic=topic)
 
     def add_hook(self, hook: Hook) -> None:
         """Subscribe one more hook to this app's events (e.g. metrics set up after the app was built);
@@ -396,6 +416,7 @@ class RetryApp:
         _refuse_key_ordering(self)
         if self._registry.flood_guards and self.consumer == "share":
             raise ConfigError("flood_guard", sorted(self._registry.flood_guards), "not with consumer='share' yet")
+        _refuse_concurrency(self)
         self.preflight()
         settings: list[LoopSettings] = []
         if main:
@@ -663,6 +684,23 @@ def _loop_options(
         "wait_in_memory_records": wait_in_memory_records,
     }
     return every, tiers
+
+
+def _refuse_concurrency(app: RetryApp) -> None:
+    # not yet: a transaction closing over settled records only, and a share consumer acknowledging each call
+    # as it settles (docs/concurrency.md, "Refused")
+    windowed = sorted(topic for topic, binding in app.handlers.items() if binding.concurrency is not None)
+    if not windowed:
+        return
+    if app.exactly_once:
+        raise ConfigError("concurrency", windowed, "not with exactly_once yet")
+    if app.consumer == "share":
+        raise ConfigError("concurrency", windowed, "not with consumer='share' yet")
+    # one consumer runs every handler of the app: its records stage is one kind
+    if any(binding.ordering is not None for binding in app.handlers.values()):
+        raise ConfigError("concurrency", windowed, "not in an app with a key-ordered handler yet")
+    if app._registry.flood_guards:
+        raise ConfigError("concurrency", windowed, "not in an app with a flood-guarded handler yet")
 
 
 def _refuse_key_ordering(app: RetryApp) -> None:

@@ -7,12 +7,14 @@ in-process retries that would outlast the consumer's `max.poll.interval.ms`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
 from retrytopics.connectors.serde import Deserializer
+from retrytopics.core.concurrency import Concurrency, concurrency_of
 from retrytopics.core.durations import DurationLike, parse_duration
 from retrytopics.core.errors import ConfigError
 from retrytopics.core.flood_guard import FloodGuard
@@ -39,6 +41,7 @@ class Registration:
     batch: bool
     ordering: KeyOrdering | None = None
     flood_guard: FloodGuard | None = None
+    concurrency: int | Concurrency = 1
 
 
 class Registry:
@@ -70,6 +73,7 @@ class Registry:
         policy = self._checked_policy(wanted, max_poll_interval_ms)
         ordering = self._checked_ordering(wanted)
         flood_guard = self._checked_flood_guard(wanted)
+        concurrency = self._checked_concurrency(wanted)
         if topic in self._bindings:
             raise ConfigError("topic", topic, f"already handled by {self._bindings[topic].name}")
         topics = topics_for(topic, self._group, policy.tier_delays_ms, strategy=self._naming, dlq=wanted.dlq)
@@ -97,6 +101,7 @@ class Registry:
                 value_deserializer=wanted.value_deserializer,
                 batch=wanted.batch,
                 ordering=ordering,
+                concurrency=concurrency,
             )
             if flood_guard is not None:
                 self._flood_guards[topic] = flood_guard
@@ -116,6 +121,40 @@ class Registry:
         if wanted.ordering is not None:
             raise ConfigError("flood_guard", guard, "not with key ordering yet")
         return guard
+
+    def set_concurrency(self, concurrency: int | Concurrency, *, topic: str | None) -> None:
+        """Replace the concurrency of `topic`'s handler (None: every handler's), checked as at registration."""
+        if topic is not None and topic not in self._bindings:
+            raise ConfigError("topic", topic, f"no handler for it; handled: {sorted(self._bindings)}")
+        for name in [topic] if topic is not None else list(self._bindings):
+            binding = self._bindings[name]
+            wanted = Registration(
+                topic=name,
+                policy=binding.policy,
+                value_deserializer=binding.value_deserializer,
+                dlq=None,
+                handler_budget="1s",
+                batch=binding.batch,
+                ordering=binding.ordering,
+                flood_guard=self._flood_guards.get(name),
+                concurrency=concurrency,
+            )
+            self._bindings[name] = dataclasses.replace(binding, concurrency=self._checked_concurrency(wanted))
+
+    @staticmethod
+    def _checked_concurrency(wanted: Registration) -> Concurrency | None:
+        """The handler's window, or None for one call at a time (today's path, unchanged)."""
+        config = concurrency_of(wanted.concurrency)
+        if not config.windowed:
+            return None
+        # not yet: each needs its own rule for records in flight together (docs/concurrency.md, "Refused")
+        if wanted.batch:
+            raise ConfigError("concurrency", wanted.concurrency, "not with a batch handler yet")
+        if wanted.ordering is not None:
+            raise ConfigError("concurrency", wanted.concurrency, "not with key ordering (ordering=) yet")
+        if wanted.flood_guard is not None:
+            raise ConfigError("concurrency", wanted.concurrency, "not with a flood guard yet")
+        return config
 
     @staticmethod
     def _checked_ordering(wanted: Registration) -> KeyOrdering | None:

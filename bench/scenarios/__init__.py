@@ -1,5 +1,6 @@
 """The scenarios in order (throughput, lateness, memory, idle cost, Spark, the console, the peer), then the floors of the ratio targets,
-then a failover (on 3-node clusters of its own), then share groups, then key ordering, then a retry flood. Each module has `NAME`
+then a failover (on 3-node clusters of its own), then share groups, then key ordering, then a retry flood, then handler
+concurrency. Each module has `NAME`
 and `run(bench) -> list[Result]`."""
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from bench.scenarios import (
     share,
     spark,
     success,
+    window,
 )
 
 __all__ = ["ALL"]
@@ -42,4 +44,5 @@ ALL: tuple[ModuleType, ...] = (
     share,
     keyorder,
     flood,
+    window,
 )

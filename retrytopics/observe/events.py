@@ -117,6 +117,13 @@ class Event(StrEnum):
     ones that do not decode, and with `header_key` `forged` ones whose signature is missing or wrong
     (docs/key-ordering.md, section 9) [consumer, topic (the key-state topic), malformed, forged]."""
 
+    CONCURRENCY_WINDOW_FULL = "concurrency.window_full"
+    """A handler's in-flight window on one consumer filled (docs/concurrency.md): its partitions are held until
+    calls return; once per episode [consumer, handler, in_flight]."""
+    CONCURRENCY_SAMPLED = "concurrency.sampled"
+    """A windowed handler's calls in flight and records waiting behind a key, sampled at most once a second per
+    consumer [consumer, handler, in_flight, waiting]."""
+
     FLOOD_GUARD_OPENED = "flood_guard.opened"
     """A handler's retry-flood guard opened (docs/flood-guard.md): its consumers hold the handler's partitions
     for `backoff_ms`, then probe [handler, reason (`failure_ratio`, `dead_letters`, `probe_failed`),

@@ -188,6 +188,18 @@ class PrometheusHook:
             ["handler", "reason"],
             registry=r,
         )
+        self.in_flight = Gauge(
+            "retrytopics_concurrency_in_flight",
+            "Handler calls in flight in one consumer's window, sampled once a second (docs/concurrency.md)",
+            ["consumer", "handler"],
+            registry=r,
+        )
+        self.window_full = Counter(
+            "retrytopics_concurrency_window_full",
+            "Times a handler's in-flight window on a consumer filled (a record read again later), once per episode",
+            ["consumer", "handler"],
+            registry=r,
+        )
         self.first_attempts = Counter(
             "retrytopics_first_attempts",
             "Handler calls on a source topic (a record's first attempt): retry amplification is every handler call "
@@ -289,6 +301,12 @@ class PrometheusHook:
         elif event is Event.KEY_STATE_REFUSED:
             for reason in ("malformed", "forged"):
                 self.key_state_refused.labels(topic, reason).inc(_int(data.get(reason)))
+        elif event is Event.CONCURRENCY_SAMPLED:
+            self.in_flight.labels(str(data.get("consumer", "")), str(data.get("handler", ""))).set(
+                _int(data.get("in_flight"))
+            )
+        elif event is Event.CONCURRENCY_WINDOW_FULL:
+            self.window_full.labels(str(data.get("consumer", "")), str(data.get("handler", ""))).inc()
         elif event in _GUARD_EVENTS:
             self._count_guard(event, str(data.get("handler", "")), data)
         elif event in (Event.PARTITION_PAUSED, Event.PARTITION_RESUMED):

@@ -46,6 +46,7 @@ def _settings(args: argparse.Namespace) -> Any:
                 "naming",
                 "dlq",
                 "header_key_file",
+                "concurrency",
             )
         },
         "metrics": {"port": getattr(args, "metrics_port", None)},
@@ -505,12 +506,14 @@ def _add_runners(commands: Any) -> None:
     run.add_argument("app", metavar="MODULE:OBJECT", help="where the RetryApp lives, e.g. billing.consumers:app")
     _common(run)
     run.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    run.add_argument("--concurrency", type=int, metavar="N", help="handler calls in flight (docs/concurrency.md)")
     run.set_defaults(run=_cmd_run)
     tiers = commands.add_parser("tiers", help="run tier consumers of an app (all, or --tier ...); SIGTERM drains")
     tiers.add_argument("app", metavar="MODULE:OBJECT")
     tiers.add_argument("--tier", action="append", metavar="DELAY|TOPIC", help="a tier to run (repeatable; default all)")
     _common(tiers)
     tiers.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    tiers.add_argument("--concurrency", type=int, metavar="N", help="handler calls in flight (docs/concurrency.md)")
     tiers.set_defaults(run=_cmd_tiers)
 
 

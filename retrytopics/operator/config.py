@@ -24,6 +24,7 @@ every user of the machine through /proc).
     consumer = "share"          # run, topics create: a share-group main consumer (default: the app's choice)
     key_ordering = true         # topics create, describe: also the key-state topic of a key-ordered handler
     flood_guard = true          # topics create: also the flood-guard topic of a guarded handler
+    concurrency = 200           # run, tiers: handler calls in flight per consumer (`topic`'s handler, else every one)
     [metrics]
     port = 9102
     [logging]
@@ -47,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from retrytopics.connectors.config import KafkaConfig, check_replication
+from retrytopics.core.concurrency import concurrency_of
 from retrytopics.core.durations import parse_duration
 from retrytopics.core.errors import ConfigError
 from retrytopics.core.naming import NamingStrategy, validate_topic_name
@@ -88,6 +90,7 @@ _SCHEMA: dict[str, dict[str, type]] = {
         "consumer": str,
         "key_ordering": bool,
         "flood_guard": bool,
+        "concurrency": int,
     },
     "metrics": {"port": int},
     "logging": {"level": str, "json": bool},
@@ -121,6 +124,9 @@ class AppSettings:
     #: `topics create`: the handler has a retry-flood guard (`flood_guard=FloodGuard(...)`), so its compacted
     #: flood-guard topic is provisioned with the tiers (docs/flood-guard.md)
     flood_guard: bool = False
+    #: `run`, `tiers`: calls in flight per consumer (`concurrency=` of `topic`'s handler, else of every handler;
+    #: docs/concurrency.md); None: the app's own
+    concurrency: int | None = None
 
     def __post_init__(self) -> None:
         if self.consumer not in (None, "group", "share"):
@@ -133,6 +139,8 @@ class AppSettings:
             parse_duration(delay, field=f"app.delays[{i}]")
         if self.partitions is not None and self.partitions < 1:
             raise ConfigError("app.partitions", self.partitions, "must be at least 1")
+        if self.concurrency is not None:
+            concurrency_of(self.concurrency, field="app.concurrency")
         check_replication(self.replication_factor, self.min_insync_replicas, field="app")
 
     def require(self, *names: str) -> None:

@@ -106,6 +106,8 @@ def prepare_app(reference: str, settings: Settings) -> Any:
     check_kafka(app.kafka)
     if settings.app.consumer is not None:
         app.consumer = settings.app.consumer  # a ConfigError naming exactly_once for an exactly-once app
+    if settings.app.concurrency is not None:
+        app.set_concurrency(settings.app.concurrency, topic=settings.app.topic)
     from retrytopics.connectors.kafka import check_properties
 
     check_properties("consumer_overrides", app.consumer_overrides)

@@ -191,7 +191,19 @@ RUNTIME_MAY_IMPORT = {
     "handoff": {"handoff", "records.outcome", "clock", "bounded"},
     "lag": {"clock"},
     "flood": {"flood", "records", "clock"},
-    "consumer": {"consumer", "records", "keyorder", "flood", "waiting", "handoff", "clock", "bounded", "lag"},
+    "concurrency": {"concurrency", "records", "waiting", "clock"},
+    "consumer": {
+        "consumer",
+        "records",
+        "keyorder",
+        "flood",
+        "concurrency",
+        "waiting",
+        "handoff",
+        "clock",
+        "bounded",
+        "lag",
+    },
 }
 
 

@@ -96,7 +96,8 @@ class PollCycle:
         wait_ms = self._stage.wait_ms(handoff.wait_ms(waiting.wait_ms(self._now_ms(), self._max_wait_ms)))
         asked = self._monotonic()
         ownership.in_poll = True
-        polled = consume_runs(self._consumer, self._batch_size, wait_ms / 1000, self._stage.run_topics)
+        batch_size = self._stage.batch_size(self._batch_size)
+        polled = consume_runs(self._consumer, batch_size, wait_ms / 1000, self._stage.run_topics)
         # Judged from before the wake: a consume() that overran its timeout by more than half the session
         # was frozen in it (SIGSTOP, a VM pause), and its return says nothing about membership yet.
         batch, built = polled

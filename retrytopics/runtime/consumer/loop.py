@@ -28,6 +28,8 @@ from retrytopics.core.transactions import CALL_TIMEOUT_MS
 from retrytopics.observe.events import Emitter
 from retrytopics.runtime.bounded import BoundedCalls, BoundedCommits
 from retrytopics.runtime.clock import SYSTEM_CLOCK, Clock
+from retrytopics.runtime.concurrency.holds import WindowFull
+from retrytopics.runtime.concurrency.stage import CallWindow, WindowedSourceStage, WindowedTierStage, windowed_topics
 from retrytopics.runtime.consumer.cycle import CycleParts, PollCycle
 from retrytopics.runtime.consumer.holds import HoldReason, PublishFailing
 from retrytopics.runtime.consumer.rebalance import AssignmentListener, GroupJoin, RebalanceListener
@@ -118,6 +120,8 @@ class ConsumerLoop(LoopRun):
         self._consumer: ConsumerPort | None = None
         self._pauses: PauseController | None = None
         self._handoff: HandOff | None = None
+        #: the windowed handlers' calls (runtime/concurrency/); None: every call on this loop's thread
+        self._window: CallWindow | None = None
 
     # -- state for the app -------------------------------------------------------------------------------
 
@@ -200,11 +204,17 @@ class ConsumerLoop(LoopRun):
         )
         # what a feature adds to the shared path, one entry per seam (docs/architecture.md, Where a new feature goes)
         holds: list[HoldReason] = [PublishFailing(handoff)]
+        before_revoke: list[Callable[[list[TopicPartition]], None]] = []
+        listeners: list[AssignmentListener] = []
+        if isinstance(stage, WindowedSourceStage | WindowedTierStage):
+            window = self._window = stage.window
+            holds.append(WindowFull(window))
+            listeners.append(window)
+            before_revoke.append(lambda tps: window.settle_before_revoke(tps, s.revoke_drain_timeout_s, handoff.apply))
         if self._flood_guards:
             stage = FloodGuardedStage(stage, self._flood_guards, consumer=s.name, emitter=self._emitter, clock=clock)
             holds.append(FloodHold(self._flood_guards))
         before_poll: list[Callable[[], None]] = []
-        listeners: list[AssignmentListener] = []
         lag = self._lag_probe(waiting)
         if lag is not None:
             before_poll.append(lag.tick)  # never waits: an answer is read when it came
@@ -222,6 +232,7 @@ class ConsumerLoop(LoopRun):
             assigned=self._assigned,
             join=self._join,
             listeners=listeners,
+            before_revoke=before_revoke,
         )
         consumer.subscribe(
             s.topics, on_assign=rebalance.on_assign, on_revoke=rebalance.on_revoke, on_lost=rebalance.on_lost
@@ -253,7 +264,13 @@ class ConsumerLoop(LoopRun):
         parts = (self._audit, self._invoker, ownership, duplicates)
         clock, rng, stop = self._clock, random.Random(), self._stop
         order = None if key_order is None else key_order[0]
+        windowed = bool(windowed_topics(self._bindings))
+        emitter, name = self._emitter, self.settings.name
         if all(topic == b.topic for topic, b in self._bindings.items()):
+            if windowed and order is None:
+                return WindowedSourceStage(
+                    self._bindings, *parts, clock=clock, rng=rng, stop=stop, emitter=emitter, consumer=name
+                )
             if isinstance(order, KeyOrder):
                 return OrderedSourceStage(
                     self._bindings,
@@ -266,6 +283,10 @@ class ConsumerLoop(LoopRun):
                     failing=failing,
                 )
             return SourceStage(self._bindings, *parts, clock=clock, rng=rng, stop=stop)
+        if windowed and order is None:
+            return WindowedTierStage(
+                self._bindings, waiting, *parts, clock=clock, rng=rng, stop=stop, emitter=emitter, consumer=name
+            )
         if isinstance(order, TierOrder):
             return OrderedTierStage(self._bindings, waiting, *parts, clock=clock, rng=rng, stop=stop, tier_order=order)
         return TierStage(self._bindings, waiting, *parts, clock=clock, rng=rng, stop=stop)
@@ -341,11 +362,15 @@ class ConsumerLoop(LoopRun):
     # -- shutdown ------------------------------------------------------------------------------------------
 
     def _drain(self) -> None:
+        if self._window is not None and self._handoff is not None and self.crash is None:
+            self._window.drain(self.settings.drain_timeout_s, self._handoff.apply)
         if self._handoff is not None:
             self._handoff.report_handled()
             self._handoff.shutdown()
 
     def _close(self) -> None:
+        if self._window is not None:
+            self._window.close()
         if self._consumer is not None:  # None: its creation failed
             self._consumer.close()
         if self._key_order is not None:

@@ -95,8 +95,12 @@ class RebalanceListener:
         assigned: set[TopicPartition],
         join: GroupJoin,
         listeners: Sequence[AssignmentListener] = (),
+        before_revoke: Sequence[Callable[[list[TopicPartition]], None]] = (),
     ) -> None:
         self._listeners = tuple(listeners)
+        #: steps that settle what they hold of revoked partitions before the commit (handler concurrency's
+        #: calls in flight, runtime/concurrency/)
+        self._before_revoke = tuple(before_revoke)
         self._tracker = tracker
         self._pauses = pauses
         self._handoff = handoff
@@ -118,6 +122,8 @@ class RebalanceListener:
         self._emit(Event.PARTITIONS_ASSIGNED, partitions=tps)
 
     def on_revoke(self, tps: list[TopicPartition]) -> None:
+        for step in self._before_revoke:
+            step(tps)
         self._handoff.revoked(tps)
         self._forget(tps)
         self._emit(Event.PARTITIONS_REVOKED, partitions=tps)

@@ -15,6 +15,7 @@ import tenacity
 
 from retrytopics.connectors.serde import Deserializer, bytes_value, deserialize
 from retrytopics.core.classify import Verdict, classify
+from retrytopics.core.concurrency import Concurrency
 from retrytopics.core.errors import BatchFailed, PoisonRecordError
 from retrytopics.core.headers import RetryHeaders, user_headers
 from retrytopics.core.keyorder.config import KeyOrdering
@@ -43,6 +44,8 @@ class Binding:
     batch: bool = False
     #: records of one key and source partition are handled in source order (docs/key-ordering.md); None: not
     ordering: KeyOrdering | None = None
+    #: calls in flight at once in one consumer (runtime/concurrency/); None: one at a time, on its thread
+    concurrency: Concurrency | None = None
     #: per tier topic, the longest one of its records waits (retrytopics/core/due.py), worked out once
     wait_bounds_ms: Mapping[str, int] = field(init=False, repr=False, compare=False)
 

@@ -22,7 +22,8 @@ what the outcomes before it finished.
 - `runs_of(polled, accepting)` / `call_run(...)`: a poll as runs per partition, when nothing is decided per
   record (the source path; elsewhere None: read record by record).
 - `settle_deferred()`: the batch handlers' calls (runtime/records/batches.py).
-- `released()` and `wait_ms(...)`: what a stage keeps between polls (none here; key order parks records).
+- `released()`, `wait_ms(...)` and `batch_size(...)`: what a stage keeps between polls (none here; key order
+  parks records, handler concurrency runs calls).
 
 A failure's route is decided here, once (`router.route`, with the state read at `read`).
 """
@@ -119,6 +120,11 @@ class RecordStage(ABC):
     def wait_ms(self, wait_ms: int) -> int:
         """How long the next `consume()` may wait, given the loop's `wait_ms`."""
         return wait_ms
+
+    def batch_size(self, batch_size: int) -> int:
+        """How many records the next `consume()` may return, given the loop's `batch_size` (handler
+        concurrency: no more than its window has room for)."""
+        return batch_size
 
     def call_run(self, binding: Binding, run: Run) -> Iterator[Outcome]:
         """A plain run of one partition: one call per record in offset order (a batch handler: one call,

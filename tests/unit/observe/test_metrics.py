@@ -92,6 +92,18 @@ def test_flood_guard_events_become_metrics() -> None:
     assert _value(hook, "retrytopics_flood_guard_openings_total", handler="orders", reason="by_hand") == 1
 
 
+def test_concurrency_events_become_metrics() -> None:
+    """A windowed handler's calls in flight (a gauge, sampled) and its window filling (docs/concurrency.md)."""
+    hook = PrometheusHook()
+    emit = Emitter([hook]).emit
+    emit(Event.CONCURRENCY_SAMPLED, consumer="billing:main", handler="orders", in_flight=180, waiting=20)
+    emit(Event.CONCURRENCY_WINDOW_FULL, consumer="billing:main", handler="orders", in_flight=200)
+    emit(Event.CONCURRENCY_WINDOW_FULL, consumer="billing:main", handler="orders", in_flight=200)
+    labels = {"consumer": "billing:main", "handler": "orders"}
+    assert _value(hook, "retrytopics_concurrency_in_flight", **labels) == 180
+    assert _value(hook, "retrytopics_concurrency_window_full_total", **labels) == 2
+
+
 def test_metrics_endpoint_serves_the_counters() -> None:
     hook = PrometheusHook()
     port = free_port()

@@ -222,3 +222,38 @@ def test_the_main_consumer_model_comes_from_the_config_file(tmp_path: Path, monk
         prepare_app("share_cfg_apps:eos", settings)
     assert refused.value.field == "exactly_once"
     assert _error(environ={"RETRYTOPICS_APP_CONSUMER": "queue"}).field == "app.consumer"
+
+
+def test_handler_concurrency_comes_from_the_config_file_the_environment_or_a_flag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`[app] concurrency = 200` (or RETRYTOPICS_APP_CONCURRENCY, or `run --concurrency`) sets the calls in flight
+    of `[app] topic`'s handler, else of every handler; a bad value names `app.concurrency`, and a handler that
+    cannot run concurrently yet (key-ordered) is refused naming `concurrency`."""
+    from retrytopics.operator.preflight import prepare_app
+
+    (tmp_path / "window_cfg_apps.py").write_text(
+        "from retrytopics import KafkaConfig, KeyOrdering, RetryApp\n"
+        "app = RetryApp(kafka=KafkaConfig(bootstrap='127.0.0.1:9'), group='billing')\n"
+        "app.handler('orders')(lambda record: None)\n"
+        "app.handler('refunds')(lambda record: None)\n"
+        "ordered = RetryApp(kafka=KafkaConfig(bootstrap='127.0.0.1:9'), group='billing')\n"
+        "ordered.handler('orders', ordering=KeyOrdering())(lambda record: None)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = tmp_path / "rt.toml"
+    path.write_text("[app]\nconcurrency = 200\n")
+    app = prepare_app("window_cfg_apps:app", load_settings(path=path, environ={}))
+    assert {t: b.concurrency and b.concurrency.calls for t, b in app.handlers.items()} == {
+        "orders": 200,
+        "refunds": 200,
+    }
+    one = load_settings(environ={"RETRYTOPICS_APP_CONCURRENCY": "8"}, flags={"app": {"topic": "refunds"}})
+    assert one.app.concurrency == 8
+    flagged = load_settings(path=path, environ={}, flags={"app": {"concurrency": 1, "topic": "orders"}})
+    app = prepare_app("window_cfg_apps:app", flagged)
+    assert app.handlers["orders"].concurrency is None  # 1: one call at a time, as before
+    assert _error(environ={"RETRYTOPICS_APP_CONCURRENCY": "0"}).field == "app.concurrency"
+    with pytest.raises(ConfigError) as refused:
+        prepare_app("window_cfg_apps:ordered", load_settings(path=path, environ={}))
+    assert refused.value.field == "concurrency"
