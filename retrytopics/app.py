@@ -267,6 +267,7 @@ class RetryApp:
         value_deserializer: Deserializer = bytes_value,
         dlq: str | None = None,
         ordering: KeyOrdering | None = None,
+        flood_guard: FloodGuard | None = None,
     ) -> Callable[[F], F]:
         """Register a batch handler for `topic`: it takes a list of Records, the records of one poll of one
         partition, in offset order (at most the consumer's batch size, 500 by default), on the source topic
@@ -277,8 +278,12 @@ class RetryApp:
         is not. The whole call must end within `max.poll.interval.ms`. `policy.in_process` retries are per
         record and not offered here: a failed record goes to the tiers (docs/architecture.md, "Batch
         handlers"). With key `ordering`, a call never holds two records of one key: it is cut before the
-        second, which is admitted again once the call settled (docs/key-ordering.md, section 8)."""
-        return self._register(topic, policy, value_deserializer, dlq, "1s", batch=True, ordering=ordering)
+        second, which is admitted again once the call settled (docs/key-ordering.md, section 8). With
+        `flood_guard=FloodGuard(...)` (as for `handler`), each call is admitted by the guard, and while the guard
+        is not closed a call holds one record (docs/flood-guard.md, "Batch handlers")."""
+        return self._register(
+            topic, policy, value_deserializer, dlq, "1s", batch=True, ordering=ordering, flood_guard=flood_guard
+        )
 
     def _register(
         self,

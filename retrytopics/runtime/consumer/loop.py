@@ -212,7 +212,16 @@ class ConsumerLoop(LoopRun):
             listeners.append(window)
             before_revoke.append(lambda tps: window.settle_before_revoke(tps, s.revoke_drain_timeout_s, handoff.apply))
         if self._flood_guards:
-            stage = FloodGuardedStage(stage, self._flood_guards, consumer=s.name, emitter=self._emitter, clock=clock)
+            batch_topics = {t for t, b in self._bindings.items() if b.batch}
+            stage = FloodGuardedStage(
+                stage,
+                self._flood_guards,
+                consumer=s.name,
+                emitter=self._emitter,
+                clock=clock,
+                batch_topics=batch_topics,
+                batches=stage.batches if batch_topics else None,
+            )
             holds.append(FloodHold(self._flood_guards))
         before_poll: list[Callable[[], None]] = []
         lag = self._lag_probe(waiting)

@@ -14,22 +14,33 @@ record it asks the handler's guard (runtime/flood/breaker.py), and tells it the 
   go to the DLQ as ever;
 - **closed**: a plain run goes to the inner stage whole and its successes are counted in one step; the run is
   cut after a failure that opened the guard.
+
+A batch handler's records are admitted per call, not per record: this stage is the inner stage's `BatchGate`
+(runtime/records/batches.py), asked before each call on a group (a main consumer's plain run included). Closed,
+the group is one call; otherwise it is cut into calls of one record, each admitted (a probe is one record, and
+the ramp counts records). A group refused is held at its first record; each record's outcome is counted as one
+call's; a record spared is held, and the rest of its group's outcomes dropped (read again from it). Every
+outcome of a call made is yielded (no cut after a failure: those calls happened). Once a partition is held,
+whatever the inner stage yields after it for that partition is dropped: the partition is read again from the
+held record.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Generator, Iterable, Iterator, Mapping
 from typing import Any
 
 from retrytopics.core.dedupe import AuditKey
 from retrytopics.core.flood_guard import Admission
 from retrytopics.core.headers import RetryHeaders
+from retrytopics.core.offsets import TopicPartition
 from retrytopics.core.ports import Message, Polled, message_of
 from retrytopics.core.record import Record
 from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.clock import Clock
 from retrytopics.runtime.flood.breaker import HandlerGuard
+from retrytopics.runtime.records.batches import BatchCalls, Deferred, GroupCall
 from retrytopics.runtime.records.calls import Binding, Run
 from retrytopics.runtime.records.outcome import (
     Abandoned,
@@ -52,11 +63,25 @@ class FloodGuardedStage(RecordStage):
     """The loop's stage (`inner`) behind its guarded handlers' guards (see the module docstring)."""
 
     def __init__(
-        self, inner: RecordStage, guards: Mapping[str, HandlerGuard], *, consumer: str, emitter: Emitter, clock: Clock
+        self,
+        inner: RecordStage,
+        guards: Mapping[str, HandlerGuard],
+        *,
+        consumer: str,
+        emitter: Emitter,
+        clock: Clock,
+        batch_topics: Collection[str] = (),
+        batches: BatchCalls | None = None,
     ) -> None:
+        """`batch_topics`: the guarded topics of batch handlers, whose calls `batches` (the inner stage's) makes:
+        this stage is then their gate."""
         # RecordStage.__init__ is not called: every step is the inner stage's, asked through the guards
         self._inner = inner
         self._guards = dict(guards)  # topic (a source or a tier) -> its handler's guard
+        self._batch_topics = frozenset(t for t in batch_topics if t in self._guards)
+        if self._batch_topics:
+            assert batches is not None, "a guarded batch handler's calls are admitted by its BatchCalls' gate"
+            batches.gate = self
         self._consumer = consumer
         self._emitter = emitter
         self._now_ms = clock.now_ms
@@ -69,12 +94,16 @@ class FloodGuardedStage(RecordStage):
         guard = self._guards.get(msg.topic)
         if guard is None:
             return self._inner.read(msg)
+        if msg.topic in self._batch_topics:  # admitted per call (`settle`)
+            return _after_held(self._inner.read(msg))
         return self._guarded(guard, msg, lambda: self._inner.read(msg), lambda _: Held(msg))
 
     def take_queued(self, msg: Message, queued: Queued) -> Iterator[Outcome]:
         guard = self._guards.get(msg.topic)
         if guard is None:
             return self._inner.take_queued(msg, queued)
+        if msg.topic in self._batch_topics:
+            return _after_held(self._inner.take_queued(msg, queued))
 
         def again(admission: Admission) -> Outcome:
             # back to its queue's head, due when the guard may admit a call (the loop's wall clock)
@@ -117,6 +146,9 @@ class FloodGuardedStage(RecordStage):
         guard = self._guards.get(binding.topic)
         if guard is None:
             yield from self._inner.call_run(binding, run)
+            return
+        if binding.topic in self._batch_topics:  # admitted per call (`settle`)
+            yield from _after_held(self._inner.call_run(binding, run))
             return
         consumer, start = self._consumer, 0
         tp = (run[0].topic, run[0].partition)
@@ -162,6 +194,59 @@ class FloodGuardedStage(RecordStage):
             else:
                 start = next(i for i in range(start, len(run)) if run[i].offset == cut_after) + 1
 
+    # -- a batch handler's calls (the inner stage's `BatchGate`) ---------------------------------------------
+
+    def settle(
+        self, group: list[Deferred], call: GroupCall, drop: Callable[[list[Deferred]], None]
+    ) -> Generator[Outcome, None, bool]:
+        """Call `call` on `group` as the guard admits (see the module docstring); False as `call` returns it."""
+        guard = self._guards.get(group[0].msg.topic)
+        if guard is None:
+            return (yield from call(group))
+        consumer, start = self._consumer, 0
+        while start < len(group):
+            if guard.free:
+                probe, chunk = False, group if start == 0 else group[start:]
+            else:
+                admission = guard.admit(consumer, group[start].msg.tp)
+                if not admission.call:
+                    drop(group[start:])
+                    yield Held(group[start].msg)
+                    return True
+                probe, chunk = admission.probe, group[start : start + 1]
+            outcomes, told = call(chunk), False
+            try:
+                while True:
+                    try:
+                        outcome = next(outcomes)
+                    except StopIteration as end:
+                        if not end.value:
+                            return False  # `Abandoned` was yielded: the call may have cost the partition
+                        break
+                    kind = type(outcome)
+                    if kind is SucceededRun or kind is Succeeded:
+                        told = True
+                        count = len(outcome.msgs) if isinstance(outcome, SucceededRun) else 1
+                        guard.succeeded(count, probe=probe, consumer=consumer)
+                    elif kind is Failed:
+                        told = True
+                        assert isinstance(outcome, Failed)
+                        coordinates = _coordinates(outcome.msg)
+                        if guard.failed(outcome.route, probe=probe, consumer=consumer, record=coordinates):
+                            at = next(i for i, d in enumerate(group) if d.msg.offset == outcome.msg.offset)
+                            drop(group[at:])
+                            yield self._spared(guard, outcome)  # read again from it: the rest of the group too
+                            return True
+                    yield outcome
+            finally:
+                outcomes.close()
+                if probe and not told:
+                    guard.cancel_probe()
+            if not told:
+                return True  # nothing was settled (stopping)
+            start += len(chunk)
+        return True
+
     def _spared(self, guard: HandlerGuard, failed: Failed) -> Held:
         msg = failed.msg
         reason = str(failed.route.reason)
@@ -202,6 +287,8 @@ class FloodGuardedStage(RecordStage):
         return self._inner.abandon_deferred()
 
     def settle_deferred(self) -> Generator[Outcome, None, bool]:
+        if self._batch_topics:
+            return _after_held(self._inner.settle_deferred())
         return self._inner.settle_deferred()
 
     def failed(
@@ -214,6 +301,27 @@ class FloodGuardedStage(RecordStage):
         failure: BaseException,
     ) -> Failed:
         return self._inner.failed(binding, msg, key, record, state, failure)
+
+
+def _after_held(outcomes: Iterator[Outcome]) -> Generator[Outcome, None, bool]:
+    """`outcomes`, but none of a partition after it was held (it is read again from the held record); the
+    value `outcomes` returns (a generator's; True for any other iterator)."""
+    held: set[TopicPartition] = set()
+    try:
+        while True:
+            try:
+                outcome = next(outcomes)
+            except StopIteration as end:
+                return end.value is not False
+            tp = outcome.tp if isinstance(outcome, SucceededRun) else outcome.msg.tp
+            if tp in held:
+                continue
+            if type(outcome) is Held:
+                held.add(tp)
+            yield outcome
+    finally:
+        if isinstance(outcomes, Generator):
+            outcomes.close()
 
 
 def _coordinates(msg: Message) -> tuple[str, int, int]:
