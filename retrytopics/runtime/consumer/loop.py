@@ -199,9 +199,13 @@ class ConsumerLoop(LoopRun):
             marks=consumer,
             clock=clock,
         )
-        stage = self._stage(
-            waiting, ownership, duplicates, key_order, failing=lambda tp: handoff.publisher.is_failing(tp)
-        )
+        flood_hold = FloodHold(self._flood_guards) if self._flood_guards else None
+
+        def failing(tp: TopicPartition) -> bool:
+            """Key order's parked records of `tp` wait (while its publish fails, or its flood guard refuses)."""
+            return handoff.publisher.is_failing(tp) or (flood_hold is not None and flood_hold.holds(tp))
+
+        stage = self._stage(waiting, ownership, duplicates, key_order, failing=failing)
         # what a feature adds to the shared path, one entry per seam (docs/architecture.md, Where a new feature goes)
         holds: list[HoldReason] = [PublishFailing(handoff)]
         before_revoke: list[Callable[[list[TopicPartition]], None]] = []
@@ -221,8 +225,10 @@ class ConsumerLoop(LoopRun):
                 clock=clock,
                 batch_topics=batch_topics,
                 batches=stage.batches if batch_topics else None,
+                unparking=stage if isinstance(stage, OrderedSourceStage) else None,
             )
-            holds.append(FloodHold(self._flood_guards))
+            assert flood_hold is not None
+            holds.append(flood_hold)
         before_poll: list[Callable[[], None]] = []
         lag = self._lag_probe(waiting)
         if lag is not None:

@@ -23,13 +23,18 @@ call's; a record spared is held, and the rest of its group's outcomes dropped (r
 outcome of a call made is yielded (no cut after a failure: those calls happened). Once a partition is held,
 whatever the inner stage yields after it for that partition is dropped: the partition is read again from the
 held record.
+
+A key-ordered handler's run goes record by record, each admitted (as key order admits them). The records key
+order parks and gives back (`released`) sit below records of their partition acted on since, so one is never
+held: the inner stage (`Unparking`) asks the guard before it admits one again, and one refused or spared is
+parked again.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Collection, Generator, Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from retrytopics.core.dedupe import AuditKey
 from retrytopics.core.flood_guard import Admission
@@ -47,6 +52,7 @@ from retrytopics.runtime.records.outcome import (
     Failed,
     Held,
     Outcome,
+    Parked,
     Queued,
     Succeeded,
     SucceededRun,
@@ -57,6 +63,16 @@ from retrytopics.runtime.records.stage import Accepting, RecordStage
 __all__ = ["FloodGuardedStage"]
 
 log = logging.getLogger("retrytopics.runtime")
+
+
+class Unparking(Protocol):
+    """A stage that parks records and gives them back by `released` (key order's main consumer stage,
+    runtime/keyorder/stage.py): it asks `admits_unparked` before admitting one again, and `park_again` parks
+    one that was not acted on."""
+
+    admits_unparked: Callable[[Message], bool]
+
+    def park_again(self, msg: Message) -> Parked: ...
 
 
 class FloodGuardedStage(RecordStage):
@@ -72,9 +88,11 @@ class FloodGuardedStage(RecordStage):
         clock: Clock,
         batch_topics: Collection[str] = (),
         batches: BatchCalls | None = None,
+        unparking: Unparking | None = None,
     ) -> None:
         """`batch_topics`: the guarded topics of batch handlers, whose calls `batches` (the inner stage's) makes:
-        this stage is then their gate."""
+        this stage is then their gate. `unparking`: the inner stage, when it parks records (key order): each
+        it gives back is admitted by the guard first."""
         # RecordStage.__init__ is not called: every step is the inner stage's, asked through the guards
         self._inner = inner
         self._guards = dict(guards)  # topic (a source or a tier) -> its handler's guard
@@ -82,6 +100,11 @@ class FloodGuardedStage(RecordStage):
         if self._batch_topics:
             assert batches is not None, "a guarded batch handler's calls are admitted by its BatchCalls' gate"
             batches.gate = self
+        self._unparking = unparking
+        #: the guard and whether a probe, of the parked record being given back now (`_admits_unparked`)
+        self._unparked: tuple[HandlerGuard, bool] | None = None
+        if unparking is not None:
+            unparking.admits_unparked = self._admits_unparked
         self._consumer = consumer
         self._emitter = emitter
         self._now_ms = clock.now_ms
@@ -149,6 +172,16 @@ class FloodGuardedStage(RecordStage):
             return
         if binding.topic in self._batch_topics:  # admitted per call (`settle`)
             yield from _after_held(self._inner.call_run(binding, run))
+            return
+        if binding.ordering is not None:  # key order admits record by record: so does the guard
+            for item in run:
+                msg = _message(item)
+                stopped = False
+                for outcome in self._guarded(guard, msg, _one_run(self._inner, binding, msg), _held(msg)):
+                    yield outcome
+                    stopped = stopped or type(outcome) is Held or type(outcome) is Abandoned
+                if stopped:
+                    return
             return
         consumer, start = self._consumer, 0
         tp = (run[0].topic, run[0].partition)
@@ -248,6 +281,10 @@ class FloodGuardedStage(RecordStage):
         return True
 
     def _spared(self, guard: HandlerGuard, failed: Failed) -> Held:
+        self._tell_spared(guard, failed)
+        return Held(failed.msg)
+
+    def _tell_spared(self, guard: HandlerGuard, failed: Failed) -> None:
         msg = failed.msg
         reason = str(failed.route.reason)
         log.info(
@@ -270,15 +307,53 @@ class FloodGuardedStage(RecordStage):
             offset=msg.offset,
             reason=reason,
         )
-        return Held(msg)
+
+    # -- parked records given back (key order's) ----------------------------------------------------------------
+
+    def released(self) -> Iterable[Iterator[Outcome]]:
+        if self._unparking is None:
+            return self._inner.released()
+        return (self._released(outcomes) for outcomes in self._inner.released())
+
+    def _admits_unparked(self, msg: Message) -> bool:
+        """Asked by the inner stage before it admits a parked record again: whether its guard admits a call."""
+        guard = self._guards.get(msg.topic)
+        if guard is None:
+            self._unparked = None
+            return True
+        admission = guard.admit(self._consumer, msg.tp)
+        self._unparked = (guard, admission.probe) if admission.call else None
+        return admission.call
+
+    def _released(self, outcomes: Iterator[Outcome]) -> Iterator[Outcome]:
+        """A parked record given back, its outcome told to its guard; spared the DLQ, it is parked again (held,
+        it would be read again from its offset, below records of its partition acted on since)."""
+        assert self._unparking is not None
+        self._unparked, told = None, False
+        try:
+            for outcome in outcomes:
+                unparked = self._unparked  # set by `_admits_unparked` when the iteration began
+                if unparked is not None and (type(outcome) is Succeeded or type(outcome) is Failed):
+                    told = True
+                    guard, probe = unparked
+                    if isinstance(outcome, Failed):
+                        coordinates = _coordinates(outcome.msg)
+                        if guard.failed(outcome.route, probe=probe, consumer=self._consumer, record=coordinates):
+                            self._tell_spared(guard, outcome)
+                            yield self._unparking.park_again(outcome.msg)
+                            continue
+                    else:
+                        guard.succeeded(1, probe=probe, consumer=self._consumer)
+                yield outcome
+        finally:
+            if self._unparked is not None and self._unparked[1] and not told:
+                self._unparked[0].cancel_probe()
+            self._unparked = None
 
     # -- the inner stage's own ----------------------------------------------------------------------------------
 
     def runs_of(self, polled: Polled, accepting: Accepting) -> tuple[list[Message], list[tuple[Binding, Run]] | None]:
         return self._inner.runs_of(polled, accepting)
-
-    def released(self) -> Iterable[Iterator[Outcome]]:
-        return self._inner.released()
 
     def wait_ms(self, wait_ms: int) -> int:
         return self._inner.wait_ms(wait_ms)
@@ -322,6 +397,14 @@ def _after_held(outcomes: Iterator[Outcome]) -> Generator[Outcome, None, bool]:
     finally:
         if isinstance(outcomes, Generator):
             outcomes.close()
+
+
+def _one_run(stage: RecordStage, binding: Binding, msg: Message) -> Callable[[], Iterator[Outcome]]:
+    return lambda: stage.call_run(binding, [msg])
+
+
+def _held(msg: Message) -> Callable[[Admission], Outcome]:
+    return lambda _: Held(msg)
 
 
 def _coordinates(msg: Message) -> tuple[str, int, int]:
