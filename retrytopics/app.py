@@ -235,8 +235,9 @@ class RetryApp:
 
         `flood_guard=FloodGuard(...)` stops calling the handler while its dependency is down (docs/flood-guard.md):
         its consumers hold its partitions, probe one call at a time after a growing back-off, and a record that
-        runs out of attempts meanwhile is not dead-lettered. One guard per handler per process. Not yet with
-        key `ordering` nor `consumer="share"` (a `ConfigError` naming `flood_guard`).
+        runs out of attempts meanwhile is not dead-lettered. One guard per handler per process. With key
+        `ordering`, key order decides first and the guard admits only the calls (docs/flood-guard.md, "Key
+        ordering"). Not yet with `consumer="share"` (a `ConfigError` naming `flood_guard`).
 
         `concurrency=200` (or `Concurrency(calls=200, max_bytes=..., order=OrderMode.KEY)`) keeps up to 200
         calls in flight in each consumer (docs/concurrency.md): `async def` handlers as tasks on an event loop,
@@ -267,6 +268,7 @@ class RetryApp:
         value_deserializer: Deserializer = bytes_value,
         dlq: str | None = None,
         ordering: KeyOrdering | None = None,
+        flood_guard: FloodGuard | None = None,
     ) -> Callable[[F], F]:
         """Register a batch handler for `topic`: it takes a list of Records, the records of one poll of one
         partition, in offset order (at most the consumer's batch size, 500 by default), on the source topic
@@ -277,8 +279,13 @@ class RetryApp:
         is not. The whole call must end within `max.poll.interval.ms`. `policy.in_process` retries are per
         record and not offered here: a failed record goes to the tiers (docs/architecture.md, "Batch
         handlers"). With key `ordering`, a call never holds two records of one key: it is cut before the
-        second, which is admitted again once the call settled (docs/key-ordering.md, section 8)."""
-        return self._register(topic, policy, value_deserializer, dlq, "1s", batch=True, ordering=ordering)
+        second, which is admitted again once the call settled (docs/key-ordering.md, section 8). With
+        `flood_guard=FloodGuard(...)` (as for `handler`), each call is admitted by the guard, and while the guard
+        is not closed a call holds one record (docs/flood-guard.md, "Batch handlers"); not yet together with
+        key `ordering` (a `ConfigError` naming `flood_guard`)."""
+        return self._register(
+            topic, policy, value_deserializer, dlq, "1s", batch=True, ordering=ordering, flood_guard=flood_guard
+        )
 
     def _register(
         self,

@@ -4,7 +4,9 @@ Guarantee: while a handler's dependency is down, its guard opens and its consume
 and tier partitions held, one probe at a time after a back-off); once the dependency is back, every good record
 is handled exactly once and none is dead-lettered, a poison record still reaches the DLQ with its reason, and
 every group commits past every record it read: nothing lost, nothing twice. Without the guard the same outage
-dead-letters good records (the control that shows the scenario is a flood). A record that runs out of
+dead-letters good records (the control that shows the scenario is a flood). The same holds for a batch
+handler, whose calls the guard admits one by one, and for a key-ordered handler, whose records of one key are
+handled in their order through the outage (the parked ones key order gives back admitted by the guard too). A record that runs out of
 attempts while the guard is open is read again later, never dead-lettered for it. A guard is refused, naming
 `flood_guard`, where it cannot work yet.
 """
@@ -20,7 +22,16 @@ from typing import Any
 
 import pytest
 
-from retrytopics import ConfigError, FloodGuard, KafkaConfig, KeyOrdering, Record, RetryApp, RetryPolicy
+from retrytopics import (
+    BatchFailed,
+    ConfigError,
+    FloodGuard,
+    KafkaConfig,
+    KeyOrdering,
+    Record,
+    RetryApp,
+    RetryPolicy,
+)
 from retrytopics.core.flood_guard import GuardState
 from retrytopics.core.headers import DlqReason, decode
 from retrytopics.core.ports import Message
@@ -28,7 +39,7 @@ from retrytopics.core.router import route
 from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.flood.breaker import HandlerGuard
 from retrytopics.runtime.flood.stage import FloodGuardedStage
-from retrytopics.runtime.records.outcome import Failed, Held, Outcome
+from retrytopics.runtime.records.outcome import Failed, Held, Outcome, Parked
 from retrytopics.runtime.records.stage import RecordStage
 from retrytopics.testing import MemoryBroker, MemoryClientFactory
 
@@ -52,6 +63,8 @@ class Dependency:
         self.up = False
         self.calls_while_down = 0
         self.succeeded: Counter[str] = Counter()
+        #: the ids handled, in the order their calls returned
+        self.handled: list[str] = []
         self.dead_lettered: Counter[str] = Counter()
         self.events: Counter[tuple[Event, object]] = Counter()
 
@@ -64,6 +77,18 @@ class Dependency:
                 self.calls_while_down += 1
                 raise ConnectionError("the payment gateway is down")
             self.succeeded[record_id] += 1
+            self.handled.append(record_id)
+
+    def handle_batch(self, records: list[Record[bytes]]) -> None:
+        """The batch handler's call: each record as `handle` would take it, the failures named."""
+        failed: list[tuple[Record[bytes], BaseException]] = []
+        for record in records:
+            try:
+                self.handle(record)
+            except (ValueError, ConnectionError) as exc:
+                failed.append((record, exc))
+        if failed:
+            raise BatchFailed(failed)
 
     def recover(self) -> int:
         with self.lock:
@@ -108,6 +133,8 @@ def _app(
     *,
     exactly_once: bool,
     wait_in_memory: str,
+    batch: bool = False,
+    ordering: KeyOrdering | None = None,
 ) -> RetryApp:
     app = RetryApp(
         kafka=KafkaConfig(bootstrap="127.0.0.1:9092"),
@@ -118,26 +145,60 @@ def _app(
         on_dead_letter=dependency.on_dead_letter,
         hooks=[dependency],
     )
-    app.handler("orders", policy=POLICY, flood_guard=flood_guard)(dependency.handle)
+    if batch:
+        app.batch_handler("orders", policy=POLICY, flood_guard=flood_guard)(dependency.handle_batch)
+    else:
+        app.handler("orders", policy=POLICY, flood_guard=flood_guard, ordering=ordering)(dependency.handle)
     app.provision()
     return app
 
 
 @pytest.mark.parametrize(
-    ("guarded", "exactly_once", "wait_in_memory"),
-    [(True, False, "1s"), (True, False, "0s"), (True, True, "1s"), (False, False, "1s")],
-    ids=["with_the_guard", "with_the_guard-paused_in_the_broker", "with_the_guard-exactly_once", "without_it"],
+    ("guarded", "exactly_once", "wait_in_memory", "batch", "ordered"),
+    [
+        (True, False, "1s", False, False),
+        (True, False, "0s", False, False),
+        (True, True, "1s", False, False),
+        (False, False, "1s", False, False),
+        (True, False, "1s", True, False),
+        (True, True, "0s", True, False),
+        (False, False, "1s", True, False),
+        (True, False, "1s", False, True),
+        (True, True, "0s", False, True),
+        (False, False, "1s", False, True),
+    ],
+    ids=[
+        "with_the_guard",
+        "with_the_guard-paused_in_the_broker",
+        "with_the_guard-exactly_once",
+        "without_it",
+        "batch_handler-with_the_guard",
+        "batch_handler-with_the_guard-exactly_once-paused_in_the_broker",
+        "batch_handler-without_it",
+        "key_ordering-with_the_guard",
+        "key_ordering-with_the_guard-exactly_once-paused_in_the_broker",
+        "key_ordering-without_it",
+    ],
 )
 def test_an_outage_dead_letters_no_good_record_with_the_guard_and_many_without(
-    guarded: bool, exactly_once: bool, wait_in_memory: str
+    guarded: bool, exactly_once: bool, wait_in_memory: str, batch: bool, ordered: bool
 ) -> None:
-    # setup: 60 records over two partitions; the handler's dependency is down from the start
+    # setup: 60 records over two partitions (key-ordered: ten records of each of six keys); the handler's
+    # dependency is down from the start
     broker = MemoryBroker()
     broker.create_topic("orders", partitions=2)
-    for record_id in IDS:
-        broker.append("orders", record_id.encode(), key=record_id.encode())
+    for i, record_id in enumerate(IDS):
+        broker.append("orders", record_id.encode(), key=f"k{i % 6}".encode() if ordered else record_id.encode())
     dependency = Dependency()
-    app = _app(broker, dependency, GUARD if guarded else None, exactly_once=exactly_once, wait_in_memory=wait_in_memory)
+    app = _app(
+        broker,
+        dependency,
+        GUARD if guarded else None,
+        exactly_once=exactly_once,
+        wait_in_memory=wait_in_memory,
+        batch=batch,
+        ordering=KeyOrdering() if ordered else None,
+    )
 
     # when: the app runs through the outage (with the guard: until two probes failed, so the back-off grew;
     # without: until a good record was dead-lettered), then the dependency comes back
@@ -169,6 +230,10 @@ def test_an_outage_dead_letters_no_good_record_with_the_guard_and_many_without(
     # then: every good record handled exactly once, none dead-lettered; the poison record in the DLQ with its reason
     assert dependency.succeeded == Counter(set(IDS) - {POISON})
     assert dependency.dead_lettered == Counter([POISON])
+    if ordered:  # and: each key's records handled in their order, through the outage
+        for k in range(6):
+            of_key = [i for i in dependency.handled if int(i[3:]) % 6 == k]
+            assert of_key == sorted(of_key), (k, of_key)
     assert [(i, h.dlq_reason, h.exception_type) for i, h in dead] == [
         (POISON, DlqReason.NON_RETRYABLE, "builtins.ValueError")
     ]
@@ -178,9 +243,11 @@ def test_an_outage_dead_letters_no_good_record_with_the_guard_and_many_without(
     assert dependency.count(Event.FLOOD_GUARD_PROBED, True) >= 1
     assert dependency.count(Event.FLOOD_GUARD_CLOSED, "probe_succeeded") >= 1
     # and: while down, the dependency saw the calls that opened the guard, one call in flight per other
-    # consumer thread (two tiers), and the probes; nothing more (without the guard: every record 3 times)
+    # consumer thread (two tiers), and the probes; nothing more (without the guard: every record 3 times).
+    # A batch handler's call that opened it holds at most one partition's records.
     probes_failed = dependency.count(Event.FLOOD_GUARD_PROBED, False)
-    assert calls_while_down <= GUARD.min_calls + 2 + probes_failed, (calls_while_down, probes_failed)
+    opening = max(Counter(m.partition for m in broker.records("orders")).values()) if batch else GUARD.min_calls
+    assert calls_while_down <= opening + 2 + probes_failed, (calls_while_down, probes_failed)
     # and: every group committed past every record it read: nothing left behind, nothing committed early
     for group, topic in [("billing", "orders"), *((t.topic, t.topic) for t in topics.tiers)]:
         ends: dict[tuple[str, int], int] = {}
@@ -303,7 +370,7 @@ def test_a_guard_is_checked_at_registration_and_refused_where_it_cannot_work_yet
     with pytest.raises(ConfigError, match="flood_guard"):
         app.handler("orders", flood_guard={"failure_ratio": 0.5})(lambda record: None)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="flood_guard"):
-        app.handler("orders", ordering=KeyOrdering(), flood_guard=FloodGuard())(lambda record: None)
+        app.batch_handler("orders", ordering=KeyOrdering(), flood_guard=FloodGuard())(lambda records: None)
     with pytest.raises(ConfigError, match="min_calls"):
         FloodGuard(min_calls=0)
     with pytest.raises(ConfigError, match="max_deferrals"):
@@ -317,3 +384,68 @@ def test_a_guard_is_checked_at_registration_and_refused_where_it_cannot_work_yet
     share.handler("orders", flood_guard=FloodGuard())(lambda record: None)
     with pytest.raises(ConfigError, match="flood_guard"):
         share.start()
+
+
+class _ParkingStage(RecordStage):
+    """An inner stage that parks records as key order's does: each record it gives back (`released`) is asked
+    of `admits_unparked` first, then fails as `failed` decides; one not admitted is parked again."""
+
+    def __init__(self, failed: Callable[[Message], Failed]) -> None:
+        self._make = failed
+        self.parked: list[Message] = []
+        self.called: list[int] = []
+        self.admits_unparked: Callable[[Message], bool] = lambda msg: True
+
+    def read(self, msg: Message) -> Iterator[Outcome]:
+        yield self._make(msg)
+
+    def released(self) -> Iterator[Iterator[Outcome]]:
+        given_back, self.parked = self.parked, []
+        return (self._unparked(msg) for msg in given_back)
+
+    def _unparked(self, msg: Message) -> Iterator[Outcome]:
+        if not self.admits_unparked(msg):
+            yield self.park_again(msg)
+            return
+        self.called.append(msg.offset)
+        yield self._make(msg)
+
+    def park_again(self, msg: Message) -> Parked:
+        self.parked.append(msg)
+        return Parked(msg)
+
+
+def test_a_parked_record_given_back_is_admitted_by_the_guard_and_parked_again_not_held() -> None:
+    """Key order's parked records (given back by `released`, below records of their partition acted on since)
+    are admitted by the guard like any call: refused, or spared the DLQ, they are parked again, never `Held`
+    (which would read their partition again from below what was acted on); a probe among them counts."""
+    app = RetryApp(kafka=KafkaConfig(bootstrap="127.0.0.1:9"), group="billing")
+    app.handler("orders", policy=RetryPolicy(delays=["100ms"], max_retries=0))(lambda record: None)
+    binding = app.handlers["orders"]
+    source = Message(topic="orders", partition=0, offset=7, key=b"k", value=b"v", headers=(), timestamp_ms=1)
+
+    def exhausted_at_once(msg: Message) -> Failed:  # no retry: a source record's failure runs out of attempts at once
+        decided = route(binding.ctx, msg, ConnectionError("down"), now_ms=10_000, rng=random.Random(1))
+        assert decided.reason is DlqReason.EXHAUSTED
+        return Failed(msg, None, None, ConnectionError("down"), decided, binding.ctx)  # type: ignore[arg-type]
+
+    clock = _Clock()
+    config = FloodGuard(min_calls=1, backoff="1s", max_backoff="1s", jitter=0.0)
+    guard = HandlerGuard("orders", config, emitter=Emitter([]), clock=clock, rng=random.Random(1))
+    inner = _ParkingStage(exhausted_at_once)
+    stage = FloodGuardedStage(
+        inner, {"orders": guard}, consumer="main", emitter=Emitter([]), clock=clock, unparking=inner
+    )
+    # the read that opens the guard: spared, held (it is the partition's latest record)
+    (outcome,) = stage.read(source)
+    assert outcome == Held(source) and guard.state is GuardState.OPEN
+    # open: a parked record given back is not called, and parked again
+    parked = source._replace(offset=3)
+    inner.parked = [parked]
+    assert [list(outcomes) for outcomes in stage.released()] == [[Parked(parked)]]
+    assert inner.called == [] and inner.parked == [parked] and guard.refused == 1
+    # after the back-off it is the probe: it fails (out of attempts), is spared, and parked again, not held
+    clock.ms += 1_000
+    assert [list(outcomes) for outcomes in stage.released()] == [[Parked(parked)]]
+    assert inner.called == [3] and inner.parked == [parked]
+    assert guard.probes == 1 and guard.deferred == 2 and guard.state is GuardState.OPEN

@@ -199,9 +199,13 @@ class ConsumerLoop(LoopRun):
             marks=consumer,
             clock=clock,
         )
-        stage = self._stage(
-            waiting, ownership, duplicates, key_order, failing=lambda tp: handoff.publisher.is_failing(tp)
-        )
+        flood_hold = FloodHold(self._flood_guards) if self._flood_guards else None
+
+        def failing(tp: TopicPartition) -> bool:
+            """Key order's parked records of `tp` wait (while its publish fails, or its flood guard refuses)."""
+            return handoff.publisher.is_failing(tp) or (flood_hold is not None and flood_hold.holds(tp))
+
+        stage = self._stage(waiting, ownership, duplicates, key_order, failing=failing)
         # what a feature adds to the shared path, one entry per seam (docs/architecture.md, Where a new feature goes)
         holds: list[HoldReason] = [PublishFailing(handoff)]
         before_revoke: list[Callable[[list[TopicPartition]], None]] = []
@@ -212,8 +216,19 @@ class ConsumerLoop(LoopRun):
             listeners.append(window)
             before_revoke.append(lambda tps: window.settle_before_revoke(tps, s.revoke_drain_timeout_s, handoff.apply))
         if self._flood_guards:
-            stage = FloodGuardedStage(stage, self._flood_guards, consumer=s.name, emitter=self._emitter, clock=clock)
-            holds.append(FloodHold(self._flood_guards))
+            batch_topics = {t for t, b in self._bindings.items() if b.batch}
+            stage = FloodGuardedStage(
+                stage,
+                self._flood_guards,
+                consumer=s.name,
+                emitter=self._emitter,
+                clock=clock,
+                batch_topics=batch_topics,
+                batches=stage.batches if batch_topics else None,
+                unparking=stage if isinstance(stage, OrderedSourceStage) else None,
+            )
+            assert flood_hold is not None
+            holds.append(flood_hold)
         before_poll: list[Callable[[], None]] = []
         lag = self._lag_probe(waiting)
         if lag is not None:

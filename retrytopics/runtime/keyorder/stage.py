@@ -79,6 +79,10 @@ class OrderedSourceStage(SourceStage):
 
     keeps_records = True
 
+    #: asked before a parked record given back is admitted again (the retry-flood guard: runtime/flood/stage.py);
+    #: False: it is parked again, uncalled
+    admits_unparked: Callable[[Message], bool] = staticmethod(lambda msg: True)
+
     def __init__(
         self,
         bindings: Mapping[str, Binding],
@@ -119,16 +123,23 @@ class OrderedSourceStage(SourceStage):
         """A record key order parked and took back: admitted again, and parked again rather than left (its
         offset is tracked, later records of its partition were acted on). A batch handler's is called at once,
         alone: nothing deferred may be read again behind it."""
+        if not self.admits_unparked(msg):
+            yield self.park_again(msg)
+            return
         binding = self._bindings[msg.topic]
         outcomes = self._admitted(binding, msg, parked=True)
         if binding.batch:
             outcomes = itertools.chain(outcomes, self.batches.settle(msg.tp))
         for outcome in outcomes:
             if type(outcome) is Abandoned:
-                self._key_order.park(msg, again=True)
-                yield Parked(msg)
+                yield self.park_again(msg)
                 return
             yield outcome
+
+    def park_again(self, msg: Message) -> Parked:
+        """A record given back by `released` and not acted on: parked again (its offset stays tracked)."""
+        self._key_order.park(msg, again=True)
+        return Parked(msg)
 
     # -- admission ---------------------------------------------------------------------------------------------
 

@@ -14,13 +14,16 @@ A key-ordered handler's call never holds two records of one key (docs/key-orderi
 stage cuts the call before the second (`holds_key`: the call is settled first, then that record is admitted
 again), and a record key order decided before any call (a follower handed off unhandled, a copy finished)
 waits in the group with its outcome, yielded in its place; so does a record it parked (`Parked`).
+
+A `BatchGate` (the retry-flood guard's: runtime/flood/stage.py) is asked before each call, a main consumer's
+plain runs included: it may cut a group into calls of one record, or hold it uncalled.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Generator, Iterator
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple, Protocol, cast
 
 from retrytopics.core.dedupe import AuditKey
 from retrytopics.core.headers import RetryHeaders
@@ -31,7 +34,7 @@ from retrytopics.runtime.records.calls import Binding, Invoker, Run, build_recor
 from retrytopics.runtime.records.outcome import Abandoned, Failed, Outcome, Succeeded, SucceededRun
 from retrytopics.runtime.records.ownership import OwnershipGuard
 
-__all__ = ["BatchCalls", "Deferred", "FailedOutcome"]
+__all__ = ["BatchCalls", "BatchGate", "Deferred", "FailedOutcome", "GroupCall"]
 
 #: builds a failure's outcome (its route decided once): the records stage's
 FailedOutcome = Callable[
@@ -49,6 +52,21 @@ class Deferred(NamedTuple):
     failure: BaseException | None
     #: decided before any call by key order (a follower, a copy): yielded in its place, never passed either
     decided: Outcome | None = None
+
+
+#: one call on a group (its records in offset order), yielding each record's outcome; False: the call may have
+#: cost this consumer the partition (`Abandoned` yielded)
+GroupCall = Callable[[list[Deferred]], Generator[Outcome, None, bool]]
+
+
+class BatchGate(Protocol):
+    """What each batch call goes through when a loop's stage asks before calling (the retry-flood guard):
+    `settle` calls `call` on `group` (or on parts of it, or not at all) and yields what it makes of the
+    outcomes; `drop(records)` gives back records it leaves uncalled (read again from the first)."""
+
+    def settle(
+        self, group: list[Deferred], call: GroupCall, drop: Callable[[list[Deferred]], None]
+    ) -> Generator[Outcome, None, bool]: ...
 
 
 class BatchCalls:
@@ -75,6 +93,8 @@ class BatchCalls:
         self.keys: set[AuditKey] = set()
         #: per partition, the record keys of a key-ordered handler's deferred records (`defer_ordered`)
         self._record_keys: dict[TopicPartition, set[bytes]] = {}
+        #: asked before each call (None: every call goes)
+        self.gate: BatchGate | None = None
 
     def defer(self, item: Deferred) -> None:
         self._groups.setdefault(item.msg.tp, []).append(item)
@@ -138,6 +158,9 @@ class BatchCalls:
         run is plain): nothing to decide per record, so no `Deferred` each. A record that fails before the call
         (poison) makes it an ordinary group, settled in offset order. A run the consumer built as Records
         already (`ports.consume_runs`) is passed as it is: one object per record."""
+        if self.gate is not None:  # asked per call: the run as one group
+            yield from self._call(self._group_of(binding, run))
+            return
         if type(run[0]) is Record:
             yield from self._call_built(binding, run)
             return
@@ -176,7 +199,22 @@ class BatchCalls:
             return
         yield from self._each([Deferred(binding, message_of(r), None, r, None, None) for r in run], iter(outcomes))
 
+    @staticmethod
+    def _group_of(binding: Binding, run: Run) -> list[Deferred]:
+        if type(run[0]) is Record:
+            return [Deferred(binding, message_of(r), None, r, None, None) for r in run]
+        group = []
+        for msg in cast(list[Message], run):
+            record, poison = build_record(binding, msg, None)
+            group.append(Deferred(binding, msg, None, record, None, poison))
+        return group
+
     def _call(self, group: list[Deferred]) -> Generator[Outcome, None, bool]:
+        if self.gate is not None:
+            return (yield from self.gate.settle(group, self._call_group, self._drop))
+        return (yield from self._call_group(group))
+
+    def _call_group(self, group: list[Deferred]) -> Generator[Outcome, None, bool]:
         first = group[0]
         called = [d for d in group if d.failure is None and d.decided is None]
         settled, outcomes = self._called(first.binding, first.msg, [d.record for d in called])
