@@ -221,6 +221,7 @@ def test_a_guard_topic_just_made_is_read_again_and_a_missing_one_fails_the_start
     def board(reader: Callable[[str, object, float], list[Message]]) -> GuardBoard:
         guard = HandlerGuard("orders", FloodGuard(), emitter=Emitter([]), clock=SYSTEM_CLOCK, rng=random.Random(1))
         broker = MemoryBroker()
+        broker.create_topic("orders.billing.guard")  # where the started board's thread writes its report
         factory = MemoryClientFactory(broker)
         return GuardBoard(
             {"orders": guard},
@@ -235,11 +236,13 @@ def test_a_guard_topic_just_made_is_read_again_and_a_missing_one_fails_the_start
         )
 
     stop = threading.Event()
+    started = board(read)
     try:
-        board(read).start(5.0)
+        started.start(5.0)
         assert answers == []  # asked until it answered
     finally:
         stop.set()
+        started.join(5.0)
 
     def missing(topic: str, partitions: object, timeout_s: float) -> list[Message]:
         raise KafkaClientError(f"cannot read {topic}: it does not exist", code="UNKNOWN_TOPIC_OR_PART")
