@@ -209,7 +209,7 @@ class CallWindow:
 
     def released(self) -> Iterable[Iterator[Outcome]]:
         """The outcomes of the calls that returned since last asked (one iterator), each started record's gate
-        handing on to its next record."""
+        handing on to its next record; then the deferred records, asked again (`StartCheck`)."""
         self._sample()
         released: list[Iterator[Outcome]] = []
         if not self._workers.done.empty():
