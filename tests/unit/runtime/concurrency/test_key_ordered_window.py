@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
@@ -24,7 +26,17 @@ from retrytopics.runtime.records.calls import Binding
 from retrytopics.runtime.records.outcome import Outcome
 from retrytopics.testing import MemoryBroker, MemoryClientFactory
 
-from ..consumer.test_key_order_ledger import KEYS, PARTITIONS, PER_KEY, POLICY, Ledger, check, dead_letters, produce
+from ..consumer.test_key_order_ledger import (
+    KEYS,
+    PARTITIONS,
+    PER_KEY,
+    POLICY,
+    Assignments,
+    Ledger,
+    check,
+    dead_letters,
+    produce,
+)
 from ..kit import eventually
 
 CALLS = 50
@@ -51,13 +63,14 @@ class Overlap:
                 self.now -= 1
 
 
-def build(broker: MemoryBroker, handle: Overlap, ledger: Ledger, dead_head: str) -> RetryApp:
+def build(broker: MemoryBroker, handle: Overlap, ledger: Ledger, dead_head: str, hooks: Sequence[Any] = ()) -> RetryApp:
     app = RetryApp(
         kafka=KafkaConfig(bootstrap="127.0.0.1:9"),
         group="billing",
         clients=MemoryClientFactory(broker),
         on_dead_letter=ledger.dead_lettered,
         commit_every=1,
+        hooks=list(hooks),
     )
     app.handler("orders", policy=POLICY, ordering=KeyOrdering(dead_head=dead_head), concurrency=CALLS)(handle)
     app.provision(partitions=PARTITIONS)
@@ -92,6 +105,29 @@ def test_a_failing_keys_later_records_follow_it_through_the_tiers_while_other_ke
     ledger, handle, broker, app = run_ledger(dead_head)
     check(ledger, dead_letters(broker, app), dead_head)
     assert handle.most > 1, "calls ran side by side"
+
+
+def test_a_second_instance_joining_mid_window_keeps_the_order() -> None:
+    """A second app instance of the same group joins while calls are in flight and keys are blocked: the
+    revoked partitions' calls are waited for (or abandoned), what waited in their windows never starts, and the
+    ledger holds across both instances (calls may repeat: a partition changed hands before its commit)."""
+    broker = MemoryBroker()
+    broker.create_topics(["orders"], PARTITIONS)
+    ledger = Ledger()
+    first = build(broker, Overlap(ledger), ledger, "release")
+    produce(broker, range(PER_KEY))
+    first.start(main=True, tiers="all")
+    joined = Assignments()
+    second = build(broker, Overlap(ledger), ledger, "release", hooks=[joined])
+    try:
+        eventually(lambda: any(what == "fail" for what, *_ in ledger.events))
+        second.start(main=True, tiers="all")
+        eventually(lambda: every_record_terminal(ledger, broker, first), timeout_s=60)
+    finally:
+        assert second.stop(30) and first.stop(30)
+    assert first.error is None and second.error is None
+    assert any(("orders", p) in joined.partitions for p in range(PARTITIONS)), "the second took a partition"
+    check(ledger, dead_letters(broker, first), "release", repeats=True)
 
 
 def test_without_the_check_at_start_a_key_runs_ahead_of_its_failed_record(monkeypatch: pytest.MonkeyPatch) -> None:
