@@ -211,23 +211,49 @@ def _report_paused(app: RetryApp, partitions: int, finish: _Finish, timeout_s: f
     emit("paused", paused=app.stats.paused_partitions)
 
 
+class _SourceFollowers:
+    """Counts the records the main consumer hands off as followers (key order) instead of calling them."""
+
+    wanted_events = frozenset({Event.KEY_ORDER_FOLLOWED})
+
+    def __init__(self, topic: str, finish: _Finish, lock: threading.Lock) -> None:
+        self.topic, self.finish, self.lock = topic, finish, lock
+
+    def on_event(self, event: Event, data: dict[str, Any]) -> None:
+        if data.get("topic") == self.topic:
+            with self.lock:
+                self.finish.tick()
+
+
 def app_window(args: dict[str, Any]) -> None:
     """An `async def` handler awaiting `handler_ms`, with `concurrency` calls in flight (its default order: by
     key); a record whose offset % 10 == 3 fails its first attempt (to the 1 s tier, whose consumer runs too).
-    Done after `n` first attempts returned (the source pass: a failure is handed to its tier meanwhile).
-    Args: bootstrap, topic, group, n, concurrency, handler_ms."""
+    Done after `n` first attempts returned (the source pass: a failure is handed to its tier meanwhile). With
+    `ordered` (`ordering=KeyOrdering()`), a record the main consumer hands off as a follower counts instead of
+    its first attempt (which runs in the tier, after its key's failed record).
+    Args: bootstrap, topic, group, n, concurrency, handler_ms, ordered."""
     import asyncio
 
-    app, finish = _app(args), _Finish(args["n"])
-    lock = threading.Lock()
-    pause_s = args["handler_ms"] / 1000
+    from retrytopics import KeyOrdering
 
-    @app.handler(args["topic"], policy=RetryPolicy(delays=["1s"]), concurrency=args["concurrency"])
+    finish, lock = _Finish(args["n"]), threading.Lock()
+    ordered = bool(args.get("ordered"))
+    app = _app(args, hooks=[_SourceFollowers(args["topic"], finish, lock)] if ordered else [])
+    pause_s = args["handler_ms"] / 1000
+    main = f"{args['group']}:main"  # the main consumer's threads (its calls' event loop): not a tier's
+
+    @app.handler(
+        args["topic"],
+        policy=RetryPolicy(delays=["1s"]),
+        concurrency=args["concurrency"],
+        ordering=KeyOrdering() if ordered else None,
+    )
     async def handle(record: Record[bytes]) -> None:
         await asyncio.sleep(pause_s)
         if record.retry is None:
-            with lock:
-                finish.tick()
+            if not ordered or threading.current_thread().name.startswith(main):
+                with lock:
+                    finish.tick()
             if record.offset % 10 == 3:
                 raise RuntimeError("fails once")
 

@@ -245,7 +245,8 @@ class RetryApp:
         flight together and start in offset order; `OrderMode.PARTITION` runs one at a time per partition,
         `OrderMode.NONE` keeps no order. Offsets are committed only below every unfinished record, and a
         failure goes to its tier while the other calls run. The default 1 is one call at a time on the
-        consumer's thread. Not yet with key `ordering`, a `flood_guard`, `exactly_once` nor
+        consumer's thread. With key `ordering`, a key's records follow a failed one through the tiers as
+        without concurrency (not with `OrderMode.NONE`). Not yet with a `flood_guard`, `exactly_once` nor
         `consumer="share"` (a `ConfigError` naming `concurrency`).
         """
         return self._register(
@@ -704,8 +705,8 @@ def _refuse_concurrency(app: RetryApp) -> None:
     if app.consumer == "share":
         raise ConfigError("concurrency", windowed, "not with consumer='share' yet")
     # one consumer runs every handler of the app: its records stage is one kind
-    if any(binding.ordering is not None for binding in app.handlers.values()):
-        raise ConfigError("concurrency", windowed, "not in an app with a key-ordered handler yet")
+    if any(binding.ordering is not None and binding.concurrency is None for binding in app.handlers.values()):
+        raise ConfigError("concurrency", windowed, "not in an app with a key-ordered handler without concurrency yet")
     if app._registry.flood_guards:
         raise ConfigError("concurrency", windowed, "not in an app with a flood-guarded handler yet")
 

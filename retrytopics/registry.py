@@ -14,7 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 from retrytopics.connectors.serde import Deserializer
-from retrytopics.core.concurrency import Concurrency, concurrency_of
+from retrytopics.core.concurrency import Concurrency, OrderMode, concurrency_of
 from retrytopics.core.durations import DurationLike, parse_duration
 from retrytopics.core.errors import ConfigError
 from retrytopics.core.flood_guard import FloodGuard
@@ -148,8 +148,9 @@ class Registry:
         # not yet: each needs its own rule for records in flight together (docs/concurrency.md, "Refused")
         if wanted.batch:
             raise ConfigError("concurrency", wanted.concurrency, "not with a batch handler yet")
-        if wanted.ordering is not None:
-            raise ConfigError("concurrency", wanted.concurrency, "not with key ordering (ordering=) yet")
+        if wanted.ordering is not None and config.order is OrderMode.NONE:
+            # key order's decision per record needs its key's records started one at a time, in offset order
+            raise ConfigError("concurrency.order", config.order, "key ordering needs OrderMode.KEY or PARTITION")
         if wanted.flood_guard is not None:
             raise ConfigError("concurrency", wanted.concurrency, "not with a flood guard yet")
         return config

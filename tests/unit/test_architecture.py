@@ -187,7 +187,7 @@ RUNTIME_MAY_IMPORT = {
     "bounded": {"clock"},
     "waiting": {"records.outcome"},
     "records": {"records", "waiting", "clock", "bounded"},
-    "keyorder": {"keyorder", "records", "waiting", "clock"},
+    "keyorder": {"keyorder", "records", "waiting", "clock", "concurrency"},
     "handoff": {"handoff", "records.outcome", "clock", "bounded"},
     "lag": {"clock"},
     "flood": {"flood", "records", "clock"},

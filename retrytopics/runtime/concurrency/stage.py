@@ -12,6 +12,13 @@ than the window has room for (`batch_size`); a record read while its window is f
 partition is read again from it; and while the window holds its byte bound its partitions are held (the hold
 reason, holds.py).
 
+A feature that decides per record before its call (key order, docs/key-ordering.md) is asked at the moment a
+record would start, not when it enters the window (`StartCheck`): the record is called, handed on with the
+outcome the check gives instead of a call, or deferred (it keeps its gate, so its key's later records stay
+behind it, and is asked again at the next poll). With a check, a returned call's outcome is acted on before
+the next record of its gate is asked: what the hand-off tells the feature (a failure's hop) decides that record.
+
+- `StartCheck`: that seam;
 - `CallWindow`: the windows of one loop's handlers, their workers, admission and outcomes; what the loop
   asks at a revocation (`settle_before_revoke`) and at shutdown (`drain`).
 - `WindowedSourceStage` / `WindowedTierStage`: the source and tier paths with it.
@@ -23,8 +30,9 @@ import logging
 import random
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from retrytopics.core.concurrency import Concurrency
 from retrytopics.core.dedupe import AuditKey, DuplicateAudit
@@ -44,7 +52,7 @@ from retrytopics.runtime.records.source import SourceStage
 from retrytopics.runtime.records.tier import TierStage
 from retrytopics.runtime.waiting import PauseController
 
-__all__ = ["CallWindow", "WindowedSourceStage", "WindowedTierStage", "windowed_topics"]
+__all__ = ["CallWindow", "StartCheck", "WindowedSourceStage", "WindowedTierStage", "windowed_topics"]
 
 log = logging.getLogger("retrytopics.runtime")
 
@@ -68,6 +76,14 @@ class Call(NamedTuple):
     state: RetryHeaders | None
 
 
+class StartCheck(Protocol):
+    """Asked as a windowed record is about to be called (see the module docstring)."""
+
+    def before_start(self, binding: Binding, msg: Message, state: RetryHeaders | None) -> Outcome | None:
+        """None: call it now; `Parked`: not yet (it keeps its gate and is asked again at the next poll); any
+        other outcome: the record's, instead of a call."""
+
+
 FailedOutcome = Callable[[Binding, Message, AuditKey | None, Record[Any], RetryHeaders | None, BaseException], Failed]
 
 
@@ -89,6 +105,7 @@ class CallWindow:
         consumer: str,
         stop: threading.Event,
         monotonic: Callable[[], float] = time.monotonic,
+        starts: StartCheck | None = None,
     ) -> None:
         configs = windowed_topics(bindings)
         self._windows: dict[str, Window[Call]] = {}
@@ -108,6 +125,7 @@ class CallWindow:
         self.topics = frozenset(configs)
         self._workers = Workers(threads=max(1, threads), stop=stop, name=consumer)
         self._failed = failed
+        self._starts = starts
         self._emitter = emitter
         self._consumer = consumer
         self._monotonic = monotonic
@@ -171,7 +189,15 @@ class CallWindow:
         size = len(msg.value or b"") + len(msg.key or b"")
         slot = Slot(msg.tp, gate_of(config.order, msg.key), size, Call(binding, msg, key, record, state))
         if window.admit(slot):
-            self._start(slot)
+            yield from self._begin([slot])
+
+    def busy(self, msg: Message) -> bool:
+        """Whether a record `msg` would wait behind (its gate's) is admitted and not settled."""
+        at = self._by_topic.get(msg.topic)
+        if at is None:
+            return False
+        gate = gate_of(at[1].order, msg.key)
+        return gate is not None and at[0].busy(msg.tp, gate)
 
     def run(self, binding: Binding, msgs: list[Message]) -> Iterator[Outcome]:
         """A run of one partition's records, each admitted; the run ends at the first one held."""
@@ -183,11 +209,14 @@ class CallWindow:
 
     def released(self) -> Iterable[Iterator[Outcome]]:
         """The outcomes of the calls that returned since last asked (one iterator), each started record's gate
-        handing on to its next record."""
+        handing on to its next record; then the deferred records, asked again (`StartCheck`)."""
         self._sample()
-        if self._workers.done.empty():
-            return ()
-        return (self._returned(),)
+        released: list[Iterator[Outcome]] = []
+        if not self._workers.done.empty():
+            released.append(self._returned())
+        if any(w.deferred for w in self._windows.values()):
+            released.append(self._undeferred())  # after the outcomes above: they may decide these
+        return released
 
     def wait_ms(self, wait_ms: int) -> int:
         """How long the next `consume()` may wait: not at all when outcomes are there; while every window with
@@ -197,6 +226,8 @@ class CallWindow:
         workers.flush()
         if not workers.done.empty():
             return 0
+        if any(w.deferred for w in self._windows.values()):
+            return min(wait_ms, _IN_FLIGHT_WAIT_MS)  # asked again at the next poll
         busy = [w for w in self._windows.values() if w.in_flight]
         if not busy:
             return wait_ms
@@ -252,9 +283,39 @@ class CallWindow:
         call = slot.item
         self._workers.start(slot, call.binding.handler, call.record, call.binding.policy)
 
+    def _begin(self, slots: list[Slot[Call]]) -> Iterator[Outcome]:
+        """Start `slots` (each counted in flight by its window), asking the start check first when there is one:
+        a record it hands on instead of calling settles at once, and one it defers gives its call back; either
+        way what that frees is started (asked) in turn, after the outcome is acted on."""
+        starts = self._starts
+        if starts is None:
+            for slot in slots:
+                self._start(slot)
+            return
+        todo = deque(slots)
+        while todo:
+            slot = todo.popleft()
+            call = slot.item
+            instead = starts.before_start(call.binding, call.msg, call.state)
+            if instead is None:
+                self._start(slot)
+                continue
+            window = self._by_topic[call.msg.topic][0]
+            if type(instead) is Parked:
+                todo.extend(window.defer(slot))
+                continue
+            yield instead
+            todo.extend(window.settle(slot)[1])
+
+    def _undeferred(self) -> Iterator[Outcome]:
+        for window in list(self._windows.values()):
+            yield from self._begin(window.undefer())
+
     def _returned(self) -> Iterator[Outcome]:
-        done, failed, workers = self._workers.done, self._failed, self._workers
-        # what returned until now is settled at once: the calls it frees start before its outcomes are acted on
+        done, workers = self._workers.done, self._workers
+        checked = self._starts is not None
+        # Without a start check, what returned until now is settled at once: the calls it frees start before its
+        # outcomes are acted on. With one, each outcome is acted on before the next record of its gate is asked.
         settled: list[tuple[Call, BaseException | None]] = []
         while not done.empty():
             token, failure = done.get_nowait()
@@ -262,6 +323,11 @@ class CallWindow:
             slot: Slot[Call] = token
             call = slot.item
             current, startable = self._by_topic[call.msg.topic][0].settle(slot)
+            if checked:
+                if current:
+                    yield self._outcome(call, failure)
+                yield from self._begin(startable)
+                continue
             for following in startable:
                 self._start(following)
             if current:  # else its partition was revoked meanwhile: abandoned, read again by its owner
@@ -271,12 +337,14 @@ class CallWindow:
             for handler in [h for h in self._full if not self._windows[h].full]:
                 self._full.discard(handler)
         for call, failure in settled:
-            if failure is None:
-                yield Succeeded(call.msg, call.key, call.record)
-            elif isinstance(failure, Exception):
-                yield failed(call.binding, call.msg, call.key, call.record, call.state, failure)
-            else:
-                raise failure  # a BaseException from a handler stops the app, as on the consumer's thread
+            yield self._outcome(call, failure)
+
+    def _outcome(self, call: Call, failure: BaseException | None) -> Outcome:
+        if failure is None:
+            return Succeeded(call.msg, call.key, call.record)
+        if isinstance(failure, Exception):
+            return self._failed(call.binding, call.msg, call.key, call.record, call.state, failure)
+        raise failure  # a BaseException from a handler stops the app, as on the consumer's thread
 
     def _wait(self, done: Callable[[], bool], timeout_s: float, apply: Callable[[Outcome], None]) -> None:
         deadline = self._monotonic() + timeout_s
@@ -336,10 +404,17 @@ class WindowedSourceStage(SourceStage):
         stop: threading.Event,
         emitter: Emitter,
         consumer: str,
+        starts: StartCheck | None = None,
     ) -> None:
         super().__init__(bindings, audit, invoker, ownership, duplicates, clock=clock, rng=rng, stop=stop)
         self.window = CallWindow(
-            bindings, failed=self.failed, emitter=emitter, consumer=consumer, stop=stop, monotonic=clock.monotonic
+            bindings,
+            failed=self.failed,
+            emitter=emitter,
+            consumer=consumer,
+            stop=stop,
+            monotonic=clock.monotonic,
+            starts=starts,
         )
         self.run_topics = self.run_topics - self.window.topics  # a windowed run is admitted record by record
 
@@ -390,10 +465,17 @@ class WindowedTierStage(TierStage):
         stop: threading.Event,
         emitter: Emitter,
         consumer: str,
+        starts: StartCheck | None = None,
     ) -> None:
         super().__init__(bindings, waiting, audit, invoker, ownership, duplicates, clock=clock, rng=rng, stop=stop)
         self.window = CallWindow(
-            bindings, failed=self.failed, emitter=emitter, consumer=consumer, stop=stop, monotonic=clock.monotonic
+            bindings,
+            failed=self.failed,
+            emitter=emitter,
+            consumer=consumer,
+            stop=stop,
+            monotonic=clock.monotonic,
+            starts=starts,
         )
 
     def released(self) -> Iterable[Iterator[Outcome]]:

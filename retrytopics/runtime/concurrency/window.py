@@ -13,6 +13,10 @@ order, up to `calls` more: a call that returns is followed at once by a record r
 fetch. `room` is how many more may be admitted (the consumer asks Kafka for no more); `full` (no room, or
 `max_bytes` admitted) says a record read now is not admitted but read again later.
 
+A record may be started and *deferred* at once (an admission check at start time, key order's, said not yet):
+it gives its call back and keeps its gate, so its key's later records stay behind it, until `undefer` makes it
+ready for a call again (at the next poll).
+
 A partition revoked or lost is `forget`-ten: its waiting records are dropped (they never started, and their
 offsets were never finished, so nothing is committed past them); its calls still in flight count until they
 return, and what they return is for an older generation of the partition and starts nothing.
@@ -81,6 +85,8 @@ class Window(Generic[T]):
     _gates: dict[tuple[TopicPartition, int, Hashable], deque[Slot[T]]] = field(default_factory=dict)
     #: records whose gate is theirs, waiting for a free call, in admission order
     _ready: deque[Slot[T]] = field(default_factory=deque)
+    #: records started and deferred (`defer`): each keeps its gate, waiting for `undefer`
+    _deferred: list[Slot[T]] = field(default_factory=list)
 
     @property
     def full(self) -> bool:
@@ -142,6 +148,27 @@ class Window(Generic[T]):
                 self._gates.pop(at, None)
         return current, self._startable()
 
+    def defer(self, slot: Slot[T]) -> list[Slot[T]]:
+        """`slot` was started but may not be called yet: it gives its call back and keeps its gate (its key's
+        later records stay behind it) until `undefer`; returns the records to start in its place."""
+        self.in_flight -= 1
+        self._partitions[slot.tp].waiting += 1
+        self._deferred.append(slot)
+        return self._startable()
+
+    @property
+    def deferred(self) -> int:
+        return len(self._deferred)
+
+    def undefer(self) -> list[Slot[T]]:
+        """The deferred records wait for a call again, ahead of the others (they were started before them);
+        returns those to start now."""
+        if not self._deferred:
+            return []
+        self._ready.extendleft(reversed(self._deferred))
+        self._deferred.clear()
+        return self._startable()
+
     def _startable(self) -> list[Slot[T]]:
         ready, started = self._ready, []
         while ready and self.in_flight < self.calls:
@@ -169,6 +196,9 @@ class Window(Generic[T]):
         if any(slot.tp in tps for slot in self._ready):
             dropped.extend(slot for slot in self._ready if slot.tp in tps)
             self._ready = deque(slot for slot in self._ready if slot.tp not in tps)
+        if any(slot.tp in tps for slot in self._deferred):
+            dropped.extend(slot for slot in self._deferred if slot.tp in tps)
+            self._deferred = [slot for slot in self._deferred if slot.tp not in tps]
         for slot in dropped:
             self.records -= 1
             self.bytes -= slot.size
@@ -192,6 +222,11 @@ class Window(Generic[T]):
             if part.admitted == 0:
                 del self._partitions[tp]
         return dropped
+
+    def busy(self, tp: TopicPartition, gate: Hashable) -> bool:
+        """Whether a record of `gate` in `tp` is admitted and not settled (in flight, or waiting)."""
+        part = self._partitions.get(tp)
+        return part is not None and (tp, part.generation, gate) in self._gates
 
     @property
     def partitions(self) -> list[TopicPartition]:

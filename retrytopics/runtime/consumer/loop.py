@@ -48,6 +48,7 @@ from retrytopics.runtime.keyorder.learning import KeyStateLearning
 from retrytopics.runtime.keyorder.listener import KeyOrderListener
 from retrytopics.runtime.keyorder.ordering import PARKED_PER_PARTITION, KeyOrder, KeyStateFeed, TierOrder
 from retrytopics.runtime.keyorder.stage import OrderedSourceStage, OrderedTierStage
+from retrytopics.runtime.keyorder.windowed import KeyOrderStarts, WindowedOrderedTierStage
 from retrytopics.runtime.lag import LagProbe
 from retrytopics.runtime.records.calls import Binding
 from retrytopics.runtime.records.duplicates import DuplicateCheck, TailReader
@@ -275,16 +276,25 @@ class ConsumerLoop(LoopRun):
         failing: Callable[[TopicPartition], bool],
     ) -> RecordStage:
         """The records stage of this loop's kind, picked once: the source path (a main consumer: source topics
-        only) or the tier path; with key order's admission when a handler is key-ordered."""
+        only) or the tier path; with key order's admission when a handler is key-ordered, asked as each record
+        starts when handlers run calls in a window (runtime/keyorder/windowed.py)."""
         parts = (self._audit, self._invoker, ownership, duplicates)
         clock, rng, stop = self._clock, random.Random(), self._stop
         order = None if key_order is None else key_order[0]
         windowed = bool(windowed_topics(self._bindings))
         emitter, name = self._emitter, self.settings.name
         if all(topic == b.topic for topic, b in self._bindings.items()):
-            if windowed and order is None:
+            if windowed:
+                starts = KeyOrderStarts(order, clock.now_ms) if isinstance(order, KeyOrder) else None
                 return WindowedSourceStage(
-                    self._bindings, *parts, clock=clock, rng=rng, stop=stop, emitter=emitter, consumer=name
+                    self._bindings,
+                    *parts,
+                    clock=clock,
+                    rng=rng,
+                    stop=stop,
+                    emitter=emitter,
+                    consumer=name,
+                    starts=starts,
                 )
             if isinstance(order, KeyOrder):
                 return OrderedSourceStage(
@@ -298,7 +308,19 @@ class ConsumerLoop(LoopRun):
                     failing=failing,
                 )
             return SourceStage(self._bindings, *parts, clock=clock, rng=rng, stop=stop)
-        if windowed and order is None:
+        if windowed and isinstance(order, TierOrder):
+            return WindowedOrderedTierStage(
+                self._bindings,
+                waiting,
+                *parts,
+                clock=clock,
+                rng=rng,
+                stop=stop,
+                emitter=emitter,
+                consumer=name,
+                tier_order=order,
+            )
+        if windowed:
             return WindowedTierStage(
                 self._bindings, waiting, *parts, clock=clock, rng=rng, stop=stop, emitter=emitter, consumer=name
             )

@@ -29,7 +29,7 @@ from retrytopics.core.errors import HeaderDecodeError
 from retrytopics.core.headers import RetryHeaders
 from retrytopics.core.keyorder.follower import Follower
 from retrytopics.core.keyorder.hops import BlockedByKey, blocked_by_key_route, read_follower, source_follower
-from retrytopics.core.keyorder.source_chains import Admit
+from retrytopics.core.keyorder.source_chains import Admission, Admit
 from retrytopics.core.keyorder.tier_passages import Step
 from retrytopics.core.offsets import TopicPartition
 from retrytopics.core.ports import Message
@@ -58,14 +58,14 @@ from retrytopics.runtime.records.stage import ABANDONED
 from retrytopics.runtime.records.tier import TierStage
 from retrytopics.runtime.waiting import PauseController
 
-__all__ = ["OrderedSourceStage", "OrderedTierStage"]
+__all__ = ["FOLLOWER", "OrderedSourceStage", "OrderedTierStage", "followed"]
 
 #: the longest `consume()` wait while records are parked for an acknowledgement, of a partition whose publish is
 #: not failing: `consume()` does not wake for an acknowledgement (a tier's such records wait in memory, due one
 #: poll later)
 _ACK_AWAITED_WAIT_MS = 1
 #: what a follower waiting in memory behind its partition's queue is kept with: it is decided in its turn
-_FOLLOWER = Queued(None, None, None, None)
+FOLLOWER = Queued(None, None, None, None)
 #: how soon a follower waiting in memory for its predecessor's acknowledgement is asked again (one poll)
 _ACK_RECHECK_MS = 1
 #: the Record of a batch handler's deferred record that key order decided before the call: never passed to it
@@ -184,16 +184,7 @@ class OrderedSourceStage(SourceStage):
             return
         admission = key_order.admit(msg, unparked=parked)
         if admission.action is Admit.FOLLOW:
-            assert admission.tier is not None and admission.after is not None
-            ctx, after = binding.ctx, admission.after
-            decided: Outcome
-            if after >= msg.offset:
-                # read again after a restart or rebalance: every record of its key up to the frontier
-                # is terminal or handed off already, durably (the chain record says so)
-                decided = Duplicate(msg, origin_message_id(ctx, msg), 1, downstream=True)
-            else:
-                follower = source_follower(ctx, msg, after=after, held_at=max(0, self._now_ms()))
-                decided = Follow(msg, admission.tier, follower, ctx, after)
+            decided = followed(binding, msg, admission, now_ms=self._now_ms())
             if binding.batch and self.batches.holds(msg.tp):  # in its place among the call's records
                 self.batches.defer_ordered(Deferred(binding, msg, None, _UNCALLED, None, None, decided))
             else:
@@ -262,12 +253,12 @@ class OrderedTierStage(TierStage):
             yield from super().read(msg)
             return
         if self._waiting.queued(msg.tp):  # behind records waiting in memory: decided in its turn
-            yield Waiting(msg, None, _FOLLOWER)
+            yield Waiting(msg, None, FOLLOWER)
             return
         yield from self._follower(binding, msg, follower)
 
     def take_queued(self, msg: Message, queued: Queued) -> Iterator[Outcome]:
-        if queued == _FOLLOWER:  # read and checked when it was queued
+        if queued == FOLLOWER:  # read and checked when it was queued
             follower = read_follower(self._bindings[msg.topic].ctx, msg)
             assert follower is not None
             return self._follower(self._bindings[msg.topic], msg, follower)
@@ -285,7 +276,7 @@ class OrderedTierStage(TierStage):
         step = decision.step
         if step is Step.WAIT:
             # its predecessor's hop is in flight: it waits in memory at its partition's head (`TierOrder.started`)
-            yield Waiting(msg, self._now_ms() + _ACK_RECHECK_MS, _FOLLOWER) if tier_order.started(msg.tp) else Held(msg)
+            yield Waiting(msg, self._now_ms() + _ACK_RECHECK_MS, FOLLOWER) if tier_order.started(msg.tp) else Held(msg)
             return
         if step is Step.DUPLICATE:
             yield Duplicate(msg, follower.origin_message_id, 0, downstream=False)
@@ -356,6 +347,18 @@ class OrderedTierStage(TierStage):
                 yield Held(msg)
             return
         yield from super()._handle(binding, msg, key, state, bad)
+
+
+def followed(binding: Binding, msg: Message, admission: Admission, *, now_ms: int) -> Outcome:
+    """Source record `msg`, admitted `Admit.FOLLOW`: handed off unhandled behind its key's predecessor, or a
+    duplicate when it was read again after a restart or rebalance (every record of its key up to the frontier
+    is terminal or handed off already, durably: the chain record says so)."""
+    assert admission.tier is not None and admission.after is not None
+    ctx, after = binding.ctx, admission.after
+    if after >= msg.offset:
+        return Duplicate(msg, origin_message_id(ctx, msg), 1, downstream=True)
+    follower = source_follower(ctx, msg, after=after, held_at=max(0, now_ms))
+    return Follow(msg, admission.tier, follower, ctx, after)
 
 
 def _cut_before(

@@ -1,12 +1,13 @@
-"""Handler concurrency on a real broker (docs/concurrency.md): one app, two handlers with `concurrency=16`, an
-`async def` one and a plain one, many keys over one partition each, one key slow, one record in ten failing
-once; and a SIGKILL of a process in the middle of its window.
+"""Handler concurrency on a real broker (docs/concurrency.md): one app, three handlers with `concurrency=16`, an
+`async def` one, a plain one and a key-ordered `async def` one, many keys over one partition each, one key
+slow, one record in ten failing once; and a SIGKILL of a process in the middle of its window.
 
 Guarantees: every id is handled (its first attempt, or its retry in the tier); on the main consumer two
 records of one key are never in flight together and each key's records start in offset order (0 inversions);
 a slow key does not stall the others (they all end before it); no commit ever passes a record whose call has
 not returned; after a SIGKILL with calls in flight nothing is lost, and the committed offset never passed a
-call that had not ended.
+call that had not ended. With `ordering=KeyOrdering()`, through the tiers too: no record of a key is called
+(first attempt, retry or follower) before every earlier record of its key succeeded.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from retrytopics import Record, RetryApp, RetryPolicy
+from retrytopics import KeyOrdering, Record, RetryApp, RetryPolicy
 from retrytopics.connectors.config import KafkaConfig
 from retrytopics.observe.events import Event
 
@@ -45,9 +46,13 @@ class Ledger:
 
     wanted_events = frozenset({Event.OFFSETS_COMMITTED})
 
-    def __init__(self, topics: list[str]) -> None:
+    def __init__(self, topics: list[str], ordered: str) -> None:
         self.lock = threading.Lock()
         self.topics = set(topics)
+        #: the key-ordered topic: its followers are committed before their call in the tier (handed off)
+        self.ordered = ordered
+        #: calls of the ordered topic started while an earlier record of their key had not succeeded
+        self.ahead: list[tuple[int, list[int]]] = []
         self.in_flight: dict[tuple[str, bytes], int] = {}
         self.overlaps = 0
         self.most_in_flight: dict[str, int] = dict.fromkeys(topics, 0)
@@ -73,6 +78,8 @@ class Ledger:
                 self.most_in_flight[record.topic] = max(self.most_in_flight[record.topic], running)
             i, source = int(record.value), self.source_of(record)
             n = self.attempts[(source, i)] = self.attempts.get((source, i), 0) + 1
+            if source == self.ordered and (earlier := [j for j in _earlier_of_key(i) if j not in self.ok[source]]):
+                self.ahead.append((i, earlier))
         return n == 1 and i % 10 == 3
 
     def end(self, record: Record[bytes], fails: bool) -> None:
@@ -93,7 +100,7 @@ class Ledger:
 
     def on_event(self, event: Event, data: Mapping[str, Any]) -> None:
         for (topic, _partition), position in dict(data.get("offsets") or {}).items():
-            if topic not in self.topics:
+            if topic not in self.topics or topic == self.ordered:
                 continue
             with self.lock:
                 self.commits_checked += 1
@@ -104,6 +111,11 @@ class Ledger:
     def all_ok(self, n: int) -> bool:
         with self.lock:
             return all(len(ok) == n for ok in self.ok.values())
+
+
+def _earlier_of_key(i: int) -> range:
+    """The ids before id `i` of its key (see `records`)."""
+    return range(0) if i == 0 else range((i - 1) % KEYS + 1, i, KEYS)
 
 
 def records() -> list[tuple[bytes, bytes, list[Any]]]:
@@ -122,9 +134,11 @@ def test_keys_run_side_by_side_in_order_and_commits_never_pass_a_running_call(
     consumer_overrides: dict[str, Any],
     apps: list[RetryApp],
 ) -> None:
-    # setup: two source topics of one partition, each with its handler at concurrency=16 (async, plain)
+    # setup: three source topics of one partition, each with its handler at concurrency=16 (async, plain, and
+    # async key-ordered)
     plain, coroutine = kit.create(unique_name("orders-sync"), 1), kit.create(unique_name("orders-async"), 1)
-    ledger = Ledger([plain, coroutine])
+    ordered = kit.create(unique_name("orders-keyed"), 1)
+    ledger = Ledger([plain, coroutine, ordered], ordered)
     batch = records()
     ledger.others = len(batch) - 1
     stalled: list[str] = []
@@ -157,15 +171,18 @@ def test_keys_run_side_by_side_in_order_and_commits_never_pass_a_running_call(
         if fails:
             raise RuntimeError("fails once")
 
+    app.handler(ordered, policy=POLICY, concurrency=WINDOW, ordering=KeyOrdering())(handle_async)
     app.provision()
-    kit.produce(plain, batch)
-    kit.produce(coroutine, batch)
+    for topic in (plain, coroutine, ordered):
+        kit.produce(topic, batch)
 
     # when: the app runs its main consumer and its tier consumers until every id is handled
     app.start(main=True, tiers="all")
     wait_until(lambda: ledger.all_ok(len(batch)), 90, "every id handled")
     wait_until(
-        lambda: all(kit.committed(app.group, t, 1) == {0: len(batch)} for t in (plain, coroutine)), 30, "commits"
+        lambda: all(kit.committed(app.group, t, 1) == {0: len(batch)} for t in (plain, coroutine, ordered)),
+        30,
+        "commits",
     )
     app.stop()
     assert app.error is None
@@ -180,6 +197,9 @@ def test_keys_run_side_by_side_in_order_and_commits_never_pass_a_running_call(
     # and: the failed ones were retried once, in the tier; no commit passed a call still running
     failing = {i for i in range(len(batch)) if i % 10 == 3}
     assert {i for (t, i), n in ledger.attempts.items() if n == 2 and t == plain} == failing
+    # and: key order held through the tiers (the failing keys' later records followed them there)
+    assert {i for (t, i), n in ledger.attempts.items() if n == 2 and t == ordered} == failing
+    assert not ledger.ahead, ledger.ahead[:3]
     assert ledger.commits_checked > 0 and not ledger.passed, ledger.passed[:3]
 
 

@@ -228,8 +228,8 @@ def test_handler_concurrency_comes_from_the_config_file_the_environment_or_a_fla
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`[app] concurrency = 200` (or RETRYTOPICS_APP_CONCURRENCY, or `run --concurrency`) sets the calls in flight
-    of `[app] topic`'s handler, else of every handler; a bad value names `app.concurrency`, and a handler that
-    cannot run concurrently yet (key-ordered) is refused naming `concurrency`."""
+    of `[app] topic`'s handler, else of every handler (a key-ordered one too); a bad value names
+    `app.concurrency`."""
     from retrytopics.operator.preflight import prepare_app
 
     (tmp_path / "window_cfg_apps.py").write_text(
@@ -254,6 +254,6 @@ def test_handler_concurrency_comes_from_the_config_file_the_environment_or_a_fla
     app = prepare_app("window_cfg_apps:app", flagged)
     assert app.handlers["orders"].concurrency is None  # 1: one call at a time, as before
     assert _error(environ={"RETRYTOPICS_APP_CONCURRENCY": "0"}).field == "app.concurrency"
-    with pytest.raises(ConfigError) as refused:
-        prepare_app("window_cfg_apps:ordered", load_settings(path=path, environ={}))
-    assert refused.value.field == "concurrency"
+    ordered = prepare_app("window_cfg_apps:ordered", load_settings(path=path, environ={}))
+    keyed = ordered.handlers["orders"]
+    assert keyed.ordering is not None and keyed.concurrency is not None and keyed.concurrency.calls == 200

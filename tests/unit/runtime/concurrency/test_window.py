@@ -31,6 +31,29 @@ def test_a_key_waits_behind_its_record_in_flight_and_other_keys_start() -> None:
     assert (window.records, window.in_flight, window.bytes) == (0, 0, 0)
 
 
+def test_a_deferred_record_gives_its_call_back_keeps_its_key_and_goes_first_when_undeferred() -> None:
+    window: Window[int] = Window(calls=1, max_bytes=1000)
+    a0, a1, b2 = slot(0, b"a"), slot(1, b"a"), slot(2, b"b")
+    assert [window.admit(s) for s in (a0, a1, b2)] == [True, False, False]
+    assert window.defer(a0) == [b2]  # its call goes to the next record of another key; its key stays behind it
+    assert (window.deferred, window.in_flight, window.in_flight_of([TP]), window.records) == (1, 1, 1, 3)
+    assert window.busy(TP, b"a") and not window.busy(TP, b"c")
+    assert window.undefer() == []  # no free call: it waits first in line
+    assert window.settle(b2) == (True, [a0])
+    assert window.settle(a0) == (True, [a1])
+    assert window.settle(a1) == (True, [])
+    assert (window.records, window.in_flight, window.deferred) == (0, 0, 0) and not window.busy(TP, b"a")
+
+
+def test_a_deferred_record_of_a_revoked_partition_never_starts() -> None:
+    window: Window[int] = Window(calls=2, max_bytes=1000)
+    a0 = slot(0, b"a")
+    assert window.admit(a0)
+    window.defer(a0)
+    assert window.forget([TP]) == [a0]
+    assert (window.records, window.deferred, window.undefer()) == (0, 0, [])
+
+
 def test_the_order_modes_gate_by_key_partition_or_nothing() -> None:
     assert gate_of(OrderMode.KEY, b"a") == b"a" and gate_of(OrderMode.KEY, None) is None
     assert gate_of(OrderMode.PARTITION, b"a") == gate_of(OrderMode.PARTITION, b"b") is not None

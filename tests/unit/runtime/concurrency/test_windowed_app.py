@@ -167,12 +167,11 @@ def test_without_order_calls_of_one_key_overlap() -> None:
 @pytest.mark.parametrize(
     ("options", "handler_options", "field"),
     [
-        ({}, {"ordering": KeyOrdering()}, "concurrency"),
         ({"exactly_once": True}, {}, "concurrency"),
         ({"consumer": "share"}, {}, "concurrency"),
         ({}, {"flood_guard": FloodGuard()}, "concurrency"),
     ],
-    ids=["key-ordering", "exactly-once", "share", "flood-guard"],
+    ids=["exactly-once", "share", "flood-guard"],
 )
 def test_combinations_not_made_right_yet_are_refused_at_start_up(
     options: dict[str, Any], handler_options: dict[str, Any], field: str
@@ -188,7 +187,8 @@ def test_combinations_not_made_right_yet_are_refused_at_start_up(
     "other", [{"ordering": KeyOrdering()}, {"flood_guard": FloodGuard()}], ids=["ordered", "guarded"]
 )
 def test_a_windowed_handler_beside_a_key_ordered_or_guarded_one_is_refused_at_start(other: dict[str, Any]) -> None:
-    """One consumer runs every handler of an app: its records stage is one kind, so the app is refused."""
+    """One consumer runs every handler of an app: its records stage is one kind, so the app is refused (a
+    key-ordered handler with concurrency too is tests/unit/runtime/concurrency/test_key_ordered_window.py's)."""
     app = RetryApp(kafka=KafkaConfig(bootstrap="127.0.0.1:9"), group="billing")
     app.handler("orders", concurrency=8)(lambda record: None)
     app.handler("refunds", **other)(lambda record: None)
