@@ -101,6 +101,7 @@ LONGEST_FILES = (
     "tests/integration/spark/test_builtin_parity.py",
     "tests/integration/runtime/test_stuck_calls.py",
     "tests/integration/spark/test_replay_input.py",
+    "tests/integration/failover/test_cluster.py",
     "tests/integration/spark/test_replay.py",
     "tests/integration/spark/test_replay_identity.py",
     "tests/integration/test_apache_broker.py",

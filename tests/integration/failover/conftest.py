@@ -1,4 +1,4 @@
-"""The failover tests' cluster and drill: one 3-node Apache Kafka cluster for the folder (`connectors.cluster`),
+"""The failover tests' cluster and drill: one 3-node Apache Kafka cluster per test file (`connectors.cluster`),
 every node brought back after each test, and the failover drill of bench/drill.py, loaded by path (bench/
 is a folder of the checkout, not an installed package)."""
 
@@ -28,7 +28,7 @@ def load_drill() -> ModuleType:
     return sys.modules[name]
 
 
-@pytest.fixture(scope="package")
+@pytest.fixture(scope="module")
 def cluster() -> Iterator[KafkaCluster]:
     with KafkaCluster() as started:
         yield started

@@ -1,6 +1,5 @@
 """On the project's 3-node Apache Kafka cluster (KRaft, 3 voters, replication factor 3, min.insync.replicas 2),
-the tests of the cluster itself and the at-least-once leader kill (marked `slow`, as the failover scenarios of
-test_failover_slow.py, on the same cluster: `pytest -m slow tests/integration/failover` runs them all):
+the tests that run in every suite run (the long failover scenarios are in test_failover_slow.py):
 
 - the cluster starts with every node registered and a controller elected; when the active controller is
   SIGKILLed another node takes over, acks=all writes keep succeeding with one node down, and the node comes
@@ -29,7 +28,7 @@ from retrytopics.operator.ops import describe_pipeline, durability_warnings, pip
 
 from ..runtime.conftest import wait_until
 
-pytestmark = [pytest.mark.broker, pytest.mark.slow]
+pytestmark = pytest.mark.broker
 
 
 def test_the_cluster_elects_a_controller_and_survives_its_kill(

@@ -29,7 +29,7 @@ FAULTS = {
 }
 
 
-#: the leader kill at-least-once is test_cluster.py's
+#: the leader kill at-least-once runs in every suite run (test_cluster.py)
 CASES = [
     (fault, mode)
     for mode in ("at-least-once", "exactly-once")
