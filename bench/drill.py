@@ -328,6 +328,8 @@ def run_drill(cluster: KafkaCluster, plan: DrillPlan, fault: Fault, *, name: Cal
     app = _Operated(kafka, group, source, plan, ledger)
     app.current.provision(partitions=plan.partitions)
     topics = app.current.topics(source)
+    # new partitions reach every node's metadata, led and in sync, a moment after their creation
+    cluster.await_in_sync([source, *topics.all_topics])
     dead_letters = _DeadLetters(kafka, topics.dlq, plan.partitions)
     started = threading.Event()
     producer = threading.Thread(target=_produce, args=(kafka, source, plan, ledger, started), daemon=True)

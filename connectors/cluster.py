@@ -33,7 +33,14 @@ from retrytopics.connectors.config import KafkaConfig
 from retrytopics.connectors.jars import KAFKA_VERSION
 from retrytopics.core.errors import BrokerExitedEarly, EmbeddedBrokerError
 
-__all__ = ["CLUSTER_SETTINGS", "KafkaCluster", "active_controller", "cluster_nodes", "quorum_voters"]
+__all__ = [
+    "CLUSTER_SETTINGS",
+    "KafkaCluster",
+    "active_controller",
+    "cluster_nodes",
+    "quorum_voters",
+    "unsettled",
+]
 
 #: server.properties entries of every node beyond a single node's (`apache.BROKER_SETTINGS`): everything
 #: replicated three times and acknowledged by two, so one node may fail without losing or refusing writes.
@@ -79,6 +86,24 @@ def active_controller(quorum_states: Iterable[Mapping[str, Any]]) -> int | None:
             newest = state
     leader = int(newest.get("leaderId", -1)) if newest is not None else -1
     return leader if leader > 0 else None
+
+
+def unsettled(metadata: Any, size: int) -> list[str]:
+    """What keeps one node's metadata (`list_topics()`'s answer) from a settled cluster of `size` nodes: fewer
+    live brokers, a topic in error, a partition without a leader or with a replica out of sync. Empty when
+    settled: a test started then meets no fault left over by the previous one."""
+    live = len(metadata.brokers)
+    problems = [] if live >= size else [f"{live} of {size} brokers live"]
+    for name, topic in sorted(metadata.topics.items()):
+        if topic.error is not None:
+            problems.append(f"{name}: {topic.error}")
+            continue
+        for number, partition in sorted(topic.partitions.items()):
+            if partition.leader < 0:
+                problems.append(f"{name}[{number}] has no leader")
+            elif len(partition.isrs) < len(partition.replicas):
+                problems.append(f"{name}[{number}] has {len(partition.isrs)} of {len(partition.replicas)} in sync")
+    return problems
 
 
 class KafkaCluster:
@@ -256,7 +281,10 @@ class KafkaCluster:
             if meta is not None and partition in meta.partitions and meta.partitions[partition].leader > 0:
                 return int(meta.partitions[partition].leader)
             if time.monotonic() > deadline:
-                raise EmbeddedBrokerError(f"{topic}[{partition}] has no leader after {timeout_s}s")
+                raise EmbeddedBrokerError(
+                    f"{topic}[{partition}] has no leader after {timeout_s}s; the nodes say: "
+                    f"{'; '.join(self._node_problems()[:10]) or 'settled'}\n{self.log_tail(10)}"
+                )
             time.sleep(0.1)
 
     def active_controller(self) -> int | None:
@@ -285,7 +313,7 @@ class KafkaCluster:
             time.sleep(0.1)
 
     def await_in_sync(self, topics: Iterable[str] | None = None, timeout_s: float = 60.0) -> None:
-        """Wait until every partition of `topics` (default: every topic) has all its replicas in sync (before
+        """Wait until every partition of `topics` (default: every topic) has a leader and all its replicas in sync (before
         the next step of a rolling restart: taking a node while another catches up would drop partitions
         below `min.insync.replicas`)."""
         deadline = time.monotonic() + timeout_s
@@ -300,7 +328,7 @@ class KafkaCluster:
                     f"{name}[{p}]"
                     for name in names
                     for p, meta in metadata[name].partitions.items()
-                    if len(meta.isrs) < len(meta.replicas)
+                    if meta.leader < 0 or len(meta.isrs) < len(meta.replicas)
                 ]
                 if metadata is not None and all(name in metadata for name in names)
                 else names or ["(no metadata)"]
@@ -308,10 +336,35 @@ class KafkaCluster:
             if not lagging:
                 return
             if time.monotonic() > deadline:
-                raise EmbeddedBrokerError(f"partitions not in sync after {timeout_s}s: {lagging[:10]}")
+                raise EmbeddedBrokerError(
+                    f"partitions not in sync after {timeout_s}s: {lagging[:10]}\n{self.log_tail(10)}"
+                )
             time.sleep(0.2)
 
-    def _admin(self) -> Any:
+    def await_settled(self, timeout_s: float = 120.0) -> None:
+        """Wait until every node answers that every node is live and every partition of every topic has a leader
+        and all its replicas in sync (`unsettled`). Each node is asked alone: a node that restarted or thawed
+        may still serve an older view of the cluster than the others."""
+        deadline = time.monotonic() + timeout_s
+        while problems := self._node_problems():
+            if time.monotonic() > deadline:
+                raise EmbeddedBrokerError(
+                    f"the cluster did not settle within {timeout_s}s: {problems[:10]}\n{self.log_tail(10)}"
+                )
+            time.sleep(0.5)
+
+    def _node_problems(self) -> list[str]:
+        problems = []
+        for node_id, broker in self._nodes.items():
+            try:
+                metadata = self._admin(f"{self.host}:{broker.port}").list_topics(timeout=3)
+            except Exception as exc:  # noqa: BLE001 - a node that does not answer is one of the problems
+                problems.append(f"node {node_id}: no answer ({exc})")
+                continue
+            problems += [f"node {node_id}: {problem}" for problem in unsettled(metadata, self.size)]
+        return problems
+
+    def _admin(self, bootstrap: str | None = None) -> Any:
         from confluent_kafka.admin import AdminClient
 
-        return AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
+        return AdminClient({"bootstrap.servers": bootstrap or self.bootstrap, "log_level": 0})

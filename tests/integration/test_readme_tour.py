@@ -255,16 +255,16 @@ def test_the_readme_tour_works_as_written(
     assert handler.startswith("python\n")
     module = tour_run.python(handler.split("\n", 1)[1])
     (tmp_path / "billing" / "consumers.py").write_text("from billing.gateway import RateLimited, gateway\n\n" + module)
-    # ... a plain function, unit-tested with retrytopics.testing as the tour says (no broker)
-    user_test = subprocess.run(
+    # ... a plain function, unit-tested with retrytopics.testing as the tour says (no broker; it runs beside
+    # the next steps, which do not depend on it)
+    user_test = subprocess.Popen(
         [sys.executable, "-c", USER_TEST, topic],
         cwd=tmp_path,
         env=tour_run.env,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=60,
     )
-    assert user_test.stdout.split() == ["dlq", "non_retryable", "tier", f"{topic}.{group}.retry.5s"], user_test.stderr
     ensure_topics(make_admin(kafka), [TopicSpec(name=topic, partitions=3)])
 
     # 2. provision (the command, then the Python call, which finds everything there), run main and tiers
@@ -293,21 +293,16 @@ def test_the_readme_tour_works_as_written(
             timeout=60,
         )
         _produce(kafka, topic)
-
-        # then: good orders charged, the rate-limited one after its tier (never early), the bad one dead-lettered
-        charged = tmp_path / "charged"
         produced = time.monotonic()
-        _wait(lambda: {"o-1", "o-2", "o-limited"} <= {p.name for p in charged.glob("o-*")}, 90, "the charges")
-        assert time.monotonic() - produced >= 4.5, "the rate-limited order was charged before its 5s tier"
-        assert not (charged / "o-zero").exists() and not (charged / "o-down").exists()
+        # the first failures are written at once: the bad order to the DLQ, the two others to the 5s tier
         _wait(lambda: _keys(kafka, dlq) == ["o-zero"], 30, "the non-retryable order in the DLQ")
-        metrics = urllib.request.urlopen(f"http://127.0.0.1:{tour_run.metrics_port}/metrics", timeout=5).read()
-        assert b"retrytopics_healthy 1.0" in metrics
+        _wait(lambda: sorted(_keys(kafka, tiers[0])) == ["o-down", "o-limited"], 30, "both failures in the 5s tier")
 
         # 3. watch it, and 4. the replay's dry run (the only exhausted record would need 5 min in the last
         # tier: none selected). The commands run side by side, as an operator may run them in two terminals,
-        # while o-down walks through the tiers: each reads what is already written (o-zero in the DLQ,
-        # o-limited and o-down in the first tier), and the two Spark drivers boot at once.
+        # while the app charges o-limited from the 5s tier and o-down walks through the tiers: each reads what
+        # is already written (o-zero in the DLQ, o-limited and o-down in the first tier), and the two Spark
+        # drivers boot at once.
         describe, peek, audit = commands(blocks["3"][0])
         dry_run, real_run = commands(blocks["4"][0])
         assert "--dry-run" in dry_run and "..." in real_run
@@ -316,6 +311,16 @@ def test_the_readme_tour_works_as_written(
             dry_run_run = commands_running.submit(tour_run.run, dry_run, 420)
             describe_run = commands_running.submit(tour_run.run, describe)
             peek_run = commands_running.submit(tour_run.run, peek)
+
+            # then: good orders charged, the rate-limited one after its tier (never early), the bad one not
+            charged = tmp_path / "charged"
+            _wait(lambda: {"o-1", "o-2", "o-limited"} <= {p.name for p in charged.glob("o-*")}, 90, "the charges")
+            assert time.monotonic() - produced >= 4.5, "the rate-limited order was charged before its 5s tier"
+            assert not (charged / "o-zero").exists() and not (charged / "o-down").exists()
+            metrics = urllib.request.urlopen(f"http://127.0.0.1:{tour_run.metrics_port}/metrics", timeout=5).read()
+            assert b"retrytopics_healthy 1.0" in metrics
+            out, err = user_test.communicate(timeout=60)
+            assert out.split() == ["dlq", "non_retryable", "tier", f"{topic}.{group}.retry.5s"], err
 
             described = describe_run.result().stdout
             assert all(name in described for name in [topic, *tiers]), described
@@ -345,6 +350,6 @@ def test_the_readme_tour_works_as_written(
             assert replayed.stdout.splitlines()[0] == "replay fix-1234 to the original topic: nothing written (dry run)"
             assert re.search(r"^would write +0$", replayed.stdout, re.M), replayed.stdout
     finally:
-        for process in started:
+        for process in [*started, user_test]:
             if process.poll() is None:
                 process.kill()

@@ -5,6 +5,7 @@ is read from the newest quorum state, never from a dead node's stale one."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -16,6 +17,7 @@ from retrytopics.connectors.cluster import (
     active_controller,
     cluster_nodes,
     quorum_voters,
+    unsettled,
 )
 
 
@@ -96,3 +98,23 @@ def test_the_cluster_is_selectable_by_name_and_refuses_a_fixed_port() -> None:
         local_broker("cluster", port=9092)
     with pytest.raises(ValueError):
         KafkaCluster(size=0)
+
+
+def _metadata(brokers: int, partitions: dict[int, tuple[int, list[int], list[int]]], error: object = None) -> object:
+    """A `list_topics()` answer: `partitions` maps a number to (leader, replicas, in-sync replicas)."""
+    topic = SimpleNamespace(
+        error=error,
+        partitions={p: SimpleNamespace(leader=lead, replicas=r, isrs=i) for p, (lead, r, i) in partitions.items()},
+    )
+    return SimpleNamespace(brokers=dict.fromkeys(range(1, brokers + 1)), topics={"orders": topic})
+
+
+def test_a_cluster_is_settled_only_with_every_node_live_and_every_partition_led_and_in_sync() -> None:
+    full = [1, 2, 3]
+    assert unsettled(_metadata(3, {0: (1, full, full), 1: (2, full, [2, 3, 1])}), 3) == []
+    assert unsettled(_metadata(2, {0: (1, full, full)}), 3) == ["2 of 3 brokers live"]
+    assert unsettled(_metadata(3, {0: (-1, full, [1]), 1: (3, full, [3, 1])}), 3) == [
+        "orders[0] has no leader",
+        "orders[1] has 2 of 3 in sync",
+    ]
+    assert unsettled(_metadata(3, {}, error="UNKNOWN_TOPIC_OR_PART"), 3) == ["orders: UNKNOWN_TOPIC_OR_PART"]

@@ -36,7 +36,10 @@ def cluster() -> Iterator[KafkaCluster]:
 
 @pytest.fixture(autouse=True)
 def _every_node_up(request: pytest.FixtureRequest) -> Iterator[None]:
-    """A test that failed half-way through its fault leaves no node down or frozen for the next one."""
+    """A test starts on a settled cluster (every node live, every partition led and fully in sync, as each node
+    sees it: the previous test's fault may still be healing) and leaves no node down or frozen for the next."""
+    if "cluster" in request.fixturenames:
+        request.getfixturevalue("cluster").await_settled()
     yield
     if "cluster" in request.fixturenames:
         request.getfixturevalue("cluster").heal()
