@@ -229,7 +229,25 @@ class _LockedConsumer:
         on_lost: PartitionsCallback,
     ) -> None:
         with self._written:
-            self._consumer.subscribe(topics, on_assign=on_assign, on_revoke=on_revoke, on_lost=on_lost)
+            self._consumer.subscribe(
+                topics,
+                on_assign=self._unlocked(on_assign),
+                on_revoke=self._unlocked(on_revoke),
+                on_lost=self._unlocked(on_lost),
+            )
+
+    def _unlocked(self, callback: PartitionsCallback) -> PartitionsCallback:
+        """`callback` run without the factory's lock, which the consume or close that calls it holds: as with
+        librdkafka, another thread (a bounded synchronous commit in `on_revoke`) may use the client meanwhile."""
+
+        def run(tps: list[TopicPartition]) -> None:
+            self._written.release()
+            try:
+                callback(tps)
+            finally:
+                self._written.acquire()
+
+        return run
 
     def consume(self, max_records: int, timeout_s: float) -> list[Message]:
         with self._written:
