@@ -486,7 +486,8 @@ class HandOff:
         """A poll's records were delivered (none: it was idle); the finisher learns how far each partition was
         read, and may commit a settled partition's tail (runtime/handoff/tails.py)."""
         messages, runs = polled
-        read_to = {m.tp: m.offset + 1 for m in messages}  # a partition's records come in offset order
+        # a partition's records come in offset order: its last one wins (attributes: `tp` builds a tuple per record)
+        read_to = {(m.topic, m.partition): m.offset + 1 for m in messages}
         for run in runs:
             last = run[-1]
             read_to[(last.topic, last.partition)] = last.offset + 1
