@@ -10,7 +10,8 @@ tail); the app fails one record once. At-least-once and exactly-once commit diff
 its tier in its own transactions (a commit marker at the tier's tail).
 
 Guarantees: each committed record is handled once, no aborted record is handled; the group's committed offset
-of the source, and the tier group's of the tier, equal the partitions' end offsets.
+of the source, and the tier group's of the tier, equal the partitions' end offsets; so does the committed offset
+of a new member that starts past the last record and is handed nothing (a rolling restart's case).
 """
 
 from __future__ import annotations
@@ -97,3 +98,24 @@ def test_committed_offsets_reach_the_end_past_markers_and_aborted_records(
 
     assert handled == Counter(COMMITTED)
     assert tier_end == (2 if exactly_once else 1)  # the republished record (and the app's commit marker)
+
+    # when: the group is set back past the last record only (where a rolling restart found it), and a new
+    # member starts there: it is handed nothing, its fetch skips the marker and the aborted transaction
+    rewind = make_consumer(kafka, group_id=group)
+    try:
+        rewind.commit(offsets=[CKTopicPartition(source, 0, len(COMMITTED))], asynchronous=False)
+    finally:
+        rewind.close()
+    assert kit.committed(group, source, 1) == {0: len(COMMITTED)}
+    restarted = RetryApp(kafka=kafka, group=group, exactly_once=exactly_once, consumer_overrides=consumer_overrides)
+    apps.append(restarted)
+    restarted.handler(source, policy=RetryPolicy(delays=["200ms"]))(handle)
+    restarted.start(main=True)
+    try:
+        # then: it commits the end, and handles nothing
+        wait_until(
+            lambda: kit.committed(group, source, 1) == {0: source_end}, 30, f"the new member committed {source_end}"
+        )
+    finally:
+        assert restarted.stop(timeout=30)
+    assert handled == Counter(COMMITTED)
