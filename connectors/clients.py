@@ -357,6 +357,14 @@ class KafkaConsumer:
         if _log_failed_commit(err, partitions):
             self._failed_commits.update({(p.topic, p.partition): p.offset for p in partitions if p.offset >= 0})
 
+    def positions(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
+        if not tps:
+            return {}
+        with map_kafka_errors():
+            known = self._consumer.position([CKTopicPartition(topic, partition) for topic, partition in tps])
+        # librdkafka's position is past the markers and aborted records of what it fetched; negative: unknown
+        return {(p.topic, p.partition): p.offset for p in known if p.offset >= 0}
+
     def failed_commits(self) -> dict[TopicPartition, int]:
         failed, self._failed_commits = self._failed_commits, {}
         return failed

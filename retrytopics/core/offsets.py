@@ -16,6 +16,16 @@ after later records succeeded), so a partition's commit position only moves over
 Every assignment of a partition gets a new *epoch*. An acknowledgement that arrives after the partition was
 revoked (and maybe assigned again) carries the old epoch and is ignored: finishing a record is the owner's
 decision, and a revoked partition has a new owner.
+
+A partition's end may lie past its last record: a transaction's commit or abort marker, an aborted transaction's
+records, none of which a read_committed consumer is ever handed. Committing `last finished + 1` would leave such a
+partition short of its end for good (lag that never clears). So the tracker also knows how far records were
+*read* (`read`), and once everything read is finished (`settled`), the consumer's position may replace the
+commit position (`skip_to`): what lies between them was never a record to handle::
+
+    tracker.read(("orders", 0), 12)       # records up to offset 11 were delivered
+    tracker.settled()                     # [("orders", 0)]: everything read is finished
+    tracker.skip_to(("orders", 0), 14)    # True: a marker and an aborted record are skipped; position 14
 """
 
 from __future__ import annotations
@@ -40,6 +50,7 @@ class _Partition:
     position: int | None = None  # next offset to read, once a prefix finished
     committed: int | None = None  # the position last handed to a commit
     first: int | None = None  # first offset tracked in this epoch: the rewind target before any commit
+    read_to: int | None = None  # one past the highest offset delivered in this epoch (`read`)
 
     def advance(self) -> None:
         while self.in_flight and self.in_flight[0] in self.finished:
@@ -47,6 +58,14 @@ class _Partition:
             self.members.discard(offset)
             self.finished.discard(offset)
             self.position = offset + 1
+
+
+def _settled(part: _Partition) -> bool:
+    if part.in_flight:
+        return False
+    if part.read_to is None:  # nothing delivered in this epoch
+        return part.position is None and part.first is None
+    return part.position is not None and part.position >= part.read_to
 
 
 class OffsetTracker:
@@ -143,6 +162,32 @@ class OffsetTracker:
         if part.first is None:
             part.first = first
         part.position = last + 1
+        return True
+
+    def read(self, tp: TopicPartition, next_offset: int) -> None:
+        """Records of `tp` up to `next_offset` - 1 were delivered (handled, waiting, or parked: not yet known)."""
+        part = self._partitions.get(tp)
+        if part is not None and (part.read_to is None or next_offset > part.read_to):
+            part.read_to = next_offset
+
+    def settled(self) -> list[TopicPartition]:
+        """The partitions whose every delivered record is finished: nothing in flight, and the commit position
+        at or past what was read, or nothing read nor tracked in this epoch (the consumer's position is then
+        where the assignment started, moved only past what a read_committed fetch skips). Only their consumer
+        position may be committed (`skip_to`)."""
+        return [tp for tp, part in self._partitions.items() if _settled(part)]
+
+    def skip_to(self, tp: TopicPartition, consumer_position: int) -> bool:
+        """Move a settled partition's commit position to the consumer's position, past what a read_committed
+        consumer never delivers (markers, aborted records); whether it moved. Nothing changes unless `tp` is
+        settled (see `settled`) and the consumer's position lies ahead: a position behind is a seek back."""
+        part = self._partitions.get(tp)
+        # nothing read in this epoch: a position of 0 skipped nothing (an empty partition is not committed)
+        last = part.position if part is not None and part.position is not None else 0
+        if part is None or not _settled(part) or consumer_position <= last:
+            return False
+        part.position = consumer_position
+        part.read_to = consumer_position
         return True
 
     def in_flight(self, tp: TopicPartition) -> int:

@@ -100,6 +100,10 @@ class ConsumerPort(Protocol):
 
     def commit(self, offsets: Mapping[TopicPartition, int], *, asynchronous: bool) -> None: ...
 
+    def positions(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
+        """The consumer's position (the next offset it would fetch) of each of `tps` it knows one of; past the
+        markers and aborted records a read_committed fetch skipped. Local: no request to the broker."""
+
     def failed_commits(self) -> dict[TopicPartition, int]:
         """The offsets of asynchronous commits that failed since the last call (the client reports them
         later, served in `consume`), for the caller to commit again."""

@@ -156,6 +156,9 @@ class BoundedCommits:
     def _commit_now(self, offsets: Mapping[TopicPartition, int]) -> None:
         self._consumer.commit(offsets, asynchronous=False)
 
+    def positions(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
+        return self._consumer.positions(tps)
+
     def failed_commits(self) -> dict[TopicPartition, int]:
         return self._consumer.failed_commits()
 

@@ -395,10 +395,11 @@ def _size(key: bytes | None, value: bytes | None, headers: Sequence[Header]) -> 
 
 def _readable(log: list[_Entry], start: int, limit: int, read_committed: bool) -> tuple[list[Message], int]:
     """Up to `limit` records of `log` from offset `start`, and the position after them. read_committed stops
-    at an open transaction (the last stable offset) and skips aborted records; markers are never returned."""
+    at an open transaction (the last stable offset) and skips aborted records; markers are never returned, and the
+    position is past the markers and skipped records that follow the last one returned."""
     out: list[Message] = []
     position = start
-    while position < len(log) and len(out) < limit:
+    while position < len(log):
         msg, txn = log[position]
         if txn is not None and read_committed:
             if txn.state is _TxnState.OPEN:
@@ -406,8 +407,10 @@ def _readable(log: list[_Entry], start: int, limit: int, read_committed: bool) -
             if txn.state is _TxnState.ABORTED:
                 msg = None
         if msg is not None:
+            if len(out) >= limit:
+                break
             out.append(msg)
-        position += 1
+        position += 1  # past what it skips, too, as a Kafka fetch moves the position past markers it read
     return out, position
 
 
@@ -545,6 +548,9 @@ class MemoryConsumer:
 
     def position(self, tp: TopicPartition) -> int | None:
         return self._positions.get(tp)
+
+    def positions(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: self._positions[tp] for tp in tps if tp in self._positions}
 
     # -- ConsumerPort ------------------------------------------------------------------------------------
 

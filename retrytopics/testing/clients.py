@@ -273,6 +273,10 @@ class _LockedConsumer:
         with self._written:
             self._consumer.commit(offsets, asynchronous=asynchronous)
 
+    def positions(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
+        with self._written:
+            return self._consumer.positions(tps)
+
     def failed_commits(self) -> dict[TopicPartition, int]:
         with self._written:
             return self._consumer.failed_commits()

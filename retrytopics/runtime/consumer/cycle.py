@@ -9,6 +9,8 @@
 4. Each record goes to the records stage (runtime/records/stage.py), which yields outcomes; each outcome goes
    to one place: `Waiting` to waiting (runtime/waiting.py), `Abandoned` back here (the rest of the poll is read
    again), everything else to the hand-off (runtime/handoff/).
+   The hand-off learns how far each partition was read (an idle poll may commit a partition's tail past
+   transaction markers, runtime/handoff/tails.py).
 5. End the batch: the hand-off reports and commits.
 
 The clock is the loop's (runtime/clock.py).
@@ -105,6 +107,7 @@ class PollCycle:
             ownership.polled() - asked - wait_ms / 1000,
             batch + [message_of(run[0]) for run in built] if built else batch,
         ):
+            handoff.polled(polled)
             self._act_on_batch(polled)
             self._act_on(self._stage.settle_deferred())
         handoff.end_batch()

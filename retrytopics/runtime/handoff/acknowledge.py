@@ -167,6 +167,9 @@ class Acknowledgements:
     def served(self, *, within_batch: bool) -> Commit | None:
         return None  # acknowledgements are committed once per batch
 
+    def polled(self, read_to: Mapping[TopicPartition, int]) -> Commit | None:
+        return None  # a share group has no committed offsets
+
     def wait_ms(self, wait_ms: int, *, in_flight: bool) -> int:
         return wait_ms
 

@@ -3,7 +3,8 @@ acknowledged its republish (acks=all, idempotent producer); commits are asynchro
 as soon as a poll delivered acknowledgements (`commit_on_ack`); a commit that failed (raised, or reported failed
 later by the client) is made again at the next interval, so an idle partition's committed offset catches up
 too; a revoke waits for in-flight acks (the hand-off drains them) and commits synchronously; shutdown commits
-what the hand-off's drain finished. The hand-off itself is runtime/handoff/handoff.py.
+what the hand-off's drain finished. A settled partition's tail (transaction markers, aborted records) is
+committed with the next commit (runtime/handoff/tails.py). The hand-off itself is runtime/handoff/handoff.py.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from retrytopics.runtime.handoff.finisher import Commit, CommitSettings
 from retrytopics.runtime.handoff.handoff import DeadLetterCallback, HandOff, new_publisher
 from retrytopics.runtime.handoff.ordered import OrderedHandOffs
 from retrytopics.runtime.handoff.publish import PublishJob
+from retrytopics.runtime.handoff.tails import skip_settled_tails
 
 __all__ = ["OffsetsCommitted", "at_least_once"]
 
@@ -121,6 +123,14 @@ class OffsetsCommitted:
         """Commit what acknowledgements finished (within a batch: spaced)."""
         if not within_batch or self._monotonic() - self._last_commit >= _ACK_COMMIT_SPACING_S:
             return self._commit_acked()
+        return None
+
+    def polled(self, read_to: Mapping[TopicPartition, int]) -> Commit | None:
+        tracker = self._tracker
+        for tp, next_offset in read_to.items():
+            tracker.read(tp, next_offset)
+        if not read_to and skip_settled_tails(self._consumer, tracker):
+            self._commit_owed = True  # committed with the next commit, by time
         return None
 
     def wait_ms(self, wait_ms: int, *, in_flight: bool) -> int:

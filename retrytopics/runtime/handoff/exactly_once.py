@@ -3,7 +3,8 @@
 Republishes and the consumed offsets commit in one transaction per poll batch. A refused commit aborts: the
 batch's audit entries are forgotten and its partitions read again (`rewind`). A revoke commits the open
 transaction with the revoked partitions' offsets; a loss aborts it. The hand-off is runtime/handoff/handoff.py;
-the transactional producer is runtime/handoff/transactional.py.
+the transactional producer is runtime/handoff/transactional.py. A settled partition's tail (transaction markers,
+aborted records) is committed too (`polled`, runtime/handoff/tails.py).
 
 Key order (docs/key-ordering.md, section 8): follower hops and key-state records go into the same transaction
 (`TransactionalKeyWrites`). The hand-off tells key order: a hop to a tier is acknowledged to key order as soon as it is produced (it lands
@@ -18,7 +19,7 @@ assignment does, for every assigned partition: no undo log.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from retrytopics.core.dedupe import AuditKey, DuplicateAudit
@@ -32,6 +33,7 @@ from retrytopics.runtime.handoff.finisher import Commit, CommitSettings
 from retrytopics.runtime.handoff.handoff import DeadLetterCallback, HandOff
 from retrytopics.runtime.handoff.ordered import KeyChains, TransactionalKeyWrites
 from retrytopics.runtime.handoff.publish import PublishJob
+from retrytopics.runtime.handoff.tails import skip_settled_tails
 from retrytopics.runtime.handoff.transactional import TransactionalPublisher, TransactionOutcomeUnknown
 
 __all__ = ["TransactionPerBatch", "exactly_once"]
@@ -131,6 +133,30 @@ class TransactionPerBatch:
 
     def served(self, *, within_batch: bool) -> Commit | None:
         return None  # a transaction commits at the batch's end
+
+    def polled(self, read_to: Mapping[TopicPartition, int]) -> Commit | None:
+        """A settled partition's tail (runtime/handoff/tails.py) goes into the open transaction's offsets; with
+        none open, into a plain consumer commit: everything before the tail is committed already (each batch
+        ends with its transaction's commit), and the tail holds no record to handle, so there is nothing a
+        transaction would make atomic with it. A zombie's commit is refused as its transaction's offsets would be
+        (the group's generation)."""
+        tracker = self._tracker
+        for tp, next_offset in read_to.items():
+            tracker.read(tp, next_offset)
+        if read_to or not skip_settled_tails(self._consumer, tracker) or self._publisher.in_flight:
+            return None
+        positions = tracker.commit_positions(tracker.settled())
+        try:
+            self._consumer.commit(positions, asynchronous=False)
+        except KafkaClientError as exc:
+            log.warning(
+                "%s: commit of a partition's tail failed (%s); the next transaction commits it",
+                self._settings.name,
+                exc,
+            )
+            return None
+        tracker.mark_committed(positions)
+        return Commit(positions, synchronous=True, jobs=[])
 
     def wait_ms(self, wait_ms: int, *, in_flight: bool) -> int:
         return wait_ms

@@ -89,6 +89,11 @@ class Finisher(Protocol):
     def served(self, *, within_batch: bool) -> Commit | None:
         """Delivery reports were served: commit what they finished, if this finisher does so."""
 
+    def polled(self, read_to: Mapping[TopicPartition, int]) -> Commit | None:
+        """A poll delivered records up to `read_to` (one past the last offset, per partition); empty: the poll
+        was idle, when a partition whose every delivered record is finished may commit the consumer's position
+        (runtime/handoff/tails.py)."""
+
     def wait_ms(self, wait_ms: int, *, in_flight: bool) -> int:
         """The longest `consume()` wait, given the one asked for and whether hand-offs are unacknowledged."""
 

@@ -35,7 +35,7 @@ from typing import Any
 from retrytopics.core.headers import DlqReason, RetryHeaders
 from retrytopics.core.keyorder.hops import Origin, origin_of
 from retrytopics.core.offsets import TopicPartition
-from retrytopics.core.ports import Message, ProducerPort
+from retrytopics.core.ports import Message, Polled, ProducerPort
 from retrytopics.core.router import RouteKind
 from retrytopics.observe.events import Emitter, Event
 from retrytopics.runtime.clock import Clock
@@ -481,6 +481,18 @@ class HandOff:
             return False
         self._served_at = now
         return True
+
+    def polled(self, polled: Polled) -> None:
+        """A poll's records were delivered (none: it was idle); the finisher learns how far each partition was
+        read, and may commit a settled partition's tail (runtime/handoff/tails.py)."""
+        messages, runs = polled
+        # a partition's records come in offset order: its last one wins (attributes: `tp` builds a tuple per record)
+        read_to = {(m.topic, m.partition): m.offset + 1 for m in messages}
+        for run in runs:
+            last = run[-1]
+            read_to[(last.topic, last.partition)] = last.offset + 1
+        if (commit := self.finisher.polled(read_to)) is not None:
+            self._committed(commit)
 
     def wait_ms(self, wait_ms: int) -> int:
         writes = self.key_writes

@@ -222,3 +222,99 @@ def test_a_span_settled_by_its_ends_equals_finishing_the_run(
         assert span.in_flight(TP) == run_tracker.in_flight(TP)
     assert span.commit_positions() == run_tracker.commit_positions()
     assert span.rewind(TP) == run_tracker.rewind(TP)  # the first offset tracked (nothing committed): the same
+
+
+# -- a partition's tail past its last record (markers, aborted records): `read`, `settled`, `skip_to` ------------
+
+
+def test_a_settled_partition_moves_to_the_consumer_position() -> None:
+    # setup: records 10..12 read and finished; a commit marker and an aborted record follow at 13 and 14
+    t = OffsetTracker()
+    epoch = t.assign(TP)
+    for offset in (10, 11, 12):
+        t.finish(TP, offset, t.track(TP, offset))
+    t.read(TP, 13)
+    # when / then: settled, the position moves past what was never delivered
+    assert t.settled() == [TP]
+    assert t.skip_to(TP, 15)
+    assert t.commit_positions() == {TP: 15}
+    # and a later record goes on from there
+    t.finish(TP, 16, t.track(TP, 16))
+    assert t.commit_positions() == {TP: 17} and t.epoch(TP) == epoch
+
+
+def test_never_past_a_record_in_flight() -> None:
+    t = OffsetTracker()
+    t.assign(TP)
+    t.finish_at_once(TP, 0)
+    t.track(TP, 1)  # handed off, unacknowledged
+    t.read(TP, 2)
+    assert t.settled() == []
+    assert not t.skip_to(TP, 4)
+    assert t.commit_positions() == {TP: 1}
+
+
+def test_never_past_a_record_read_but_not_yet_tracked() -> None:
+    # a record delivered and waiting in memory (or parked, or running) is not in the tracker yet
+    t = OffsetTracker()
+    t.assign(TP)
+    t.finish_at_once(TP, 0)
+    t.read(TP, 3)  # records 1 and 2 were delivered too
+    assert t.settled() == []
+    assert not t.skip_to(TP, 5)
+    assert t.commit_positions() == {TP: 1}
+
+
+def test_read_but_not_finished_is_not_settled() -> None:
+    t = OffsetTracker()
+    t.assign(TP)
+    t.read(TP, 1)
+    assert t.settled() == [] and not t.skip_to(TP, 3)
+    t.track(TP, 0)
+    assert t.settled() == [] and not t.skip_to(TP, 3)
+    assert not t.skip_to(("other", 0), 3)  # not assigned
+
+
+def test_nothing_read_since_the_assignment_moves_to_the_position() -> None:
+    # a new owner starts at the committed offset, and its fetch skipped only markers and aborted records
+    t = OffsetTracker()
+    t.assign(TP)
+    assert t.settled() == [TP]
+    assert not t.skip_to(TP, 0)  # an empty partition: nothing skipped, nothing to commit
+    assert t.skip_to(TP, 139)
+    assert t.commit_positions() == {TP: 139}
+    t.mark_committed({TP: 139})
+    assert not t.skip_to(TP, 139) and t.commit_positions() == {}
+
+
+def test_a_position_behind_is_a_seek_back_and_ignored() -> None:
+    t = OffsetTracker()
+    t.assign(TP)
+    t.finish_at_once(TP, 4)
+    t.read(TP, 5)
+    assert not t.skip_to(TP, 5) and not t.skip_to(TP, 2)
+    assert t.commit_positions() == {TP: 5}
+
+
+def test_a_rewind_unsettles_until_the_records_are_finished_again() -> None:
+    t = OffsetTracker()
+    t.assign(TP)
+    t.finish(TP, 0, t.track(TP, 0))
+    t.mark_committed(t.commit_positions())
+    t.finish(TP, 1, t.track(TP, 1))
+    t.read(TP, 2)
+    t.rewind(TP)  # the transaction that finished offset 1 aborted
+    assert t.settled() == [] and not t.skip_to(TP, 4)
+    t.finish(TP, 1, t.track(TP, 1))
+    assert t.skip_to(TP, 4) and t.commit_positions() == {TP: 4}
+
+
+def test_a_new_assignment_forgets_what_was_read() -> None:
+    t = OffsetTracker()
+    t.assign(TP)
+    t.finish_at_once(TP, 0)
+    t.track(TP, 1)
+    t.read(TP, 2)
+    assert t.settled() == []
+    t.assign(TP)  # a new epoch: what the old one read and left in flight is its new owner's
+    assert t.settled() == [TP] and t.commit_positions() == {}
