@@ -197,7 +197,7 @@ def _min_insync(entries: Mapping[str, object]) -> int | None:
 
 
 def _existing_partitions(admin: AdminClient, names: Sequence[str], timeout_s: float) -> dict[str, int]:
-    with map_kafka_errors():
+    with map_kafka_errors(admin):
         metadata = admin.list_topics(timeout=timeout_s)
     return {
         name: len(meta.partitions)
@@ -227,7 +227,7 @@ def _create(admin: AdminClient, missing: Sequence[TopicSpec], timeout_s: float) 
             if exc.args and exc.args[0].name() == "TOPIC_ALREADY_EXISTS":
                 raced.add(name)
                 continue
-            with map_kafka_errors():
+            with map_kafka_errors(admin):
                 raise
     return raced
 

@@ -159,19 +159,29 @@ def _outage_log(kafka: KafkaConfig) -> OutageLog:
     return _outages.setdefault(kafka.bootstrap, OutageLog())
 
 
-#: Admin clients serve their error callbacks only when polled; `last_client_error` polls them.
-_admins: weakref.WeakSet[AdminClient] = weakref.WeakSet()
+#: Admin clients serve their error callbacks only when polled; `last_client_error` polls them. Each with its
+#: cluster's bootstrap, so that a failed request of one cites that cluster's background error.
+_admins: weakref.WeakKeyDictionary[AdminClient, str] = weakref.WeakKeyDictionary()
 
 
 def last_client_error(kafka: KafkaConfig | None = None) -> str | None:
     """The latest error a client reported in the background, if any: a client of `kafka`'s cluster when it
     is given (a process talking to several clusters must not blame one for another), else any client."""
-    for admin in list(_admins):
-        admin.poll(0)
+    _serve_admins()
     if kafka is not None:
-        outage = _outages.get(kafka.bootstrap)
-        return outage.last_error if outage else None
+        return _cluster_error(kafka.bootstrap)
     return _last_error[0] if _last_error else None
+
+
+def _serve_admins() -> None:
+    for admin in list(_admins.keys()):
+        admin.poll(0)
+
+
+def _cluster_error(bootstrap: str) -> str | None:
+    _serve_admins()
+    outage = _outages.get(bootstrap)
+    return outage.last_error if outage else None
 
 
 def _build(
@@ -229,7 +239,7 @@ def make_admin(kafka: KafkaConfig, *, overrides: Properties | None = None) -> Ad
     config.setdefault("logger", _librdkafka_log)
     with map_kafka_errors():
         admin = AdminClient(config)
-    _admins.add(admin)
+    _admins[admin] = kafka.bootstrap
     return admin
 
 
@@ -268,12 +278,14 @@ def _refusal(properties: Properties, *, producer: bool) -> str | None:
     return None
 
 
-def _from_kafka_error(err: KafkaError) -> KafkaClientError:
+def _from_kafka_error(err: KafkaError, client: object | None = None) -> KafkaClientError:
     message = f"{err.name()}: {err.str()}"
     if err.name() in _CONNECTION_CODES - {"_TIMED_OUT", "_RESOLVE"}:
         # "Broker transport failure" alone hides why: a refused password or an untrusted certificate is only
-        # in the background error the client reported (librdkafka's texts carry no secret)
-        cause = last_client_error()
+        # in the background error the client reported (librdkafka's texts carry no secret); an admin client's
+        # own cluster's, since another cluster's clients may report meanwhile
+        bootstrap = _admins.get(client) if client is not None else None  # type: ignore[call-overload]
+        cause = last_client_error() if bootstrap is None else _cluster_error(bootstrap)
         message += f" (the client reported: {cause})" if cause else ""
     return KafkaClientError(
         message, code=err.name(), retriable=err.retriable(), fatal=err.fatal(), abortable=err.txn_requires_abort()
@@ -281,21 +293,22 @@ def _from_kafka_error(err: KafkaError) -> KafkaClientError:
 
 
 @contextmanager
-def map_kafka_errors() -> Iterator[None]:
-    """Translate confluent-kafka exceptions into `KafkaClientError` (raised `from` the original)."""
+def map_kafka_errors(client: object | None = None) -> Iterator[None]:
+    """Translate confluent-kafka exceptions into `KafkaClientError` (raised `from` the original); `client`: the
+    admin client making the request, whose cluster's background error a connection failure cites."""
     try:
         yield
     except KafkaException as exc:
-        raise kafka_client_error(exc) from exc
+        raise kafka_client_error(exc, client) from exc
 
 
-def kafka_client_error(exc: KafkaException) -> KafkaClientError:
+def kafka_client_error(exc: KafkaException, client: object | None = None) -> KafkaClientError:
     """What `map_kafka_errors` raises for `exc` (raise it `from exc`): for hot paths that catch KafkaException
     themselves, since entering a generator-based context manager costs more than the call it guards."""
     _drop_foreign_links(exc)
     err = exc.args[0] if exc.args else None
     if isinstance(err, KafkaError):
-        return _from_kafka_error(err)
+        return _from_kafka_error(err, client)
     return KafkaClientError(str(exc))
 
 
