@@ -49,6 +49,7 @@ from retrytopics.runtime.records.duplicates import DuplicateCheck
 from retrytopics.runtime.records.outcome import Failed, Held, Outcome, Parked, Succeeded
 from retrytopics.runtime.records.ownership import OwnershipGuard
 from retrytopics.runtime.records.source import SourceStage
+from retrytopics.runtime.records.stage import RecordStage
 from retrytopics.runtime.records.tier import TierStage
 from retrytopics.runtime.waiting import PauseController
 
@@ -386,10 +387,37 @@ class CallWindow:
             )
 
 
-class WindowedSourceStage(SourceStage):
-    """A main consumer's records stage with handler concurrency (see the module docstring)."""
+class _InWindow(RecordStage):
+    """What both windowed stages do alike: the windowed topics' records go to the window, and the cycle's
+    questions (what returned, how long to wait, how many to read) are the window's."""
 
     keeps_records = True
+    window: CallWindow
+
+    def released(self) -> Iterable[Iterator[Outcome]]:
+        return self.window.released()
+
+    def wait_ms(self, wait_ms: int) -> int:
+        return self.window.wait_ms(wait_ms)
+
+    def batch_size(self, batch_size: int) -> int:
+        return self.window.batch_size(batch_size)
+
+    def _handle(
+        self,
+        binding: Binding,
+        msg: Message,
+        key: AuditKey | None,
+        state: RetryHeaders | None,
+        bad: BaseException | None,
+    ) -> Iterator[Outcome]:
+        if msg.topic not in self.window.topics:
+            return super()._handle(binding, msg, key, state, bad)
+        return self.window.admit(binding, msg, key, state, bad)
+
+
+class WindowedSourceStage(_InWindow, SourceStage):
+    """A main consumer's records stage with handler concurrency (see the module docstring)."""
 
     def __init__(
         self,
@@ -423,33 +451,10 @@ class WindowedSourceStage(SourceStage):
             return super().call_run(binding, run)
         return self.window.run(binding, run)  # type: ignore[arg-type]  # never built (`run_topics`)
 
-    def released(self) -> Iterable[Iterator[Outcome]]:
-        return self.window.released()
 
-    def wait_ms(self, wait_ms: int) -> int:
-        return self.window.wait_ms(wait_ms)
-
-    def batch_size(self, batch_size: int) -> int:
-        return self.window.batch_size(batch_size)
-
-    def _handle(
-        self,
-        binding: Binding,
-        msg: Message,
-        key: AuditKey | None,
-        state: RetryHeaders | None,
-        bad: BaseException | None,
-    ) -> Iterator[Outcome]:
-        if msg.topic not in self.window.topics:
-            return super()._handle(binding, msg, key, state, bad)
-        return self.window.admit(binding, msg, key, state, bad)
-
-
-class WindowedTierStage(TierStage):
+class WindowedTierStage(_InWindow, TierStage):
     """A tier consumer's records stage with handler concurrency: due records run in the window with the same
     option and gate rule as on the source (see the module docstring)."""
-
-    keeps_records = True
 
     def __init__(
         self,
@@ -477,24 +482,3 @@ class WindowedTierStage(TierStage):
             monotonic=clock.monotonic,
             starts=starts,
         )
-
-    def released(self) -> Iterable[Iterator[Outcome]]:
-        return self.window.released()
-
-    def wait_ms(self, wait_ms: int) -> int:
-        return self.window.wait_ms(wait_ms)
-
-    def batch_size(self, batch_size: int) -> int:
-        return self.window.batch_size(batch_size)
-
-    def _handle(
-        self,
-        binding: Binding,
-        msg: Message,
-        key: AuditKey | None,
-        state: RetryHeaders | None,
-        bad: BaseException | None,
-    ) -> Iterator[Outcome]:
-        if msg.topic not in self.window.topics:
-            return super()._handle(binding, msg, key, state, bad)
-        return self.window.admit(binding, msg, key, state, bad)
